@@ -1,0 +1,77 @@
+# Everything a developer or CI runs goes through here: `make setup`, `make test`,
+# `make rehearsal`, `make check`. Each target sets the environment up first when needed.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+
+TF_VERSION := 2.15.1
+HOROVOD_VERSION := 0.28.1
+# Horovod compiles against the installed TensorFlow (about 5 minutes on 2 cores), so its wheel is
+# kept outside the checkout and keyed by both versions: a fresh clone on the same machine reuses it.
+WHEEL_CACHE ?= $(HOME)/.cache/horovod-fleet/wheels/horovod-$(HOROVOD_VERSION)-tf-$(TF_VERSION)
+HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
+
+.PHONY: help setup test rehearsal check fix synth bench-input bench-preprocess clean
+
+help:
+	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
+	@echo "make rehearsal        the whole run offline: local S3, preprocessing, 2 simulated nodes train over Horovod"
+	@echo "make test             every test (runs setup first when needed)"
+	@echo "make check            ruff lint + format check, shellcheck, cdk synth + cfn-lint"
+	@echo "make synth            cdk synth with the defaults in cdk.json"
+	@echo "make bench-preprocess preprocessing images/s per core against the TensorFlow reference"
+	@echo "make bench-input      the trainer's input pipeline alone, images/s per core"
+
+setup: $(VENV)/.ready node_modules/.ready
+
+$(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt bootstrap/requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@if ! ls $(WHEEL_CACHE)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1; then \
+		echo "building the Horovod $(HOROVOD_VERSION) wheel against TensorFlow $(TF_VERSION) (about 5 minutes, once per machine)"; \
+		mkdir -p $(WHEEL_CACHE) && \
+		$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel --quiet --no-build-isolation --no-deps \
+			--wheel-dir $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION); \
+	fi
+	$(PY) -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION)
+	$(PY) -c "import horovod.tensorflow as hvd; assert hvd.gloo_built(), 'Horovod was built without Gloo'"
+	touch $@
+
+node_modules/.ready: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+rehearsal: setup
+	$(PY) -m rehearsal
+
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/shellcheck bootstrap/*.sh .ci/run
+	npx cdk synth --quiet
+	$(VENV)/bin/cfn-lint cdk.out/*.template.json
+
+fix: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+synth: setup
+	npx cdk synth
+
+bench-preprocess: setup
+	$(PY) -m trainer.bench_preprocess
+
+bench-input: setup
+	$(PY) -m trainer.bench_input --generate
+
+clean:
+	rm -rf cdk.out .pytest_cache
