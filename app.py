@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The CDK app: reads context once, validates it, composes the stacks, checks them with cdk-nag.
+
+A bad context value ends synthesis with one line on stderr and exit status 2; nothing below
+this file reads context or the environment.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# On Node 20, jsii prints an 11-line end-of-life banner to stderr when aws_cdk is imported, which
+# buries the one-line error a bad context value gets. Silenced before the import starts jsii.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from aws_cdk import App, Validations
+from cdk_nag import AwsSolutionsChecks
+
+from stacks.composition import HorovodFleet, compose
+from stacks.config import ConfigError, FleetConfig
+from stacks.instance_types import (
+    PRICES_AS_OF,
+    fleet_estimate,
+    preprocess_estimate,
+    quota_note,
+    zone_note,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+def default_context() -> dict[str, Any]:
+    """cdk.json's context. The CLI passes it too; reading it here makes `python app.py` and the
+    tests synthesize exactly what `cdk synth` does."""
+    context = json.loads((HERE / "cdk.json").read_text())["context"]
+    cached = HERE / "cdk.context.json"
+    if cached.exists():
+        context.update(json.loads(cached.read_text()))
+    return context
+
+
+def build(
+    overrides: dict[str, Any] | None = None, outdir: str | None = None
+) -> tuple[App, FleetConfig, HorovodFleet]:
+    """The app for cdk.json's context plus `overrides` (and the CLI's -c values); raises
+    ConfigError on a bad value before any stack exists."""
+    app = App(context={**default_context(), **(overrides or {})}, outdir=outdir)
+    config = FleetConfig.from_context(app.node.get_all_context())
+    stacks = compose(app, config)
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return app, config, stacks
+
+
+def main() -> int:
+    try:
+        app, config, _ = build()
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
+    print(quota_note(config.gpu, config.nodes), file=sys.stderr)
+    print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
+    print(preprocess_estimate(config.preprocess, config.data_volume_gib), file=sys.stderr)
+    print(f"prices: {PRICES_AS_OF} list prices", file=sys.stderr)
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Node health (GPU count, EFA device), the NCCL transport check, the CloudWatch agent config."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from bootstrap.node_config import Common, TrainConfig
+
+# What the node writes under log_dir (the agent skips the ones a role does not have).
+LOG_FILES = ("bootstrap.log", "preprocess.log", "allreduce-check.log", "train.log")
+
+
+class HealthError(RuntimeError):
+    pass
+
+
+def count_gpus() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    result = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise HealthError(f"nvidia-smi failed: {result.stderr.strip() or result.stdout.strip()}")
+    return len([line for line in result.stdout.splitlines() if line.strip()])
+
+
+def efa_present(sys_infiniband: Path = Path("/sys/class/infiniband")) -> bool:
+    if sys_infiniband.is_dir() and any(
+        p.name.startswith(("efa", "rdmap")) for p in sys_infiniband.iterdir()
+    ):
+        return True
+    if shutil.which("fi_info"):
+        return subprocess.run(["fi_info", "-p", "efa"], capture_output=True).returncode == 0
+    return False
+
+
+def check_node(cfg: TrainConfig, gpus: int, efa: bool) -> str:
+    """Compare what the node has with what node.json expects; returns a summary line."""
+    if gpus != cfg.gpus_per_node:
+        raise HealthError(
+            f"found {gpus} GPU(s), node.json expects gpus_per_node={cfg.gpus_per_node}"
+        )
+    if cfg.efa and not efa:
+        raise HealthError(
+            "node.json expects EFA, but no EFA device (/sys/class/infiniband, fi_info -p efa)"
+        )
+    return f"{gpus} GPU(s) as expected, EFA {'present' if efa else 'not expected'}"
+
+
+# NCCL names the network it chose ("Using network AWS Libfabric" / "Using network Socket"); older
+# versions only show the plugin's own lines. A plugin that loads but finds no provider also logs
+# "NET/OFI ...", so a bare NET/OFI mention proves nothing: a fallback prints both.
+_CHOSEN = re.compile(r"NCCL INFO Using network (.+)")
+_OFI_SELECTED = re.compile(r"NET/OFI Selected Provider is efa")
+_SOCKET = re.compile(r"NET/Socket")
+
+
+def nccl_transport(nccl_debug_log: str) -> str:
+    """'ofi', 'socket' or 'unknown', from NCCL_DEBUG=INFO output."""
+    chosen = {m.strip() for m in _CHOSEN.findall(nccl_debug_log)}
+    if chosen:
+        if chosen <= {"AWS Libfabric", "Libfabric"}:
+            return "ofi"
+        return "socket" if any("Socket" in c for c in chosen) else "unknown"
+    if _SOCKET.search(nccl_debug_log):
+        return "socket"
+    return "ofi" if _OFI_SELECTED.search(nccl_debug_log) else "unknown"
+
+
+def check_transport(nccl_debug_log: str, efa_expected: bool) -> str:
+    transport = nccl_transport(nccl_debug_log)
+    if efa_expected and transport != "ofi":
+        raise HealthError(
+            f"EFA expected but NCCL used transport '{transport}' (no NET/OFI line in the "
+            "NCCL_DEBUG=INFO output): check aws-ofi-nccl, FI_PROVIDER=efa and the EFA security group"
+        )
+    return transport
+
+
+def cloudwatch_agent_config(cfg: Common) -> dict:
+    """Ship the node's logs to log_group; training nodes also publish GPU utilisation under
+    metrics.namespace, aggregated to metrics.dimension (what TeardownStack's idle alarm reads)."""
+    files = [
+        {
+            "file_path": f"{cfg.log_dir}/{name}",
+            "log_group_name": cfg.log_group,
+            "log_stream_name": f"{{instance_id}}/{name}",
+        }
+        for name in LOG_FILES
+    ]
+    doc: dict = {"logs": {"logs_collected": {"files": {"collect_list": files}}}}
+    if isinstance(cfg, TrainConfig) and cfg.gpus_per_node:
+        dimension = cfg.metrics["dimension"]
+        doc["metrics"] = {
+            "namespace": cfg.metrics["namespace"],
+            "aggregation_dimensions": [sorted(dimension)],
+            "metrics_collected": {
+                "nvidia_gpu": {
+                    "measurement": ["utilization_gpu", "memory_used", "temperature_gpu"],
+                    "metrics_collection_interval": 60,
+                    "append_dimensions": dimension,
+                }
+            },
+        }
+    return doc
+
+
+def write_cloudwatch_config(cfg: Common, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(cloudwatch_agent_config(cfg), indent=2))

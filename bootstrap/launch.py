@@ -1,0 +1,208 @@
+"""The leader's launch: horovodrun command and environment, log streaming, checkpoints to and from
+S3, results upload and DONE.json (written last, also on failure)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+
+from bootstrap.aws import run_s5cmd
+from bootstrap.node_config import TrainConfig
+from bootstrap.rendezvous import utc_stamp
+
+# Horovod's GPU settings for p3dn: 8 ranks per node, hierarchical allreduce over NVLink then EFA,
+# a 64 MiB fusion buffer; NCCL reaches EFA through aws-ofi-nccl (libfabric provider efa).
+GPU_ENV = {
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+    "HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
+    "HOROVOD_CYCLE_TIME": "1",
+    "NCCL_DEBUG": "INFO",
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    "TF_CPP_MIN_LOG_LEVEL": "1",
+}
+EFA_ENV = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "NCCL_PROTO": "simple",
+    "NCCL_NET_GDR_LEVEL": "PHB",
+}
+
+
+def launcher_env(cfg: TrainConfig, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    if cfg.gpus_per_node:
+        env.update(GPU_ENV)
+        if cfg.efa:
+            env.update(EFA_ENV)
+    return env
+
+
+def horovodrun_command(
+    cfg: TrainConfig, hostfile: Path, key: Path, ranks: int, program: list[str]
+) -> list[str]:
+    """horovodrun over MPI (the AMI's EFA OpenMPI) on GPU nodes, over Gloo on CPU nodes; ssh with
+    the run's key on the configured port. horovodrun exports the launcher's environment to
+    every rank, and adds the OpenMPI flags itself (-bind-to none -map-by slot, pml ob1 for MPI's
+    own control traffic; the gradients go through NCCL)."""
+    cmd = [
+        "horovodrun",
+        "--mpi" if cfg.gpus_per_node else "--gloo",
+        "-np",
+        str(ranks),
+        "--hostfile",
+        str(hostfile),
+        "--ssh-port",
+        str(cfg.ssh_port),
+        "--ssh-identity-file",
+        str(key),
+        "--start-timeout",
+        str(int(min(cfg.rendezvous_timeout_s, 600))),
+    ]
+    if cfg.network_interface:
+        cmd += ["--network-interface", cfg.network_interface]
+    mpirun = shutil.which("mpirun")
+    if cfg.gpus_per_node and mpirun:
+        # The ssh sessions that start OpenMPI's daemons on the other nodes get a bare PATH.
+        cmd += [f"--mpi-args=--prefix {Path(mpirun).resolve().parent.parent}"]
+    return cmd + program
+
+
+def trainer_command(cfg: TrainConfig, data_dir: Path, model_dir: Path) -> list[str]:
+    return [
+        "python3",
+        "-m",
+        "trainer.train",
+        "--data-dir",
+        str(data_dir),
+        "--model-dir",
+        str(model_dir),
+        *cfg.trainer_flags(),
+    ]
+
+
+def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200) -> tuple[int, str]:
+    """Run cmd, copying its output line by line to log_path and stdout; returns the exit code
+    and the last `keep` lines (for the failure reason and transport checks)."""
+    tail: deque[str] = deque(maxlen=keep)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        log_path.open("a") as log,
+        subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        ) as proc,
+    ):
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line)
+    return proc.returncode, "".join(tail)
+
+
+def model_prefix(cfg: TrainConfig) -> str:
+    return f"s3://{cfg.bucket}/{cfg.runs_prefix}model/"
+
+
+def restore_model_dir(s3, cfg: TrainConfig, model_dir: Path) -> bool:
+    """Bring the run's model dir back from S3 so the trainer resumes from its last checkpoint."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}model/", MaxKeys=1)
+    if not listing.get("KeyCount"):
+        return False
+    run_s5cmd("sync", f"{model_prefix(cfg)}*", f"{model_dir}/")
+    return True
+
+
+def sync_model_dir(cfg: TrainConfig, model_dir: Path) -> None:
+    if model_dir.is_dir() and any(model_dir.iterdir()):
+        run_s5cmd("sync", f"{model_dir}/", model_prefix(cfg))
+
+
+class CheckpointSync(threading.Thread):
+    """Copies the model dir to S3 every checkpoint_sync_s while training runs: the instance
+    store does not survive a stop, so S3 holds what a rerun resumes from."""
+
+    def __init__(self, cfg: TrainConfig, model_dir: Path, log):
+        super().__init__(daemon=True)
+        self.cfg, self.model_dir, self.log = cfg, model_dir, log
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.cfg.checkpoint_sync_s):
+            try:
+                sync_model_dir(self.cfg, self.model_dir)
+            except RuntimeError as exc:  # the next round or the final sync retries
+                self.log(f"checkpoint sync to S3 failed, retrying later: {exc}")
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+def upload_logs(cfg: TrainConfig) -> None:
+    logs = Path(cfg.log_dir)
+    if logs.is_dir() and any(logs.glob("*.log")):
+        run_s5cmd(
+            "cp",
+            f"{logs}/*.log",
+            f"s3://{cfg.bucket}/{cfg.runs_prefix}logs/node-{cfg.node_index}/",
+        )
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def done_document(
+    cfg: TrainConfig,
+    status: str,
+    reason: str | None,
+    model_dir: Path | None,
+    now: float,
+    started: float | None,
+) -> dict:
+    """DONE.json per docs/contracts.md; duration_s is the trainer's, else the leader's wall time."""
+    succeeded = status == "succeeded"
+    evaluation = read_json(model_dir / "eval.json") if model_dir and succeeded else {}
+    training = read_json(model_dir / "train.json") if model_dir else {}
+    return {
+        "run": cfg.run,
+        "status": status,
+        "reason": reason,
+        "top1": evaluation.get("top1"),
+        "top5": evaluation.get("top5"),
+        "epochs": training.get("epochs", cfg.trainer.get("epochs")),
+        "duration_s": training.get("duration_s") or (round(now - started, 1) if started else None),
+        "images_per_s": training.get("images_per_s") if succeeded else None,
+        "finished_at": utc_stamp(now),
+    }
+
+
+def write_done(s3, cfg: TrainConfig, doc: dict) -> None:
+    s3.put_object(
+        Bucket=cfg.bucket,
+        Key=f"{cfg.runs_prefix}DONE.json",
+        Body=json.dumps(doc, indent=2).encode(),
+        ContentType="application/json",
+    )
+
+
+def clear_done(s3, cfg: TrainConfig) -> None:
+    """A rerun starts by removing the previous attempt's DONE.json, so nothing reacts to it."""
+    s3.delete_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}DONE.json")
+
+
+def failure_reason(tail: str) -> str:
+    """The most telling line of a failed run: the trainer's `error: ...` line if any."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line.lower()]
+    return (errors or lines or ["no output"])[-1][-400:]

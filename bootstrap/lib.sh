@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# Sourced by the node scripts: timestamped log lines, named steps, and one failure report per
+# failed step (ERR trap -> `python3 -m bootstrap fail`: CloudFormation FAILURE signal, DONE.json on
+# the leader, stop of a preprocessing node).
+
+APP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export PYTHONPATH="$APP_DIR${PYTHONPATH:+:$PYTHONPATH}"
+NODE_JSON=${NODE_JSON:-/etc/horovod-fleet/node.json}
+# The instances' Python environment (made by install_training_env.sh or ensure_venv); the
+# rehearsal sets install=false and brings its own python3 on PATH.
+VENV=${HOROVOD_FLEET_VENV:-/opt/horovod-fleet/venv}
+SCRIPT=$(basename "$0" .sh)
+STEP="start"
+
+log() { printf '%s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SCRIPT" "$*"; }
+
+step() {
+	STEP=$1
+	log "step '$STEP': start"
+}
+
+on_error() {
+	local code=$1 line=$2
+	trap - ERR
+	log "step '$STEP' failed (exit $code at line $line)"
+	# Without a valid node.json there is nobody to tell: the error line above names the key.
+	[[ $STEP == "read node.json" ]] && exit "$code"
+	python3 -m bootstrap --node-json "$NODE_JSON" fail "$STEP" "exit $code at line $line of $SCRIPT.sh" ||
+		log "could not report the failure (python3 -m bootstrap fail)"
+	exit "$code"
+}
+trap 'on_error $? $LINENO' ERR
+
+# One validated node.json value; a bad node.json stops here with the key named.
+config() { python3 -m bootstrap.node_config --node-json "$NODE_JSON" "$1"; }
+
+# Everything after this line also goes to <log_dir>/bootstrap.log (shipped to CloudWatch Logs).
+start_log() {
+	local log_dir
+	log_dir=$(config log_dir)
+	mkdir -p "$log_dir"
+	exec > >(tee -a "$log_dir/bootstrap.log") 2>&1
+	log "node.json: $NODE_JSON, code: $APP_DIR"
+}
+
+use_venv() {
+	export PATH="$VENV/bin:$PATH"
+}
+
+# A venv with the given requirement files, for nodes that need no GPU stack.
+ensure_venv() {
+	if ! command -v python3 >/dev/null || ! python3 -m venv --help >/dev/null 2>&1; then
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+	fi
+	[[ -x $VENV/bin/python3 ]] || python3 -m venv "$VENV"
+	local req
+	for req in "$@"; do "$VENV/bin/pip" install -q -r "$req"; done
+	use_venv
+}
+
+start_cloudwatch_agent() {
+	local ctl=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
+	if [[ -z $(config log_group) ]]; then
+		log "no log_group: CloudWatch agent not started"
+		return 0
+	fi
+	if [[ ! -x $ctl ]]; then
+		if command -v dnf >/dev/null; then
+			dnf install -y -q amazon-cloudwatch-agent
+		else
+			curl -fsSL -o /tmp/amazon-cloudwatch-agent.deb \
+				https://amazoncloudwatch-agent.s3.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
+			dpkg -i -E /tmp/amazon-cloudwatch-agent.deb
+		fi
+	fi
+	local conf=/opt/aws/amazon-cloudwatch-agent/etc/horovod-fleet.json
+	python3 -m bootstrap --node-json "$NODE_JSON" cloudwatch-config "$conf"
+	"$ctl" -a fetch-config -m ec2 -s -c "file:$conf"
+	log "CloudWatch agent shipping $(config log_dir)/*.log to $(config log_group)"
+}
+
+# User-data runs once per instance; this unit runs the node script again at every later boot,
+# which is how a rebooted node resumes (each step skips what is already done).
+install_boot_service() {
+	local script=$1 unit=/etc/systemd/system/horovod-fleet-node.service
+	command -v systemctl >/dev/null || return 0
+	[[ -f $unit ]] && return 0
+	cat >"$unit" <<UNIT
+[Unit]
+Description=horovod-fleet node bootstrap ($script)
+Wants=network-online.target
+After=network-online.target cloud-final.service
+
+[Service]
+Type=simple
+Environment=NODE_JSON=$NODE_JSON
+ExecStart=$script
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+	systemctl daemon-reload
+	systemctl enable horovod-fleet-node.service
+	log "enabled horovod-fleet-node.service: the bootstrap reruns at every boot"
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The preprocessing instance's bootstrap (user-data runs it as root; it reruns at every boot):
+# data volume at mount_point, Python environment, CloudWatch agent, then
+# `python3 -m bootstrap preprocess-node` converts s3://<bucket>/raw/ (or the download URL in
+# Secrets Manager) to s3://<bucket>/tfrecords/, checks the manifest, signals and stops the instance.
+#   NODE_JSON=/etc/horovod-fleet/node.json /opt/horovod-fleet/bootstrap/preprocess_node.sh
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+step "read node.json"
+role=$(config role)
+[[ $role == preprocess ]] || { log "node.json role is '$role', this script is for 'preprocess'"; false; }
+start_log
+
+if [[ $(config install) == true ]]; then
+	step "boot service"
+	install_boot_service "$APP_DIR/bootstrap/preprocess_node.sh"
+fi
+
+step "data volume"
+volume_id=$(config volume_id)
+if [[ -n $volume_id ]]; then
+	"$APP_DIR/bootstrap/mount_ebs_volume.sh" "$volume_id" "$(config mount_point)"
+else
+	log "no volume_id: using $(config mount_point) as a plain directory"
+	mkdir -p "$(config mount_point)"
+fi
+
+step "python environment"
+if [[ $(config install) == true ]]; then
+	ensure_venv "$APP_DIR/bootstrap/requirements.txt" "$APP_DIR/trainer/requirements.txt"
+else
+	log "install=false: using $(command -v python3)"
+fi
+
+step "cloudwatch agent"
+start_cloudwatch_agent
+
+step "preprocess node"
+exec python3 -m bootstrap --node-json "$NODE_JSON" preprocess-node

@@ -1,0 +1,192 @@
+"""Fleet rendezvous through the run prefix in S3: registration, the run's SSH key, the hostfile.
+
+Layout (docs/contracts.md): runs/<run>/nodes/<index>.json, runs/<run>/ssh/leader.pub,
+runs/<run>/hostfile. Every step is idempotent, so a rebooted or redeployed node with the same run
+name repeats it safely. Members keep re-registering until the run's DONE.json appears (a
+heartbeat), and the leader only counts registrations younger than heartbeat_timeout_s: after a
+redeploy, the old instances' entries (old IPs) are never mistaken for live nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from bootstrap.node_config import TrainConfig
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+class RendezvousError(RuntimeError):
+    pass
+
+
+def utc_stamp(now: float) -> str:
+    return datetime.fromtimestamp(now, timezone.utc).strftime(TIME_FORMAT)
+
+
+def parse_stamp(text: str) -> float:
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc).timestamp()
+
+
+def read_object(s3, bucket: str, key: str) -> bytes | None:
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return None
+        raise
+
+
+def register_node(s3, cfg: TrainConfig, ip: str, instance_id: str, now: float) -> dict:
+    entry = {
+        "index": cfg.node_index,
+        "ip": ip,
+        "gpus": cfg.gpus_per_node,
+        "instance_id": instance_id,
+        "registered_at": utc_stamp(now),
+    }
+    key = f"{cfg.runs_prefix}nodes/{cfg.node_index}.json"
+    s3.put_object(Bucket=cfg.bucket, Key=key, Body=json.dumps(entry).encode())
+    return entry
+
+
+def private_key_path(cfg: TrainConfig) -> Path:
+    return Path(cfg.state_dir) / "ssh" / cfg.run / "id_ed25519"
+
+
+def ensure_leader_key(s3, cfg: TrainConfig) -> Path:
+    """Make the run's key pair once (reused on reruns) and publish its public half."""
+    key = private_key_path(cfg)
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hvd-{cfg.run}", "-f", str(key)],
+            check=True,
+        )
+    public = key.with_suffix(".pub").read_bytes()
+    pub_key = f"{cfg.runs_prefix}ssh/leader.pub"
+    if read_object(s3, cfg.bucket, pub_key) != public:
+        s3.put_object(Bucket=cfg.bucket, Key=pub_key, Body=public)
+    return key
+
+
+def install_authorized_key(path: str | Path, public_key: str) -> bool:
+    """Append the key unless it is there already; returns whether the file changed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    line = public_key.strip()
+    existing = path.read_text().splitlines() if path.exists() else []
+    if line in (existing_line.strip() for existing_line in existing):
+        return False
+    with path.open("a") as out:
+        out.write(line + "\n")
+    os.chmod(path, 0o600)
+    return True
+
+
+def _poll(
+    what: Callable[[], object],
+    timeout_s: float,
+    interval_s: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+):
+    deadline = clock() + timeout_s
+    while True:
+        result = what()
+        if result or clock() >= deadline:
+            return result
+        sleep(interval_s)
+
+
+def wait_for_leader_key(
+    s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep, timeout_s: float | None = None
+) -> str:
+    timeout_s = cfg.rendezvous_timeout_s if timeout_s is None else timeout_s
+    pub_key = f"{cfg.runs_prefix}ssh/leader.pub"
+    found = _poll(
+        lambda: read_object(s3, cfg.bucket, pub_key), timeout_s, cfg.poll_interval_s, clock, sleep
+    )
+    if not found:
+        raise RendezvousError(
+            f"the leader (node 0) did not publish s3://{cfg.bucket}/{pub_key} "
+            f"within {timeout_s:.0f} s"
+        )
+    return found.decode()
+
+
+def live_nodes(s3, cfg: TrainConfig, now: float) -> dict[int, dict]:
+    """Registrations of this run young enough to belong to running instances."""
+    listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}nodes/")
+    nodes = {}
+    for obj in listing.get("Contents", []):
+        entry = json.loads(read_object(s3, cfg.bucket, obj["Key"]) or b"{}")
+        fresh = now - parse_stamp(entry["registered_at"]) <= cfg.heartbeat_timeout_s
+        # The leader's own entry is current by construction, however long it has been waiting.
+        if (fresh or entry["index"] == cfg.node_index) and 0 <= entry["index"] < cfg.nodes:
+            nodes[entry["index"]] = entry
+    return nodes
+
+
+def wait_for_nodes(s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep) -> list[dict]:
+    """All N live registrations sorted by index, or RendezvousError naming the missing ones."""
+
+    def all_registered() -> dict[int, dict] | None:
+        nodes = live_nodes(s3, cfg, clock())
+        return nodes if len(nodes) == cfg.nodes else None
+
+    nodes = _poll(all_registered, cfg.rendezvous_timeout_s, cfg.poll_interval_s, clock, sleep)
+    if nodes:
+        return [nodes[i] for i in range(cfg.nodes)]
+    present = live_nodes(s3, cfg, clock())
+    missing = [str(i) for i in range(cfg.nodes) if i not in present]
+    raise RendezvousError(
+        f"node(s) {', '.join(missing)} of {cfg.nodes} did not register under "
+        f"s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ within {cfg.rendezvous_timeout_s:.0f} s"
+    )
+
+
+def write_hostfile(s3, cfg: TrainConfig, nodes: list[dict], path: str | Path) -> str:
+    """`<ip> slots=<G>` per node in index order (rank 0 on the leader), locally and in S3.
+    Nodes sharing an address (the rehearsal without namespaces) become one line."""
+    slots: dict[str, int] = {}
+    for node in nodes:
+        slots[node["ip"]] = slots.get(node["ip"], 0) + (node["gpus"] or 1)
+    text = "".join(f"{ip} slots={count}\n" for ip, count in slots.items())
+    Path(path).write_text(text)
+    s3.put_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}hostfile", Body=text.encode())
+    return text
+
+
+def run_finished_since(s3, cfg: TrainConfig, since: float) -> bool:
+    try:
+        head = s3.head_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}DONE.json")
+    except ClientError:
+        return False
+    return head["LastModified"].timestamp() >= since
+
+
+def serve_as_member(
+    s3, cfg: TrainConfig, ip: str, instance_id: str, log, clock=time.time, sleep=time.sleep
+) -> None:
+    """Install the leader's key, register, then heartbeat until the run's DONE.json appears.
+
+    The key goes in before the registration, so the leader never ssh-es to a node that would
+    refuse it; a key the leader replaced (a redeployed leader) is picked up on the next beat.
+    """
+    started = clock()
+    while not run_finished_since(s3, cfg, started):
+        public_key = wait_for_leader_key(s3, cfg, clock, sleep)
+        if install_authorized_key(cfg.authorized_keys_file, public_key):
+            log(f"installed the run's public key in {cfg.authorized_keys_file}")
+        register_node(s3, cfg, ip, instance_id, clock())
+        sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))
+    log("the leader wrote DONE.json: this member's part is over")

@@ -1,0 +1,380 @@
+"""The whole run on one machine, no AWS account: `make rehearsal`, or
+
+    .venv/bin/python -m rehearsal [--nodes 2] [--epochs 3] [--rerun-epochs 4] [--workdir DIR]
+
+1. moto_server is the S3 endpoint (AWS_ENDPOINT_URL for every process below).
+2. `python -m trainer.make_sample` writes small ILSVRC-shaped archives; they go to s3://.../raw/
+   exactly where users upload the real ones.
+3. bootstrap/preprocess_node.sh converts them to s3://.../tfrecords/ (node.json without volume,
+   installs or stop).
+4. N nodes run bootstrap/train_node.sh: as root with `ip netns` and sshd, each node is a network
+   namespace with its own address, sshd and /data; otherwise separate processes on 127.0.0.1.
+   They pull and verify the data, register, exchange the run's SSH key; node 0 writes the
+   hostfile and runs horovodrun over Gloo/TCP across the nodes: ResNet-18 on 32x32 images, CPU.
+5. Node 0 uploads checkpoints, logs and eval.json and writes runs/<run>/DONE.json.
+6. The nodes "reboot" and run again with more epochs: the data pull is skipped (verified), the
+   key reused, and training resumes from the checkpoint in S3 (node 0's local copy is wiped).
+
+Prints the training table and the final accuracy; exits non-zero naming the step that failed.
+Cleans up its processes, namespaces and bridge on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+
+from rehearsal.hosts import NODE_INTERFACE, SSH_PORT, Fleet, namespaces_available
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "horovod-fleet-rehearsal"
+RUN = "rehearsal"
+REGION = "us-east-1"
+RAW_FILES = (
+    "ILSVRC2012_img_train.tar",
+    "ILSVRC2012_img_val.tar",
+    "ILSVRC2012_validation_ground_truth.txt",
+)
+
+
+def say(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} [rehearsal] {message}", flush=True)
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+class Rehearsal:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.workdir = args.workdir.resolve()
+        self.processes: list[subprocess.Popen] = []
+        self.fleet: Fleet | None = None
+        self.endpoint = ""
+        self.step = "start"
+        self.node_processes: list[subprocess.Popen] = []
+
+    # ------------------------------------------------------------ processes
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_ACCESS_KEY_ID="rehearsal",
+            AWS_SECRET_ACCESS_KEY="rehearsal",
+            AWS_DEFAULT_REGION=REGION,
+            AWS_REGION=REGION,
+            PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}",
+            PYTHONPATH=str(REPO),
+            PYTHONUNBUFFERED="1",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            NO_PROXY="*",
+        )
+        return env
+
+    def start(
+        self, name: str, cmd: list[str], env: dict[str, str], log: Path | None = None
+    ) -> subprocess.Popen:
+        """Start a process in its own session (so cleanup can end its whole group) and copy
+        its output to ours, each line prefixed with its name, or only to `log`."""
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=REPO,
+            stdout=log.open("w") if log else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.processes.append(proc)
+        if log:
+            return proc
+
+        def copy() -> None:
+            for line in proc.stdout:
+                sys.stdout.write(f"[{name}] {line}")
+                sys.stdout.flush()
+
+        threading.Thread(target=copy, daemon=True).start()
+        return proc
+
+    def wait(self, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            codes = {name: p.poll() for name, p in procs.items()}
+            failed = [f"{n} exited {c}" for n, c in codes.items() if c not in (None, 0)]
+            if failed:
+                raise StepFailed(", ".join(failed) + " (its log is above)")
+            if all(c == 0 for c in codes.values()):
+                return
+            time.sleep(0.5)
+        raise StepFailed(f"{', '.join(procs)} still running after {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+        if self.fleet:
+            self.fleet.close()
+
+    # ------------------------------------------------------------ steps
+
+    def run(self) -> int:
+        started = time.time()
+        steps = [
+            ("local S3 endpoint", self.start_s3),
+            ("sample dataset", self.make_sample),
+            ("preprocessing node", self.preprocess),
+            ("training nodes", lambda: self.train(self.args.epochs)),
+            ("results", lambda: self.report(self.args.epochs)),
+        ]
+        if self.args.rerun_epochs:
+            steps += [
+                ("reboot: training nodes again", lambda: self.train(self.args.rerun_epochs)),
+                ("results after the rerun", lambda: self.report(self.args.rerun_epochs)),
+            ]
+        try:
+            for self.step, action in steps:
+                say(f"--- {self.step}")
+                action()
+        except (StepFailed, RuntimeError, OSError) as exc:
+            say(f"FAILED at step '{self.step}': {exc}")
+            return 1
+        finally:
+            self.close()
+        say(f"rehearsal succeeded in {time.time() - started:.0f} s; files in {self.workdir}")
+        return 0
+
+    def start_s3(self) -> None:
+        if self.workdir.exists():
+            shutil.rmtree(self.workdir)
+        self.workdir.mkdir(parents=True)
+        usable, why = namespaces_available()
+        if usable and not self.args.processes:
+            self.fleet = Fleet(self.args.nodes, self.workdir, str(os.getpid()))
+            self.fleet.__enter__()
+            address = self.fleet.gateway
+            say(f"simulated hosts: namespaces on {self.fleet.subnet} ({why})")
+        else:
+            address = "127.0.0.1"
+            reason = "--processes" if self.args.processes else why
+            say(f"simulated hosts: separate processes on {address} ({reason})")
+        with socket.socket() as probe:
+            probe.bind((address, 0))
+            port = probe.getsockname()[1]
+        self.endpoint = f"http://{address}:{port}"
+        moto = shutil.which("moto_server", path=str(Path(sys.executable).parent))
+        self.start(
+            "s3", [moto, "-H", address, "-p", str(port)], self.env(), self.workdir / "s3.log"
+        )
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise StepFailed(f"moto_server did not answer at {self.endpoint}")
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id="rehearsal",
+            aws_secret_access_key="rehearsal",
+        )
+        self.s3.create_bucket(Bucket=BUCKET)
+        say(f"S3 endpoint {self.endpoint}, bucket {BUCKET}")
+
+    def make_sample(self) -> None:
+        raw = self.workdir / "raw"
+        cmd = [sys.executable, "-m", "trainer.make_sample", "--output", str(raw)]
+        cmd += ["--classes", str(self.args.classes), "--train-per-class", str(self.args.per_class)]
+        cmd += ["--val-images", str(self.args.val_images)]
+        self.wait({"sample": self.start("sample", cmd, self.env())}, 600)
+        # What users do with the real archives: aws s3 cp FILE s3://<bucket>/raw/FILE
+        for name in RAW_FILES:
+            self.s3.upload_file(str(raw / name), BUCKET, f"raw/{name}")
+        say(f"uploaded {', '.join(RAW_FILES)} to s3://{BUCKET}/raw/")
+
+    def node_json(self, path: Path, doc: dict) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2))
+        return path
+
+    def common(self, home: Path) -> dict:
+        # The rehearsal's keys (docs in bootstrap/node_config.py): no installs, no volume, no
+        # CloudWatch, no CloudFormation signal, paths under the work dir.
+        return {
+            "region": REGION,
+            "bucket": BUCKET,
+            "log_group": None,
+            "project": "horovod-fleet",
+            "signal": None,
+            "install": False,
+            "log_dir": str(home / "logs"),
+            "state_dir": str(home / "state"),
+            "poll_interval_s": 1,
+        }
+
+    def preprocess(self) -> None:
+        home = self.workdir / "preprocess"
+        doc = {
+            "role": "preprocess",
+            **self.common(home),
+            "raw_prefix": "raw/",
+            "output_prefix": "tfrecords/",
+            "volume_id": None,
+            "mount_point": str(home / "data"),
+            "download_secret_arn": None,
+            "train_shards": 4,
+            "val_shards": 2,
+            "stop_when_done": False,
+            "instance_id": "rehearsal-preprocess",
+        }
+        env = {**self.env(), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
+        script = [str(REPO / "bootstrap" / "preprocess_node.sh")]
+        self.wait({"preprocess": self.start("preprocess", script, env)}, 900)
+
+    def train(self, epochs: int) -> None:
+        """Start every node's train_node.sh and wait for all. A second call is the rerun after a
+        reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
+        S3 prefix are not, so the pull is skipped and training resumes from S3."""
+        for proc in self.node_processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.node_processes:
+            # Only S3 may hold the checkpoint a rerun resumes from.
+            shutil.rmtree(self.workdir / "node0" / "data" / "model", ignore_errors=True)
+        nodes = self.args.nodes
+        data_mount = self.workdir / "data"  # every namespace node sees its own data here
+        data_mount.mkdir(exist_ok=True)
+        procs = {}
+        for index in range(nodes):
+            node = self.fleet.nodes[index] if self.fleet else None
+            home = node.home if node else self.workdir / f"node{index}"
+            doc = {
+                "role": "train",
+                **self.common(home),
+                "run": RUN,
+                "node_index": index,
+                "nodes": nodes,
+                "gpus_per_node": 0,
+                "instance_type": "rehearsal-cpu",
+                "efa": False,
+                "dataset_prefix": "tfrecords/",
+                "runs_prefix": f"runs/{RUN}/",
+                "rendezvous_timeout_s": 300,
+                "trainer": {
+                    "epochs": epochs,
+                    "batch_per_gpu": 32,
+                    "arch": "resnet18",
+                    "image_size": 32,
+                    "log_every": 5,
+                    "warmup_epochs": 1,
+                },
+                "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": RUN}},
+                "instance_store": False,
+                "mount_point": str(data_mount if node else home / "data"),
+                "ip": node.ip if node else "127.0.0.1",
+                "instance_id": f"rehearsal-node-{index}",
+                "ssh_port": SSH_PORT,
+                "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
+                "network_interface": NODE_INTERFACE if node else None,
+                "heartbeat_timeout_s": 60,
+                "checkpoint_sync_s": 30,
+            }
+            env = {**self.env(), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
+            script = [str(REPO / "bootstrap" / "train_node.sh")]
+            cmd = self.fleet.node_command(node, data_mount, script) if node else script
+            procs[f"node{index}"] = self.start(f"node{index}", cmd, env)
+        self.node_processes = list(procs.values())
+        self.wait(procs, self.args.timeout)
+
+    def report(self, epochs: int) -> None:
+        done = json.loads(
+            self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json")["Body"].read()
+        )
+        listing = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/")
+        keys = [o["Key"] for o in listing.get("Contents", [])]
+        # The local S3 endpoint goes away with the rehearsal: keep a copy of what the run wrote.
+        for key in keys:
+            (self.workdir / "s3" / key).parent.mkdir(parents=True, exist_ok=True)
+            self.s3.download_file(BUCKET, key, str(self.workdir / "s3" / key))
+        say(f"s3://{BUCKET}/runs/{RUN}/ holds {len(keys)} objects (copied to {self.workdir}/s3/)")
+        say("DONE.json:")
+        print(json.dumps(done, indent=2), flush=True)
+        if done["status"] != "succeeded":
+            raise StepFailed(f"DONE.json status {done['status']}: {done['reason']}")
+        if not any(k.endswith(".index") for k in keys if "/model/checkpoints/" in k):
+            raise StepFailed("no checkpoint under runs/<run>/model/checkpoints/")
+        if done["epochs"] != epochs:
+            raise StepFailed(f"DONE.json says {done['epochs']} epochs, expected {epochs}")
+        chance = 1 / self.args.classes
+        say(
+            f"final accuracy: top-1 {done['top1']:.3f} (chance {chance:.3f}), top-5 {done['top5']:.3f}"
+        )
+
+
+def raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rehearsal",
+        description="The whole run (local S3, preprocessing, N nodes training over Horovod) on one "
+        "machine, with no AWS account.",
+    )
+    parser.add_argument("--nodes", type=int, default=2, help="simulated training nodes")
+    parser.add_argument("--epochs", type=int, default=3, help="training epochs")
+    parser.add_argument(
+        "--rerun-epochs",
+        type=int,
+        default=4,
+        help="then reboot the nodes and rerun the same run with this many epochs: it must "
+        "resume from the checkpoint in S3 (0: no rerun)",
+    )
+    parser.add_argument("--classes", type=int, default=10, help="classes in the sample dataset")
+    parser.add_argument("--per-class", type=int, default=48, help="training images per class")
+    parser.add_argument("--val-images", type=int, default=100, help="validation images")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("rehearsal-output"), help="emptied, then filled"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1200, help="seconds for the training nodes"
+    )
+    parser.add_argument(
+        "--processes", action="store_true", help="separate processes even where namespaces work"
+    )
+    args = parser.parse_args(argv)
+    # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup.
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    rehearsal = Rehearsal(args)
+    try:
+        return rehearsal.run()
+    except KeyboardInterrupt:
+        say(f"interrupted at step '{rehearsal.step}': cleaned up")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The CDK side of horovod-fleet: configuration, the instance-type table and the four stacks."""

@@ -1,0 +1,86 @@
+"""The four stacks wired together: DatasetStack <- TeardownStack <- PreprocessStack, TrainStack."""
+
+import math
+from dataclasses import dataclass
+
+from aws_cdk import App, Environment, Stack, Tags
+from aws_cdk import aws_s3 as s3
+
+from stacks.config import FleetConfig
+from stacks.dataset import DatasetStack, default_bucket_name
+from stacks.instance_types import fleet_usd_per_hour
+from stacks.node_code import PROJECT
+from stacks.preprocess import PreprocessStack
+from stacks.teardown import TeardownStack
+from stacks.train import TrainStack
+
+
+@dataclass(frozen=True)
+class HorovodFleet:
+    """The stacks of one app; dataset is None when the bucket is imported with datasetBucket."""
+
+    dataset: DatasetStack | None
+    teardown: TeardownStack
+    preprocess: PreprocessStack
+    train: TrainStack
+
+
+def budget_limit_usd(config: FleetConfig) -> float:
+    """The most a capped run can cost plus a day of the preprocessing node, rounded up."""
+    fleet = fleet_usd_per_hour(config.gpu, config.nodes) * config.max_hours
+    node = config.preprocess
+    preprocessing = (node.usd_per_hour + node.max_surplus_usd_per_hour) * 24
+    return float(math.ceil(fleet + preprocessing))
+
+
+def compose(app: App, config: FleetConfig) -> HorovodFleet:
+    """Add the stacks for `config` to `app`."""
+    env = Environment(region=config.region)
+    Tags.of(app).add("Project", PROJECT)
+    bucket_name = config.dataset_bucket or default_bucket_name(config.region)
+    # Stacks find the bucket by name. An imported bucket creates nothing but needs a stack as
+    # its scope: one outside the app, so no stack of the app owns or exports it.
+    bucket = s3.Bucket.from_bucket_name(Stack(), "DatasetBucket", bucket_name)
+    dataset = (
+        None
+        if config.dataset_bucket
+        else DatasetStack(
+            app,
+            "DatasetStack",
+            bucket_name=bucket_name,
+            env=env,
+            description="horovod-fleet: the dataset bucket (raw/, tfrecords/, runs/), kept forever",
+        )
+    )
+    teardown = TeardownStack(
+        app,
+        "TeardownStack",
+        bucket=bucket,
+        budget_email=config.budget_email,
+        budget_limit_usd=budget_limit_usd(config),
+        env=env,
+        description="horovod-fleet: the reaper that stops the bill when a run ends, caps or idles",
+    )
+    preprocess = PreprocessStack(
+        app,
+        "PreprocessStack",
+        config=config,
+        bucket=bucket,
+        reaper=teardown.reaper,
+        env=env,
+        description="horovod-fleet: the node that converts ImageNet to TFRecords",
+    )
+    train = TrainStack(
+        app,
+        "TrainStack",
+        config=config,
+        bucket=bucket,
+        reaper=teardown.reaper,
+        env=env,
+        description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",
+    )
+    for stack in (preprocess, train):
+        stack.add_stack_dependency(teardown)
+    if dataset is not None:
+        teardown.add_stack_dependency(dataset)
+    return HorovodFleet(dataset, teardown, preprocess, train)

@@ -1,0 +1,282 @@
+"""The app's one configuration: built from CDK context in app.py, validated once, then frozen.
+
+Every key is camelCase in context (`-c nodes=8`), with its default in cdk.json. Values from the
+command line arrive as strings, values from cdk.json as JSON, so each parser accepts both.
+A bad value raises ConfigError whose text is the single line app.py prints.
+"""
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stacks.instance_types import BURSTABLE_TYPES, GPU_TYPES, BurstableType, GpuType
+
+# key -> meaning; the README's table and the unknown-key check both come from here.
+KEYS: dict[str, str] = {
+    "nodes": "training nodes in the fleet (1-64)",
+    "instanceType": "GPU instance type of every training node",
+    "region": "AWS region of every stack",
+    "az": "availability zone of the fleet, its placement group and the preprocessing volume",
+    "vpcId": "deploy into this existing VPC instead of creating one (needs subnetId)",
+    "subnetId": "the subnet of vpcId, in az, that reaches S3, SSM and CloudFormation",
+    "ami": "training AMI: an SSM parameter name resolved at deploy time, or an ami- id",
+    "datasetBucket": "use this existing bucket instead of creating DatasetStack",
+    "datasetPrefix": "key prefix of the TFRecords in the bucket",
+    "run": "run name: S3 prefix runs/<run>/ and the horovod-fleet:run tag",
+    "epochs": "training epochs",
+    "batchPerGpu": "batch size per GPU (one Horovod rank per GPU)",
+    "arch": "model architecture",
+    "imageSize": "training image size in pixels",
+    "maxHours": "hard cap: the fleet is deleted this many hours after deploy",
+    "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
+    "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",
+    "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
+    "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
+    "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
+}
+
+MAX_NODES = 64
+MIN_DATA_VOLUME_GIB = 500  # the two ImageNet archives (~150 GB) plus the extracted images
+MAX_DATA_VOLUME_GIB = 16384  # the sc1 maximum
+ARCHS = ("resnet50", "resnet18")
+_REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
+_RUN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_PREFIX = re.compile(r"(?:[A-Za-z0-9_.-]+/)+")
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}")
+_AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
+_SSM_NAME = re.compile(r"(/[A-Za-z0-9_.-]+)+")
+_VPC_ID = re.compile(r"vpc-[0-9a-f]{8,17}")
+_SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
+_SECRET_ARN = re.compile(
+    r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+"
+)
+_INSTANCE_TYPE = re.compile(r"([a-z]+)(\d+)([a-z-]*)\.([a-z0-9]+)")
+
+
+class ConfigError(ValueError):
+    """A bad context value; str() is one line naming the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(f"error: context key {key}={value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Everything the stacks need, as plain validated values."""
+
+    region: str
+    az: str
+    nodes: int
+    gpu: GpuType
+    vpc_id: str | None
+    subnet_id: str | None
+    ami: str
+    dataset_bucket: str | None
+    dataset_prefix: str
+    run: str
+    epochs: int
+    batch_per_gpu: int
+    arch: str
+    image_size: int
+    max_hours: float
+    preprocess: BurstableType
+    data_volume_gib: int
+    budget_email: str | None
+    snapshot_data_volume: bool
+    download_secret_arn: str | None
+
+    @property
+    def runs_prefix(self) -> str:
+        return f"runs/{self.run}/"
+
+    @property
+    def trainer(self) -> dict[str, Any]:
+        """The node.json `trainer` object; bootstrap turns each key into a trainer flag."""
+        return {
+            "epochs": self.epochs,
+            "batch_per_gpu": self.batch_per_gpu,
+            "arch": self.arch,
+            "image_size": self.image_size,
+        }
+
+    @classmethod
+    def from_context(cls, context: Mapping[str, Any]) -> "FleetConfig":
+        """Validate every key; the first bad one raises ConfigError."""
+        _reject_unknown_keys(context)
+        get = _Getter(context)
+        region = get("region", _matching(_REGION, "a region name such as us-east-1"))
+        vpc_id = get("vpcId", _optional(_matching(_VPC_ID, "empty or a VPC id like vpc-0abc1234")))
+        subnet_id = get(
+            "subnetId",
+            _optional(_matching(_SUBNET_ID, "empty or a subnet id like subnet-0abc1234")),
+        )
+        if (vpc_id is None) != (subnet_id is None):
+            key, value = ("subnetId", subnet_id) if vpc_id is None else ("vpcId", vpc_id)
+            raise ConfigError(key, value, "vpcId and subnetId are given together or not at all")
+        return cls(
+            region=region,
+            az=get("az", _zone_of(region)),
+            nodes=get("nodes", _integer(1, MAX_NODES)),
+            gpu=get("instanceType", _gpu_type),
+            vpc_id=vpc_id,
+            subnet_id=subnet_id,
+            ami=get("ami", _ami),
+            dataset_bucket=get("datasetBucket", _optional(_matching(_BUCKET, "an S3 bucket name"))),
+            dataset_prefix=get(
+                "datasetPrefix", _matching(_PREFIX, "a key prefix ending in '/', like tfrecords/")
+            ),
+            run=get(
+                "run",
+                _matching(
+                    _RUN, "1-40 lowercase letters, digits and inner hyphens, like resnet50-1"
+                ),
+            ),
+            epochs=get("epochs", _integer(1, 1000)),
+            batch_per_gpu=get("batchPerGpu", _integer(1, 4096)),
+            arch=get("arch", _one_of(ARCHS)),
+            image_size=get("imageSize", _integer(32, 1024)),
+            max_hours=get("maxHours", _number(1, 168)),
+            preprocess=get("preprocessInstanceType", _burstable_type),
+            data_volume_gib=get(
+                "dataVolumeGiB", _integer(MIN_DATA_VOLUME_GIB, MAX_DATA_VOLUME_GIB)
+            ),
+            budget_email=get(
+                "budgetEmail", _optional(_matching(_EMAIL, "empty or an e-mail address"))
+            ),
+            snapshot_data_volume=get("snapshotDataVolume", _boolean),
+            download_secret_arn=get(
+                "downloadSecretArn",
+                _optional(_matching(_SECRET_ARN, "empty or a Secrets Manager secret ARN")),
+            ),
+        )
+
+
+Parser = Callable[[Any], Any]
+
+
+class _Getter:
+    """Applies a parser to one context value and turns its complaint into a ConfigError."""
+
+    def __init__(self, context: Mapping[str, Any]) -> None:
+        self._context = context
+
+    def __call__(self, key: str, parse: Parser) -> Any:
+        value = self._context.get(key)
+        try:
+            return parse(value)
+        except _Invalid as invalid:
+            raise ConfigError(key, value, str(invalid)) from None
+
+
+class _Invalid(ValueError):
+    """Raised by a parser with the text that says what is allowed."""
+
+
+def _reject_unknown_keys(context: Mapping[str, Any]) -> None:
+    # CDK's own keys contain ':' or '@' or '-'; a plain camelCase key is meant for this app,
+    # and a typo such as `-c node=8` must not silently deploy the default fleet.
+    for key in context:
+        if re.fullmatch(r"[a-z][A-Za-z0-9]*", key) and key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(key, context[key], f"{hint}known keys: {', '.join(KEYS)}")
+
+
+def _integer(low: int, high: int) -> Parser:
+    allowed = f"an integer from {low} to {high}"
+
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise _Invalid(allowed)
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            value = int(value)
+        if not isinstance(value, int) or not low <= value <= high:
+            raise _Invalid(allowed)
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float) -> Parser:
+    allowed = f"a number of hours from {low:g} to {high:g}"
+
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise _Invalid(allowed)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise _Invalid(allowed) from None
+        if not math.isfinite(number) or not low <= number <= high:
+            raise _Invalid(allowed)
+        return number
+
+    return parse
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise _Invalid("true or false")
+
+
+def _matching(pattern: re.Pattern[str], allowed: str) -> Parser:
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or not pattern.fullmatch(value) or ".." in value:
+            raise _Invalid(allowed)
+        return value
+
+    return parse
+
+
+def _optional(parse: Parser) -> Parser:
+    def parse_optional(value: Any) -> Any:
+        return None if value is None or value == "" else parse(value)
+
+    return parse_optional
+
+
+def _one_of(choices: tuple[str, ...]) -> Parser:
+    def parse(value: Any) -> str:
+        if value not in choices:
+            raise _Invalid(" or ".join(choices))
+        return value
+
+    return parse
+
+
+def _zone_of(region: str) -> Parser:
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or not re.fullmatch(re.escape(region) + r"[a-z]", value):
+            raise _Invalid(f"a zone of region {region}, like {region}a")
+        return value
+
+    return parse
+
+
+def _gpu_type(value: Any) -> GpuType:
+    known = ", ".join(GPU_TYPES)
+    if isinstance(value, str) and value in GPU_TYPES:
+        return GPU_TYPES[value]
+    shape = _INSTANCE_TYPE.fullmatch(value) if isinstance(value, str) else None
+    if shape and shape.group(1) not in ("p", "g"):
+        raise _Invalid(f"a GPU instance type ({value} has no GPU): {known}")
+    raise _Invalid(f"a known GPU instance type: {known}")
+
+
+def _burstable_type(value: Any) -> BurstableType:
+    if isinstance(value, str) and value in BURSTABLE_TYPES:
+        return BURSTABLE_TYPES[value]
+    raise _Invalid(f"a t2/t3 instance type: {', '.join(BURSTABLE_TYPES)}")
+
+
+def _ami(value: Any) -> str:
+    if isinstance(value, str) and (_AMI_ID.fullmatch(value) or _SSM_NAME.fullmatch(value)):
+        return value
+    raise _Invalid("an AMI id like ami-0abc12345678 or an SSM parameter name starting with /")

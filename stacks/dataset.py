@@ -1,0 +1,85 @@
+"""DatasetStack: the bucket that outlives every other stack (raw archives, TFRecords, runs)."""
+
+from aws_cdk import Acknowledgment, Aws, CfnOutput, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+# Pinned: CloudFormation replaces (and so empties) a bucket whose logical ID changes.
+BUCKET_LOGICAL_ID = "DatasetBucket"
+ACCESS_LOG_BUCKET_LOGICAL_ID = "DatasetAccessLogBucket"
+
+
+def default_bucket_name(region: str) -> str:
+    """The bucket's name when DatasetStack creates it. Derived from account and region, so every
+    stack finds the bucket by name: no cross-stack export ties them together."""
+    return f"horovod-fleet-{Aws.ACCOUNT_ID}-{region}"
+
+
+class DatasetBucket(Construct):
+    """Versioned, encrypted, private, SSL-only bucket with server access logs, kept on delete."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, bucket_name: str) -> None:
+        super().__init__(scope, construct_id)
+        common = {
+            "encryption": s3.BucketEncryption.S3_MANAGED,
+            "block_public_access": s3.BlockPublicAccess.BLOCK_ALL,
+            "enforce_ssl": True,
+            "removal_policy": RemovalPolicy.RETAIN,
+        }
+        access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(365))],
+            **common,
+        )
+        access_logs.node.default_child.override_logical_id(ACCESS_LOG_BUCKET_LOGICAL_ID)
+        Validations.of(access_logs).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-S1",
+                reason="This is the access-log bucket itself; logging it into itself would loop.",
+            )
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            bucket_name=bucket_name,
+            versioned=True,
+            server_access_logs_bucket=access_logs,
+            server_access_logs_prefix="dataset/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="AbortIncompleteUploads",
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                ),
+                # Versions protect against an overwrite or delete by mistake for a month; keeping
+                # them forever would double the bill for every re-preprocessed dataset.
+                s3.LifecycleRule(
+                    id="ExpireOldVersions", noncurrent_version_expiration=Duration.days(30)
+                ),
+            ],
+            **common,
+        )
+        cfn_bucket: s3.CfnBucket = self.bucket.node.default_child
+        cfn_bucket.override_logical_id(BUCKET_LOGICAL_ID)
+        # TeardownStack's rules react to DONE.json and manifest.json through EventBridge. Set on
+        # the bucket itself: event_bridge_enabled=True would add a custom-resource Lambda.
+        cfn_bucket.notification_configuration = s3.CfnBucket.NotificationConfigurationProperty(
+            event_bridge_configuration=s3.CfnBucket.EventBridgeConfigurationProperty(
+                event_bridge_enabled=True
+            )
+        )
+
+
+class DatasetStack(Stack):
+    """Termination-protected home of the dataset bucket; `cdk destroy` never removes the data."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, bucket_name: str, **kwargs) -> None:
+        super().__init__(scope, construct_id, termination_protection=True, **kwargs)
+        self.bucket = DatasetBucket(self, "Dataset", bucket_name=bucket_name).bucket
+        CfnOutput(
+            self,
+            "RawUpload",
+            description="Upload the ImageNet archives here before deploying PreprocessStack",
+            value=f"s3://{self.bucket.bucket_name}/raw/",
+        )

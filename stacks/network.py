@@ -1,0 +1,98 @@
+"""One subnet in one availability zone: in a new VPC, or an existing subnet given in context."""
+
+from aws_cdk import Acknowledgment, RemovalPolicy, Validations
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks.nag import allow_fixed_zone
+
+VPC_CIDR = "10.42.0.0/16"
+
+
+class SingleZoneNetwork(Construct):
+    """A subnet for instances that must share one AZ.
+
+    private=True: a private subnet whose only way out is one NAT gateway (the GPU fleet, which
+    downloads packages but must never be reachable); private=False: a public subnet and no NAT
+    (the preprocessing node, whose ~150 GB download would otherwise pay NAT data charges).
+    New VPCs get an S3 gateway endpoint (free S3 traffic) and a flow log of rejected traffic.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        az: str,
+        private: bool,
+        vpc_id: str | None,
+        subnet_id: str | None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if vpc_id and subnet_id:
+            # Imported as given, without lookups: synthesis stays offline and deterministic.
+            self.vpc = ec2.Vpc.from_vpc_attributes(
+                self, "Vpc", vpc_id=vpc_id, availability_zones=[az]
+            )
+            self.subnet = ec2.Subnet.from_subnet_attributes(
+                self, "Subnet", subnet_id=subnet_id, availability_zone=az
+            )
+            Validations.of(self.subnet).acknowledge(
+                Acknowledgment(
+                    id="Annotation::@aws-cdk/aws-ec2:noSubnetRouteTableId",
+                    reason="Nothing here reads the subnet's route table; the VPC is used as is.",
+                )
+            )
+            return
+        subnets = [ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC)]
+        if private:
+            subnets.append(
+                ec2.SubnetConfiguration(
+                    name="Fleet", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20
+                )
+            )
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(VPC_CIDR),
+            availability_zones=[az],
+            subnet_configuration=subnets,
+            nat_gateways=1 if private else 0,
+            # Nothing uses the default group; locking it down costs a custom-resource Lambda.
+            restrict_default_security_group=False,
+            gateway_endpoints={
+                "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)
+            },
+        )
+        # REJECT only: shows traffic a security group blocked (a rendezvous that cannot connect)
+        # without paying to log every allreduce flow.
+        self.vpc.add_flow_log(
+            "RejectedTraffic",
+            traffic_type=ec2.FlowLogTrafficType.REJECT,
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(
+                logs.LogGroup(
+                    self,
+                    "FlowLogs",
+                    retention=logs.RetentionDays.ONE_MONTH,
+                    removal_policy=RemovalPolicy.DESTROY,
+                )
+            ),
+        )
+        for subnet in [*self.vpc.public_subnets, *self.vpc.private_subnets]:
+            allow_fixed_zone(subnet.node.default_child)
+        subnet_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if private else ec2.SubnetType.PUBLIC
+        self.subnet = self.vpc.select_subnets(subnet_type=subnet_type).subnets[0]
+
+
+def web_egress_security_group(
+    scope: Construct, construct_id: str, *, vpc: ec2.IVpc, description: str
+) -> ec2.SecurityGroup:
+    """No ingress; egress only to HTTPS (S3, SSM, CloudFormation, PyPI) and HTTP (apt mirrors,
+    which serve signed packages over plain HTTP)."""
+    group = ec2.SecurityGroup(
+        scope, construct_id, vpc=vpc, description=description, allow_all_outbound=False
+    )
+    group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and PyPI")
+    group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(80), "HTTP to the apt mirrors")
+    return group

@@ -1,0 +1,228 @@
+"""PreprocessStack: one burstable CPU node with an sc1 data volume that turns raw/ into TFRecords."""
+
+from aws_cdk import CfnOutput, RemovalPolicy, Size, Stack, Tags, aws_lambda
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.config import FleetConfig
+from stacks.instance_types import BurstableType
+from stacks.nag import (
+    SSM_MANAGED_POLICY,
+    acknowledge_metric_data,
+    acknowledge_no_termination_protection,
+    acknowledge_ssm_policy,
+    acknowledge_wildcard_resources,
+    allow_fixed_zone,
+)
+from stacks.network import SingleZoneNetwork, web_egress_security_group
+from stacks.node_code import PROJECT, NodeCode, common_document, log_statements, root_volume
+from stacks.teardown import PreprocessGuard
+
+UBUNTU_AMI_PARAMETER = (
+    "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+)
+# Pinned: a new logical ID would mean a new, empty volume.
+DATA_VOLUME_LOGICAL_ID = "DataVolume"
+DATA_DEVICE = "/dev/sdf"
+ROOT_VOLUME_GIB = 30
+RAW_PREFIX = "raw/"
+TRAIN_SHARDS = 1024
+VAL_SHARDS = 128
+
+
+class Preprocessor(Construct):
+    """The preprocessing instance, its data volume, its role and its log group."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        node_type: BurstableType,
+        volume_gib: int,
+        bucket: s3.IBucket,
+        output_prefix: str,
+        download_secret_arn: str | None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        code = NodeCode(self, "Code")
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=logs.RetentionDays.ONE_MONTH,
+            # Kept on delete: the only record of why a conversion failed.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="horovod-fleet preprocessing node: reads raw/, writes the TFRecords",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(SSM_MANAGED_POLICY)],
+        )
+        acknowledge_ssm_policy(role)
+        statements = [
+            code.read_statement(),
+            iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[bucket.arn_for_objects(f"{RAW_PREFIX}*")]
+            ),
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                resources=[bucket.arn_for_objects(f"{output_prefix}*")],
+            ),
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{RAW_PREFIX}*", f"{output_prefix}*"]}},
+            ),
+            *log_statements(self.log_group),
+        ]
+        if download_secret_arn:
+            statements.append(
+                iam.PolicyStatement(
+                    actions=["secretsmanager:GetSecretValue"], resources=[download_secret_arn]
+                )
+            )
+        policy = iam.Policy(self, "Policy", statements=statements, roles=[role])
+        acknowledge_wildcard_resources(
+            policy,
+            [bucket.arn_for_objects(f"{prefix}*") for prefix in (RAW_PREFIX, output_prefix)],
+            "Objects under raw/ and the TFRecords prefix are the inputs and outputs of "
+            "preprocessing; their names are known only at run time.",
+        )
+        acknowledge_metric_data(policy)
+        profile = iam.CfnInstanceProfile(self, "Profile", roles=[role.role_name])
+        group = web_egress_security_group(
+            self, "Security", vpc=vpc, description="horovod-fleet preprocessing: no ingress"
+        )
+        self.volume = ec2.Volume(
+            self,
+            "DataVolume",
+            availability_zone=subnet.availability_zone,
+            size=Size.gibibytes(volume_gib),
+            volume_type=ec2.EbsDeviceVolumeType.SC1,
+            encrypted=True,
+            # Deleting the stack leaves a snapshot: the extracted archives survive, the volume's
+            # bill stops.
+            removal_policy=RemovalPolicy.SNAPSHOT,
+        )
+        self.cfn_volume: ec2.CfnVolume = self.volume.node.default_child
+        self.cfn_volume.override_logical_id(DATA_VOLUME_LOGICAL_ID)
+        allow_fixed_zone(self.cfn_volume)
+
+        self.instance = ec2.CfnInstance(
+            self,
+            "Instance",
+            image_id=ec2.MachineImage.from_ssm_parameter(UBUNTU_AMI_PARAMETER)
+            .get_image(self)
+            .image_id,
+            instance_type=node_type.name,
+            # The 30% baseline of standard mode would throttle a conversion that runs for hours.
+            credit_specification=ec2.CfnInstance.CreditSpecificationProperty(
+                cpu_credits="unlimited"
+            ),
+            availability_zone=subnet.availability_zone,
+            subnet_id=subnet.subnet_id,
+            security_group_ids=[group.security_group_id],
+            iam_instance_profile=profile.ref,
+            metadata_options=ec2.CfnInstance.MetadataOptionsProperty(
+                http_endpoint="enabled", http_tokens="required"
+            ),
+            monitoring=True,
+            # The bootstrap halts the node when the dataset is ready; stopped, it bills nothing.
+            instance_initiated_shutdown_behavior="stop",
+            block_device_mappings=[root_volume(ROOT_VOLUME_GIB)],
+            propagate_tags_to_volume_on_creation=True,
+        )
+        # Permissions and a way out must exist before the bootstrap's first download.
+        self.instance.add_resource_dependency(policy.node.default_child)
+        self.instance.node.add_dependency(subnet.internet_connectivity_established)
+        acknowledge_no_termination_protection(self.instance, "the preprocessing node")
+        allow_fixed_zone(self.instance)
+        ec2.CfnVolumeAttachment(
+            self,
+            "DataVolumeAttachment",
+            instance_id=self.instance.ref,
+            volume_id=self.volume.volume_id,
+            device=DATA_DEVICE,
+        )
+        # No CreationPolicy: the node signals only when the dataset is ready, hours later;
+        # a failed step stops the instance instead (bootstrap/).
+        document = common_document(
+            role="preprocess",
+            region=stack.region,
+            bucket_name=bucket.bucket_name,
+            log_group_name=self.log_group.log_group_name,
+            signal_stack=None,
+            signal_resource=None,
+        ) | {
+            "raw_prefix": RAW_PREFIX,
+            "output_prefix": output_prefix,
+            "volume_id": self.volume.volume_id,
+            "download_secret_arn": download_secret_arn,
+            "train_shards": TRAIN_SHARDS,
+            "val_shards": VAL_SHARDS,
+            "stop_when_done": True,
+        }
+        self.instance.user_data = code.user_data(
+            node_document=document, script="preprocess_node.sh", signal_resource=None
+        )
+
+
+class PreprocessStack(Stack):
+    """The preprocessing node in its own single-AZ network, registered with the reaper."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: FleetConfig,
+        bucket: s3.IBucket,
+        reaper: aws_lambda.IFunction,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        Tags.of(self).add("Project", PROJECT)
+        network = SingleZoneNetwork(
+            self,
+            "Network",
+            az=config.az,
+            private=False,
+            vpc_id=config.vpc_id,
+            subnet_id=config.subnet_id,
+        )
+        node = Preprocessor(
+            self,
+            "Preprocessor",
+            vpc=network.vpc,
+            subnet=network.subnet,
+            node_type=config.preprocess,
+            volume_gib=config.data_volume_gib,
+            bucket=bucket,
+            output_prefix=config.dataset_prefix,
+            download_secret_arn=config.download_secret_arn,
+        )
+        PreprocessGuard(
+            self,
+            "Guard",
+            reaper=reaper,
+            instance=node.instance,
+            volume=node.cfn_volume,
+            snapshot_volume=config.snapshot_data_volume,
+        )
+        CfnOutput(self, "InstanceId", value=node.instance.ref)
+        CfnOutput(
+            self,
+            "Session",
+            description="Open a shell on the node (no SSH keys, no open ports)",
+            value=f"aws ssm start-session --region {self.region} --target {node.instance.ref}",
+        )
+        CfnOutput(self, "LogGroup", value=node.log_group.log_group_name)
+        CfnOutput(self, "DataVolumeId", value=node.volume.volume_id)

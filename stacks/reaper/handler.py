@@ -1,0 +1,343 @@
+"""The horovod-fleet reaper: stops billing when a run is finished, capped or idle.
+
+Triggers (see stacks/teardown.py): EventBridge S3 "Object Created" for runs/<run>/DONE.json and
+tfrecords/manifest.json, the hard-cap schedule, the idle alarm's Lambda action, its own re-check
+schedules, and CloudFormation's custom-resource request for the hard-cap deadline.
+
+It deletes only TrainStack and only when the deployed run is the event's run; before a delete on
+"done" or "idle" it requires the run's checkpoints and logs in S3 and otherwise schedules a
+re-check; only the hard cap deletes without them. Each action is idempotent and every decision
+is one JSON line in the log. Only boto3 and the standard library: this file is the Lambda asset.
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import urllib.request
+from collections.abc import Callable, Mapping
+
+import boto3
+from botocore.exceptions import ClientError
+
+TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
+DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
+MANIFEST_KEY = "tfrecords/manifest.json"
+REASONS = ("done", "idle")  # what a re-check re-checks
+GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE"}
+# A hard-cap deadline pushed into the past by an update still needs a time Scheduler accepts.
+MIN_DEADLINE_LEAD = datetime.timedelta(minutes=5)
+
+
+class RefusedStack(Exception):
+    """Raised instead of deleting a stack that is not this app's TrainStack."""
+
+
+def log(decision: str, **fields) -> None:
+    """One JSON line per decision, so CloudWatch Logs Insights can filter on `decision`."""
+    print(json.dumps({"decision": decision, **fields}, sort_keys=True, default=str))
+
+
+def parse_event(event: Mapping) -> dict:
+    """Normalise every trigger's event into {"trigger": ..., ...}; unknown shapes -> "ignored"."""
+    if "RequestType" in event and "ResponseURL" in event:
+        return {"trigger": "deadline"}
+    if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
+        detail = event.get("detail", {})
+        key = detail.get("object", {}).get("key", "")
+        etag = detail.get("object", {}).get("etag") or detail.get("object", {}).get("sequencer")
+        if match := DONE_KEY.match(key):
+            return {"trigger": "done", "run": match["run"], "key": key}
+        if key == MANIFEST_KEY:
+            return {"trigger": "manifest", "key": key, "etag": etag or "unknown"}
+        return {"trigger": "ignored", "key": key}
+    if event.get("source") == "aws.cloudwatch" and "alarmData" in event:
+        alarm = event["alarmData"]
+        metrics = alarm.get("configuration", {}).get("metrics") or [{}]
+        dimensions = metrics[0].get("metricStat", {}).get("metric", {}).get("dimensions", {})
+        # The alarm's state is asked live in retire_fleet: this action may have waited in a queue.
+        if run := dimensions.get("Run"):
+            return {"trigger": "idle", "run": run}
+        return {"trigger": "ignored", "alarm": alarm.get("alarmName")}
+    if event.get("trigger") == "hard-cap" and event.get("run"):
+        return {"trigger": "hard-cap", "run": event["run"]}
+    if event.get("trigger") == "recheck" and event.get("run") and event.get("reason") in REASONS:
+        return {"trigger": "recheck", "reason": event["reason"], "run": event["run"]}
+    return {"trigger": "ignored"}
+
+
+def deadline(start: datetime.datetime, max_hours: float, now: datetime.datetime) -> dict:
+    """The hard-cap time for a fleet deployed at `start`, as a Scheduler `at()` expression."""
+    if not max_hours > 0:
+        raise ValueError(f"MaxHours must be positive, got {max_hours!r}")
+    at = max(start + datetime.timedelta(hours=max_hours), now + MIN_DEADLINE_LEAD)
+    at = at.astimezone(datetime.timezone.utc).replace(microsecond=0, tzinfo=None)
+    return {"ScheduleExpression": f"at({at.isoformat()})", "Deadline": f"{at.isoformat()}Z"}
+
+
+def recheck_time(now: datetime.datetime, minutes: int) -> datetime.datetime:
+    """Next re-check, aligned to `minutes` so triggers in one window share one schedule name."""
+    step = minutes * 60
+    slot = int(now.timestamp()) // step + 2
+    return datetime.datetime.fromtimestamp(slot * step, datetime.timezone.utc)
+
+
+class Reaper:
+    """The decisions, with AWS clients and the clock injected so tests run against moto."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        function_arn: str,
+        session: boto3.session.Session | None = None,
+        now: Callable[[], datetime.datetime] | None = None,
+    ) -> None:
+        session = session or boto3.session.Session()
+        self.bucket = env["BUCKET"]
+        self.run_output_key = env["RUN_OUTPUT_KEY"]
+        self.preprocess_parameter = env["PREPROCESS_PARAMETER"]
+        self.idle_alarm_prefix = env["IDLE_ALARM_PREFIX"]
+        self.recheck_prefix = env["RECHECK_PREFIX"]
+        self.recheck_minutes = int(env["RECHECK_MINUTES"])
+        self.recheck_role_arn = env["RECHECK_ROLE_ARN"]
+        self.function_arn = function_arn
+        self.now = now or (lambda: datetime.datetime.now(datetime.timezone.utc))
+        self.cloudformation = session.client("cloudformation")
+        self.s3 = session.client("s3")
+        self.ec2 = session.client("ec2")
+        self.ssm = session.client("ssm")
+        self.cloudwatch = session.client("cloudwatch")
+        self.scheduler = session.client("scheduler")
+
+    def handle(self, event: Mapping) -> dict:
+        """Dispatch one event; returns the parsed trigger (for the log and tests)."""
+        parsed = parse_event(event)
+        trigger = parsed["trigger"]
+        if trigger == "deadline":
+            self.answer_deadline(event)
+        elif trigger in ("done", "idle", "hard-cap"):
+            self.retire_fleet(parsed["run"], trigger)
+        elif trigger == "recheck":
+            self.retire_fleet(parsed["run"], parsed["reason"])
+        elif trigger == "manifest":
+            self.stop_preprocessing(parsed["etag"])
+        else:
+            log("ignored", event=parsed)
+        return parsed
+
+    # --- TrainStack ---------------------------------------------------------------------------
+
+    def deployed_run(self) -> str | None:
+        """The run of the live TrainStack, or None when it is gone or being deleted."""
+        try:
+            stacks = self.cloudformation.describe_stacks(StackName=TRAIN_STACK)["Stacks"]
+        except ClientError as error:
+            if "does not exist" in error.response["Error"].get("Message", ""):
+                return None
+            raise
+        stack = stacks[0]
+        if stack["StackStatus"] in GONE_STATES:
+            return None
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+        return outputs.get(self.run_output_key, "")
+
+    def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
+        """What of the run's results (contracts.md) is missing, and the newest checkpoint's time.
+
+        A run whose DONE.json reports failure may have died before its first checkpoint: its
+        logs are all there is to keep, so waiting for a checkpoint would bill until the cap.
+        """
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"runs/{run}/model/checkpoints/"
+        )
+        indexes = [o for p in pages for o in p.get("Contents", []) if o["Key"].endswith(".index")]
+        logs = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"runs/{run}/logs/", MaxKeys=1)
+        need_checkpoint = not indexes and self.done_status(run) != "failed"
+        missing = [f"runs/{run}/model/checkpoints/*.index"] if need_checkpoint else []
+        missing += [] if logs.get("KeyCount") else [f"runs/{run}/logs/"]
+        return missing, max((o["LastModified"] for o in indexes), default=None)
+
+    def done_status(self, run: str) -> str | None:
+        """The `status` of runs/<run>/DONE.json, or None while the leader has not written it."""
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=f"runs/{run}/DONE.json")["Body"]
+        except ClientError as error:
+            if error.response["Error"].get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        try:
+            return json.loads(body.read()).get("status")
+        except (ValueError, AttributeError):
+            return None
+
+    def idle_since(self, run: str) -> datetime.datetime | None:
+        """When the run's idle alarm entered ALARM, or None if it is not in ALARM (now)."""
+        name = f"{self.idle_alarm_prefix}{run}"
+        alarms = self.cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"]
+        if not alarms or alarms[0]["StateValue"] != "ALARM":
+            return None
+        return alarms[0]["StateUpdatedTimestamp"]
+
+    def retire_fleet(self, run: str, reason: str) -> None:
+        """Delete TrainStack for `run` once its results are safe; the hard cap does not wait.
+
+        An idle alarm is asked again each time (a re-check may come after training resumed),
+        and a checkpoint newer than the alarm means the fleet trained since: it is not idle.
+        """
+        deployed = self.deployed_run()
+        if deployed is None:
+            log("already-gone", stack=TRAIN_STACK, run=run, reason=reason)
+            return
+        if deployed != run:
+            log("other-run-deployed", stack=TRAIN_STACK, run=run, deployed=deployed, reason=reason)
+            return
+        idle_since = self.idle_since(run) if reason == "idle" else None
+        if reason == "idle" and idle_since is None:
+            log("idle-cleared", run=run)
+            return
+        missing, newest_checkpoint = self.results(run)
+        if missing and reason != "hard-cap":
+            self.schedule_recheck(run, reason, missing)
+            return
+        if idle_since and newest_checkpoint and newest_checkpoint > idle_since:
+            log("trained-since-idle", run=run, idle_since=idle_since, checkpoint=newest_checkpoint)
+            return
+        self.delete_stack(TRAIN_STACK, run=run, reason=reason, missing_results=missing)
+
+    def delete_stack(self, stack_name: str, **fields) -> None:
+        """DeleteStack, refusing every name but TrainStack; CloudFormation uses the stack's role."""
+        if stack_name != TRAIN_STACK:
+            log("refused", stack=stack_name, **fields)
+            raise RefusedStack(f"the reaper deletes only {TRAIN_STACK}, not {stack_name}")
+        self.cloudformation.delete_stack(StackName=stack_name)
+        log("delete-stack", stack=stack_name, **fields)
+
+    def schedule_recheck(self, run: str, reason: str, missing: list[str]) -> None:
+        """A one-time Scheduler schedule that invokes the reaper again; deleted after it fires."""
+        at = recheck_time(self.now(), self.recheck_minutes)
+        digest = hashlib.sha256(run.encode()).hexdigest()[:12]
+        name = f"{self.recheck_prefix}{reason}-{digest}-{at:%Y%m%d%H%M}"
+        payload = {"trigger": "recheck", "reason": reason, "run": run}
+        try:
+            self.scheduler.create_schedule(
+                Name=name,
+                ScheduleExpression=f"at({at:%Y-%m-%dT%H:%M:%S})",
+                ScheduleExpressionTimezone="UTC",
+                FlexibleTimeWindow={"Mode": "OFF"},
+                ActionAfterCompletion="DELETE",
+                Target={
+                    "Arn": self.function_arn,
+                    "RoleArn": self.recheck_role_arn,
+                    "Input": json.dumps(payload),
+                },
+                Description=f"horovod-fleet: re-check {reason} of run {run}",
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConflictException":
+                raise
+        log("wait-for-results", run=run, reason=reason, missing=missing, recheck=name, at=at)
+
+    # --- Preprocessing ------------------------------------------------------------------------
+
+    def stop_preprocessing(self, manifest_etag: str) -> None:
+        """Stop the registered preprocessing instance, then snapshot its volume if configured."""
+        try:
+            value = self.ssm.get_parameter(Name=self.preprocess_parameter)["Parameter"]["Value"]
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ParameterNotFound":
+                raise
+            log("no-preprocess-instance", parameter=self.preprocess_parameter)
+            return
+        registered = json.loads(value)
+        instance_id, volume_id = registered["instance_id"], registered["volume_id"]
+        try:
+            reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "InvalidInstanceID.NotFound":
+                raise
+            reservations = []
+        state = reservations[0]["Instances"][0]["State"]["Name"] if reservations else "terminated"
+        if state in ("terminated", "shutting-down"):
+            log("preprocess-instance-gone", instance=instance_id, state=state)
+            return
+        if state in ("stopped", "stopping"):
+            log("already-stopped", instance=instance_id, state=state)
+        else:
+            self.ec2.stop_instances(InstanceIds=[instance_id])
+            log("stop-instance", instance=instance_id, state=state)
+        if registered.get("snapshot_volume"):
+            self.snapshot_volume(instance_id, volume_id, manifest_etag)
+
+    def snapshot_volume(self, instance_id: str, volume_id: str, manifest_etag: str) -> None:
+        """One snapshot per volume and manifest, taken once the instance has stopped."""
+        self.ec2.get_waiter("instance_stopped").wait(
+            InstanceIds=[instance_id], WaiterConfig={"Delay": 15, "MaxAttempts": 40}
+        )
+        existing = self.ec2.describe_snapshots(
+            OwnerIds=["self"],
+            Filters=[
+                {"Name": "volume-id", "Values": [volume_id]},
+                {"Name": "tag:horovod-fleet:manifest", "Values": [manifest_etag]},
+            ],
+        )["Snapshots"]
+        kept = [s["SnapshotId"] for s in existing if s["State"] != "error"]
+        if kept:
+            log("snapshot-exists", volume=volume_id, snapshots=kept)
+            return
+        snapshot = self.ec2.create_snapshot(
+            VolumeId=volume_id,
+            Description="horovod-fleet preprocessing volume after the manifest was written",
+            TagSpecifications=[
+                {
+                    "ResourceType": "snapshot",
+                    "Tags": [
+                        {"Key": "Project", "Value": "horovod-fleet"},
+                        {"Key": "horovod-fleet:manifest", "Value": manifest_etag},
+                    ],
+                }
+            ],
+        )
+        log("snapshot", volume=volume_id, snapshot=snapshot["SnapshotId"])
+
+    # --- Hard-cap deadline (CloudFormation custom resource) -----------------------------------
+
+    def answer_deadline(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetDeadline; the clock starts on Create and keeps its start.
+
+        The physical id is "<run>@<start>", so an Update that changes MaxHours moves the deadline
+        relative to the original start, and a new run name starts a new clock.
+        """
+        now = self.now().replace(microsecond=0)
+        props = event.get("ResourceProperties", {})
+        run = props.get("Run", "")
+        physical_id = event.get("PhysicalResourceId") or ""
+        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or f"{run}@{now}"}
+        if event["RequestType"] != "Delete":
+            try:
+                old_run, _, old_start = physical_id.rpartition("@")
+                keep = event["RequestType"] == "Update" and old_run == run and old_start
+                start = datetime.datetime.fromisoformat(old_start) if keep else now
+                response["PhysicalResourceId"] = f"{run}@{start.isoformat()}"
+                response["Data"] = deadline(start, float(props.get("MaxHours", "nan")), now)
+            except ValueError as error:
+                response.update(Status="FAILED", Reason=str(error))
+        log("deadline", request=event["RequestType"], run=run, **response)
+        body = json.dumps(
+            {
+                **response,
+                "StackId": event["StackId"],
+                "RequestId": event["RequestId"],
+                "LogicalResourceId": event["LogicalResourceId"],
+            }
+        ).encode()
+        request = urllib.request.Request(
+            event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": ""}
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            reply.read()
+
+
+def handler(event, context):
+    """Lambda entry point."""
+    return Reaper(os.environ, context.invoked_function_arn).handle(event)

@@ -1,0 +1,431 @@
+"""Cost control: the reaper Lambda and the triggers that make a fleet stop billing unattended.
+
+TeardownStack holds the reaper and everything that does not depend on a deployed fleet (the S3
+rules, the re-check role, the optional budget). RunGuard (inside TrainStack) adds the per-run
+hard cap and idle alarm; PreprocessGuard (inside PreprocessStack) registers the preprocessing
+instance and grants the reaper exactly that instance and volume. Both guards live in the
+dependent stacks, so TeardownStack never references them and there is no dependency cycle.
+"""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import jsii
+from aws_cdk import (
+    ArnFormat,
+    CfnOutput,
+    CustomResource,
+    Duration,
+    RemovalPolicy,
+    Stack,
+    Tags,
+    aws_lambda,
+)
+from aws_cdk import aws_budgets as budgets
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.nag import acknowledge_wildcard_resources
+
+PROJECT = "horovod-fleet"
+TRAIN_STACK_NAME = "TrainStack"
+# PreprocessGuard writes the instance and volume here; the reaper reads it on a new manifest.
+PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
+# The reaper reads the deployed fleet's run from this TrainStack output before deleting it.
+RUN_OUTPUT_KEY = "HorovodFleetRun"
+IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
+RECHECK_SCHEDULE_PREFIX = "horovod-fleet-recheck-"
+RECHECK_MINUTES = 10
+METRIC_NAMESPACE = "HorovodFleet"
+GPU_METRIC = "nvidia_smi_utilization_gpu"
+IDLE_THRESHOLD_PERCENT = 5
+IDLE_PERIOD = Duration.minutes(5)
+IDLE_EVALUATION_PERIODS = 6  # 6 x 5 min = 30 minutes below the threshold
+REAPER_CODE = Path(__file__).parent / "reaper"
+
+
+class TeardownStack(Stack):
+    """The reaper, the S3 completion rules, the re-check role and the optional budget."""
+
+    reaper: aws_lambda.IFunction
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        bucket: s3.IBucket,
+        budget_email: str | None,
+        budget_limit_usd: float,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        Tags.of(self).add("Project", PROJECT)
+
+        log_group = logs.LogGroup(
+            self,
+            "ReaperLogs",
+            retention=logs.RetentionDays.THREE_MONTHS,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        role = iam.Role(
+            self,
+            "ReaperRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="The horovod-fleet reaper: deletes TrainStack, stops the preprocessing node",
+        )
+        # Scheduler assumes this role to invoke the reaper for a re-check it scheduled itself.
+        recheck_role = iam.Role(
+            self,
+            "RecheckRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com",
+                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
+            ),
+            description="EventBridge Scheduler invokes the horovod-fleet reaper for a re-check",
+        )
+        function = aws_lambda.Function(
+            self,
+            "Reaper",
+            runtime=aws_lambda.Runtime.PYTHON_3_14,
+            handler="handler.handler",
+            code=aws_lambda.Code.from_asset(str(REAPER_CODE), exclude=["__pycache__", "*.pyc"]),
+            role=role,
+            log_group=log_group,
+            # Waiting for the preprocessing instance to stop before its snapshot takes minutes.
+            timeout=Duration.minutes(15),
+            memory_size=256,
+            description="Stops horovod-fleet billing: deletes TrainStack, stops preprocessing",
+            environment={
+                "BUCKET": bucket.bucket_name,
+                "RUN_OUTPUT_KEY": RUN_OUTPUT_KEY,
+                "PREPROCESS_PARAMETER": PREPROCESS_PARAMETER,
+                "IDLE_ALARM_PREFIX": IDLE_ALARM_PREFIX,
+                "RECHECK_PREFIX": RECHECK_SCHEDULE_PREFIX,
+                "RECHECK_MINUTES": str(RECHECK_MINUTES),
+                "RECHECK_ROLE_ARN": recheck_role.role_arn,
+            },
+        )
+        # Function adds a DependsOn on its role that the role's GetAtt already implies (cfn-lint
+        # W3005 on every synth); dropping it keeps the templates warning-free.
+        function.node.default_child.add_deletion_override("DependsOn")
+        self.reaper = function
+        recheck_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["lambda:InvokeFunction"], resources=[function.function_arn]
+            )
+        )
+        self._grant_reaper(role, log_group, bucket, recheck_role)
+
+        for rule_id, key_filter, description in (
+            ("RunDoneRule", events.Match.wildcard("runs/*/DONE.json"), "a run wrote DONE.json"),
+            ("ManifestRule", ["tfrecords/manifest.json"], "preprocessing wrote the manifest"),
+        ):
+            events.Rule(
+                self,
+                rule_id,
+                description=f"Invoke the reaper when {description}",
+                event_pattern=events.EventPattern(
+                    source=["aws.s3"],
+                    detail_type=["Object Created"],
+                    detail={
+                        "bucket": {"name": [bucket.bucket_name]},
+                        "object": {"key": key_filter},
+                    },
+                ),
+                targets=[targets.LambdaFunction(function, retry_attempts=8)],
+            )
+
+        if budget_email:
+            if not budget_limit_usd > 0:
+                raise ValueError(f"budget_limit_usd must be positive, got {budget_limit_usd!r}")
+            self._budget(budget_email, budget_limit_usd)
+
+    def _grant_reaper(
+        self, role: iam.Role, log_group: logs.LogGroup, bucket: s3.IBucket, recheck_role: iam.Role
+    ) -> None:
+        """Everything the reaper may do from this stack; per-instance rights come from guards."""
+        train_stack_arn = self.format_arn(
+            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
+        )
+        idle_alarms_arn = self.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"{IDLE_ALARM_PREFIX}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        recheck_schedules_arn = self.format_arn(
+            service="scheduler",
+            resource="schedule",
+            resource_name=f"default/{RECHECK_SCHEDULE_PREFIX}*",
+        )
+        done_objects_arn = bucket.arn_for_objects("runs/*/DONE.json")
+        statements = [
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[log_group.log_group_arn],
+            ),
+            iam.PolicyStatement(
+                actions=["cloudformation:DescribeStacks", "cloudformation:DeleteStack"],
+                resources=[train_stack_arn],
+            ),
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+            ),
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[done_objects_arn]),
+            iam.PolicyStatement(
+                actions=["cloudwatch:DescribeAlarms"],
+                resources=[idle_alarms_arn],
+            ),
+            iam.PolicyStatement(
+                actions=["scheduler:CreateSchedule"],
+                resources=[recheck_schedules_arn],
+            ),
+            iam.PolicyStatement(actions=["iam:PassRole"], resources=[recheck_role.role_arn]),
+            iam.PolicyStatement(
+                actions=["ssm:GetParameter"],
+                resources=[
+                    self.format_arn(
+                        service="ssm", resource="parameter", resource_name=PREPROCESS_PARAMETER[1:]
+                    )
+                ],
+            ),
+            # Describe calls support no resource-level permissions; they are read-only.
+            iam.PolicyStatement(
+                actions=["ec2:DescribeInstances", "ec2:DescribeSnapshots"], resources=["*"]
+            ),
+        ]
+        policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[role])
+        acknowledge_wildcard_resources(
+            policy,
+            [train_stack_arn, idle_alarms_arn, recheck_schedules_arn, done_objects_arn, "*"],
+            "The wildcards are the stack-id suffix of TrainStack, the reaper's own re-check "
+            "schedules and idle alarms by name prefix, the run name in runs/<run>/DONE.json "
+            "(read to learn whether a run failed), and the read-only EC2 Describe calls, "
+            "which support no resource-level permissions.",
+        )
+
+    def _budget(self, email: str, limit_usd: float) -> None:
+        """A monthly cost budget that e-mails at 80% of actual and 100% of forecast spend."""
+        # Account-wide on purpose: a tag filter needs the Project tag activated as a cost
+        # allocation tag first, and a budget that silently sees $0 is worse than a broad one.
+        budgets.CfnBudget(
+            self,
+            "Budget",
+            budget=budgets.CfnBudget.BudgetDataProperty(
+                budget_type="COST",
+                time_unit="MONTHLY",
+                budget_limit=budgets.CfnBudget.SpendProperty(amount=limit_usd, unit="USD"),
+            ),
+            notifications_with_subscribers=[
+                budgets.CfnBudget.NotificationWithSubscribersProperty(
+                    notification=budgets.CfnBudget.NotificationProperty(
+                        notification_type=kind,
+                        comparison_operator="GREATER_THAN",
+                        threshold=threshold,
+                        threshold_type="PERCENTAGE",
+                    ),
+                    subscribers=[
+                        budgets.CfnBudget.SubscriberProperty(
+                            subscription_type="EMAIL", address=email
+                        )
+                    ],
+                )
+                for kind, threshold in (("ACTUAL", 80), ("FORECASTED", 100))
+            ],
+        )
+
+
+class RunGuard(Construct):
+    """Per-run hard cap (one-time schedule) and idle alarm, both invoking the reaper.
+
+    Also outputs the run as TrainStack's `HorovodFleetRun`, which the reaper compares with the
+    event's run before it deletes anything.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        reaper: aws_lambda.IFunction,
+        run_name: str,
+        max_hours: float,
+        instances: Sequence[ec2.CfnInstance],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if max_hours <= 0:
+            raise ValueError(f"max_hours must be positive, got {max_hours!r}")
+        self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
+        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(f"{PROJECT}:run", run_name)
+
+        # CloudFormation has no "now": the reaper answers this custom resource with the deadline,
+        # so the cap counts from this deployment and synthesis stays deterministic.
+        deadline = CustomResource(
+            self,
+            "Deadline",
+            service_token=reaper.function_arn,
+            resource_type="Custom::HorovodFleetDeadline",
+            properties={"Run": run_name, "MaxHours": str(max_hours)},
+            # A reaper that cannot answer fails the deploy in minutes, not CloudFormation's hour.
+            service_timeout=Duration.minutes(5),
+        )
+        # The clock starts before the first instance launches, so the cap covers all billing.
+        for instance in instances:
+            instance.node.add_dependency(deadline)
+
+        invoke_role = iam.Role(
+            self,
+            "HardCapRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com",
+                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
+            ),
+            description=f"EventBridge Scheduler invokes the reaper at the hard cap of {run_name}",
+        )
+        invoke_role.add_to_policy(
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[reaper.function_arn])
+        )
+        self.hard_cap = scheduler.CfnSchedule(
+            self,
+            "HardCap",
+            description=f"Hard cap: delete TrainStack {max_hours:g} h after deploy",
+            schedule_expression=deadline.get_att_string("ScheduleExpression"),
+            schedule_expression_timezone="UTC",
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=reaper.function_arn,
+                role_arn=invoke_role.role_arn,
+                input=json.dumps({"trigger": "hard-cap", "run": run_name}),
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_retry_attempts=185, maximum_event_age_in_seconds=86400
+                ),
+            ),
+        )
+
+        self.idle_alarm = cloudwatch.Alarm(
+            self,
+            "IdleAlarm",
+            alarm_name=f"{IDLE_ALARM_PREFIX}{run_name}",
+            alarm_description=f"Fleet {run_name}: average GPU utilisation below "
+            f"{IDLE_THRESHOLD_PERCENT}% for 30 minutes; the reaper deletes TrainStack",
+            metric=cloudwatch.Metric(
+                namespace=METRIC_NAMESPACE,
+                metric_name=GPU_METRIC,
+                dimensions_map={"Run": run_name},
+                statistic="Average",
+                period=IDLE_PERIOD,
+            ),
+            threshold=IDLE_THRESHOLD_PERCENT,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=IDLE_EVALUATION_PERIODS,
+            datapoints_to_alarm=IDLE_EVALUATION_PERIODS,
+            # A fleet whose agents stopped publishing is dead or hung, not busy: count it idle.
+            # The reaper still refuses to delete until checkpoints and logs are in S3.
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        # The permission sits in this stack (the alarm's) so TeardownStack never references it.
+        reaper.add_permission(
+            "IdleAlarmInvoke",
+            scope=self,
+            principal=iam.ServicePrincipal("lambda.alarms.cloudwatch.amazonaws.com"),
+            action="lambda:InvokeFunction",
+            source_arn=self.idle_alarm.alarm_arn,
+            source_account=Stack.of(self).account,
+        )
+        self.idle_alarm.add_alarm_action(_InvokeFunction(reaper))
+
+        # The reaper deletes TrainStack only when the event's run is the one deployed.
+        CfnOutput(self, "Run", value=run_name).override_logical_id(RUN_OUTPUT_KEY)
+
+
+@jsii.implements(cloudwatch.IAlarmAction)
+class _InvokeFunction:
+    """Alarm action that invokes a function whose permission was granted in the alarm's stack."""
+
+    def __init__(self, function: aws_lambda.IFunction) -> None:
+        self._function = function
+
+    def bind(self, _scope: Construct, _alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
+        return cloudwatch.AlarmActionConfig(alarm_action_arn=self._function.function_arn)
+
+
+class PreprocessGuard(Construct):
+    """Registers the preprocessing instance and volume, and lets the reaper stop/snapshot them."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        reaper: aws_lambda.IFunction,
+        instance: ec2.CfnInstance,
+        volume: ec2.CfnVolume,
+        snapshot_volume: bool,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        Tags.of(self).add("Project", PROJECT)
+        stack = Stack.of(self)
+        ssm.StringParameter(
+            self,
+            "Registration",
+            parameter_name=PREPROCESS_PARAMETER,
+            description="The horovod-fleet preprocessing instance the reaper stops on a new manifest",
+            string_value=stack.to_json_string(
+                {
+                    "instance_id": instance.ref,
+                    "volume_id": volume.ref,
+                    "snapshot_volume": snapshot_volume,
+                }
+            ),
+        )
+        if reaper.role is None:
+            raise ValueError("the reaper must have an execution role")
+        snapshots = stack.format_arn(
+            service="ec2", account="", resource="snapshot", resource_name="*"
+        )
+        statements = [
+            iam.PolicyStatement(
+                actions=["ec2:StopInstances"],
+                resources=[
+                    stack.format_arn(service="ec2", resource="instance", resource_name=instance.ref)
+                ],
+            )
+        ]
+        if snapshot_volume:
+            statements += [
+                iam.PolicyStatement(
+                    actions=["ec2:CreateSnapshot"],
+                    resources=[
+                        stack.format_arn(
+                            service="ec2", resource="volume", resource_name=volume.ref
+                        ),
+                        snapshots,
+                    ],
+                ),
+                iam.PolicyStatement(
+                    actions=["ec2:CreateTags"],
+                    resources=[snapshots],
+                    conditions={"StringEquals": {"ec2:CreateAction": "CreateSnapshot"}},
+                ),
+            ]
+        policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[reaper.role])
+        if snapshot_volume:
+            acknowledge_wildcard_resources(
+                policy,
+                [snapshots],
+                "A snapshot's id is unknown until CreateSnapshot makes it; the volume and the "
+                "instance are named exactly, and tagging is limited to CreateSnapshot.",
+            )

@@ -1,0 +1,300 @@
+"""TrainStack: `nodes` identical GPU instances in one cluster placement group, one subnet, one AZ."""
+
+from aws_cdk import (
+    CfnCreationPolicy,
+    CfnOutput,
+    CfnResourceSignal,
+    RemovalPolicy,
+    Stack,
+    Tags,
+    aws_lambda,
+)
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.config import FleetConfig
+from stacks.instance_types import GpuType
+from stacks.nag import (
+    SSM_MANAGED_POLICY,
+    acknowledge_metric_data,
+    acknowledge_no_termination_protection,
+    acknowledge_ssm_policy,
+    acknowledge_wildcard_resources,
+)
+from stacks.network import SingleZoneNetwork
+from stacks.node_code import PROJECT, NodeCode, common_document, log_statements
+from stacks.teardown import METRIC_NAMESPACE, RunGuard
+
+ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs
+# Types without instance-store NVMe keep the ~150 GB dataset on the root volume and read it
+# every epoch: room for it, and gp3 at its fastest (the default 125 MB/s would starve the GPUs).
+ROOT_VOLUME_WITH_DATA_GIB = 400
+ROOT_VOLUME_WITH_DATA_IOPS = 16000
+ROOT_VOLUME_WITH_DATA_MBPS = 1000
+# Installing TensorFlow + Horovod and pulling and verifying ~150 GB of TFRecords.
+SIGNAL_TIMEOUT = "PT60M"
+RENDEZVOUS_TIMEOUT_S = 1800
+
+
+class GpuFleet(Construct):
+    """The training nodes, their placement group, security group, role and log group.
+
+    Each node holds a CreationPolicy: the deployment succeeds only when every node has signalled
+    that its GPUs, EFA and data are ready, and one failure rolls the whole fleet back.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        gpu: GpuType,
+        nodes: int,
+        ami: str,
+        bucket: s3.IBucket,
+        dataset_prefix: str,
+        run: str,
+        trainer: dict,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        runs_prefix = f"runs/{run}/"
+        code = NodeCode(self, "Code")
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=logs.RetentionDays.ONE_MONTH,
+            # Kept after teardown: a failed run may not have reached S3 with its logs.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "Security",
+            vpc=vpc,
+            description=f"horovod-fleet {run}: all traffic between fleet members only",
+            allow_all_outbound=False,
+        )
+        # EFA needs all traffic to and from the group itself; SSH and NCCL use it too.
+        self.security_group.add_ingress_rule(
+            self.security_group, ec2.Port.all_traffic(), "fleet members"
+        )
+        self.security_group.add_egress_rule(
+            self.security_group, ec2.Port.all_traffic(), "fleet members"
+        )
+        self.security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and PyPI"
+        )
+        self.security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(80), "HTTP to the apt mirrors"
+        )
+        self.placement_group = ec2.PlacementGroup(
+            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description=f"horovod-fleet {run}: reads the dataset, writes runs/{run}/",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(SSM_MANAGED_POLICY)],
+        )
+        acknowledge_ssm_policy(self.role)
+        self.policy = iam.Policy(
+            self,
+            "Policy",
+            roles=[self.role],
+            statements=[
+                code.read_statement(),
+                iam.PolicyStatement(
+                    actions=["s3:GetObject"],
+                    resources=[bucket.arn_for_objects(f"{dataset_prefix}*")],
+                ),
+                iam.PolicyStatement(
+                    actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                    resources=[bucket.arn_for_objects(f"{runs_prefix}*")],
+                ),
+                # A rerun removes the previous attempt's DONE.json so nothing reacts to it.
+                iam.PolicyStatement(
+                    actions=["s3:DeleteObject"],
+                    resources=[bucket.arn_for_objects(f"{runs_prefix}DONE.json")],
+                ),
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[bucket.bucket_arn],
+                    conditions={
+                        "StringLike": {"s3:prefix": [f"{dataset_prefix}*", f"{runs_prefix}*"]}
+                    },
+                ),
+                iam.PolicyStatement(
+                    actions=["cloudformation:SignalResource"], resources=[stack.stack_id]
+                ),
+                *log_statements(self.log_group),
+            ],
+        )
+        acknowledge_wildcard_resources(
+            self.policy,
+            [bucket.arn_for_objects(f"{prefix}*") for prefix in (dataset_prefix, runs_prefix)],
+            "Read: the dataset's shards, named in its manifest. Write: only under this run's "
+            "prefix, where the checkpoints, logs and rendezvous files are named at run time.",
+        )
+        acknowledge_metric_data(self.policy)
+        profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
+        image_id = (
+            ami
+            if ami.startswith("ami-")
+            else ec2.MachineImage.from_ssm_parameter(ami).get_image(self).image_id
+        )
+        # AWS::EC2::Instance cannot express EFA interfaces, network cards or gp3 throughput; a
+        # launch template holds those and the instances set everything else themselves.
+        launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                network_interfaces=self._interfaces(gpu, subnet),
+                block_device_mappings=[_root_volume(gpu)],
+            ),
+        )
+        self.instances: list[ec2.CfnInstance] = []
+        for index in range(nodes):
+            instance = ec2.CfnInstance(
+                self,
+                f"Node{index}",
+                image_id=image_id,
+                instance_type=gpu.name,
+                placement_group_name=self.placement_group.placement_group_name,
+                launch_template=ec2.CfnInstance.LaunchTemplateSpecificationProperty(
+                    launch_template_id=launch_template.ref,
+                    version=launch_template.attr_latest_version_number,
+                ),
+                iam_instance_profile=profile.ref,
+                metadata_options=ec2.CfnInstance.MetadataOptionsProperty(
+                    http_endpoint="enabled", http_tokens="required"
+                ),
+                monitoring=True,
+                ebs_optimized=True,
+                propagate_tags_to_volume_on_creation=True,
+            )
+            # Permissions and a way out must exist before the bootstrap's first download.
+            instance.add_resource_dependency(self.policy.node.default_child)
+            instance.node.add_dependency(subnet.internet_connectivity_established)
+            instance.cfn_options.creation_policy = CfnCreationPolicy(
+                resource_signal=CfnResourceSignal(count=1, timeout=SIGNAL_TIMEOUT)
+            )
+            acknowledge_no_termination_protection(instance, "a training node")
+            logical_id = stack.get_logical_id(instance)
+            document = common_document(
+                role="train",
+                region=stack.region,
+                bucket_name=bucket.bucket_name,
+                log_group_name=self.log_group.log_group_name,
+                signal_stack=stack.stack_name,
+                signal_resource=logical_id,
+            ) | {
+                "run": run,
+                "node_index": index,
+                "nodes": nodes,
+                "gpus_per_node": gpu.gpus,
+                "instance_type": gpu.name,
+                "efa": gpu.efa,
+                "instance_store": gpu.nvme_drives > 0,
+                "dataset_prefix": dataset_prefix,
+                "runs_prefix": runs_prefix,
+                "rendezvous_timeout_s": RENDEZVOUS_TIMEOUT_S,
+                "trainer": trainer,
+                "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
+            }
+            instance.user_data = code.user_data(
+                node_document=document, script="train_node.sh", signal_resource=logical_id
+            )
+            self.instances.append(instance)
+
+    def _interfaces(
+        self, gpu: GpuType, subnet: ec2.ISubnet
+    ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
+        """One interface per EFA network card (p4d has 4, p5 32), or one plain interface."""
+        return [
+            ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+                device_index=0 if card == 0 else 1,
+                network_card_index=card,
+                interface_type="efa" if gpu.efa else None,
+                subnet_id=subnet.subnet_id,
+                groups=[self.security_group.security_group_id],
+                delete_on_termination=True,
+            )
+            for card in range(max(gpu.efa_interfaces, 1))
+        ]
+
+
+def _root_volume(gpu: GpuType) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+    """Encrypted gp3 root at Ubuntu's device name, sized for the dataset when it must hold it."""
+    data = gpu.nvme_drives == 0
+    return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+        device_name="/dev/sda1",
+        ebs=ec2.CfnLaunchTemplate.EbsProperty(
+            volume_size=ROOT_VOLUME_WITH_DATA_GIB if data else ROOT_VOLUME_GIB,
+            volume_type="gp3",
+            encrypted=True,
+            delete_on_termination=True,
+            iops=ROOT_VOLUME_WITH_DATA_IOPS if data else None,
+            throughput=ROOT_VOLUME_WITH_DATA_MBPS if data else None,
+        ),
+    )
+
+
+class TrainStack(Stack):
+    """The fleet of one run, its network, and the guard that deletes it when done, capped or idle."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: FleetConfig,
+        bucket: s3.IBucket,
+        reaper: aws_lambda.IFunction,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(f"{PROJECT}:run", config.run)
+        network = SingleZoneNetwork(
+            self,
+            "Network",
+            az=config.az,
+            private=True,
+            vpc_id=config.vpc_id,
+            subnet_id=config.subnet_id,
+        )
+        fleet = GpuFleet(
+            self,
+            "Fleet",
+            vpc=network.vpc,
+            subnet=network.subnet,
+            gpu=config.gpu,
+            nodes=config.nodes,
+            ami=config.ami,
+            bucket=bucket,
+            dataset_prefix=config.dataset_prefix,
+            run=config.run,
+            trainer=config.trainer,
+        )
+        RunGuard(
+            self,
+            "Guard",
+            reaper=reaper,
+            run_name=config.run,
+            max_hours=config.max_hours,
+            instances=fleet.instances,
+        )
+        CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
+        CfnOutput(self, "LogGroup", value=fleet.log_group.log_group_name)
+        CfnOutput(
+            self,
+            "LeaderSession",
+            description="Open a shell on node 0, which runs horovodrun",
+            value=f"aws ssm start-session --region {self.region} --target {fleet.instances[0].ref}",
+        )

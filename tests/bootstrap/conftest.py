@@ -1,0 +1,34 @@
+"""Fixtures for the bootstrap tests: a moto S3 bucket and node.json documents."""
+
+import boto3
+import pytest
+from bootstrap_helpers import BUCKET, train_doc
+from moto import mock_aws
+
+from bootstrap.node_config import parse
+
+
+@pytest.fixture
+def train_config(tmp_path):
+    def make(**overrides):
+        overrides.setdefault("state_dir", str(tmp_path / f"state{overrides.get('node_index', 0)}"))
+        overrides.setdefault("authorized_keys_file", str(tmp_path / "authorized_keys"))
+        overrides.setdefault("log_dir", str(tmp_path / "logs"))
+        return parse(train_doc(**overrides))
+
+    return make
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield client

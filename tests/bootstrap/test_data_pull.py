@@ -1,0 +1,86 @@
+"""Manifest verification of pulled TFRecords, and of the preprocessor's output in S3.
+
+.venv/bin/python -m pytest tests/bootstrap/test_data_pull.py
+"""
+
+import hashlib
+import json
+
+import pytest
+from bootstrap_helpers import write_tfrecord
+
+from bootstrap import data_pull
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    shards = []
+    for name, split, count in (("train-00000-of-00002", "train", 3), ("train-00001-of-00002",
+                               "train", 2), ("validation-00000-of-00001", "validation", 4)):  # fmt: skip
+        path = tmp_path / name
+        write_tfrecord(path, [bytes([i]) * (10 + i) for i in range(count)])
+        shards.append({"file": name, "split": split, "records": count,
+                       "bytes": path.stat().st_size,
+                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})  # fmt: skip
+    manifest = {
+        "format": "horovod-fleet/imagenet-tfrecords/1",
+        "splits": {"train": {"shards": 2, "records": 5}, "validation": {"shards": 1, "records": 4}},
+        "shards": shards,
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path
+
+
+def test_complete_dataset_verifies(dataset):
+    manifest = data_pull.verify_data_dir(dataset, workers=1)
+    assert len(manifest["shards"]) == 3
+
+
+def test_counts_records_by_framing(dataset):
+    assert data_pull.count_records(dataset / "validation-00000-of-00001") == 4
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "train-00001-of-00002").unlink(), "train-00001-of-00002: missing"),
+        (lambda d: (d / "train-00000-of-00002").write_bytes(b"x" * 50), "bytes, manifest says"),
+        (
+            lambda d: (d / "validation-00000-of-00001").write_bytes(
+                (d / "validation-00000-of-00001").read_bytes()[:-1] + b"!"
+            ),
+            "sha256 differs",
+        ),
+    ],
+)
+def test_damaged_dataset_fails_naming_the_shard(dataset, damage, message):
+    damage(dataset)
+    with pytest.raises(data_pull.VerificationError, match=message):
+        data_pull.verify_data_dir(dataset, workers=1)
+
+
+def test_record_count_mismatch_is_caught_without_sha(dataset):
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["shards"][0].pop("sha256")
+    manifest["shards"][0]["records"] = 4
+    manifest["splits"]["train"]["records"] = 6
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(data_pull.VerificationError, match="3 records, manifest says 4"):
+        data_pull.verify_data_dir(dataset, workers=1)
+
+
+def test_inconsistent_split_totals_fail(dataset):
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["splits"]["validation"]["records"] = 50000
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(data_pull.VerificationError, match="split validation"):
+        data_pull.verify_data_dir(dataset, workers=1)
+
+
+def test_s3_dataset_check_finds_missing_shards(s3, dataset):
+    for path in dataset.iterdir():
+        s3.upload_file(str(path), "fleet-data", f"tfrecords/{path.name}")
+    assert data_pull.verify_s3_dataset(s3, "fleet-data", "tfrecords/")["splits"]
+    s3.delete_object(Bucket="fleet-data", Key="tfrecords/train-00001-of-00002")
+    with pytest.raises(data_pull.VerificationError, match="train-00001-of-00002: missing"):
+        data_pull.verify_s3_dataset(s3, "fleet-data", "tfrecords/")

@@ -1,0 +1,70 @@
+"""The leader's horovodrun command and environment, DONE.json, failure reasons.
+
+.venv/bin/python -m pytest tests/bootstrap/test_leader_launch.py
+"""
+
+import json
+from pathlib import Path
+
+from bootstrap_helpers import train_doc
+
+from bootstrap import launch
+from bootstrap.node_config import parse
+
+
+def test_gpu_fleet_uses_mpi_with_efa_nccl_and_horovod_settings():
+    cfg = parse(train_doc())
+    cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 16, ["python3", "-m", "x"])
+    assert cmd[:4] == ["horovodrun", "--mpi", "-np", "16"]
+    assert cmd[cmd.index("--hostfile") + 1] == "/h"
+    assert cmd[cmd.index("--ssh-identity-file") + 1] == "/k"
+    assert cmd[-3:] == ["python3", "-m", "x"]
+    env = launch.launcher_env(cfg, {"PATH": "/bin"})
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert int(env["HOROVOD_FUSION_THRESHOLD"]) == 64 * 1024 * 1024
+    assert env["NCCL_DEBUG"] == "INFO"  # what the transport check reads
+
+
+def test_cpu_nodes_use_gloo_without_gpu_settings():
+    cfg = parse(train_doc(gpus_per_node=0, efa=False, network_interface="hf0", ssh_port=2222))
+    cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 2, ["t"])
+    assert "--gloo" in cmd and "--mpi" not in cmd
+    assert cmd[cmd.index("--ssh-port") + 1] == "2222"
+    assert cmd[cmd.index("--network-interface") + 1] == "hf0"
+    assert launch.launcher_env(cfg, {"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+def test_trainer_command_follows_the_contract():
+    cfg = parse(train_doc())
+    assert launch.trainer_command(cfg, Path("/data/tfrecords"), Path("/data/model")) == [
+        "python3", "-m", "trainer.train", "--data-dir", "/data/tfrecords",
+        "--model-dir", "/data/model", "--epochs", "2", "--batch-size", "256",
+        "--arch", "resnet50", "--image-size", "224",
+    ]  # fmt: skip
+
+
+def test_done_document_on_success_and_failure(tmp_path):
+    cfg = parse(train_doc())
+    (tmp_path / "eval.json").write_text(json.dumps({"top1": 0.76, "top5": 0.93, "epoch": 2}))
+    (tmp_path / "train.json").write_text(
+        json.dumps({"epochs": 2, "images_per_s": 9000.0, "duration_s": 3600.0})
+    )
+    ok = launch.done_document(cfg, "succeeded", None, tmp_path, 1_800_000_000, 1_799_990_000)
+    assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
+                      "images_per_s", "finished_at"}  # fmt: skip
+    assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
+        0.76,
+        0.93,
+        9000.0,
+        3600.0,
+    )
+    failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, 1_800_000_000, None)
+    assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
+    assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
+
+
+def test_failure_reason_prefers_the_trainer_error_line():
+    tail = "Epoch 1/90\n[1]<stderr>:error: shard train-00003 record 17: label 1001 outside 1..1000\nTraceback...\n"
+    assert "label 1001 outside" in launch.failure_reason(tail)
+    assert launch.failure_reason("") == "no output"

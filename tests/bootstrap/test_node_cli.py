@@ -1,0 +1,127 @@
+"""The node scripts end to end against a local moto server: failures are reported with their step,
+the leader writes DONE.json (status failed) and exits non-zero; no hang.
+
+    .venv/bin/python -m pytest tests/bootstrap/test_node_cli.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from bootstrap_helpers import train_doc, write_tfrecord
+from moto.server import ThreadedMotoServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def endpoint():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def node(tmp_path, endpoint):
+    """A bucket with a one-shard dataset, and a way to run a node script on a node.json."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="t", AWS_SECRET_ACCESS_KEY="t",
+               AWS_DEFAULT_REGION="us-east-1",
+               PATH=f"{Path(sys.executable).parent}:{env['PATH']}")  # fmt: skip
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      aws_access_key_id="t", aws_secret_access_key="t")  # fmt: skip
+    s3.create_bucket(Bucket="fleet-data")
+    shard = tmp_path / "train-00000-of-00001"
+    write_tfrecord(shard, [b"a", b"bb"])
+    manifest = {"splits": {"train": {"shards": 1, "records": 2}},
+                "shards": [{"file": shard.name, "split": "train", "records": 2,
+                            "bytes": shard.stat().st_size}]}  # fmt: skip
+    s3.upload_file(str(shard), "fleet-data", f"tfrecords/{shard.name}")
+    s3.put_object(Bucket="fleet-data", Key="tfrecords/manifest.json", Body=json.dumps(manifest))
+
+    def run(script, **overrides):
+        home = tmp_path / "node"
+        doc = train_doc(gpus_per_node=0, efa=False, install=False, instance_store=False,
+                        mount_point=str(home / "data"), log_dir=str(home / "logs"),
+                        state_dir=str(home / "state"), ip="127.0.0.1", instance_id="i-test",
+                        authorized_keys_file=str(home / "authorized_keys"))  # fmt: skip
+        doc.update(overrides)
+        (tmp_path / "node.json").write_text(json.dumps(doc))
+        result = subprocess.run(
+            [str(REPO / "bootstrap" / script)],
+            env={**env, "NODE_JSON": str(tmp_path / "node.json")},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        return result, s3
+
+    run.s3 = s3
+    return run
+
+
+def done(s3):
+    return json.loads(s3.get_object(Bucket="fleet-data", Key="runs/r1/DONE.json")["Body"].read())
+
+
+def test_missing_node_fails_the_run_naming_it(node):
+    result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "pulled and verified 1 shards, 2 records" in result.stdout
+    assert "step 'rendezvous' failed" in result.stdout
+    doc = done(s3)
+    assert doc["status"] == "failed"
+    assert "node(s) 1 of 2 did not register" in doc["reason"]
+    assert doc["top1"] is None and doc["images_per_s"] is None
+    assert s3.list_objects_v2(Bucket="fleet-data", Prefix="runs/r1/logs/node-0/")["KeyCount"]
+    # A rerun finds the data verified and skips the pull.
+    result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=1)
+    assert "data already pulled and verified" in result.stdout
+
+
+def test_failed_shell_step_is_reported_with_its_name(node):
+    # No NVMe instance store on this machine: the mount step fails, the ERR trap reports it.
+    result, s3 = node("train_node.sh", instance_store=True)
+    assert result.returncode != 0
+    assert "step 'instance store' failed" in result.stdout
+    assert done(s3)["reason"].startswith("step 'instance store' failed")
+
+
+def test_corrupt_pull_fails_the_data_step(node):
+    s3 = node.s3
+    s3.put_object(Bucket="fleet-data", Key="tfrecords/train-00000-of-00001", Body=b"garbage!")
+    manifest = json.loads(
+        s3.get_object(Bucket="fleet-data", Key="tfrecords/manifest.json")["Body"].read()
+    )
+    manifest["shards"][0]["bytes"] = 8
+    s3.put_object(Bucket="fleet-data", Key="tfrecords/manifest.json", Body=json.dumps(manifest))
+    result, s3 = node("train_node.sh", nodes=1)
+    assert result.returncode == 1
+    assert "step 'data pull' failed" in result.stdout
+    assert "truncated record" in done(s3)["reason"]
+
+
+def test_bad_node_json_is_one_line_naming_the_key(node):
+    result, _ = node("train_node.sh", nodes=0)
+    assert result.returncode != 0
+    assert "error: node.json: key 'nodes' must be >= 1, got 0" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_preprocessing_rerun_skips_a_verified_dataset(node, tmp_path):
+    doc = {
+        "role": "preprocess", "region": "us-east-1", "bucket": "fleet-data", "log_group": None,
+        "signal": None, "raw_prefix": "raw/", "output_prefix": "tfrecords/", "volume_id": None,
+        "mount_point": str(tmp_path / "pre"), "download_secret_arn": None, "train_shards": 1,
+        "val_shards": 1, "stop_when_done": False, "install": False,
+        "log_dir": str(tmp_path / "pre-logs"), "instance_id": "i-pre",
+    }  # fmt: skip
+    result, _ = node("preprocess_node.sh", **doc)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "already holds a verified dataset: skipping preprocessing" in result.stdout
+    assert "dataset ready in s3://fleet-data/tfrecords/: train 2 records" in result.stdout
+    assert "step 'preprocess':" not in result.stdout

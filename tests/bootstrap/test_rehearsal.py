@@ -1,0 +1,39 @@
+"""The rehearsal as a smoke test: the whole run on this machine, then a rerun that resumes.
+
+.venv/bin/python -m pytest -m slow tests/bootstrap/test_rehearsal.py
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
+    workdir = tmp_path / "rehearsal"
+    result = subprocess.run(
+        [sys.executable, "-m", "rehearsal", "--workdir", str(workdir), "--epochs", "2",
+         "--rerun-epochs", "3"],
+        cwd=REPO, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
+    assert (
+        re.search(r"^\[node0\] 10\.213\.\d+\.2 slots=1$", out, re.M) or "127.0.0.1 slots=2" in out
+    )
+    assert "Step  Epoch     Speed    Loss FinLoss        LR" in out  # the training table
+    assert "data already pulled and verified" in out  # the rerun skipped the pull
+    assert "Resuming from" in out and "2 epochs done" in out  # and resumed from S3
+    assert re.search(r"final accuracy: top-1 [01]\.\d{3}", out)
+    run = workdir / "s3" / "runs" / "rehearsal"  # the rehearsal's copy of what the run wrote
+    done = json.loads((run / "DONE.json").read_text())
+    assert list((run / "model" / "checkpoints").glob("*.index"))
+    assert (run / "model" / "eval.json").exists() and list((run / "logs").rglob("train.log"))
+    assert done["status"] == "succeeded" and done["epochs"] == 3
+    assert 0 <= done["top1"] <= 1 and done["images_per_s"] > 0

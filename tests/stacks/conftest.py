@@ -1,0 +1,94 @@
+"""Synthesize each configuration once per session; tests read the templates."""
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
+
+
+def synthesize(tmp: Path, overrides: dict[str, Any] | None = None) -> Templates:
+    """The app's stacks for cdk.json's context plus overrides, without the cdk-nag plugin
+    (test_app.py runs it on the real app) so each test fails for its own reason."""
+    # Imported here: the reaper's unit tests share this directory and need none of this.
+    from aws_cdk import App
+    from aws_cdk.assertions import Template
+
+    import app as fleet_app
+    from stacks.composition import compose
+    from stacks.config import FleetConfig
+
+    app = App(context={**fleet_app.default_context(), **(overrides or {})}, outdir=str(tmp))
+    compose(app, FleetConfig.from_context(app.node.get_all_context()))
+    assembly = app.synth()
+    return {s.stack_name: Template.from_json(s.template) for s in assembly.stacks}
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Templates]:
+    """synth(**overrides) -> {stack name: Template}, cached per distinct configuration."""
+    cache: dict[str, Templates] = {}
+
+    def run(**overrides: Any) -> Templates:
+        key = json.dumps(overrides, sort_keys=True)
+        if key not in cache:
+            cache[key] = synthesize(tmp_path_factory.mktemp("cdk.out"), overrides)
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def default(synth: Callable[..., Templates]) -> Templates:
+    return synth()
+
+
+def user_data(instance: dict) -> str:
+    """An instance's user-data with every token replaced by a placeholder: the script as text."""
+    body = instance["Properties"]["UserData"]["Fn::Base64"]
+    if isinstance(body, str):
+        return body
+    return "".join(p if isinstance(p, str) else "<token>" for p in body["Fn::Join"][1])
+
+
+def node_document(instance: dict) -> dict:
+    """The node.json an instance's user-data writes, tokens as "<token>"."""
+    text = user_data(instance)
+    start = text.index("<<'NODE_JSON'\n") + len("<<'NODE_JSON'\n")
+    return json.loads(text[start : text.index("\nNODE_JSON\n")])
+
+
+def statements(template: Any, policy_prefix: str) -> list[dict]:
+    """Every statement of the IAM policies whose logical ID starts with policy_prefix."""
+    found = [
+        s
+        for logical_id, policy in template.find_resources("AWS::IAM::Policy").items()
+        if logical_id.startswith(policy_prefix)
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    assert found, f"no IAM policy {policy_prefix}*"
+    return found
+
+
+def resources(statement: dict) -> list[str]:
+    """A statement's resources as text (CDK merges statements that share their actions)."""
+    value = statement["Resource"]
+    return [as_text(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def as_text(value: Any) -> str:
+    """A resource ARN with intrinsic functions flattened to text, for readable assertions."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        return "".join(as_text(p) for p in value["Fn::Join"][1])
+    if isinstance(value, dict) and "Ref" in value:
+        return f"<{value['Ref']}>"
+    return json.dumps(value)

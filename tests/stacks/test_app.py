@@ -1,0 +1,203 @@
+"""app.py as the CDK CLI runs it: bad context fails in one line, good context synthesizes offline,
+passes cdk-nag and cfn-lint, and prints the cost estimate."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import app as fleet_app
+
+# Node 20 makes the jsii runtime print a multi-line end-of-life banner on stderr; these tests
+# are about the app's own output.
+QUIET_NODE = {
+    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+}
+
+
+def offline_env(outdir: Path, context: dict | None = None) -> dict[str, str]:
+    """No credentials, no instance metadata: nothing can reach AWS."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "CDK_"))
+        and k != "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"
+    }
+    env |= QUIET_NODE | {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(outdir / "no-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(outdir / "no-credentials"),
+        "CDK_OUTDIR": str(outdir),
+    }
+    if context is not None:
+        env["CDK_CONTEXT_JSON"] = json.dumps(context)
+    return env
+
+
+def run_app(tmp_path: Path, cwd: Path = ROOT, **context) -> subprocess.CompletedProcess:
+    """`python app.py` the way the CLI calls it: context through CDK_CONTEXT_JSON."""
+    return subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=cwd,
+        env=offline_env(tmp_path, {**fleet_app.default_context(), **context}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("nodes", 0, "an integer from 1 to 64"),
+        ("nodes", -1, "an integer from 1 to 64"),
+        ("nodes", "abc", "an integer from 1 to 64"),
+        ("nodes", 2.5, "an integer from 1 to 64"),
+        ("nodes", 100000, "an integer from 1 to 64"),
+        ("instanceType", "p7.mega", "a known GPU instance type: p3.2xlarge"),
+        ("instanceType", "c5.large", "c5.large has no GPU"),
+        ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
+        ("az", "eu-west-1a", "a zone of region us-east-1"),
+    ],
+)
+def test_bad_context_fails_with_one_line(tmp_path, key, value, allowed):
+    result = run_app(tmp_path, **{key: value})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    [line] = lines
+    assert line.startswith(f"error: context key {key}={value!r} is invalid; allowed: ")
+    assert allowed in line
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not list(tmp_path.glob("*.template.json"))
+
+
+@pytest.fixture(scope="module")
+def cli_synth(tmp_path_factory):
+    """The real `npx cdk synth`, offline and without credentials."""
+    outdir = tmp_path_factory.mktemp("cli")
+    context_file = ROOT / "cdk.context.json"
+    before = context_file.read_text() if context_file.exists() else None
+    result = subprocess.run(
+        ["npx", "--no-install", "cdk", "synth", "--no-notices", "--quiet", "-o", str(outdir)],
+        cwd=ROOT,
+        env=offline_env(outdir),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    after = context_file.read_text() if context_file.exists() else None
+    return result, outdir, before == after
+
+
+def test_cdk_synth_works_offline_and_passes_cdk_nag(cli_synth):
+    result, outdir, _ = cli_synth
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = {p.name for p in outdir.glob("*.template.json")}
+    assert names == {
+        "DatasetStack.template.json",
+        "TeardownStack.template.json",
+        "PreprocessStack.template.json",
+        "TrainStack.template.json",
+    }
+    assert "AwsSolutions" not in result.stdout + result.stderr
+
+
+def test_cdk_synth_needs_no_lookups(cli_synth):
+    _, outdir, context_unchanged = cli_synth
+    manifest = json.loads((outdir / "manifest.json").read_text())
+    assert not manifest.get("missing")
+    assert context_unchanged
+
+
+def test_synthesis_prints_the_cost_estimate(cli_synth):
+    result, _, _ = cli_synth
+    assert (
+        "TrainStack: 8 x p3dn.24xlarge at $31.212/h = $249.70/h; capped at 4 h -> at most $998.78"
+        in result.stderr
+    )
+    assert "TrainStack needs 768 vCPUs of the EC2 quota 'Running On-Demand P instances'" in (
+        result.stderr
+    )
+    assert "TrainStack runs in us-east-1a; check it offers p3dn.24xlarge" in result.stderr
+    assert "PreprocessStack: t2.large at $0.0928/h" in result.stderr
+    assert "1000 GiB sc1 at $15.00/month" in result.stderr
+
+
+def test_dataset_stack_is_termination_protected(cli_synth):
+    _, outdir, _ = cli_synth
+    artifacts = json.loads((outdir / "manifest.json").read_text())["artifacts"]
+    assert artifacts["DatasetStack"]["properties"]["terminationProtection"] is True
+    for name in ("TeardownStack", "PreprocessStack", "TrainStack"):
+        assert not artifacts[name]["properties"].get("terminationProtection"), name
+
+
+def test_stack_dependencies(cli_synth):
+    _, outdir, _ = cli_synth
+    artifacts = json.loads((outdir / "manifest.json").read_text())["artifacts"]
+
+    def depends(name: str) -> set[str]:
+        return {d for d in artifacts[name].get("dependencies", []) if d.endswith("Stack")}
+
+    assert "DatasetStack" in depends("TeardownStack")
+    assert "TeardownStack" in depends("PreprocessStack")
+    assert "TeardownStack" in depends("TrainStack")
+
+
+def cfn_lint(templates: list[Path]) -> list[dict]:
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("cfn-lint")), "--format", "json", *map(str, templates)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return json.loads(result.stdout or "[]")
+
+
+def test_cfn_lint_finds_no_errors(cli_synth):
+    _, outdir, _ = cli_synth
+    findings = cfn_lint(sorted(outdir.glob("*.template.json")))
+    assert not [f for f in findings if f["Level"] == "Error"], findings
+    ours = [f for f in findings if "TeardownStack" not in f["Filename"]]
+    assert not ours, ours
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"instanceType": "p4d.24xlarge", "nodes": 2, "snapshotDataVolume": True},
+        {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "datasetBucket": "my-imagenet"},
+        {"instanceType": "g5.xlarge", "nodes": 1, "budgetEmail": "ml@example.com"},
+    ],
+)
+def test_other_configurations_pass_cdk_nag_and_cfn_lint(tmp_path, context):
+    result = run_app(tmp_path, **context)
+    assert result.returncode == 0, result.stdout + result.stderr
+    findings = cfn_lint(sorted(tmp_path.glob("*.template.json")))
+    assert not [f for f in findings if f["Level"] == "Error"], findings
+
+
+def test_synthesis_is_deterministic(tmp_path):
+    # A frozen copy of the sources: the assets' hashes follow bootstrap/ and trainer/ exactly.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("app.py", "cdk.json"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("stacks", "bootstrap", "trainer"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    outputs = []
+    for name in ("first", "second"):
+        outdir = tmp_path / name
+        outdir.mkdir()
+        assert run_app(outdir, cwd=source).returncode == 0
+        outputs.append(outdir)
+    templates = sorted(outputs[0].glob("*.template.json"))
+    assert len(templates) == 4
+    for template in templates:
+        assert template.read_text() == (outputs[1] / template.name).read_text(), template.name

@@ -1,0 +1,107 @@
+"""FleetConfig.from_context: defaults, CLI strings, and one clear error per bad value."""
+
+import json
+
+import pytest
+from conftest import ROOT
+
+from stacks.config import KEYS, ConfigError, FleetConfig
+from stacks.instance_types import GPU_TYPES, fleet_estimate, quota_note
+
+DEFAULTS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items()}
+
+
+def config(**overrides) -> FleetConfig:
+    return FleetConfig.from_context({**DEFAULTS, **overrides})
+
+
+def test_every_key_has_a_default_in_cdk_json():
+    assert set(KEYS) <= set(DEFAULTS)
+
+
+def test_defaults():
+    c = config()
+    assert (c.nodes, c.gpu.name, c.gpu.gpus, c.gpu.efa) == (8, "p3dn.24xlarge", 8, True)
+    assert (c.region, c.az, c.max_hours, c.data_volume_gib) == ("us-east-1", "us-east-1a", 4, 1000)
+    assert c.preprocess.name == "t2.large"
+    assert c.budget_email is None and c.snapshot_data_volume is False and c.vpc_id is None
+    assert c.runs_prefix == "runs/resnet50-1/"
+
+
+def test_command_line_strings_are_parsed():
+    c = config(nodes="2", maxHours="2.5", snapshotDataVolume="true", budgetEmail="a@b.io")
+    assert (c.nodes, c.max_hours, c.snapshot_data_volume, c.budget_email) == (
+        2,
+        2.5,
+        True,
+        "a@b.io",
+    )
+
+
+def test_imported_network_needs_both_ids():
+    c = config(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd")
+    assert (c.vpc_id, c.subnet_id) == ("vpc-0123abcd", "subnet-0123abcd")
+    with pytest.raises(ConfigError, match="vpcId and subnetId"):
+        config(vpcId="vpc-0123abcd")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("nodes", 0, "an integer from 1 to 64"),
+        ("nodes", -1, "an integer from 1 to 64"),
+        ("nodes", "abc", "an integer from 1 to 64"),
+        ("nodes", 2.5, "an integer from 1 to 64"),
+        ("nodes", "2.5", "an integer from 1 to 64"),
+        ("nodes", 100000, "an integer from 1 to 64"),
+        ("nodes", True, "an integer from 1 to 64"),
+        ("instanceType", "p9.huge", "a known GPU instance type"),
+        ("instanceType", "c5.large", "c5.large has no GPU"),
+        ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
+        ("az", "us-west-2a", "a zone of region us-east-1"),
+        ("maxHours", "nan", "a number of hours from 1 to 168"),
+        ("maxHours", 0, "a number of hours from 1 to 168"),
+        ("budgetEmail", "not-an-address", "an e-mail address"),
+        ("snapshotDataVolume", "yes", "true or false"),
+        ("run", "Bad_Name", "lowercase letters"),
+        ("datasetPrefix", "/abs/", "ending in '/'"),
+        ("ami", "ubuntu", "an AMI id"),
+        ("preprocessInstanceType", "p3.2xlarge", "a t2/t3 instance type"),
+        ("arch", "vgg16", "resnet50 or resnet18"),
+        ("node", 8, "did you mean nodes?"),
+    ],
+)
+def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
+    with pytest.raises(ConfigError) as error:
+        config(**{key: value})
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"{key}={value!r}" in message
+    assert allowed in message
+
+
+def test_budget_covers_the_capped_fleet_and_a_day_of_preprocessing():
+    from stacks.composition import budget_limit_usd
+
+    # 8 x 31.212 x 4 h = 998.78; t2.large flat out for 24 h = (0.0928 + 0.07) x 24 = 3.91
+    assert budget_limit_usd(config()) == 1003
+    assert budget_limit_usd(config(nodes=1, maxHours=1)) == 36
+
+
+def test_estimate_line():
+    line = fleet_estimate(GPU_TYPES["p3dn.24xlarge"], 8, 4)
+    assert line == (
+        "TrainStack: 8 x p3dn.24xlarge at $31.212/h = $249.70/h; capped at 4 h -> at most $998.78"
+    )
+
+
+def test_quota_note_counts_the_fleet_vcpus():
+    assert "768 vCPUs" in quota_note(GPU_TYPES["p3dn.24xlarge"], 8)
+    assert "(L-417A185B)" in quota_note(GPU_TYPES["p3dn.24xlarge"], 8)
+    assert "(L-DB2E81BA)" in quota_note(GPU_TYPES["g5.xlarge"], 1)
+
+
+def test_instance_table_is_consistent():
+    for gpu in GPU_TYPES.values():
+        assert gpu.gpus in (1, 4, 8) and gpu.vcpus >= 4 * gpu.gpus and gpu.usd_per_hour > 0
+        assert gpu.name[0] in "pg"

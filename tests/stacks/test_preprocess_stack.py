@@ -1,0 +1,134 @@
+"""PreprocessStack: a t2.large in unlimited mode with an sc1 data volume, reachable only by SSM."""
+
+import pytest
+from conftest import as_text, node_document, resources, statements, user_data
+
+from stacks.preprocess import DATA_VOLUME_LOGICAL_ID, UBUNTU_AMI_PARAMETER
+
+SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:imagenet-AbCdEf"
+BIG_VOLUME_WITH_SECRET = {"dataVolumeGiB": 2000, "downloadSecretArn": SECRET}
+
+
+@pytest.fixture(scope="module")
+def template(default):
+    return default["PreprocessStack"]
+
+
+@pytest.fixture(scope="module")
+def instance(template):
+    [instance] = template.find_resources("AWS::EC2::Instance").values()
+    return instance
+
+
+def test_data_volume_logical_id_is_pinned(template):
+    assert DATA_VOLUME_LOGICAL_ID == "DataVolume"
+    assert template.to_json()["Resources"]["DataVolume"]["Type"] == "AWS::EC2::Volume"
+
+
+def test_data_volume_is_1000_gib_encrypted_sc1_that_survives_a_delete(template):
+    volume = template.to_json()["Resources"]["DataVolume"]
+    assert volume["Properties"]["Size"] == 1000
+    assert volume["Properties"]["VolumeType"] == "sc1"
+    assert volume["Properties"]["Encrypted"] is True
+    assert volume["DeletionPolicy"] == "Snapshot"
+    assert volume["UpdateReplacePolicy"] == "Snapshot"
+
+
+def test_volume_size_comes_from_context(synth):
+    resources = synth(**BIG_VOLUME_WITH_SECRET)["PreprocessStack"].to_json()["Resources"]
+    assert resources["DataVolume"]["Properties"]["Size"] == 2000
+
+
+def test_volume_attached_at_sdf_in_the_instance_zone(template, instance):
+    [attachment] = template.find_resources("AWS::EC2::VolumeAttachment").values()
+    props = attachment["Properties"]
+    assert props["Device"] == "/dev/sdf"
+    assert props["VolumeId"] == {"Ref": "DataVolume"}
+    volume = template.to_json()["Resources"]["DataVolume"]["Properties"]
+    assert volume["AvailabilityZone"] == instance["Properties"]["AvailabilityZone"] == "us-east-1a"
+
+
+def test_t2_large_with_unlimited_credits(instance):
+    props = instance["Properties"]
+    assert props["InstanceType"] == "t2.large"
+    assert props["CreditSpecification"] == {"CPUCredits": "unlimited"}
+
+
+def test_imdsv2_required_no_key_pair_no_ingress(template, instance):
+    props = instance["Properties"]
+    assert props["MetadataOptions"]["HttpTokens"] == "required"
+    assert "KeyName" not in props
+    for group in template.find_resources("AWS::EC2::SecurityGroup").values():
+        assert "SecurityGroupIngress" not in group["Properties"]
+    assert not template.find_resources("AWS::EC2::SecurityGroupIngress")
+
+
+def test_ubuntu_ami_is_resolved_at_deploy_time(template, instance):
+    parameter = instance["Properties"]["ImageId"]["Ref"]
+    declared = template.to_json()["Parameters"][parameter]
+    assert declared["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert declared["Default"] == UBUNTU_AMI_PARAMETER
+
+
+def test_role_reads_raw_and_writes_only_the_tfrecords_prefix(template):
+    found = statements(template, "PreprocessorPolicy")
+    writes = [s for s in found if "s3:PutObject" in s["Action"]]
+    assert [r for s in writes for r in resources(s)] == [
+        "arn:<AWS::Partition>:s3:::horovod-fleet-<AWS::AccountId>-us-east-1/tfrecords/*"
+    ]
+    reads = {r for s in found if s["Action"] == "s3:GetObject" for r in resources(s)}
+    assert "arn:<AWS::Partition>:s3:::horovod-fleet-<AWS::AccountId>-us-east-1/raw/*" in reads
+    [listing] = [s for s in found if s["Action"] == "s3:ListBucket"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["raw/*", "tfrecords/*"]}}
+    assert not [s for s in found if "s3:DeleteObject" in s["Action"]]
+
+
+def test_role_has_session_manager_and_no_other_managed_policy(template):
+    [role] = template.find_resources(
+        "AWS::IAM::Role",
+        {
+            "Properties": {
+                "Description": "horovod-fleet preprocessing node: reads raw/, writes the TFRecords"
+            }
+        },
+    ).values()
+    [policy] = role["Properties"]["ManagedPolicyArns"]
+    assert as_text(policy).endswith(":iam::aws:policy/AmazonSSMManagedInstanceCore")
+
+
+def test_log_group_has_retention(template):
+    for group in template.find_resources("AWS::Logs::LogGroup").values():
+        assert group["Properties"]["RetentionInDays"] == 30
+
+
+def test_user_data_installs_code_and_runs_the_preprocess_bootstrap(instance):
+    text = user_data(instance)
+    assert text.startswith("#!/bin/bash\nset -Eeuo pipefail\n")
+    assert "/opt/horovod-fleet/bootstrap" in text and "/opt/horovod-fleet/trainer" in text
+    assert (
+        "bash /opt/horovod-fleet/bootstrap/preprocess_node.sh /etc/horovod-fleet/node.json" in text
+    )
+    assert "exec > >(tee -a /var/log/horovod-fleet/user-data.log) 2>&1" in text
+    assert "on_failure() { shutdown -h +1; }\ntrap on_failure ERR\n" in text
+
+
+def test_node_document_follows_the_contract(instance):
+    document = node_document(instance)
+    assert document["role"] == "preprocess"
+    assert document["project"] == "horovod-fleet"
+    assert document["raw_prefix"] == "raw/" and document["output_prefix"] == "tfrecords/"
+    assert (document["train_shards"], document["val_shards"]) == (1024, 128)
+    assert document["stop_when_done"] is True
+    assert document["volume_id"] == "<token>" and document["log_group"] == "<token>"
+    assert document["signal"] is None
+    assert document["download_secret_arn"] is None
+
+
+def test_download_secret_is_readable_when_given(synth):
+    template = synth(**BIG_VOLUME_WITH_SECRET)["PreprocessStack"]
+    found = statements(template, "PreprocessorPolicy")
+    assert {
+        "Action": "secretsmanager:GetSecretValue",
+        "Effect": "Allow",
+        "Resource": SECRET,
+    } in found

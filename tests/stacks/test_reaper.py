@@ -1,0 +1,513 @@
+"""The reaper Lambda against moto: what it deletes, stops, snapshots, waits for and refuses."""
+
+import datetime
+import json
+import time
+import urllib.request
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from stacks.reaper import handler as reaper_module
+from stacks.reaper.handler import Reaper, RefusedStack, deadline, parse_event, recheck_time
+
+REGION = "us-east-1"
+BUCKET = "horovod-fleet-dataset"
+RUN = "resnet50-r1"
+NOW = datetime.datetime(2026, 11, 22, 4, 33, 20, tzinfo=datetime.timezone.utc)
+FUNCTION_ARN = f"arn:aws:lambda:{REGION}:123456789012:function:Reaper"
+ENV = {
+    "BUCKET": BUCKET,
+    "RUN_OUTPUT_KEY": "HorovodFleetRun",
+    "PREPROCESS_PARAMETER": "/horovod-fleet/preprocess",
+    "IDLE_ALARM_PREFIX": "horovod-fleet-idle-",
+    "RECHECK_PREFIX": "horovod-fleet-recheck-",
+    "RECHECK_MINUTES": "10",
+    "RECHECK_ROLE_ARN": "arn:aws:iam::123456789012:role/RecheckRole",
+}
+
+
+def stack_template(run: str | None) -> str:
+    template = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
+    if run is not None:
+        template["Outputs"] = {"HorovodFleetRun": {"Value": run}}
+    return json.dumps(template)
+
+
+def s3_event(key: str, etag: str = "abc123") -> dict:
+    """EventBridge "Object Created" event as S3 sends it with EventBridge notifications on."""
+    return {
+        "version": "0",
+        "id": "17793124-05d4-b198-2fde-7ededc63b103",
+        "detail-type": "Object Created",
+        "source": "aws.s3",
+        "account": "123456789012",
+        "time": "2026-11-22T04:30:00Z",
+        "region": REGION,
+        "resources": [f"arn:aws:s3:::{BUCKET}"],
+        "detail": {
+            "version": "0",
+            "bucket": {"name": BUCKET},
+            "object": {"key": key, "size": 512, "etag": etag, "sequencer": "00617F08299329D189"},
+            "request-id": "N4N7GDK58NMKJ12R",
+            "requester": "123456789012",
+            "source-ip-address": "10.0.0.5",
+            "reason": "PutObject",
+        },
+    }
+
+
+def alarm_event(run: str) -> dict:
+    """CloudWatch alarm Lambda-action event (metric alarm)."""
+    name = f"horovod-fleet-idle-{run}"
+    return {
+        "source": "aws.cloudwatch",
+        "alarmArn": f"arn:aws:cloudwatch:{REGION}:123456789012:alarm:{name}",
+        "accountId": "123456789012",
+        "time": "2026-11-22T04:30:00.000+0000",
+        "region": REGION,
+        "alarmData": {
+            "alarmName": name,
+            "state": {"value": "ALARM", "reason": "Threshold Crossed", "timestamp": "2026-11-22"},
+            "previousState": {"value": "OK", "reason": "", "timestamp": "2026-11-22"},
+            "configuration": {
+                "description": "idle",
+                "metrics": [
+                    {
+                        "id": "m1",
+                        "metricStat": {
+                            "metric": {
+                                "namespace": "HorovodFleet",
+                                "name": "nvidia_smi_utilization_gpu",
+                                "dimensions": {"Run": run},
+                            },
+                            "period": 300,
+                            "stat": "Average",
+                        },
+                        "returnData": True,
+                    }
+                ],
+            },
+        },
+    }
+
+
+def decisions(capsys) -> list[dict]:
+    lines = capsys.readouterr().out.splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def stack_status(name: str) -> str | None:
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    try:
+        return cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
+    except cloudformation.exceptions.ClientError:
+        return None
+
+
+def put_results(run: str) -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{run}/model/checkpoints/ckpt-3.index", Body=b"i")
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{run}/logs/node-0.log", Body=b"log")
+
+
+def schedules() -> list[dict]:
+    client = boto3.client("scheduler", region_name=REGION)
+    return [client.get_schedule(Name=s["Name"]) for s in client.list_schedules()["Schedules"]]
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        cloudformation.create_stack(StackName="TrainStack", TemplateBody=stack_template(RUN))
+        cloudformation.create_stack(StackName="DatasetStack", TemplateBody=stack_template(None))
+        yield
+
+
+@pytest.fixture
+def reaper(aws):
+    return Reaper(
+        ENV, FUNCTION_ARN, session=boto3.session.Session(region_name=REGION), now=lambda: NOW
+    )
+
+
+# --- event parsing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (s3_event(f"runs/{RUN}/DONE.json"), {"trigger": "done", "run": RUN}),
+        (s3_event("tfrecords/manifest.json", etag="e1"), {"trigger": "manifest", "etag": "e1"}),
+        (s3_event("runs/a/b/DONE.json"), {"trigger": "ignored"}),
+        (s3_event(f"runs/{RUN}/logs/DONE.json.tmp"), {"trigger": "ignored"}),
+        (alarm_event(RUN), {"trigger": "idle", "run": RUN}),
+        ({**alarm_event(RUN), "alarmData": {"alarmName": "x"}}, {"trigger": "ignored"}),
+        ({"trigger": "hard-cap", "run": RUN}, {"trigger": "hard-cap", "run": RUN}),
+        (
+            {"trigger": "recheck", "reason": "idle", "run": RUN},
+            {"trigger": "recheck", "reason": "idle", "run": RUN},
+        ),
+        ({"trigger": "hard-cap"}, {"trigger": "ignored"}),
+        ({"trigger": "recheck", "reason": "hard-cap", "run": RUN}, {"trigger": "ignored"}),
+        ({"detail-type": "Scheduled Event"}, {"trigger": "ignored"}),
+    ],
+)
+def test_parse_event_understands_each_trigger_shape(event, expected):
+    parsed = parse_event(event)
+    assert parsed.items() >= expected.items()
+
+
+# --- deleting TrainStack ---------------------------------------------------------------------
+
+
+def test_done_with_results_deletes_train_stack_and_nothing_else(reaper, capsys):
+    put_results(RUN)
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    assert stack_status("DatasetStack") == "CREATE_COMPLETE"
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "delete-stack"
+    assert decision["stack"] == "TrainStack"
+    assert decision["reason"] == "done"
+
+
+@pytest.mark.parametrize("name", ["DatasetStack", "TeardownStack", "PreprocessStack", "Other"])
+def test_reaper_refuses_to_delete_any_other_stack(reaper, name, capsys):
+    with pytest.raises(RefusedStack):
+        reaper.delete_stack(name)
+    assert stack_status("DatasetStack") == "CREATE_COMPLETE"
+    assert decisions(capsys)[0]["decision"] == "refused"
+
+
+def test_done_for_another_run_leaves_the_deployed_fleet(reaper, capsys):
+    put_results("old-run")
+    reaper.handle(s3_event("runs/old-run/DONE.json"))
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    assert decisions(capsys)[0]["decision"] == "other-run-deployed"
+
+
+@pytest.mark.parametrize("present", ["checkpoint", "logs", None])
+def test_waits_and_schedules_a_recheck_while_results_are_missing(reaper, capsys, present):
+    s3 = boto3.client("s3", region_name=REGION)
+    if present == "checkpoint":
+        s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/model/checkpoints/ckpt-1.index", Body=b"")
+    if present == "logs":
+        s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"")
+    # A checkpoint data file alone is not a checkpoint: the .index is written last.
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/model/checkpoints/ckpt-1.data-0", Body=b"")
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "wait-for-results"
+    assert len(decision["missing"]) == (2 if present is None else 1)
+    [schedule] = schedules()
+    assert schedule["Target"]["Arn"] == FUNCTION_ARN
+    assert schedule["ActionAfterCompletion"] == "DELETE"
+    assert schedule["Target"]["RoleArn"] == ENV["RECHECK_ROLE_ARN"]
+    assert json.loads(schedule["Target"]["Input"]) == {
+        "trigger": "recheck",
+        "reason": "done",
+        "run": RUN,
+    }
+    assert schedule["ScheduleExpression"] == "at(2026-11-22T04:50:00)"
+
+
+@pytest.mark.parametrize(("status", "deleted"), [("failed", True), ("succeeded", False)])
+def test_failed_run_needs_only_its_logs(reaper, capsys, status, deleted):
+    """A run that died before its first checkpoint must not bill until the hard cap."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"Traceback")
+    done = {"run": RUN, "status": status, "reason": "rank 3 lost"}
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json", Body=json.dumps(done).encode())
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
+    [decision] = decisions(capsys)
+    assert decision["decision"] == ("delete-stack" if deleted else "wait-for-results")
+
+
+def test_recheck_is_idempotent_and_deletes_once_results_arrive(reaper, capsys):
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))  # S3 delivers at least once
+    [schedule] = schedules()
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    put_results(RUN)
+    reaper.handle(json.loads(schedule["Target"]["Input"]))
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    assert [d["decision"] for d in decisions(capsys)] == [
+        "wait-for-results",
+        "wait-for-results",
+        "delete-stack",
+    ]
+
+
+def test_hard_cap_deletes_even_without_results(reaper, capsys):
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "delete-stack"
+    assert decision["reason"] == "hard-cap"
+    assert decision["missing_results"]
+    assert schedules() == []
+
+
+def test_second_trigger_after_delete_is_a_noop(reaper, capsys):
+    put_results(RUN)
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    reaper.handle(alarm_event(RUN))
+    assert [d["decision"] for d in decisions(capsys)] == [
+        "delete-stack",
+        "already-gone",
+        "already-gone",
+        "already-gone",
+    ]
+    assert schedules() == []
+
+
+def test_no_train_stack_at_all_is_a_noop(reaper, capsys):
+    boto3.client("cloudformation", region_name=REGION).delete_stack(StackName="TrainStack")
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert decisions(capsys)[0]["decision"] == "already-gone"
+
+
+# --- idle alarm ------------------------------------------------------------------------------
+
+
+def set_idle_alarm(state: str) -> None:
+    cloudwatch = boto3.client("cloudwatch", region_name=REGION)
+    name = f"horovod-fleet-idle-{RUN}"
+    if not cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"]:
+        cloudwatch.put_metric_alarm(
+            AlarmName=name,
+            Namespace="HorovodFleet",
+            MetricName="nvidia_smi_utilization_gpu",
+            Dimensions=[{"Name": "Run", "Value": RUN}],
+            Statistic="Average",
+            Period=300,
+            EvaluationPeriods=6,
+            Threshold=5,
+            ComparisonOperator="LessThanThreshold",
+        )
+    cloudwatch.set_alarm_state(AlarmName=name, StateValue=state, StateReason="test")
+
+
+def test_idle_alarm_deletes_when_results_are_safe(reaper, capsys):
+    put_results(RUN)
+    set_idle_alarm("ALARM")
+    reaper.handle(alarm_event(RUN))
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    assert decisions(capsys)[0]["reason"] == "idle"
+
+
+def test_idle_alarm_no_longer_in_alarm_does_nothing(reaper, capsys):
+    put_results(RUN)
+    set_idle_alarm("OK")  # the Lambda action was queued, then the fleet got busy again
+    reaper.handle(alarm_event(RUN))
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    assert decisions(capsys)[0]["decision"] == "idle-cleared"
+
+
+def test_idle_alarm_then_new_checkpoint_means_training_resumed(reaper, capsys):
+    # Idle while the nodes pulled data (or the metric was missing), then training started.
+    set_idle_alarm("ALARM")
+    time.sleep(1.1)  # S3 LastModified has one-second resolution
+    put_results(RUN)
+    reaper.handle(alarm_event(RUN))
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    assert decisions(capsys)[0]["decision"] == "trained-since-idle"
+
+
+@pytest.mark.parametrize(("alarm_state", "deleted"), [("OK", False), ("ALARM", True)])
+def test_idle_recheck_asks_the_alarm_again(reaper, capsys, alarm_state, deleted):
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/model/checkpoints/ckpt-9.index", Body=b"")
+    set_idle_alarm("ALARM")
+    reaper.handle(alarm_event(RUN))  # logs missing: the reaper schedules a re-check
+    [schedule] = schedules()
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"")
+    if alarm_state != "ALARM":
+        set_idle_alarm(alarm_state)
+    reaper.handle(json.loads(schedule["Target"]["Input"]))
+    assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
+    expected = "delete-stack" if deleted else "idle-cleared"
+    assert [d["decision"] for d in decisions(capsys)] == ["wait-for-results", expected]
+
+
+# --- preprocessing ---------------------------------------------------------------------------
+
+
+def register_preprocess(snapshot_volume: bool) -> tuple[str, str]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    instance = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0]
+    volume = ec2.create_volume(AvailabilityZone=f"{REGION}a", Size=1000, VolumeType="sc1")
+    value = {
+        "instance_id": instance["InstanceId"],
+        "volume_id": volume["VolumeId"],
+        "snapshot_volume": snapshot_volume,
+    }
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=ENV["PREPROCESS_PARAMETER"], Value=json.dumps(value), Type="String"
+    )
+    return instance["InstanceId"], volume["VolumeId"]
+
+
+def instance_state(instance_id: str) -> str:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return reservations[0]["Instances"][0]["State"]["Name"]
+
+
+def volume_snapshots(volume_id: str) -> list[dict]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    filters = [{"Name": "volume-id", "Values": [volume_id]}]
+    return ec2.describe_snapshots(OwnerIds=["self"], Filters=filters)["Snapshots"]
+
+
+def test_manifest_stops_the_instance_then_snapshots_once(reaper, capsys):
+    instance_id, volume_id = register_preprocess(snapshot_volume=True)
+    reaper.handle(s3_event("tfrecords/manifest.json", etag="m1"))
+    reaper.handle(s3_event("tfrecords/manifest.json", etag="m1"))
+    assert instance_state(instance_id) == "stopped"
+    [snapshot] = volume_snapshots(volume_id)
+    assert {"Key": "horovod-fleet:manifest", "Value": "m1"} in snapshot["Tags"]
+    assert [d["decision"] for d in decisions(capsys)] == [
+        "stop-instance",
+        "snapshot",
+        "already-stopped",
+        "snapshot-exists",
+    ]
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+
+
+def test_manifest_without_snapshot_only_stops(reaper):
+    instance_id, volume_id = register_preprocess(snapshot_volume=False)
+    reaper.handle(s3_event("tfrecords/manifest.json"))
+    assert instance_state(instance_id) == "stopped"
+    assert volume_snapshots(volume_id) == []
+
+
+def test_manifest_without_a_preprocess_stack_is_a_noop(reaper, capsys):
+    reaper.handle(s3_event("tfrecords/manifest.json"))
+    assert decisions(capsys)[0]["decision"] == "no-preprocess-instance"
+
+
+# --- hard-cap deadline -----------------------------------------------------------------------
+
+
+def test_deadline_is_start_plus_max_hours():
+    assert deadline(NOW, 4, NOW) == {
+        "ScheduleExpression": "at(2026-11-22T08:33:20)",
+        "Deadline": "2026-11-22T08:33:20Z",
+    }
+    assert deadline(NOW, 0.5, NOW)["ScheduleExpression"] == "at(2026-11-22T05:03:20)"
+    assert deadline(NOW, 36, NOW)["ScheduleExpression"] == "at(2026-11-23T16:33:20)"
+
+
+def test_deadline_in_the_past_is_moved_just_ahead():
+    start = NOW - datetime.timedelta(hours=10)
+    assert deadline(start, 4, NOW)["ScheduleExpression"] == "at(2026-11-22T04:38:20)"
+
+
+@pytest.mark.parametrize("hours", [0, -1, float("nan")])
+def test_deadline_rejects_non_positive_hours(hours):
+    with pytest.raises(ValueError):
+        deadline(NOW, hours, NOW)
+
+
+def test_recheck_time_is_aligned_and_ahead():
+    at = recheck_time(NOW, 10)
+    assert at == datetime.datetime(2026, 11, 22, 4, 50, tzinfo=datetime.timezone.utc)
+    assert recheck_time(NOW + datetime.timedelta(minutes=5), 10) == at
+
+
+class Replies:
+    """Captures the custom-resource responses the reaper PUTs to CloudFormation's URL."""
+
+    def __init__(self):
+        self.bodies = []
+
+    def __call__(self, request: urllib.request.Request, timeout: float):
+        assert request.get_method() == "PUT"
+        assert request.full_url == "https://cloudformation-response.example/abc"
+        self.bodies.append(json.loads(request.data))
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+    def read(self):
+        return b""
+
+
+def deadline_request(request_type: str, max_hours: str, physical_id: str | None = None) -> dict:
+    event = {
+        "RequestType": request_type,
+        "ResponseURL": "https://cloudformation-response.example/abc",
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/TrainStack/guid",
+        "RequestId": "req-1",
+        "ResourceType": "Custom::HorovodFleetDeadline",
+        "LogicalResourceId": "RunGuardDeadline",
+        "ResourceProperties": {"ServiceToken": FUNCTION_ARN, "Run": RUN, "MaxHours": max_hours},
+    }
+    if physical_id:
+        event["PhysicalResourceId"] = physical_id
+    return event
+
+
+def test_deadline_custom_resource_create_update_delete(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(deadline_request("Create", "4"))
+    created = replies.bodies[-1]
+    assert created["Status"] == "SUCCESS"
+    assert created["Data"]["ScheduleExpression"] == "at(2026-11-22T08:33:20)"
+    assert created["RequestId"] == "req-1"
+    assert created["LogicalResourceId"] == "RunGuardDeadline"
+
+    # An hour later the user raises the cap to 6 h: it still counts from the first deploy.
+    reaper.now = lambda: NOW + datetime.timedelta(hours=1)
+    reaper.handle(deadline_request("Update", "6", created["PhysicalResourceId"]))
+    updated = replies.bodies[-1]
+    assert updated["Data"]["ScheduleExpression"] == "at(2026-11-22T10:33:20)"
+    assert updated["PhysicalResourceId"] == created["PhysicalResourceId"]
+
+    reaper.handle(deadline_request("Delete", "6", created["PhysicalResourceId"]))
+    assert replies.bodies[-1]["Status"] == "SUCCESS"
+    assert replies.bodies[-1]["PhysicalResourceId"] == created["PhysicalResourceId"]
+
+
+def test_deadline_custom_resource_fails_cleanly_on_bad_hours(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(deadline_request("Create", "zero"))
+    assert replies.bodies[-1]["Status"] == "FAILED"
+    assert "zero" in replies.bodies[-1]["Reason"]
+
+
+def test_lambda_entry_point_reads_its_environment(aws, monkeypatch, capsys):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    put_results(RUN)
+
+    class Context:
+        invoked_function_arn = FUNCTION_ARN
+
+    parsed = reaper_module.handler({"trigger": "hard-cap", "run": RUN}, Context())
+    assert parsed == {"trigger": "hard-cap", "run": RUN}
+    assert decisions(capsys)[0]["decision"] == "delete-stack"

@@ -1,0 +1,402 @@
+"""TeardownStack, RunGuard and PreprocessGuard on a small app of their own (no other stacks)."""
+
+import ast
+import datetime
+import fnmatch
+import json
+import sys
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_s3 as s3
+from aws_cdk.assertions import Match, Template
+from cdk_nag import AwsSolutionsChecks
+from cfnlint.api import lint
+
+from stacks.reaper.handler import deadline
+from stacks.teardown import PreprocessGuard, RunGuard, TeardownStack
+
+RUN = "resnet50-r1"
+MAX_HOURS = 3.5
+EMAIL = "ops@example.com"
+REAPER_HANDLER = Path(__file__).parents[2] / "stacks" / "reaper" / "handler.py"
+
+
+def acknowledge(construct, reason: str, *rule_ids: str) -> None:
+    for rule_id in rule_ids:
+        cdk.Validations.of(construct).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
+
+
+def fixture_instance(scope, construct_id: str) -> ec2.CfnInstance:
+    """A bare instance standing in for the other engineer's nodes; only its ref matters here."""
+    instance = ec2.CfnInstance(
+        scope, construct_id, image_id="ami-0123456789abcdef0", instance_type="t3.micro"
+    )
+    acknowledge(
+        instance,
+        "Test fixture: the real nodes are built and checked in the CDK-app engineer's stacks.",
+        "AwsSolutions-EC26",
+        "AwsSolutions-EC28",
+        "AwsSolutions-EC29",
+    )
+    return instance
+
+
+FIXTURE_BUCKET = "horovod-fleet-fixture"
+
+
+def build_app(
+    *, budget_email: str | None, nag: bool, env: cdk.Environment | None = None
+) -> dict[str, cdk.Stack]:
+    app = cdk.App()
+    if nag:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    dataset = cdk.Stack(app, "DatasetStack", env=env)
+    bucket = s3.Bucket(
+        dataset,
+        "Bucket",
+        bucket_name=FIXTURE_BUCKET,
+        event_bridge_enabled=True,
+        enforce_ssl=True,
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+    )
+    acknowledge(bucket, "Test fixture bucket.", "AwsSolutions-S1")
+    acknowledge(
+        dataset,
+        "CDK's own EventBridge-notification handler in the fixture's dataset stack.",
+        "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+        "AWSLambdaBasicExecutionRole]",
+        "AwsSolutions-IAM5[Resource::*]",
+    )
+    teardown = TeardownStack(
+        app,
+        "TeardownStack",
+        # As in app.py: stacks find the dataset bucket by name, not through an export.
+        bucket=s3.Bucket.from_bucket_name(dataset, "ByName", FIXTURE_BUCKET),
+        budget_email=budget_email,
+        budget_limit_usd=2000,
+        env=env,
+    )
+    train = cdk.Stack(app, "TrainStack", env=env)
+    nodes = [fixture_instance(train, f"Node{index}") for index in range(2)]
+    guard = RunGuard(
+        train, "Guard", reaper=teardown.reaper, run_name=RUN, max_hours=MAX_HOURS, instances=nodes
+    )
+    stacks = {"DatasetStack": dataset, "TeardownStack": teardown, "TrainStack": train}
+    for name, snapshot in (("PreprocessStack", True), ("PreprocessNoSnapshot", False)):
+        preprocess = cdk.Stack(app, name, env=env)
+        az = cdk.Fn.select(0, cdk.Fn.get_azs())
+        volume = ec2.CfnVolume(
+            preprocess, "Data", availability_zone=az, size=1000, volume_type="sc1", encrypted=True
+        )
+        PreprocessGuard(
+            preprocess,
+            "Guard",
+            reaper=teardown.reaper,
+            instance=fixture_instance(preprocess, "Node"),
+            volume=volume,
+            snapshot_volume=snapshot,
+        )
+        stacks[name] = preprocess
+    for stack in list(stacks.values())[2:]:
+        stack.add_stack_dependency(teardown)
+    stacks["guard"] = guard
+    return stacks
+
+
+@pytest.fixture(scope="module")
+def app_stacks():
+    return build_app(budget_email=EMAIL, nag=False)
+
+
+@pytest.fixture(scope="module")
+def templates(app_stacks):
+    return {
+        name: Template.from_stack(stack)
+        for name, stack in app_stacks.items()
+        if isinstance(stack, cdk.Stack)
+    }
+
+
+def render(value) -> str:
+    """A CloudFormation value as readable text: tokens become ${...} placeholders."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(render(part) for part in parts)
+    if isinstance(value, dict) and "Ref" in value:
+        return "${" + value["Ref"] + "}"
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        return "${" + ".".join(value["Fn::GetAtt"]) + "}"
+    if isinstance(value, dict) and "Fn::ImportValue" in value:
+        return "${Import:" + render(value["Fn::ImportValue"]) + "}"
+    return json.dumps(value, sort_keys=True)
+
+
+def statements(template: Template) -> list[dict]:
+    found = []
+    for policy in template.find_resources("AWS::IAM::Policy").values():
+        found += policy["Properties"]["PolicyDocument"]["Statement"]
+    return found
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def statements_for(templates: dict[str, Template], action: str) -> list[dict]:
+    return [
+        statement
+        for template in templates.values()
+        for statement in statements(template)
+        if action in as_list(statement["Action"])
+    ]
+
+
+# --- hard cap --------------------------------------------------------------------------------
+
+
+def test_hard_cap_deadline_derives_from_max_hours(templates):
+    train = templates["TrainStack"]
+    [(deadline_id, resource)] = train.find_resources("Custom::HorovodFleetDeadline").items()
+    props = resource["Properties"]
+    assert props["MaxHours"] == str(MAX_HOURS)
+    assert props["Run"] == RUN
+    assert "Reaper" in render(props["ServiceToken"])
+    [schedule] = train.find_resources("AWS::Scheduler::Schedule").values()
+    schedule_props = schedule["Properties"]
+    assert schedule_props["ScheduleExpression"] == {
+        "Fn::GetAtt": [deadline_id, "ScheduleExpression"]
+    }
+    assert schedule_props["ScheduleExpressionTimezone"] == "UTC"
+    assert schedule_props["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    assert json.loads(schedule_props["Target"]["Input"]) == {"trigger": "hard-cap", "run": RUN}
+    assert "Reaper" in render(schedule_props["Target"]["Arn"])
+    # What the reaper answers for exactly these properties: deploy time + MAX_HOURS.
+    deployed = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    answer = deadline(deployed, float(props["MaxHours"]), deployed)
+    assert answer["ScheduleExpression"] == "at(2026-01-01T15:30:00)"
+
+
+def test_deadline_is_computed_before_any_node_launches(templates):
+    train = templates["TrainStack"]
+    [deadline_id] = train.find_resources("Custom::HorovodFleetDeadline")
+    nodes = train.find_resources("AWS::EC2::Instance")
+    assert len(nodes) == 2
+    for node in nodes.values():
+        assert deadline_id in node["DependsOn"]
+
+
+def test_run_guard_exposes_the_cap_for_the_cost_estimate(app_stacks):
+    guard = app_stacks["guard"]
+    assert guard.max_hours == MAX_HOURS
+
+
+def test_run_guard_rejects_a_non_positive_cap():
+    app = cdk.App()
+    stack = cdk.Stack(app, "TrainStack")
+    reaper = cdk.aws_lambda.Function.from_function_arn(
+        stack, "Reaper", "arn:aws:lambda:us-east-1:123456789012:function:Reaper"
+    )
+    with pytest.raises(ValueError, match="max_hours"):
+        RunGuard(stack, "Guard", reaper=reaper, run_name=RUN, max_hours=0, instances=[])
+
+
+def test_train_stack_tells_the_reaper_its_run(templates):
+    templates["TrainStack"].has_output("HorovodFleetRun", {"Value": RUN})
+
+
+# --- idle alarm ------------------------------------------------------------------------------
+
+
+def test_idle_alarm_is_gpu_below_5_percent_for_30_minutes(templates):
+    train = templates["TrainStack"]
+    [alarm] = train.find_resources("AWS::CloudWatch::Alarm").values()
+    props = alarm["Properties"]
+    assert props["Namespace"] == "HorovodFleet"
+    assert props["MetricName"] == "nvidia_smi_utilization_gpu"
+    assert props["Dimensions"] == [{"Name": "Run", "Value": RUN}]
+    assert props["Statistic"] == "Average"
+    assert props["Threshold"] == 5
+    assert props["ComparisonOperator"] == "LessThanThreshold"
+    assert props["Period"] * props["EvaluationPeriods"] == 30 * 60
+    assert props["DatapointsToAlarm"] == props["EvaluationPeriods"]
+    assert props["TreatMissingData"] == "breaching"
+    assert props["AlarmName"] == f"horovod-fleet-idle-{RUN}"
+    [action] = props["AlarmActions"]
+    assert "Reaper" in render(action)
+
+
+def test_idle_alarm_may_invoke_the_reaper_from_the_train_stack(templates):
+    train = templates["TrainStack"]
+    [alarm_id] = train.find_resources("AWS::CloudWatch::Alarm")
+    train.has_resource_properties(
+        "AWS::Lambda::Permission",
+        {
+            "Principal": "lambda.alarms.cloudwatch.amazonaws.com",
+            "Action": "lambda:InvokeFunction",
+            "SourceArn": {"Fn::GetAtt": [alarm_id, "Arn"]},
+        },
+    )
+    # TeardownStack must not reference the alarm: it deploys first.
+    templates["TeardownStack"].resource_count_is("AWS::Lambda::Permission", 2)
+
+
+# --- S3 completion rules ---------------------------------------------------------------------
+
+
+def rule_keys(templates) -> dict[str, list]:
+    rules = templates["TeardownStack"].find_resources("AWS::Events::Rule")
+    keys = {}
+    for rule in rules.values():
+        pattern = rule["Properties"]["EventPattern"]
+        assert pattern["source"] == ["aws.s3"]
+        assert pattern["detail-type"] == ["Object Created"]
+        assert pattern["detail"]["bucket"]["name"] == [FIXTURE_BUCKET]
+        [target] = rule["Properties"]["Targets"]
+        assert "Reaper" in render(target["Arn"])
+        key = pattern["detail"]["object"]["key"]
+        keys[json.dumps(key)] = key
+    return keys
+
+
+def test_done_rule_filters_runs_prefix_and_done_json(templates):
+    keys = rule_keys(templates)
+    assert [{"wildcard": "runs/*/DONE.json"}] in keys.values()
+    wildcard = "runs/*/DONE.json"
+    assert fnmatch.fnmatchcase(f"runs/{RUN}/DONE.json", wildcard)
+    for other in (f"runs/{RUN}/logs/a.log", "raw/DONE.json", f"runs/{RUN}/DONE.json.tmp"):
+        assert not fnmatch.fnmatchcase(other, wildcard)
+
+
+def test_manifest_rule_filters_the_manifest(templates):
+    assert ["tfrecords/manifest.json"] in rule_keys(templates).values()
+    assert len(rule_keys(templates)) == 2
+
+
+# --- IAM scope -------------------------------------------------------------------------------
+
+
+def test_reaper_deletes_only_train_stack(templates):
+    [statement] = statements_for(templates, "cloudformation:DeleteStack")
+    [resource] = as_list(statement["Resource"])
+    assert render(resource) == (
+        "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:stack/TrainStack/*"
+    )
+
+
+def test_reaper_stops_only_the_registered_instance(templates):
+    stops = statements_for(templates, "ec2:StopInstances")
+    assert len(stops) == 2  # one per preprocessing stack in this app
+    for statement in stops:
+        [resource] = as_list(statement["Resource"])
+        assert render(resource).endswith(":instance/${Node}")
+    preprocess = templates["PreprocessStack"]
+    [parameter] = preprocess.find_resources("AWS::SSM::Parameter").values()
+    assert parameter["Properties"]["Name"] == "/horovod-fleet/preprocess"
+    value = render(parameter["Properties"]["Value"])
+    assert json.loads(value.replace("${Node}", "i-x").replace("${Data}", "vol-x")) == {
+        "instance_id": "i-x",
+        "volume_id": "vol-x",
+        "snapshot_volume": True,
+    }
+
+
+def test_snapshot_rights_only_when_configured(templates):
+    [snapshot] = statements_for({"p": templates["PreprocessStack"]}, "ec2:CreateSnapshot")
+    assert any(render(r).endswith(":volume/${Data}") for r in snapshot["Resource"])
+    assert statements_for({"p": templates["PreprocessNoSnapshot"]}, "ec2:CreateSnapshot") == []
+    [tagging] = statements_for({"p": templates["PreprocessStack"]}, "ec2:CreateTags")
+    assert tagging["Condition"] == {"StringEquals": {"ec2:CreateAction": "CreateSnapshot"}}
+
+
+def test_no_destructive_action_on_a_wildcard_resource(templates):
+    destructive = ("Delete", "Stop", "Terminate", "CreateSnapshot", "PassRole", "Put", "Create")
+    for name, template in templates.items():
+        for statement in statements(template):
+            actions = as_list(statement["Action"])
+            if any(word in action for action in actions for word in destructive):
+                assert "*" not in as_list(statement["Resource"]), (name, statement)
+            assert not any(action.endswith("*") for action in actions), (name, statement)
+
+
+# --- budget, tags, code ----------------------------------------------------------------------
+
+
+def test_budget_alerts_the_email(templates):
+    [budget] = templates["TeardownStack"].find_resources("AWS::Budgets::Budget").values()
+    props = budget["Properties"]
+    assert props["Budget"]["BudgetLimit"] == {"Amount": 2000, "Unit": "USD"}
+    subscribers = [n["Subscribers"] for n in props["NotificationsWithSubscribers"]]
+    assert subscribers and all(
+        s == [{"Address": EMAIL, "SubscriptionType": "EMAIL"}] for s in subscribers
+    )
+
+
+def test_no_budget_without_an_email():
+    stacks = build_app(budget_email=None, nag=False)
+    Template.from_stack(stacks["TeardownStack"]).resource_count_is("AWS::Budgets::Budget", 0)
+
+
+@pytest.mark.parametrize("stack", ["TeardownStack", "TrainStack", "PreprocessStack"])
+def test_every_taggable_resource_carries_the_project(templates, stack):
+    tagged = 0
+    for logical_id, resource in templates[stack].to_json()["Resources"].items():
+        tags = resource.get("Properties", {}).get("Tags")
+        if stack != "TeardownStack" and ("Node" in logical_id or "Data" in logical_id):
+            continue  # the fixture's own instances and volume
+        if tags is None:
+            continue
+        tagged += 1
+        pairs = tags if isinstance(tags, dict) else {t["Key"]: t["Value"] for t in tags}
+        assert pairs.get("Project") == "horovod-fleet", logical_id
+        if stack == "TrainStack":
+            assert pairs.get("horovod-fleet:run") == RUN, logical_id
+    assert tagged >= 1
+
+
+def test_teardown_stack_depends_on_nothing_it_guards(app_stacks):
+    teardown = app_stacks["TeardownStack"]
+    assert {s.stack_name for s in teardown.dependencies} <= {"DatasetStack"}
+
+
+def test_reaper_code_imports_only_boto3_and_the_standard_library():
+    tree = ast.parse(REAPER_HANDLER.read_text())
+    modules = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    roots = {module.split(".")[0] for module in modules}
+    assert roots - set(sys.stdlib_module_names) == {"boto3", "botocore"}
+
+
+def test_reaper_function_runs_the_handler(templates):
+    templates["TeardownStack"].has_resource_properties(
+        "AWS::Lambda::Function",
+        {"Handler": "handler.handler", "Runtime": Match.string_like_regexp(r"python3\.\d+")},
+    )
+
+
+# --- validators ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env", [None, cdk.Environment(region="eu-west-1")])
+def test_cdk_nag_has_no_unacknowledged_findings(env):
+    # With a concrete region the ARNs (and so the finding ids) render differently.
+    stacks = build_app(budget_email=EMAIL, nag=True, env=env)
+    # Validation plugins run at synthesis and raise with the findings listed.
+    cdk.App.of(stacks["TeardownStack"]).synth()
+
+
+def test_cfn_lint_finds_no_errors(templates):
+    for name, template in templates.items():
+        matches = lint(json.dumps(template.to_json()), regions=["us-east-1"])
+        errors = [str(m) for m in matches if m.rule.id.startswith("E")]
+        assert errors == [], name

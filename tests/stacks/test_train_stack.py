@@ -1,0 +1,267 @@
+"""TrainStack: exactly `nodes` GPU instances in one cluster placement group and one subnet."""
+
+import pytest
+from conftest import node_document, resources, statements, user_data
+
+from stacks.train import SIGNAL_TIMEOUT
+
+DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+# Each distinct configuration costs a synthesis: tests share these.
+SMALL_G5 = {
+    "instanceType": "g5.xlarge",
+    "nodes": 2,
+    "epochs": 5,
+    "batchPerGpu": 64,
+    "arch": "resnet18",
+    "imageSize": 128,
+}
+ONE_NODE_OWN_AMI = {"ami": "ami-0123456789abcdef0", "nodes": 1, "run": "exp-7"}
+P4D = {"instanceType": "p4d.24xlarge", "nodes": 3}
+
+
+def instances(template) -> dict[str, dict]:
+    return template.find_resources("AWS::EC2::Instance")
+
+
+def interfaces(template) -> list[dict]:
+    [launch_template] = template.find_resources("AWS::EC2::LaunchTemplate").values()
+    return launch_template["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+
+
+@pytest.fixture(scope="module")
+def template(default):
+    return default["TrainStack"]
+
+
+@pytest.mark.parametrize("context", [{}, SMALL_G5, ONE_NODE_OWN_AMI, P4D])
+def test_exactly_nodes_instances(synth, context):
+    assert len(instances(synth(**context)["TrainStack"])) == context.get("nodes", 8)
+
+
+def test_one_cluster_placement_group_holds_every_node(template):
+    [(group_id, group)] = template.find_resources("AWS::EC2::PlacementGroup").items()
+    assert group["Properties"]["Strategy"] == "cluster"
+    for instance in instances(template).values():
+        assert instance["Properties"]["PlacementGroupName"] == {
+            "Fn::GetAtt": [group_id, "GroupName"]
+        }
+
+
+def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
+    [(template_id, _)] = template.find_resources("AWS::EC2::LaunchTemplate").items()
+    for instance in instances(template).values():
+        assert instance["Properties"]["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": template_id}
+        assert "SubnetId" not in instance["Properties"]
+    [interface] = interfaces(template)
+    subnet_id = interface["SubnetId"]["Ref"]
+    subnet = template.to_json()["Resources"][subnet_id]["Properties"]
+    assert subnet["AvailabilityZone"] == "us-east-1a"
+    assert subnet["MapPublicIpOnLaunch"] is False
+
+
+def test_efa_interface_on_p3dn(template):
+    [interface] = interfaces(template)
+    assert interface["InterfaceType"] == "efa"
+    assert (interface["DeviceIndex"], interface["NetworkCardIndex"]) == (0, 0)
+
+
+def test_p4d_gets_an_efa_interface_per_network_card(synth):
+    found = interfaces(synth(**P4D)["TrainStack"])
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in found] == [
+        (0, 0),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+    ]
+    assert {i["InterfaceType"] for i in found} == {"efa"}
+
+
+def test_no_efa_where_the_type_has_none(synth):
+    template = synth(**SMALL_G5)["TrainStack"]
+    [interface] = interfaces(template)
+    assert "InterfaceType" not in interface
+    document = node_document(next(iter(instances(template).values())))
+    assert (document["efa"], document["gpus_per_node"], document["instance_store"]) == (
+        False,
+        1,
+        True,
+    )
+
+
+def test_security_group_allows_only_fleet_members_in(template):
+    [(group_id, group)] = template.find_resources("AWS::EC2::SecurityGroup").items()
+    assert "SecurityGroupIngress" not in group["Properties"]
+    [ingress] = template.find_resources("AWS::EC2::SecurityGroupIngress").values()
+    assert ingress["Properties"]["IpProtocol"] == "-1"
+    assert ingress["Properties"]["SourceSecurityGroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
+    [egress_self] = template.find_resources("AWS::EC2::SecurityGroupEgress").values()
+    assert egress_self["Properties"]["DestinationSecurityGroupId"] == {
+        "Fn::GetAtt": [group_id, "GroupId"]
+    }
+    world = [
+        r for r in group["Properties"]["SecurityGroupEgress"] if r.get("CidrIp") == "0.0.0.0/0"
+    ]
+    assert sorted(r["FromPort"] for r in world) == [80, 443]
+    assert interfaces(template)[0]["Groups"] == [{"Fn::GetAtt": [group_id, "GroupId"]}]
+
+
+def test_no_world_open_ingress_anywhere(default):
+    for template in default.values():
+        for rule in template.find_resources("AWS::EC2::SecurityGroupIngress").values():
+            assert "CidrIp" not in rule["Properties"]
+        for group in template.find_resources("AWS::EC2::SecurityGroup").values():
+            assert not group["Properties"].get("SecurityGroupIngress")
+
+
+def test_s3_gateway_endpoint_serves_the_fleet_subnet(template):
+    [endpoint] = template.find_resources("AWS::EC2::VPCEndpoint").values()
+    assert endpoint["Properties"]["VpcEndpointType"] == "Gateway"
+    assert "s3" in str(endpoint["Properties"]["ServiceName"])
+    subnet_id = interfaces(template)[0]["SubnetId"]["Ref"]
+    [association] = [
+        a["Properties"]
+        for a in template.find_resources("AWS::EC2::SubnetRouteTableAssociation").values()
+        if a["Properties"]["SubnetId"] == {"Ref": subnet_id}
+    ]
+    assert association["RouteTableId"] in endpoint["Properties"]["RouteTableIds"]
+
+
+def root_volume(template) -> dict:
+    [launch_template] = template.find_resources("AWS::EC2::LaunchTemplate").values()
+    [root] = launch_template["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
+    return root
+
+
+def test_imdsv2_encrypted_gp3_root_of_at_least_200_gib(template):
+    for instance in instances(template).values():
+        props = instance["Properties"]
+        assert props["MetadataOptions"]["HttpTokens"] == "required"
+        assert "KeyName" not in props
+        assert "BlockDeviceMappings" not in props
+    root = root_volume(template)
+    assert root["DeviceName"] == "/dev/sda1"
+    assert root["Ebs"]["Encrypted"] is True
+    assert root["Ebs"]["VolumeType"] == "gp3"
+    assert root["Ebs"]["VolumeSize"] >= 200
+
+
+def test_types_without_instance_store_get_a_bigger_faster_root(synth):
+    template = synth(instanceType="p3.16xlarge", nodes=2)["TrainStack"]
+    root = root_volume(template)
+    assert (root["Ebs"]["VolumeSize"], root["Ebs"]["Throughput"]) == (400, 1000)
+
+
+def test_ami_is_the_dlami_resolved_at_deploy_time(template):
+    for instance in instances(template).values():
+        parameter = instance["Properties"]["ImageId"]["Ref"]
+        declared = template.to_json()["Parameters"][parameter]
+        assert declared["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+        assert declared["Default"] == DLAMI
+
+
+def test_an_ami_id_is_used_as_is(synth):
+    template = synth(**ONE_NODE_OWN_AMI)["TrainStack"]
+    [instance] = instances(template).values()
+    assert instance["Properties"]["ImageId"] == "ami-0123456789abcdef0"
+
+
+def test_each_node_waits_for_its_signal(template):
+    for instance in instances(template).values():
+        assert instance["CreationPolicy"] == {
+            "ResourceSignal": {"Count": 1, "Timeout": SIGNAL_TIMEOUT}
+        }
+    assert SIGNAL_TIMEOUT == "PT60M"
+
+
+def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
+    indexes = []
+    for logical_id, instance in instances(template).items():
+        text = user_data(instance)
+        assert (
+            "NODE_JSON=/etc/horovod-fleet/node.json bash /opt/horovod-fleet/bootstrap/"
+            "train_node.sh /etc/horovod-fleet/node.json" in text
+        )
+        assert f"--logical-resource-id {logical_id} " in text
+        assert "--status FAILURE || true; }\ntrap on_failure ERR\n" in text
+        document = node_document(instance)
+        indexes.append(document["node_index"])
+        assert document["signal"] == {"stack": "TrainStack", "resource": logical_id}
+        assert document["role"] == "train"
+        assert (document["nodes"], document["gpus_per_node"], document["efa"]) == (8, 8, True)
+        assert document["run"] == "resnet50-1"
+        assert document["runs_prefix"] == "runs/resnet50-1/"
+        assert document["dataset_prefix"] == "tfrecords/"
+        assert document["trainer"] == {
+            "epochs": 90,
+            "batch_per_gpu": 256,
+            "arch": "resnet50",
+            "image_size": 224,
+        }
+        assert document["metrics"] == {
+            "namespace": "HorovodFleet",
+            "dimension": {"Run": "resnet50-1"},
+        }
+    assert sorted(indexes) == list(range(8))
+
+
+def test_hyperparameters_reach_node_json(synth):
+    template = synth(**SMALL_G5)["TrainStack"]
+    document = node_document(next(iter(instances(template).values())))
+    assert document["trainer"] == {
+        "epochs": 5,
+        "batch_per_gpu": 64,
+        "arch": "resnet18",
+        "image_size": 128,
+    }
+
+
+def test_role_writes_only_under_its_run(template):
+    found = statements(template, "FleetPolicy")
+    run_objects = (
+        "arn:<AWS::Partition>:s3:::horovod-fleet-<AWS::AccountId>-us-east-1/runs/resnet50-1/"
+    )
+    for statement in found:
+        actions = (
+            statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        )
+        if any(
+            a in ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload") for a in actions
+        ):
+            assert all(r.startswith(run_objects) for r in resources(statement)), statement
+        assert "*" not in actions and "s3:*" not in actions
+    reads = [r for s in found if s["Action"] == "s3:GetObject" for r in resources(s)]
+    assert "arn:<AWS::Partition>:s3:::horovod-fleet-<AWS::AccountId>-us-east-1/tfrecords/*" in reads
+    [signal] = [s for s in found if s["Action"] == "cloudformation:SignalResource"]
+    assert signal["Resource"] == {"Ref": "AWS::StackId"}
+
+
+def test_run_name_scopes_the_role(synth):
+    found = statements(synth(**ONE_NODE_OWN_AMI)["TrainStack"], "FleetPolicy")
+    writes = [r for s in found if "s3:PutObject" in s["Action"] for r in resources(s)]
+    assert writes == [
+        "arn:<AWS::Partition>:s3:::horovod-fleet-<AWS::AccountId>-us-east-1/runs/exp-7/*"
+    ]
+
+
+def test_everything_taggable_carries_project_and_run(template):
+    for logical_id, resource in template.to_json()["Resources"].items():
+        tags = resource.get("Properties", {}).get("Tags")
+        if isinstance(tags, list):
+            pairs = {t["Key"]: t["Value"] for t in tags}
+            assert pairs.get("Project") == "horovod-fleet", logical_id
+            assert pairs.get("horovod-fleet:run") == "resnet50-1", logical_id
+
+
+def test_an_existing_vpc_is_used_without_creating_one(synth):
+    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2)["TrainStack"]
+    assert not template.find_resources("AWS::EC2::VPC")
+    assert not template.find_resources("AWS::EC2::NatGateway")
+    [interface] = interfaces(template)
+    assert interface["SubnetId"] == "subnet-0123abcd"
+    [group] = template.find_resources("AWS::EC2::SecurityGroup").values()
+    assert group["Properties"]["VpcId"] == "vpc-0123abcd"
+
+
+def test_nodes_start_after_their_route_out_exists(template):
+    for instance in instances(template).values():
+        assert any("DefaultRoute" in d for d in instance["DependsOn"])

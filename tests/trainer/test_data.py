@@ -1,0 +1,168 @@
+"""The tf.data pipelines on tiny standard-schema TFRecords written in tmp_path."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import data
+
+
+def info_for(data_dir, num_classes=4, label_base=None):
+    return data.resolve_dataset(data_dir, num_classes, label_base)
+
+
+def test_train_batches_are_uint8_crops_with_zero_based_labels(tiny_data):
+    info = info_for(tiny_data)
+    assert info.label_base == 1 and info.train_records is None
+    dataset = data.train_dataset(
+        info.train_files,
+        batch_size=8,
+        image_size=32,
+        num_classes=4,
+        label_base=info.label_base,
+        shuffle_buffer=64,
+    )
+    labels = []
+    for images, batch_labels in dataset.take(8):  # repeats: 64 images from 32 records
+        assert images.shape == (8, 32, 32, 3) and images.dtype == tf.uint8
+        assert batch_labels.shape == (8,) and batch_labels.dtype == tf.int32
+        labels += batch_labels.numpy().tolist()
+    assert set(labels) == {0, 1, 2, 3}
+
+
+def test_eval_reads_every_record_once_centre_cropped(tiny_data):
+    info = info_for(tiny_data)
+    dataset = data.eval_dataset(
+        info.validation_files, batch_size=3, image_size=24, num_classes=4, label_base=1
+    )
+    batches = list(dataset)
+    assert [int(labels.shape[0]) for _, labels in batches] == [3, 3, 2]
+    labels = np.concatenate([labels.numpy() for _, labels in batches])
+    assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(images.shape[1:] == (24, 24, 3) for images, _ in batches)
+
+
+def test_manifest_gives_classes_and_base_and_flags_override(tiny_data):
+    manifest = {
+        "num_classes": 7,
+        "label_base": 0,
+        "splits": {"train": {"shards": 2, "records": 32}, "validation": {"records": 8}},
+    }
+    (tiny_data / "manifest.json").write_text(json.dumps(manifest))
+    info = data.resolve_dataset(tiny_data, None, None)
+    assert (info.num_classes, info.label_base, info.train_records) == (7, 0, 32)
+    info = data.resolve_dataset(tiny_data, 4, 1)
+    assert (info.num_classes, info.label_base) == (4, 1)
+    (tiny_data / "manifest.json").write_text("{not json")
+    with pytest.raises(data.DataError, match="manifest"):
+        data.resolve_dataset(tiny_data, None, None)
+
+
+def test_defaults_without_manifest_are_imagenet(tiny_data):
+    info = data.resolve_dataset(tiny_data, None, None)
+    assert (info.num_classes, info.label_base) == (1000, 1)
+    assert [p.rsplit("/", 1)[1] for p in info.train_files] == [
+        "train-00000-of-00002",
+        "train-00001-of-00002",
+    ]
+
+
+def test_shards_are_split_by_file_between_ranks():
+    files = [f"train-{i}" for i in range(5)]
+    parts = [data.shard_for_rank(files, rank, 2, "train") for rank in range(2)]
+    assert parts == [["train-0", "train-2", "train-4"], ["train-1", "train-3"]]
+    with pytest.raises(data.DataError, match="2 train shards for 3 ranks"):
+        data.shard_for_rank(files[:2], 0, 3, "train")
+
+
+def test_missing_directory_and_missing_shards(tmp_path):
+    with pytest.raises(data.DataError, match="does not exist"):
+        data.list_shards(tmp_path / "nowhere", "train")
+    with pytest.raises(data.DataError, match="no train-\\* TFRecord shards"):
+        data.list_shards(tmp_path, "train")
+
+
+def test_label_outside_range_names_value_and_file(tmp_path, write_split, colour_images):
+    files = write_split(tmp_path, "train", colour_images(6, 20, 20), [1, 2, 3, 4, 5, 4], 1)
+    dataset = data.eval_dataset(
+        [str(f) for f in files], batch_size=6, image_size=16, num_classes=4, label_base=1
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(dataset)
+    message = data.describe_input_error(caught.value, [str(f) for f in files], 16)
+    assert message == f"label 5 outside 1..4 in {files[0]}"
+
+
+def test_zero_based_labels(tmp_path, write_split, colour_images):
+    files = write_split(tmp_path, "validation", colour_images(4, 20, 20), [0, 1, 2, 3], 1)
+    dataset = data.eval_dataset(
+        [str(files[0])], batch_size=4, image_size=16, num_classes=4, label_base=0
+    )
+    assert sorted(next(iter(dataset))[1].numpy().tolist()) == [0, 1, 2, 3]
+
+
+def test_truncated_and_corrupt_records_name_the_file(tmp_path, write_split, colour_images):
+    files = write_split(tmp_path, "train", colour_images(8, 20, 20), [1] * 8, 2)
+    good, bad = str(files[0]), str(files[1])
+    raw = files[1].read_bytes()
+    files[1].write_bytes(raw[: len(raw) - 100])
+    with pytest.raises(data.DataError, match=f"corrupt or truncated record in {bad}"):
+        data.count_records([good, bad])
+    dataset = data.eval_dataset(
+        [good, bad], batch_size=2, image_size=16, num_classes=4, label_base=1
+    )
+    with pytest.raises(tf.errors.OpError) as caught:
+        list(dataset)
+    assert data.describe_input_error(caught.value, [good, bad], 16).startswith(
+        f"corrupt or truncated record in {bad}"
+    )
+    # A flipped byte inside a JPEG payload: the record's CRC catches it.
+    corrupt = bytearray(raw)
+    corrupt[len(raw) // 2] ^= 0xFF
+    files[1].write_bytes(bytes(corrupt))
+    with pytest.raises(data.DataError, match=f"corrupt or truncated record in {bad}"):
+        data.count_records([good, bad])
+
+
+def test_undecodable_jpeg_names_the_file(tmp_path, write_split, colour_images):
+    files = write_split(tmp_path, "train", colour_images(2, 20, 20), [1, 2], 1)
+    writer_path = tmp_path / "train-00001-of-00002"
+    with tf.io.TFRecordWriter(str(writer_path)) as writer:
+        features = {
+            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"not a jpeg"])),
+            "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
+        }
+        writer.write(
+            tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+        )
+    names = [str(files[0]), str(writer_path)]
+    dataset = data.eval_dataset(names, batch_size=4, image_size=16, num_classes=4, label_base=1)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(dataset)
+    assert data.describe_input_error(caught.value, names, 16).startswith(
+        f"corrupt or truncated record in {writer_path}"
+    )
+
+
+def test_bench_input_prints_json_last(tiny_data, run_trainer):
+    args = ["--data-dir", str(tiny_data), "--image-size", "32", "--batch-size", "8"]
+    result = run_trainer(
+        [*args, "--seconds", "1", "--warmup", "0.5"], module="trainer.bench_input", timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert set(report) == {"images_per_s", "images_per_s_per_core", "cores"}
+    assert report["images_per_s"] > 0 and report["cores"] >= 1
+    assert report["images_per_s_per_core"] == pytest.approx(
+        report["images_per_s"] / report["cores"], rel=0.01
+    )
+
+
+def test_bench_input_without_shards_is_one_error_line(tmp_path, run_trainer):
+    result = run_trainer(["--data-dir", str(tmp_path)], module="trainer.bench_input", timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if "error:" in line] == [
+        f"error: no train-* TFRecord shards in {tmp_path}"
+    ]

@@ -1,0 +1,141 @@
+"""trainer.train: --help, bad input as one `error:` line, synthetic, eval-only, step variants."""
+
+import json
+
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import train
+from trainer.config import ConfigError, build_parser, parse_config
+
+
+def error_lines(result) -> list[str]:
+    assert "Traceback" not in result.stderr, result.stderr
+    return [line for line in result.stderr.splitlines() if "error:" in line]
+
+
+def test_help_documents_every_flag():
+    parser = build_parser()
+    text = parser.format_help()
+    for action in parser._actions:
+        assert action.help, action.option_strings
+        for option in action.option_strings:
+            assert option in text
+
+
+def test_config_is_validated_once_at_the_edge(tmp_path):
+    config = parse_config(["--data-dir", str(tmp_path), "--model-dir", str(tmp_path / "m")])
+    assert (config.arch, config.batch_size, config.image_size, config.epochs) == (
+        "resnet50",
+        256,
+        224,
+        90,
+    )
+    with pytest.raises(ConfigError, match="--batch-size must be > 0, got 0"):
+        parse_config(["--data-dir", "d", "--model-dir", "m", "--batch-size", "0"])
+    with pytest.raises(ConfigError, match="--data-dir is required"):
+        parse_config(["--model-dir", "m"])
+
+
+def test_bad_flag_value_is_one_error_line(tmp_path, run_trainer):
+    result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", "m", "--epochs", "-1"])
+    assert result.returncode != 0
+    assert error_lines(result) == ["error: --epochs must be > 0, got -1"]
+
+
+def test_missing_data_dir_is_one_error_line(tmp_path, run_trainer):
+    missing = tmp_path / "nowhere"
+    result = run_trainer(["--data-dir", str(missing), "--model-dir", str(tmp_path / "m")])
+    assert result.returncode != 0
+    assert error_lines(result) == [f"error: data directory {missing} does not exist"]
+
+
+def test_no_shards_is_one_error_line(tmp_path, run_trainer):
+    result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", str(tmp_path / "m")])
+    assert result.returncode != 0
+    assert error_lines(result) == [f"error: no train-* TFRecord shards in {tmp_path}"]
+
+
+def test_truncated_shard_is_named(tiny_data, tmp_path, run_trainer):
+    shard = tiny_data / "train-00001-of-00002"
+    shard.write_bytes(shard.read_bytes()[:-50])
+    result = run_trainer(["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")])
+    assert result.returncode != 0
+    [line] = error_lines(result)
+    assert line.startswith(f"error: corrupt or truncated record in {shard}")
+
+
+def test_label_outside_range_is_named(tiny_data, tmp_path, run_trainer):
+    # tiny_data's labels are 1..4; saying 0-based makes label 4 out of range for 4 classes.
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")]
+    args += ["--arch", "resnet18", "--image-size", "32", "--batch-size", "4", "--epochs", "1"]
+    result = run_trainer([*args, "--num-classes", "4", "--label-base", "0"])
+    assert result.returncode != 0
+    [line] = error_lines(result)
+    assert line.startswith("error: label 4 outside 0..3 in ") and "train-0000" in line
+
+
+def test_eval_only_without_checkpoint_is_an_error(tiny_data, tmp_path, run_trainer):
+    model_dir = tmp_path / "m"
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--eval-only"]
+    result = run_trainer([*args, "--arch", "resnet18", "--image-size", "32"])
+    assert result.returncode != 0
+    assert error_lines(result) == [
+        f"error: --eval-only: no checkpoint in {model_dir / 'checkpoints'}"
+    ]
+
+
+def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trainer):
+    model_dir = tmp_path / "m"
+    args = ["--synthetic", "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "4", "--num-classes", "10"]
+    result = run_trainer([*args, "--epochs", "1", "--steps-per-epoch", "3", "--log-every", "1"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = [line.split() for line in lines].index(
+        ["Step", "Epoch", "Speed", "Loss", "FinLoss", "LR"]
+    )
+    assert [int(line.split()[0]) for line in lines[header + 2 : header + 5]] == [1, 2, 3]
+    assert lines[-1].startswith("Finished in ")
+    train = json.loads((model_dir / "train.json").read_text())
+    assert set(train) == {"epochs", "images_per_s", "duration_s", "global_batch"}
+    assert (train["epochs"], train["global_batch"]) == (1, 4)
+    assert (model_dir / "checkpoints" / "ckpt-1.index").exists()
+    assert list((model_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+    result = run_trainer([*args, "--eval-only"])
+    assert result.returncode == 0, result.stderr
+    assert "Resuming from" in result.stdout
+    evaluation = json.loads((model_dir / "eval.json").read_text())
+    assert set(evaluation) == {"top1", "top5", "epoch", "images"}
+    assert (evaluation["epoch"], evaluation["images"]) == (1, 4)
+
+
+@pytest.mark.parametrize(
+    ("precision", "xla", "lars"), [("fp32", "off", False), ("fp16", "on", True)]
+)
+def test_train_step_variants_update_weights(tmp_path, monkeypatch, precision, xla, lars):
+    """The GPU settings (float16 loss scaling, XLA, LARS) run here on CPU, in one process."""
+    hvd.init()
+    monkeypatch.setattr(train, "LARS_ABOVE_GLOBAL_BATCH", 1 if lars else 1 << 30)
+    args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
+    config = parse_config([*args, "--image-size", "32", "--precision", precision, "--xla", xla])
+    try:
+        trainer = train.Trainer(config, num_classes=10, steps_per_epoch=2, gpu=False)
+        assert (trainer.mixed, trainer.xla, trainer.lars) == (
+            precision == "fp16",
+            xla == "on",
+            lars,
+        )
+        kernel = trainer.model.get_layer("stem_conv").kernel
+        before = kernel.numpy().copy()
+        images, labels = train.data.synthetic_batch(4, 32, 10)
+        for _ in range(2):
+            loss, total, ranks_ok = trainer.train_step(images, labels, tf.constant(1))
+        assert int(ranks_ok) == 1 and np.isfinite(float(total)) and float(total) > float(loss)
+        assert int(trainer.optimizer.iterations) == 2
+        assert not np.allclose(kernel.numpy(), before)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,94 @@
+"""Horovod over Gloo on CPU: 2 ranks learn in sync, a killed run resumes, a bad rank stops all."""
+
+import json
+import re
+import signal
+import time
+
+import pytest
+
+# 10 classes: chance is 0.10. Working training reaches ~0.75-0.85 here in 3 epochs; labels off by
+# one, a missing weight broadcast or unaveraged gradients fail the accuracy or the digest check.
+DIGITS_MIN_TOP1 = 0.6
+
+pytestmark = pytest.mark.slow
+
+
+def rank_digests(directory) -> list[str]:
+    return [p.read_text().strip() for p in sorted(directory.glob("rank-*.sha256"))]
+
+
+def test_two_ranks_learn_digits_with_identical_weights(digits_data, tmp_path, run_trainer):
+    model_dir, digests = tmp_path / "model", tmp_path / "digests"
+    digests.mkdir()
+    args = ["--data-dir", str(digits_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "32", "--epochs", "3", "--warmup-epochs", "1"]
+    args += ["--base-lr", "0.8", "--min-crop-area", "0.5", "--log-every", "10", "--eval-every", "3"]
+    result = run_trainer(args, ranks=2, timeout=600, TRAINER_WEIGHTS_DIGEST_DIR=str(digests))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "10 classes, 2 ranks x 32 = global batch 64, 23 steps/epoch" in result.stdout
+    assert "Finished in " in result.stdout.splitlines()[-1]
+    evaluation = json.loads((model_dir / "eval.json").read_text())
+    assert (evaluation["epoch"], evaluation["images"]) == (3, 297)
+    assert evaluation["top1"] >= DIGITS_MIN_TOP1, evaluation
+    train = json.loads((model_dir / "train.json").read_text())
+    assert (train["epochs"], train["global_batch"]) == (3, 64) and train["images_per_s"] > 0
+    [first, second] = rank_digests(digests)
+    assert first == second, "ranks ended with different weights"
+
+
+def wait_for_checkpoint(process, checkpoint_dir, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (checkpoint_dir / "checkpoint").exists():
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def test_killed_run_resumes_at_epoch_2_on_two_ranks(
+    tiny_data, tmp_path, run_trainer, start_trainer
+):
+    model_dir, digests = tmp_path / "model", tmp_path / "digests"
+    digests.mkdir()
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "4", "--epochs", "3", "--num-classes", "4"]
+    args += ["--steps-per-epoch", "15", "--log-every", "5", "--eval-every", "3"]
+    process = start_trainer(args)
+    try:
+        wait_for_checkpoint(process, model_dir / "checkpoints", timeout=300)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        first_log = process.communicate()[0]
+    assert "Epoch 1/3" in first_log and "Epoch 3/3" not in first_log
+    state = (model_dir / "checkpoints" / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "ckpt-1"' in state, state
+
+    result = run_trainer(args, ranks=2, timeout=600, TRAINER_WEIGHTS_DIGEST_DIR=str(digests))
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = result.stdout
+    assert re.search(r"Resuming from \S+ckpt-1: 1 epochs done", log), log
+    assert "Epoch 1/3" not in log and "Epoch 2/3" in log and "Epoch 3/3" in log
+    assert (model_dir / "checkpoints" / "ckpt-3.index").exists()
+    assert json.loads((model_dir / "eval.json").read_text())["epoch"] == 3
+    [first, second] = rank_digests(digests)
+    assert first == second, "ranks ended with different weights after resuming"
+
+
+def test_bad_label_on_one_rank_stops_every_rank(
+    tiny_data, tmp_path, run_trainer, write_split, colour_images
+):
+    # Only rank 1 reads train-00001; its label 9 is outside 1..4. Rank 0 must not wait forever.
+    write_split(tiny_data / "bad", "train", colour_images(8, 40, 40), [1, 2, 9, 4] * 2, 1)
+    (tiny_data / "bad" / "train-00000-of-00001").rename(tiny_data / "train-00001-of-00002")
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m"), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "4", "--epochs", "1", "--num-classes", "4"]
+    started = time.monotonic()
+    result = run_trainer(args, ranks=2, timeout=300)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error: label" in line]
+    bad_file = tiny_data / "train-00001-of-00002"
+    assert sorted(line.split(":", 1)[0] for line in errors) == ["[0]<stderr>", "[1]<stderr>"]
+    assert all(line.endswith(f"error: label 9 outside 1..4 in {bad_file}") for line in errors)
+    assert "Traceback" not in "".join(line for line in result.stderr.splitlines() if "]<" in line)
+    assert time.monotonic() - started < 200

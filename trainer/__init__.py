@@ -1,0 +1,1 @@
+"""ResNet training on ImageNet TFRecords with TensorFlow 2 + Horovod (see trainer/train.py)."""

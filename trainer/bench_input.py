@@ -1,0 +1,174 @@
+"""Benchmark the training input pipeline alone (no model): images/s and images/s per core.
+
+Run:
+    python -m trainer.bench_input --data-dir /data/tfrecords [--image-size 224] [--batch-size 256]
+    python -m trainer.bench_input --generate    # writes an ImageNet-like temporary set first
+The last line printed is JSON: {"images_per_s": .., "images_per_s_per_core": .., "cores": ..}.
+A V100 trains ~1,300 img/s (mixed precision + XLA) and p3dn has 12 vCPUs per GPU, so the
+pipeline must reach at least 110 img/s per core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image, ImageDraw
+
+from trainer import data
+
+REQUIRED_PER_CORE = 110
+
+
+def photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Smooth colour regions + shapes with edges + sensor noise: JPEG-compresses like a photo."""
+    base = Image.fromarray(rng.integers(0, 256, (5, 6, 3), dtype=np.uint8))
+    image = np.asarray(base.resize((width, height), Image.BICUBIC), np.float32)
+    detail = Image.fromarray(rng.integers(0, 256, (height // 2, width // 2), dtype=np.uint8))
+    image += (
+        np.asarray(detail.resize((width, height), Image.BILINEAR), np.float32)[..., None] - 128
+    ) * 0.4
+    canvas = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(12):
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        box = [x0, y0, x0 + int(rng.integers(10, 150)), y0 + int(rng.integers(10, 150))]
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
+    image = np.asarray(canvas, np.float32) + rng.normal(0, 30, (height, width, 3))
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def generate(directory: Path, images: int, shards: int, seed: int = 0) -> int:
+    """Write `images` ImageNet-like JPEGs (~400x350, quality 90) as train-* shards; total bytes."""
+    rng = np.random.default_rng(seed)
+    writers = [
+        tf.io.TFRecordWriter(str(directory / f"train-{i:05d}-of-{shards:05d}"))
+        for i in range(shards)
+    ]
+    total = 0
+    for index in range(images):
+        height, width = int(rng.integers(300, 400)), int(rng.integers(350, 500))
+        buffer = io.BytesIO()
+        Image.fromarray(photo_like(rng, height, width)).save(buffer, "JPEG", quality=90)
+        encoded = buffer.getvalue()
+        total += len(encoded)
+        features = {
+            "image/encoded": _bytes(encoded),
+            "image/format": _bytes(b"JPEG"),
+            "image/class/label": _int(1 + index % 1000),
+            "image/height": _int(height),
+            "image/width": _int(width),
+            "image/filename": _bytes(f"synthetic_{index}.JPEG".encode()),
+            "image/colorspace": _bytes(b"RGB"),
+            "image/channels": _int(3),
+        }
+        example = tf.train.Example(features=tf.train.Features(feature=features))
+        writers[index % shards].write(example.SerializeToString())
+    for writer in writers:
+        writer.close()
+    return total
+
+
+def _bytes(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _int(value: int) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+
+def measure(
+    files: list[str], batch_size: int, image_size: int, seconds: float, warmup_s: float
+) -> tuple[float, float]:
+    """Images per wall second and per CPU second (all threads) of the training pipeline, after
+    `warmup_s` of filling buffers and autotuning. On a shared machine only the second is fair."""
+    dataset = data.train_dataset(
+        files,
+        batch_size=batch_size,
+        image_size=image_size,
+        num_classes=1000,
+        label_base=1,
+        shuffle_buffer=1000,
+    )
+    batches = iter(dataset)
+    deadline = time.perf_counter() + warmup_s
+    while time.perf_counter() < deadline:
+        next(batches)
+    images, start, cpu_start = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        images += int(next(batches)[1].shape[0])
+    return images / (time.perf_counter() - start), images / (time.process_time() - cpu_start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.bench_input", description=__doc__)
+    parser.add_argument("--data-dir", type=Path, help="directory with train-* TFRecord shards")
+    parser.add_argument(
+        "--generate",
+        action="store_true",
+        help="write a temporary ImageNet-like set (--images JPEGs) and benchmark it",
+    )
+    parser.add_argument("--images", type=int, default=512, help="images written by --generate")
+    parser.add_argument("--image-size", type=int, default=224, help="output crop size")
+    parser.add_argument("--batch-size", type=int, default=256, help="images per batch")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured duration")
+    parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
+    args = parser.parse_args(argv)
+    if args.generate == (args.data_dir is not None):
+        print("error: give exactly one of --data-dir DIR or --generate", file=sys.stderr)
+        return 1
+    if min(args.images, args.image_size, args.batch_size) <= 0 or args.seconds <= 0:
+        print(
+            "error: --images, --image-size, --batch-size and --seconds must be > 0", file=sys.stderr
+        )
+        return 1
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="bench-input-") as scratch:
+        data_dir = args.data_dir
+        if args.generate:
+            data_dir = Path(scratch)
+            total = generate(data_dir, args.images, shards=8)
+            print(f"generated {args.images} JPEGs, {total / args.images / 1024:.0f} KiB on average")
+        try:
+            files = data.list_shards(data_dir, "train")
+            images_per_s, images_per_cpu_s = measure(
+                files, args.batch_size, args.image_size, args.seconds, args.warmup
+            )
+        except data.DataError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except tf.errors.OpError as exc:
+            print(
+                f"error: {data.describe_input_error(exc, files, args.image_size)}", file=sys.stderr
+            )
+            return 1
+    per_core = images_per_s / cores
+    verdict = "meets" if per_core >= REQUIRED_PER_CORE else "BELOW"
+    print(
+        f"{images_per_s:.0f} img/s on {cores} cores: {per_core:.0f} per core ({verdict} the "
+        f"{REQUIRED_PER_CORE} img/s per core needed to feed a V100 from 12 vCPUs); "
+        f"{images_per_cpu_s:.0f} images per CPU-second actually used"
+    )
+    print(
+        json.dumps(
+            {
+                "images_per_s": round(images_per_s, 1),
+                "images_per_s_per_core": round(per_core, 1),
+                "cores": cores,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

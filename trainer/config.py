@@ -1,0 +1,179 @@
+"""The trainer's command line, parsed once into a frozen TrainConfig and validated at the edge."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+ARCHS = ("resnet50", "resnet18")
+# LARS takes over from plain momentum SGD above this global batch (You et al., 2017).
+LARS_ABOVE_GLOBAL_BATCH = 16384
+
+
+class ConfigError(ValueError):
+    """A user mistake in the command line; reported as one `error: ...` line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    data_dir: Path
+    model_dir: Path
+    epochs: int
+    batch_size: int
+    image_size: int
+    arch: str
+    num_classes: int | None
+    label_base: int | None
+    synthetic: bool
+    eval_only: bool
+    base_lr: float
+    warmup_epochs: float
+    momentum: float
+    weight_decay: float
+    label_smoothing: float
+    log_every: int
+    steps_per_epoch: int
+    eval_every: int
+    shuffle_buffer: int
+    precision: str
+    xla: str
+    keep_checkpoints: int
+    min_crop_area: float
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.train",
+        description="Train ResNet-50 v1.5 (or ResNet-18) on ImageNet TFRecords with Horovod. "
+        "Run under horovodrun for several ranks; every rank gets the same flags.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="directory with train-* and validation-* TFRecord shards (standard ImageNet schema) "
+        "and optionally manifest.json; not needed with --synthetic",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        required=True,
+        help="output directory: checkpoints/, tensorboard/, eval.json, train.json (rank 0 writes)",
+    )
+    parser.add_argument("--epochs", type=int, default=90, help="total training epochs")
+    parser.add_argument("--batch-size", type=int, default=256, help="images per step per rank")
+    parser.add_argument("--image-size", type=int, default=224, help="training/eval crop size")
+    parser.add_argument("--arch", choices=ARCHS, default="resnet50", help="model architecture")
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        help="number of classes K (default: manifest.json's num_classes, else 1000)",
+    )
+    parser.add_argument(
+        "--label-base",
+        type=int,
+        choices=(0, 1),
+        help="first label value in the records (default: manifest.json's label_base, else 1)",
+    )
+    parser.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="random images generated on the device, no data read (throughput smoke test)",
+    )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="restore the newest checkpoint in --model-dir, evaluate and write eval.json",
+    )
+    parser.add_argument(
+        "--base-lr",
+        type=float,
+        default=0.1,
+        help="learning rate per 256 images; the peak LR is base-lr x global batch / 256",
+    )
+    parser.add_argument(
+        "--warmup-epochs", type=float, default=5.0, help="linear LR warmup before cosine decay"
+    )
+    parser.add_argument("--momentum", type=float, default=0.9, help="Nesterov momentum")
+    parser.add_argument(
+        "--weight-decay",
+        type=float,
+        default=1e-4,
+        help="L2 on convolution and dense kernels (never on BatchNorm or biases)",
+    )
+    parser.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing")
+    parser.add_argument("--log-every", type=int, default=100, help="log a table row every N steps")
+    parser.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=0,
+        help="0: train records // global batch (100 with --synthetic); otherwise this many",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=1, help="evaluate every N epochs and after the last one"
+    )
+    parser.add_argument(
+        "--shuffle-buffer", type=int, default=10000, help="records per rank in the shuffle buffer"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp16", "fp32"),
+        default="auto",
+        help="auto: mixed float16 with loss scaling on GPU, float32 on CPU",
+    )
+    parser.add_argument(
+        "--xla",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="XLA-compile the forward/backward pass (auto: on GPU only)",
+    )
+    parser.add_argument(
+        "--keep-checkpoints", type=int, default=5, help="newest epoch checkpoints kept"
+    )
+    parser.add_argument(
+        "--min-crop-area",
+        type=float,
+        default=0.08,
+        help="smallest random crop as a fraction of the image area (Inception-style crops)",
+    )
+    return parser
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Parse and validate the command line; raises ConfigError naming the bad value."""
+    args = build_parser().parse_args(argv)
+    _require(args.synthetic or args.data_dir is not None, "--data-dir is required (or --synthetic)")
+    for name in ("epochs", "batch_size", "image_size", "log_every", "eval_every"):
+        value = getattr(args, name)
+        _require(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
+    _require(args.image_size >= 32, f"--image-size must be >= 32, got {args.image_size}")
+    _require(
+        args.steps_per_epoch >= 0, f"--steps-per-epoch must be >= 0, got {args.steps_per_epoch}"
+    )
+    _require(
+        args.num_classes is None or args.num_classes >= 2,
+        f"--num-classes must be >= 2, got {args.num_classes}",
+    )
+    _require(args.base_lr > 0, f"--base-lr must be > 0, got {args.base_lr}")
+    _require(args.warmup_epochs >= 0, f"--warmup-epochs must be >= 0, got {args.warmup_epochs}")
+    _require(0 <= args.momentum < 1, f"--momentum must be in [0, 1), got {args.momentum}")
+    _require(args.weight_decay >= 0, f"--weight-decay must be >= 0, got {args.weight_decay}")
+    _require(
+        0 <= args.label_smoothing < 1,
+        f"--label-smoothing must be in [0, 1), got {args.label_smoothing}",
+    )
+    _require(args.shuffle_buffer > 0, f"--shuffle-buffer must be > 0, got {args.shuffle_buffer}")
+    _require(
+        args.keep_checkpoints > 0, f"--keep-checkpoints must be > 0, got {args.keep_checkpoints}"
+    )
+    _require(
+        0 < args.min_crop_area <= 1, f"--min-crop-area must be in (0, 1], got {args.min_crop_area}"
+    )
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
