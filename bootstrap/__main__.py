@@ -115,9 +115,12 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
         ]  # fmt: skip
 
         def convert():
-            code, tail = launch.stream(
-                command, dict(os.environ), Path(cfg.log_dir) / "preprocess.log"
-            )
+            # Finished shards are staged before upload (GBs at peak): on the data volume, not
+            # the root disk.
+            staging = Path(cfg.mount_point) / "staging"
+            staging.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "TMPDIR": str(staging)}
+            code, tail = launch.stream(command, env, Path(cfg.log_dir) / "preprocess.log")
             if code:
                 raise RuntimeError(
                     f"trainer.preprocess exited {code}: {launch.failure_reason(tail)}"

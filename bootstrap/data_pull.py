@@ -105,8 +105,17 @@ def pull_dataset(bucket: str, prefix: str, data_dir: str | Path, log) -> dict:
         log(f"data already pulled and verified in {data_dir}: skipping the pull")
         return json.loads((data_dir / "manifest.json").read_text())
     marker.unlink(missing_ok=True)
-    # sync copies only what differs, so a pull interrupted by a reboot continues.
-    run_s5cmd("sync", "--size-only", f"s3://{bucket}/{prefix}*", f"{data_dir}/")
+    # sync copies only what differs, so a pull interrupted by a reboot continues. The
+    # preprocessor's resume sidecars under _progress/ are of no use to a training node
+    # (s5cmd matches --exclude against the whole key, prefix included).
+    run_s5cmd(
+        "sync",
+        "--size-only",
+        "--exclude",
+        f"{prefix}_progress/*",
+        f"s3://{bucket}/{prefix}*",
+        f"{data_dir}/",
+    )
     new_manifest.replace(data_dir / "manifest.json")
     manifest = verify_data_dir(data_dir)
     marker.write_text(digest)

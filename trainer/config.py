@@ -42,12 +42,23 @@ class TrainConfig:
     min_crop_area: float
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show real defaults only: not "(default: None)" for derived values or switches."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.train",
         description="Train ResNet-50 v1.5 (or ResNet-18) on ImageNet TFRecords with Horovod. "
         "Run under horovodrun for several ranks; every rank gets the same flags.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Environment: TRAINER_WEIGHTS_DIGEST_DIR=DIR makes every rank write "
+        "DIR/rank-<r>.sha256 of its final weights (tests compare ranks with it).",
+        formatter_class=_DefaultsFormatter,
     )
     parser.add_argument(
         "--data-dir",

@@ -230,7 +230,11 @@ def synthetic_batch(batch_size: int, image_size: int, num_classes: int):
 
 
 def describe_input_error(exc: tf.errors.OpError, files: list[str], image_size: int) -> str:
-    """Turn a pipeline failure into one line naming the value and the file."""
+    """Turn a pipeline failure into one line naming the value and the file.
+
+    A label error carries its own text; anything else (CRC, truncation, undecodable JPEG) is
+    found by re-reading this rank's files one at a time: slow, but only on the way out.
+    """
     label_error = _LABEL_ERROR.search(exc.message)
     if label_error:
         return label_error.group(1).replace('\\"', "").replace('"', "")
@@ -238,7 +242,8 @@ def describe_input_error(exc: tf.errors.OpError, files: list[str], image_size: i
         dataset = tf.data.TFRecordDataset(file).map(
             lambda record: _eval_image(
                 tf.io.parse_single_example(record, _FEATURES)["image/encoded"], image_size
-            )
+            ),
+            num_parallel_calls=tf.data.AUTOTUNE,
         )
         try:
             dataset.reduce(0, lambda n, _: n + 1)

@@ -44,6 +44,8 @@ def node(tmp_path, endpoint):
                             "bytes": shard.stat().st_size}]}  # fmt: skip
     s3.upload_file(str(shard), "fleet-data", f"tfrecords/{shard.name}")
     s3.put_object(Bucket="fleet-data", Key="tfrecords/manifest.json", Body=json.dumps(manifest))
+    # The preprocessor's resume sidecar: in S3 beside the shards, never pulled onto a node.
+    s3.put_object(Bucket="fleet-data", Key="tfrecords/_progress/block-000.json", Body=b"{}")
 
     def run(script, **overrides):
         home = tmp_path / "node"
@@ -68,10 +70,11 @@ def done(s3):
     return json.loads(s3.get_object(Bucket="fleet-data", Key="runs/r1/DONE.json")["Body"].read())
 
 
-def test_missing_node_fails_the_run_naming_it(node):
+def test_missing_node_fails_the_run_naming_it(node, tmp_path):
     result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "pulled and verified 1 shards, 2 records" in result.stdout
+    assert not (tmp_path / "node" / "data" / "tfrecords" / "_progress").exists()
     assert "step 'rendezvous' failed" in result.stdout
     doc = done(s3)
     assert doc["status"] == "failed"
@@ -99,6 +102,8 @@ def test_corrupt_pull_fails_the_data_step(node):
     )
     manifest["shards"][0]["bytes"] = 8
     s3.put_object(Bucket="fleet-data", Key="tfrecords/manifest.json", Body=json.dumps(manifest))
+    # The preprocessor's resume sidecar: in S3 beside the shards, never pulled onto a node.
+    s3.put_object(Bucket="fleet-data", Key="tfrecords/_progress/block-000.json", Body=b"{}")
     result, s3 = node("train_node.sh", nodes=1)
     assert result.returncode == 1
     assert "step 'data pull' failed" in result.stdout
