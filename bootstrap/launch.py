@@ -4,6 +4,7 @@ S3, results upload and DONE.json (written last, also on failure)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -201,8 +202,13 @@ def clear_done(s3, cfg: TrainConfig) -> None:
     s3.delete_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}DONE.json")
 
 
+TRAINER_ERROR = re.compile(r"(?<![A-Za-z])error: ")
+
+
 def failure_reason(tail: str) -> str:
     """The most telling line of a failed run: the trainer's `error: ...` line if any."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    errors = [line for line in lines if "error:" in line.lower()]
+    # The trainer's lowercase `error:` (after horovodrun's `[1]<stderr>:` prefix), not the
+    # `RuntimeError: Horovod detected that one or more processes exited` horovodrun adds last.
+    errors = [line for line in lines if TRAINER_ERROR.search(line)]
     return (errors or lines or ["no output"])[-1][-400:]

@@ -4,15 +4,19 @@
 
 Generates an ImageNet-like sample (trainer.make_sample), converts it with trainer.preprocess in a
 subprocess (start-up included), then runs the reference on the same images in this process with
-TensorFlow limited to one thread: what build_imagenet_data.py does (a TensorFlow decode of every
-image to check it, one Example per image into TFRecords) followed by the separate resize pass
-(TensorFlow decode, resize, encode, one image at a time). Per core is given two ways: images per
-CPU-second (user + system time of every process involved: robust when the machine is shared)
-and wall-clock images/s divided by the cores used.
+TensorFlow limited to one thread (its import and start-up not counted): what build_imagenet_data.py
+does (a TensorFlow decode of every image to learn its shape, the original bytes into TFRecords),
+then what the Deep Learning AMI's separate tensorflow_image_resizer.py does (per record: parse,
+TensorFlow decode, bilinear resize to the short side, encode with optimize_size and 4:2:0 chroma,
+a new Example). Both convert to the same short side and quality. Per core is given two ways:
+images per CPU-second (user + system time of every process involved: robust when the machine is
+shared) and wall-clock images/s divided by the cores used. Also printed: CPU ms per image by
+stage for both, and the fast path's PSNR against an exact Pillow decode + antialiased resize.
 """
 
 import argparse
 import io
+import math
 import os
 import resource
 import subprocess
@@ -22,12 +26,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 
+from trainer import preprocess_jpeg
 from trainer.make_sample import make_sample
+from trainer.preprocess_image import target_size
 
 GOAL_RATIO = 4.0
 GOAL_PER_CORE = 150.0
+SHORT_SIDE, QUALITY = 256, 90  # trainer.preprocess's defaults
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,8 @@ def sample_images(sample) -> list[tuple[str, bytes, int]]:
     return images
 
 
-def reference_timing(images, short_side: int, quality: int, workdir: str) -> Timing:
+def reference_timing(images, short_side: int, quality: int, workdir: str) -> tuple[Timing, dict]:
+    """The reference's timing and its CPU seconds by stage."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -89,28 +98,78 @@ def reference_timing(images, short_side: int, quality: int, workdir: str) -> Tim
         }  # fmt: skip
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
+    stages = dict.fromkeys(("decode", "resize", "encode"), 0.0)
+
+    def timed(stage: str, op, *args, **kwargs):
+        # Eager ops run synchronously on this thread, so the CPU time around each is its cost.
+        before = time.process_time()
+        result = op(*args, **kwargs)
+        stages[stage] += time.process_time() - before
+        return result
+
     full, resized = (
         os.path.join(workdir, "reference-full"),
         os.path.join(workdir, "reference-small"),
     )
     spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
     start, cpu_start = time.perf_counter(), time.process_time()
-    with tf.io.TFRecordWriter(
-        full
-    ) as writer:  # build_imagenet_data.py: decode to check, keep bytes
+    with tf.io.TFRecordWriter(full) as writer:  # build_imagenet_data.py: decode for the shape
         for name, data, label in images:
-            pixels = tf.io.decode_jpeg(data, channels=3)
+            pixels = timed("decode", tf.io.decode_jpeg, data, channels=3)
             writer.write(example(data, label, pixels.shape[0], pixels.shape[1], name))
     with tf.io.TFRecordWriter(resized) as writer:  # the resizer: decode, resize, encode, one by one
         for (name, _, label), record in zip(images, tf.data.TFRecordDataset(full), strict=True):
-            pixels = tf.io.decode_jpeg(tf.io.parse_single_example(record, spec)["image/encoded"], 3)
+            encoded = tf.io.parse_single_example(record, spec)["image/encoded"]
+            pixels = timed("decode", tf.io.decode_jpeg, encoded, channels=3)
             height, width = pixels.shape[0], pixels.shape[1]
             scale = min(1.0, short_side / min(height, width))
-            size = (round(height * scale), round(width * scale))
-            small = tf.cast(tf.image.resize(pixels, size), tf.uint8)
-            jpeg = tf.io.encode_jpeg(small, quality=quality).numpy()
+            size = (int(height * scale), int(width * scale))  # the resizer truncates
+            small = timed("resize", tf.compat.v1.image.resize, pixels, size, align_corners=False)
+            small = timed("resize", tf.cast, small, tf.uint8)
+            jpeg = timed(
+                "encode", tf.io.encode_jpeg, small, format="rgb", quality=quality,
+                progressive=False, optimize_size=True, chroma_downsampling=True,
+            ).numpy()  # fmt: skip
             writer.write(example(jpeg, label, size[0], size[1], name))
-    return Timing(len(images), time.perf_counter() - start, time.process_time() - cpu_start, 1)
+    timing = Timing(len(images), time.perf_counter() - start, time.process_time() - cpu_start, 1)
+    return timing, stages
+
+
+def tool_stages(images, short_side: int, quality: int) -> tuple[dict, list[float], int]:
+    """CPU seconds of the fast path's two stages, the PSNR of each image it takes against an exact
+    Pillow decode + antialiased bilinear resize, and how many images it took."""
+    stages, psnrs, taken = {"decode + resize": 0.0, "encode": 0.0}, [], 0
+    for _, data, _ in images:
+        before = time.process_time()
+        original = preprocess_jpeg.fast_path_size(data)
+        pixels = None
+        if original is not None:
+            size = target_size(*original, short_side)
+            pixels = preprocess_jpeg.decode_resized(data, original, size)
+        middle = time.process_time()
+        stages["decode + resize"] += middle - before
+        if pixels is None:
+            continue
+        preprocess_jpeg.encode(pixels, quality)
+        stages["encode"] += time.process_time() - middle
+        taken += 1
+        with Image.open(io.BytesIO(data)) as image:
+            exact = image.convert("RGB")
+        if exact.size != size:
+            psnrs.append(psnr(pixels, np.asarray(exact.resize(size, Image.Resampling.BILINEAR))))
+    return stages, psnrs, taken
+
+
+def psnr(image: np.ndarray, reference: np.ndarray) -> float:
+    """Peak signal-to-noise ratio in dB of two uint8 images (inf if identical)."""
+    mse = np.mean((image.astype(np.float64) - reference) ** 2)
+    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+def breakdown(stages: dict, timing: Timing, rest: str) -> str:
+    parts = [f"{name} {1000 * seconds / timing.images:.2f}" for name, seconds in stages.items()]
+    other = 1000 * (timing.cpu_s - sum(stages.values())) / timing.images
+    return " + ".join([*parts, f"{rest} {other:.2f}"]) + f" = {1000 / timing.per_cpu_second():.2f}"
 
 
 def _children_cpu_s() -> float:
@@ -159,8 +218,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         tool = tool_timing(sample, len(images), args.workers, os.path.join(workdir, "tfrecords"))
         print(f"trainer.preprocess: {tool.describe()}", flush=True)
-        reference = reference_timing(images, 256, 90, workdir)
+        reference, reference_stages = reference_timing(images, SHORT_SIDE, QUALITY, workdir)
         print(f"reference, TensorFlow one image at a time: {reference.describe()}")
+    stages, psnrs, taken = tool_stages(images, SHORT_SIDE, QUALITY)
+    print("CPU ms per image by stage:")
+    print(f"  tool: {breakdown(stages, tool, 'the rest (archives, records, processes, start-up)')}")
+    print(f"  reference: {breakdown(reference_stages, reference, 'the rest (records, parsing)')}")
+    print(
+        f"quality: the fast path took {taken} of {len(images)} images; against an exact Pillow decode "
+        f"+ antialiased bilinear resize, the {len(psnrs)} it resized have PSNR mean "
+        f"{np.mean(psnrs):.1f} dB, min {min(psnrs):.1f} dB"
+    )
     print(f"load average {os.getloadavg()[0]:.1f} on {cores} cores (the machine may be shared)")
     for label, rate in [
         ("per CPU-second", Timing.per_cpu_second),

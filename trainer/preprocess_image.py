@@ -2,7 +2,9 @@
 
 Formats and colour modes are detected from the bytes, never from the file name, so the CMYK
 JPEGs, the PNG named .JPEG and the grayscale images in ImageNet all come out as RGB JPEGs.
-Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_local.py
+Sequential YCbCr JPEGs, nearly all of ImageNet, take the fast path of trainer/preprocess_jpeg.py;
+Pillow converts the rest.
+Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_local.py tests/trainer/test_preprocess_jpeg.py
 """
 
 import io
@@ -13,6 +15,7 @@ import time
 
 from PIL import Image, UnidentifiedImageError
 
+from trainer import preprocess_jpeg
 from trainer.tfrecord_writer import encode_example, frame_record
 
 # The modes convert("RGB") maps faithfully; 16-bit and float images are rejected, not guessed.
@@ -48,6 +51,12 @@ def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
 
 def convert_image(data: bytes, short_side: int, quality: int) -> tuple[bytes, int, int]:
     """RGB JPEG bytes of the image with its shorter side at most short_side, and its height, width."""
+    original = preprocess_jpeg.fast_path_size(data)
+    if original is not None:
+        size = target_size(*original, short_side)
+        pixels = preprocess_jpeg.decode_resized(data, original, size)
+        if pixels is not None:
+            return preprocess_jpeg.encode(pixels, quality), size[1], size[0]
     try:
         with Image.open(io.BytesIO(data)) as image:
             size = target_size(*image.size, short_side)

@@ -68,3 +68,17 @@ def test_failure_reason_prefers_the_trainer_error_line():
     tail = "Epoch 1/90\n[1]<stderr>:error: shard train-00003 record 17: label 1001 outside 1..1000\nTraceback...\n"
     assert "label 1001 outside" in launch.failure_reason(tail)
     assert launch.failure_reason("") == "no output"
+
+
+def test_failure_reason_skips_horovodrun_s_own_runtime_error():
+    """horovodrun ends a failed run with its RuntimeError; the trainer's line is the reason."""
+    tail = (
+        "[0]<stderr>:error: label 9 outside 1..4 in /data/train-00001-of-00004\n"
+        "[1]<stderr>:error: label 9 outside 1..4 in /data/train-00001-of-00004\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: Horovod detected that one or more processes exited with non-zero "
+        "status, thus causing the job to be terminated.\n"
+    )
+    assert launch.failure_reason(tail).endswith(
+        "error: label 9 outside 1..4 in /data/train-00001-of-00004"
+    )
