@@ -15,7 +15,6 @@ import time
 
 from PIL import Image, UnidentifiedImageError
 
-from trainer import preprocess_jpeg
 from trainer.tfrecord_writer import encode_example, frame_record
 
 # The modes convert("RGB") maps faithfully; 16-bit and float images are rejected, not guessed.
@@ -51,6 +50,10 @@ def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
 
 def convert_image(data: bytes, short_side: int, quality: int) -> tuple[bytes, int, int]:
     """RGB JPEG bytes of the image with its shorter side at most short_side, and its height, width."""
+    # Imported here: the main process imports this module but never converts, and OpenCV with
+    # NumPy would add a quarter of a CPU-second to its start-up.
+    from trainer import preprocess_jpeg
+
     original = preprocess_jpeg.fast_path_size(data)
     if original is not None:
         size = target_size(*original, short_side)

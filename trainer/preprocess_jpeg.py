@@ -4,9 +4,9 @@ Nearly every ImageNet image is a sequential YCbCr JPEG. For those, libjpeg-turbo
 simplejpeg) decodes straight to the smallest of 1/8, 1/4, 1/2 and 1 whose size still covers the
 target, an OpenCV bilinear resize covers the remaining ratio (over 1/2), and libjpeg-turbo
 re-encodes. libjpeg-turbo can also scale by 3/8, 5/8, 6/8 and 7/8, but those IDCTs are plain C
-where the four above are SIMD: measured on ImageNet-like images (python -m trainer.bench_preprocess),
-a 6/8 or 7/8 decode costs more than a full one plus the bilinear resize, and its result is no
-closer to an antialiased resize of the full image (lower PSNR, with ringing at sharp edges).
+where the four above are SIMD: on trainer.make_sample's ImageNet-like images a 6/8 or 7/8 decode
+cost 0.2-0.35 ms more than a full decode plus the bilinear resize, and landed further from an
+antialiased resize of the full image (PSNR down to 33 dB instead of 37: ringing at sharp edges).
 Anything else (PNG, CMYK, grayscale, progressive or arithmetic-coded JPEGs, and any JPEG that
 libjpeg-turbo warns about, such as a truncated one) gets None here and takes Pillow's path, which
 decides what to convert and what to skip.
@@ -86,8 +86,8 @@ def decode_resized(
     except ValueError:
         return None
     if (pixels.shape[1], pixels.shape[0]) != target:
-        # Bilinear needs no antialiasing down to 1/2, all the scaling leaves unless the image is
-        # over 4096 px even at 1/8; area averaging is slower but keeps those from aliasing.
+        # Bilinear needs no antialiasing down to 1/2, all the scaling leaves unless even 1/8 is
+        # over twice the target; area averaging is slower but keeps those from aliasing.
         shrink = 2 * target[0] < pixels.shape[1]
         interpolation = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
         pixels = cv2.resize(pixels, target, interpolation=interpolation)
