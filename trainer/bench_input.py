@@ -19,47 +19,25 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from trainer import data
+from trainer.make_sample import make_image
 
 REQUIRED_PER_CORE = 110
 
 
-def photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """Smooth colour regions + shapes with edges + sensor noise: JPEG-compresses like a photo."""
-    base = Image.fromarray(rng.integers(0, 256, (5, 6, 3), dtype=np.uint8))
-    image = np.asarray(base.resize((width, height), Image.BICUBIC), np.float32)
-    detail = Image.fromarray(rng.integers(0, 256, (height // 2, width // 2), dtype=np.uint8))
-    image += (
-        np.asarray(detail.resize((width, height), Image.BILINEAR), np.float32)[..., None] - 128
-    ) * 0.4
-    canvas = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(canvas)
-    for _ in range(12):
-        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
-        box = [x0, y0, x0 + int(rng.integers(10, 150)), y0 + int(rng.integers(10, 150))]
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
-    image = np.asarray(canvas, np.float32) + rng.normal(0, 30, (height, width, 3))
-    return np.clip(image, 0, 255).astype(np.uint8)
-
-
 def generate(directory: Path, images: int, shards: int, seed: int = 0) -> int:
-    """Write `images` ImageNet-like JPEGs (~400x350, quality 90) as train-* shards; total bytes."""
-    rng = np.random.default_rng(seed)
+    """Write `images` ImageNet-like JPEGs (make_sample's) as train-* shards; total bytes."""
     writers = [
         tf.io.TFRecordWriter(str(directory / f"train-{i:05d}-of-{shards:05d}"))
         for i in range(shards)
     ]
     total = 0
     for index in range(images):
-        height, width = int(rng.integers(300, 400)), int(rng.integers(350, 500))
-        buffer = io.BytesIO()
-        Image.fromarray(photo_like(rng, height, width)).save(buffer, "JPEG", quality=90)
-        encoded = buffer.getvalue()
+        encoded = make_image(seed, 0, index, index % 1000)
+        width, height = Image.open(io.BytesIO(encoded)).size
         total += len(encoded)
         features = {
             "image/encoded": _bytes(encoded),

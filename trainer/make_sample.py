@@ -26,6 +26,7 @@ VAL_TAR = "ILSVRC2012_img_val.tar"
 VAL_LABELS = "ILSVRC2012_validation_ground_truth.txt"
 QUIRKS = ("cmyk", "png", "grayscale", "truncated")
 ASPECTS = (4 / 3, 3 / 2, 1.0, 5 / 4, 16 / 9)
+TEXTURE_CONTRAST = 0.4
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,13 @@ def photo_like(rng: np.random.Generator, width: int, height: int, tint: np.ndarr
         )
         colour = tuple(int(c) for c in np.clip(tint + rng.normal(0, 70, 3), 0, 255))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=colour)
-    pixels = np.asarray(image, dtype=np.int16)
-    pixels = pixels + rng.normal(0, 7, size=(height, width, 1)).astype(np.int16)  # luma noise
+    # Fine texture at half resolution plus sensor noise: without them a JPEG of this is half the
+    # size of a photo of that size (~85 KiB here at ~420x365), and decode/encode cost follows size.
+    texture = rng.integers(0, 256, (height // 2 + 1, width // 2 + 1), dtype=np.uint8)
+    texture = Image.fromarray(texture).resize((width, height), Image.Resampling.BILINEAR)
+    pixels = np.asarray(image, dtype=np.float32)
+    pixels += (np.asarray(texture, dtype=np.float32)[..., None] - 128) * TEXTURE_CONTRAST
+    pixels += rng.normal(0, 12, size=(height, width, 1))  # luma noise
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 

@@ -36,4 +36,7 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     assert list((run / "model" / "checkpoints").glob("*.index"))
     assert (run / "model" / "eval.json").exists() and list((run / "logs").rglob("train.log"))
     assert done["status"] == "succeeded" and done["epochs"] == 3
-    assert 0 <= done["top1"] <= 1 and done["images_per_s"] > 0
+    # Each sample class has its own hue: 3 epochs across the two hosts must learn it, well
+    # above the 0.1 of chance (it reaches ~0.7); broken labels or unsynchronised ranks do not.
+    assert done["top1"] >= 0.3, done
+    assert done["images_per_s"] > 0
