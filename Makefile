@@ -4,6 +4,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV := .venv
+# TensorFlow 2.15.1 (the last release Horovod 0.28.1 builds against) has wheels for 3.9 to 3.11.
+PYTHON ?= python3
 PY := $(VENV)/bin/python
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -31,7 +33,8 @@ help:
 setup: $(VENV)/.ready node_modules/.ready
 
 $(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt bootstrap/requirements.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "error: $(PYTHON) is Python %d.%d; TensorFlow 2.15.1 needs 3.9 to 3.11: run make PYTHON=python3.11 ..." % v)'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	@if ! ls $(WHEEL_CACHE)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1; then \
@@ -49,7 +52,7 @@ node_modules/.ready: package.json package-lock.json
 	touch $@
 
 test: setup
-	$(PY) -m pytest
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest
 
 rehearsal: setup
 	$(PY) -m rehearsal
