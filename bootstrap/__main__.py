@@ -106,6 +106,13 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
         if cfg.download_secret_arn:
             raw = step("download raw archives", lambda: download_raw(cfg))
         else:
+            step(
+                "wait for raw archives",
+                lambda: data_pull.wait_for_objects(
+                    s3, cfg.bucket, cfg.raw_prefix, list(RAW_FILES.values()),
+                    cfg.raw_wait_s, max(cfg.poll_interval_s, 30), log,
+                ),
+            )  # fmt: skip
             raw = {k: f"s3://{cfg.bucket}/{cfg.raw_prefix}{n}" for k, n in RAW_FILES.items()}
         command = [
             "python3", "-m", "trainer.preprocess",

@@ -11,12 +11,30 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from functools import cache
 
 import boto3
 from botocore.exceptions import ClientError
 
 IMDS = "http://169.254.169.254/latest"
+
+
+def poll_until(
+    what: Callable[[], object],
+    timeout_s: float,
+    interval_s: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+):
+    """Call `what` every interval_s until it returns something truthy or timeout_s has passed;
+    returns its last result (falsy on timeout)."""
+    deadline = clock() + timeout_s
+    while True:
+        result = what()
+        if result or clock() >= deadline:
+            return result
+        sleep(interval_s)
 
 
 @cache

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bootstrap.aws import run_s5cmd
+from bootstrap.aws import poll_until, run_s5cmd
+
+WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
 
 VERIFIED_MARKER = ".verified-manifest-sha256"
 
@@ -149,3 +153,41 @@ def verify_s3_dataset(s3, bucket: str, prefix: str) -> dict:
     if problems:
         raise VerificationError("; ".join(problems[:5]))
     return manifest
+
+
+def wait_for_objects(
+    s3,
+    bucket: str,
+    prefix: str,
+    names: list[str],
+    timeout_s: float,
+    interval_s: float,
+    log,
+    clock=time.time,
+    sleep=time.sleep,
+) -> None:
+    """Wait until s3://bucket/prefix holds every name, saying what is missing now and then.
+
+    `cdk deploy PreprocessStack` creates the bucket and the node in one go, so the archives are
+    usually uploaded after the node boots. Listing, not HEAD: the node may list only its
+    prefixes, and a HEAD of a missing key without bucket-wide ListBucket answers 403, not 404.
+    """
+    last_note = -math.inf
+
+    def all_present() -> bool:
+        nonlocal last_note
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        present = {o["Key"] for page in pages for o in page.get("Contents", [])}
+        missing = [name for name in names if prefix + name not in present]
+        if missing and clock() - last_note >= WAIT_NOTE_EVERY_S:
+            log(
+                f"waiting for {', '.join(missing)} in s3://{bucket}/{prefix} (upload them with: "
+                f"s5cmd cp {' '.join(missing)} s3://{bucket}/{prefix})"
+            )
+            last_note = clock()
+        return not missing
+
+    if not poll_until(all_present, timeout_s, interval_s, clock, sleep):
+        raise VerificationError(
+            f"s3://{bucket}/{prefix} still lacks raw archives after {timeout_s / 3600:g} h"
+        )

@@ -8,6 +8,7 @@ Keys beyond docs/contracts.md, all optional, with the values a real instance nee
 the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   install (true), log_dir ("/var/log/horovod-fleet"), state_dir ("/var/lib/horovod-fleet"),
   ip / instance_id (null: ask IMDS), poll_interval_s (10),
+  preprocess only: raw_wait_s (86400: how long to wait for the raw archives in S3),
   train only: instance_store (true: RAID0 the NVMe instance store at mount_point),
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
   heartbeat_timeout_s (120), checkpoint_sync_s (300).
@@ -58,6 +59,7 @@ class PreprocessConfig(Common):
     output_prefix: str
     volume_id: str | None
     download_secret_arn: str | None
+    raw_wait_s: float
     train_shards: int
     val_shards: int
     stop_when_done: bool
@@ -185,6 +187,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
             output_prefix=r.prefix("output_prefix"),
             volume_id=r.text("volume_id", nullable=True),
             download_secret_arn=r.text("download_secret_arn", None, nullable=True),
+            raw_wait_s=r.number("raw_wait_s", 86400, minimum=0),
             train_shards=r.integer("train_shards", minimum=1),
             val_shards=r.integer("val_shards", minimum=1),
             stop_when_done=r.get("stop_when_done", bool),

@@ -13,12 +13,12 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from botocore.exceptions import ClientError
 
+from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -92,27 +92,12 @@ def install_authorized_key(path: str | Path, public_key: str) -> bool:
     return True
 
 
-def _poll(
-    what: Callable[[], object],
-    timeout_s: float,
-    interval_s: float,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-):
-    deadline = clock() + timeout_s
-    while True:
-        result = what()
-        if result or clock() >= deadline:
-            return result
-        sleep(interval_s)
-
-
 def wait_for_leader_key(
     s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep, timeout_s: float | None = None
 ) -> str:
     timeout_s = cfg.rendezvous_timeout_s if timeout_s is None else timeout_s
     pub_key = f"{cfg.runs_prefix}ssh/leader.pub"
-    found = _poll(
+    found = poll_until(
         lambda: read_object(s3, cfg.bucket, pub_key), timeout_s, cfg.poll_interval_s, clock, sleep
     )
     if not found:
@@ -143,7 +128,7 @@ def wait_for_nodes(s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep) -> l
         nodes = live_nodes(s3, cfg, clock())
         return nodes if len(nodes) == cfg.nodes else None
 
-    nodes = _poll(all_registered, cfg.rendezvous_timeout_s, cfg.poll_interval_s, clock, sleep)
+    nodes = poll_until(all_registered, cfg.rendezvous_timeout_s, cfg.poll_interval_s, clock, sleep)
     if nodes:
         return [nodes[i] for i in range(cfg.nodes)]
     present = live_nodes(s3, cfg, clock())

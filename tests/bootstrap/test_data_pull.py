@@ -84,3 +84,58 @@ def test_s3_dataset_check_finds_missing_shards(s3, dataset):
     s3.delete_object(Bucket="fleet-data", Key="tfrecords/train-00001-of-00002")
     with pytest.raises(data_pull.VerificationError, match="train-00001-of-00002: missing"):
         data_pull.verify_s3_dataset(s3, "fleet-data", "tfrecords/")
+
+
+RAW = [
+    "ILSVRC2012_img_train.tar",
+    "ILSVRC2012_img_val.tar",
+    "ILSVRC2012_validation_ground_truth.txt",
+]
+
+
+class FakeClock:
+    """Time that moves only when the code under test sleeps; `on_sleep` acts at each nap."""
+
+    def __init__(self, on_sleep=lambda naps: None):
+        self.now, self.naps, self.on_sleep = 0.0, 0, on_sleep
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.naps += 1
+        self.on_sleep(self.naps)
+
+
+def test_waits_for_raw_archives_uploaded_after_boot(s3):
+    """`cdk deploy PreprocessStack` makes the bucket and the node together: the node waits."""
+    bucket = s3.list_buckets()["Buckets"][0]["Name"]
+
+    def upload_on_third_nap(naps):
+        if naps == 3:
+            for name in RAW:
+                s3.put_object(Bucket=bucket, Key=f"raw/{name}", Body=b"x")
+
+    clock, lines = FakeClock(upload_on_third_nap), []
+    s3.put_object(Bucket=bucket, Key="raw/unrelated.txt", Body=b"x")
+    data_pull.wait_for_objects(
+        s3, bucket, "raw/", RAW, 86400, 60, lines.append, clock=clock, sleep=clock.sleep
+    )
+    assert clock.naps == 3
+    assert lines and all(name in lines[0] for name in RAW)
+    assert f"s5cmd cp {' '.join(RAW)} s3://{bucket}/raw/" in lines[0]
+
+
+def test_gives_up_on_raw_archives_naming_what_is_missing(s3):
+    bucket = s3.list_buckets()["Buckets"][0]["Name"]
+    s3.put_object(Bucket=bucket, Key=f"raw/{RAW[0]}", Body=b"x")
+    clock, lines = FakeClock(), []
+    with pytest.raises(data_pull.VerificationError, match="after 2 h"):
+        data_pull.wait_for_objects(
+            s3, bucket, "raw/", RAW, 7200, 60, lines.append, clock=clock, sleep=clock.sleep
+        )
+    assert clock.now >= 7200
+    # Reminders every 10 minutes, not every poll, and only the missing archives in them.
+    assert len(lines) == 13
+    assert RAW[0] not in lines[-1] and RAW[1] in lines[-1]
