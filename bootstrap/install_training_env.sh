@@ -43,7 +43,8 @@ log "installing tensorflow[and-cuda]==2.15.1"
 	-r "$app_dir/trainer/requirements.txt" -r "$app_dir/bootstrap/requirements.txt"
 
 # Horovod links against the NCCL that tensorflow[and-cuda] brings as a wheel.
-nccl_home=$("$venv/bin/python3" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))')
+# __path__, not __file__: the nvidia.* wheels may install namespace packages (no __init__.py).
+nccl_home=$("$venv/bin/python3" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
 ln -sf libnccl.so.2 "$nccl_home/lib/libnccl.so"
 log "building horovod==0.28.1 (NCCL at $nccl_home, MPI at /opt/amazon/openmpi)"
 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$nccl_home HOROVOD_NCCL_LINK=SHARED \

@@ -4,12 +4,14 @@ S3, results upload and DONE.json (written last, also on failure)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap.aws import run_s5cmd
@@ -34,12 +36,22 @@ EFA_ENV = {
 }
 
 
-def launcher_env(cfg: TrainConfig, base: dict[str, str]) -> dict[str, str]:
+# Where the DLAMI's EFA installer puts libfabric and the aws-ofi-nccl plugin (the directory moved
+# between AMI releases). The NCCL of the tensorflow[and-cuda] wheel loads the plugin only from
+# LD_LIBRARY_PATH; without it NCCL falls back to sockets, which the allreduce check would catch.
+EFA_LIBRARY_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib")
+
+
+def launcher_env(
+    cfg: TrainConfig, base: dict[str, str], is_dir: Callable[[str], bool] = os.path.isdir
+) -> dict[str, str]:
     env = dict(base)
     if cfg.gpus_per_node:
         env.update(GPU_ENV)
         if cfg.efa:
             env.update(EFA_ENV)
+            found = [d for d in EFA_LIBRARY_DIRS if is_dir(d)]
+            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [*found, base.get("LD_LIBRARY_PATH")]))
     return env
 
 

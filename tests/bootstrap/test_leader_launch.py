@@ -26,6 +26,23 @@ def test_gpu_fleet_uses_mpi_with_efa_nccl_and_horovod_settings():
     assert env["NCCL_DEBUG"] == "INFO"  # what the transport check reads
 
 
+def test_efa_nodes_find_the_aws_ofi_nccl_plugin_where_this_ami_has_it():
+    """NCCL from the TensorFlow wheel loads the plugin only from LD_LIBRARY_PATH."""
+    cfg = parse(train_doc())
+    present = {"/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib"}
+    env = launch.launcher_env(
+        cfg, {"LD_LIBRARY_PATH": "/usr/local/cuda/lib64"}, present.__contains__
+    )
+    assert (
+        env["LD_LIBRARY_PATH"]
+        == "/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:/usr/local/cuda/lib64"
+    )
+    older = launch.launcher_env(cfg, {}, {"/opt/aws-ofi-nccl/lib"}.__contains__)
+    assert older["LD_LIBRARY_PATH"] == "/opt/aws-ofi-nccl/lib"
+    no_efa = launch.launcher_env(parse(train_doc(efa=False)), {}, present.__contains__)
+    assert "LD_LIBRARY_PATH" not in no_efa
+
+
 def test_cpu_nodes_use_gloo_without_gpu_settings():
     cfg = parse(train_doc(gpus_per_node=0, efa=False, network_interface="hf0", ssh_port=2222))
     cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 2, ["t"])
