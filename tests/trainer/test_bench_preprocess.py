@@ -1,0 +1,73 @@
+"""The preprocessing benchmark's arithmetic and its command line (the figures are the README's)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from trainer.bench_preprocess import SMALL_IMAGES, Timing
+
+FIXED_CPU_S, FIXED_WALL_S, PER_IMAGE_S = 0.5, 0.4, 0.002
+
+
+def linear_run(images: int) -> Timing:
+    """A run whose cost is a start-up plus the same cost for every image."""
+    return Timing(
+        images, FIXED_WALL_S + images * PER_IMAGE_S / 2, FIXED_CPU_S + images * PER_IMAGE_S, 2
+    )
+
+
+def test_steady_state_cancels_start_up():
+    steady = linear_run(2000).minus(linear_run(SMALL_IMAGES))
+    assert steady.images == 2000 - SMALL_IMAGES
+    assert steady.per_cpu_second() == pytest.approx(1 / PER_IMAGE_S)
+    assert steady.per_core_wall() == pytest.approx(1 / PER_IMAGE_S)
+    assert linear_run(2000).per_cpu_second() < steady.per_cpu_second()
+
+
+def test_steady_state_needs_the_larger_run_on_the_same_cores():
+    with pytest.raises(AssertionError):
+        linear_run(SMALL_IMAGES).minus(linear_run(2000))
+    with pytest.raises(AssertionError):
+        linear_run(2000).minus(Timing(SMALL_IMAGES, 1.0, 1.0, 1))
+
+
+def test_too_small_a_sample_is_one_line_and_exit_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.bench_preprocess", "--images", "150"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"error: --images must be at least {2 * SMALL_IMAGES} (steady state is measured "
+        f"against a {SMALL_IMAGES}-image run) and --workers at least 1"
+    ]
+
+
+@pytest.mark.slow
+def test_benchmark_prints_every_figure():
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.bench_preprocess", "--images", str(2 * SMALL_IMAGES)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert re.search(r"steady state: \d+ images per CPU-second.*start-up [\d.]+ CPU-s", out)
+    assert re.search(r"tool, steady state: decode \+ resize [\d.]+ \+ encode [\d.]+", out)
+    assert re.search(r"ceiling: .* at most \d+\.\dx the reference", out)
+    assert re.search(r"PSNR mean \d+\.\d dB", out)
+    ratios = re.findall(
+        r"^(steady state|start-up included), per (?:CPU-second|core by wall clock): "
+        r"tool (\d+), reference (\d+), (\d+\.\d)x -> (meets|misses)",
+        out,
+        re.MULTILINE,
+    )
+    assert [basis for basis, *_ in ratios] == ["steady state"] * 2 + ["start-up included"] * 2
+    for _, tool, reference, ratio, _ in ratios:
+        assert int(tool) > 0 and int(reference) > 0
+        assert float(ratio) == pytest.approx(int(tool) / int(reference), abs=0.06)
