@@ -169,6 +169,7 @@ class TeardownStack(Stack):
             resource_name=f"default/{RECHECK_SCHEDULE_PREFIX}*",
         )
         done_objects_arn = bucket.arn_for_objects("runs/*/DONE.json")
+        train_instances_arn = self.format_arn(service="ec2", resource="instance", resource_name="*")
         statements = [
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
@@ -205,15 +206,34 @@ class TeardownStack(Stack):
             iam.PolicyStatement(
                 actions=["ec2:DescribeInstances", "ec2:DescribeSnapshots"], resources=["*"]
             ),
+            # After a failed delete of TrainStack, its leftover instances; CloudFormation's own
+            # tag names the stack, and no one else can set an aws: tag.
+            iam.PolicyStatement(
+                actions=["ec2:TerminateInstances"],
+                resources=[train_instances_arn],
+                conditions={
+                    "StringEquals": {
+                        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME
+                    }
+                },
+            ),
         ]
         policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[role])
         acknowledge_wildcard_resources(
             policy,
-            [train_stack_arn, idle_alarms_arn, recheck_schedules_arn, done_objects_arn, "*"],
+            [
+                train_stack_arn,
+                idle_alarms_arn,
+                recheck_schedules_arn,
+                done_objects_arn,
+                train_instances_arn,
+                "*",
+            ],
             "The wildcards are the stack-id suffix of TrainStack, the reaper's own re-check "
             "schedules and idle alarms by name prefix, the run name in runs/<run>/DONE.json "
-            "(read to learn whether a run failed), and the read-only EC2 Describe calls, "
-            "which support no resource-level permissions.",
+            "(read to learn whether a run failed), TrainStack's instances (terminated only "
+            "with CloudFormation's stack-name tag TrainStack, after a failed delete), and the "
+            "read-only EC2 Describe calls, which support no resource-level permissions.",
         )
 
     def _budget(self, email: str, limit_usd: float) -> None:

@@ -6,8 +6,9 @@ schedules, and CloudFormation's custom-resource request for the hard-cap deadlin
 
 It deletes only TrainStack and only when the deployed run is the event's run; before a delete on
 "done" or "idle" it requires the run's checkpoints and logs in S3 and otherwise schedules a
-re-check; only the hard cap deletes without them. Each action is idempotent and every decision
-is one JSON line in the log. Only boto3 and the standard library: this file is the Lambda asset.
+re-check; only the hard cap deletes without them. After a delete it follows the stack until it is
+gone: every trigger fires once, so a delete that ends in DELETE_FAILED would otherwise bill until
+someone looks. Each action is idempotent and every decision is one JSON line in the log. Only boto3 and the standard library: this file is the Lambda asset.
 """
 
 import datetime
@@ -24,8 +25,9 @@ from botocore.exceptions import ClientError
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 MANIFEST_KEY = "tfrecords/manifest.json"
-REASONS = ("done", "idle")  # what a re-check re-checks
+REASONS = ("done", "idle", "deleting")  # what a re-check re-checks
 GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE"}
+FOLLOW_DELETE_FOR = datetime.timedelta(hours=3)  # how long a delete is followed and retried
 # A hard-cap deadline pushed into the past by an update still needs a time Scheduler accepts.
 MIN_DEADLINE_LEAD = datetime.timedelta(minutes=5)
 
@@ -63,7 +65,11 @@ def parse_event(event: Mapping) -> dict:
     if event.get("trigger") == "hard-cap" and event.get("run"):
         return {"trigger": "hard-cap", "run": event["run"]}
     if event.get("trigger") == "recheck" and event.get("run") and event.get("reason") in REASONS:
-        return {"trigger": "recheck", "reason": event["reason"], "run": event["run"]}
+        parsed = {"trigger": "recheck", "reason": event["reason"], "run": event["run"]}
+        if event["reason"] != "deleting":
+            return parsed
+        if event.get("stack_id") and isinstance(event.get("check"), int):
+            return {**parsed, "stack_id": event["stack_id"], "check": event["check"]}
     return {"trigger": "ignored"}
 
 
@@ -118,6 +124,8 @@ class Reaper:
             self.answer_deadline(event)
         elif trigger in ("done", "idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
+        elif trigger == "recheck" and parsed["reason"] == "deleting":
+            self.follow_delete(parsed["run"], parsed["stack_id"], parsed["check"])
         elif trigger == "recheck":
             self.retire_fleet(parsed["run"], parsed["reason"])
         elif trigger == "manifest":
@@ -128,19 +136,22 @@ class Reaper:
 
     # --- TrainStack ---------------------------------------------------------------------------
 
-    def deployed_run(self) -> str | None:
-        """The run of the live TrainStack, or None when it is gone or being deleted."""
+    def train_stack(self, name_or_id: str = TRAIN_STACK) -> dict | None:
+        """TrainStack's id, status, status reason and run; None when there is no such stack."""
         try:
-            stacks = self.cloudformation.describe_stacks(StackName=TRAIN_STACK)["Stacks"]
+            stacks = self.cloudformation.describe_stacks(StackName=name_or_id)["Stacks"]
         except ClientError as error:
             if "does not exist" in error.response["Error"].get("Message", ""):
                 return None
             raise
         stack = stacks[0]
-        if stack["StackStatus"] in GONE_STATES:
-            return None
         outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-        return outputs.get(self.run_output_key, "")
+        return {
+            "id": stack["StackId"],
+            "status": stack["StackStatus"],
+            "status_reason": stack.get("StackStatusReason", ""),
+            "run": outputs.get(self.run_output_key, ""),
+        }
 
     def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
         """What of the run's results (contracts.md) is missing, and the newest checkpoint's time.
@@ -185,7 +196,8 @@ class Reaper:
         An idle alarm is asked again each time (a re-check may come after training resumed),
         and a checkpoint newer than the alarm means the fleet trained since: it is not idle.
         """
-        deployed = self.deployed_run()
+        stack = self.train_stack()
+        deployed = None if stack is None or stack["status"] in GONE_STATES else stack["run"]
         if deployed is None:
             log("already-gone", stack=TRAIN_STACK, run=run, reason=reason)
             return
@@ -198,12 +210,63 @@ class Reaper:
             return
         missing, newest_checkpoint = self.results(run)
         if missing and reason != "hard-cap":
-            self.schedule_recheck(run, reason, missing)
+            name, at = self.schedule_recheck(run, reason)
+            log("wait-for-results", run=run, reason=reason, missing=missing, recheck=name, at=at)
             return
         if idle_since and newest_checkpoint and newest_checkpoint > idle_since:
             log("trained-since-idle", run=run, idle_since=idle_since, checkpoint=newest_checkpoint)
             return
         self.delete_stack(TRAIN_STACK, run=run, reason=reason, missing_results=missing)
+        self.follow_later(run, stack["id"], check=1, status="delete requested")
+
+    def follow_delete(self, run: str, stack_id: str, check: int) -> None:
+        """Re-check the deleted TrainStack until it is gone; retry a delete that failed.
+
+        The stack is followed by id, so a fleet deployed again under the same name is never
+        touched. Before a retry the stack's remaining instances are terminated: they are what
+        bills, and a delete that failed elsewhere (say, on a network interface) may fail again.
+        """
+        stack = self.train_stack(stack_id)
+        status = "DELETE_COMPLETE" if stack is None else stack["status"]
+        if status == "DELETE_COMPLETE":
+            log("deleted", stack=TRAIN_STACK, run=run, checks=check)
+            return
+        if status == "DELETE_FAILED":
+            terminated = self.terminate_instances(stack_id)
+            self.delete_stack(
+                TRAIN_STACK,
+                run=run,
+                reason="retry-failed-delete",
+                status_reason=stack["status_reason"],
+                terminated=terminated,
+            )
+        elif status != "DELETE_IN_PROGRESS":
+            log("follow-delete-stopped", stack=TRAIN_STACK, run=run, status=status)
+            return
+        if check * self.recheck_minutes >= FOLLOW_DELETE_FOR.total_seconds() / 60:
+            log("delete-unconfirmed", stack=TRAIN_STACK, run=run, status=status, checks=check)
+            return
+        self.follow_later(run, stack_id, check + 1, status)
+
+    def follow_later(self, run: str, stack_id: str, check: int, status: str) -> None:
+        name, at = self.schedule_recheck(run, "deleting", stack_id=stack_id, check=check)
+        log("follow-delete", stack=TRAIN_STACK, run=run, status=status, recheck=name, at=at)
+
+    def terminate_instances(self, stack_id: str) -> list[str]:
+        """Terminate the instances CloudFormation tagged as the stack's; returns their ids."""
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": "tag:aws:cloudformation:stack-id", "Values": [stack_id]},
+                {
+                    "Name": "instance-state-name",
+                    "Values": ["pending", "running", "stopping", "stopped"],
+                },
+            ]
+        )
+        ids = [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
+        if ids:
+            self.ec2.terminate_instances(InstanceIds=ids)
+        return ids
 
     def delete_stack(self, stack_name: str, **fields) -> None:
         """DeleteStack, refusing every name but TrainStack; CloudFormation uses the stack's role."""
@@ -213,12 +276,15 @@ class Reaper:
         self.cloudformation.delete_stack(StackName=stack_name)
         log("delete-stack", stack=stack_name, **fields)
 
-    def schedule_recheck(self, run: str, reason: str, missing: list[str]) -> None:
-        """A one-time Scheduler schedule that invokes the reaper again; deleted after it fires."""
+    def schedule_recheck(self, run: str, reason: str, **extra) -> tuple[str, datetime.datetime]:
+        """A one-time Scheduler schedule that invokes the reaper again; deleted after it fires.
+
+        Returns its name and time. Triggers in one window share the name, so it is made once.
+        """
         at = recheck_time(self.now(), self.recheck_minutes)
         digest = hashlib.sha256(run.encode()).hexdigest()[:12]
         name = f"{self.recheck_prefix}{reason}-{digest}-{at:%Y%m%d%H%M}"
-        payload = {"trigger": "recheck", "reason": reason, "run": run}
+        payload = {"trigger": "recheck", "reason": reason, "run": run, **extra}
         try:
             self.scheduler.create_schedule(
                 Name=name,
@@ -236,7 +302,7 @@ class Reaper:
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConflictException":
                 raise
-        log("wait-for-results", run=run, reason=reason, missing=missing, recheck=name, at=at)
+        return name, at
 
     # --- Preprocessing ------------------------------------------------------------------------
 

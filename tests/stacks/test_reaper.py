@@ -8,6 +8,8 @@ import urllib.request
 import boto3
 import pytest
 from moto import mock_aws
+from moto.cloudformation.models import CloudFormationBackend, cloudformation_backends
+from moto.core import DEFAULT_ACCOUNT_ID
 
 from stacks.reaper import handler as reaper_module
 from stacks.reaper.handler import Reaper, RefusedStack, deadline, parse_event, recheck_time
@@ -177,10 +179,11 @@ def test_done_with_results_deletes_train_stack_and_nothing_else(reaper, capsys):
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
     assert stack_status("DatasetStack") == "CREATE_COMPLETE"
-    [decision] = decisions(capsys)
+    decision, followed = decisions(capsys)
     assert decision["decision"] == "delete-stack"
     assert decision["stack"] == "TrainStack"
     assert decision["reason"] == "done"
+    assert followed["decision"] == "follow-delete"
 
 
 @pytest.mark.parametrize("name", ["DatasetStack", "TeardownStack", "PreprocessStack", "Other"])
@@ -233,8 +236,8 @@ def test_failed_run_needs_only_its_logs(reaper, capsys, status, deleted):
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json", Body=json.dumps(done).encode())
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
-    [decision] = decisions(capsys)
-    assert decision["decision"] == ("delete-stack" if deleted else "wait-for-results")
+    expected = ["delete-stack", "follow-delete"] if deleted else ["wait-for-results"]
+    assert [d["decision"] for d in decisions(capsys)] == expected
 
 
 def test_recheck_is_idempotent_and_deletes_once_results_arrive(reaper, capsys):
@@ -249,17 +252,19 @@ def test_recheck_is_idempotent_and_deletes_once_results_arrive(reaper, capsys):
         "wait-for-results",
         "wait-for-results",
         "delete-stack",
+        "follow-delete",
     ]
 
 
 def test_hard_cap_deletes_even_without_results(reaper, capsys):
     reaper.handle({"trigger": "hard-cap", "run": RUN})
     assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
-    [decision] = decisions(capsys)
+    decision, _ = decisions(capsys)
     assert decision["decision"] == "delete-stack"
     assert decision["reason"] == "hard-cap"
     assert decision["missing_results"]
-    assert schedules() == []
+    [follow_up] = schedules()
+    assert json.loads(follow_up["Target"]["Input"])["reason"] == "deleting"
 
 
 def test_second_trigger_after_delete_is_a_noop(reaper, capsys):
@@ -270,11 +275,136 @@ def test_second_trigger_after_delete_is_a_noop(reaper, capsys):
     reaper.handle(alarm_event(RUN))
     assert [d["decision"] for d in decisions(capsys)] == [
         "delete-stack",
+        "follow-delete",
         "already-gone",
         "already-gone",
         "already-gone",
     ]
+    [follow_up] = schedules()
+    reaper.handle(json.loads(follow_up["Target"]["Input"]))
+    assert [d["decision"] for d in decisions(capsys)] == ["deleted"]
+
+
+def fail_deletes(monkeypatch) -> list[str]:
+    """Make moto's DeleteStack end the way a stuck network interface makes it: DELETE_FAILED."""
+    calls = []
+
+    def delete_stack(backend, name_or_stack_id):
+        calls.append(name_or_stack_id)
+        for stack in backend.stacks.values():
+            if name_or_stack_id in (stack.name, stack.stack_id):
+                stack.status = "DELETE_FAILED"
+                stack.status_reason = "The following resource(s) failed to delete: [Subnet]."
+
+    monkeypatch.setattr(CloudFormationBackend, "delete_stack", delete_stack)
+    return calls
+
+
+def set_train_stack_status(status: str) -> None:
+    backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
+    [stack] = [s for s in backend.stacks.values() if s.name == "TrainStack"]
+    stack.status = status
+
+
+def train_stack_id() -> str:
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    return cloudformation.describe_stacks(StackName="TrainStack")["Stacks"][0]["StackId"]
+
+
+def launch(tags: dict[str, str]) -> str:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    spec = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}]
+    reservation = ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=1, MaxCount=1, TagSpecifications=spec
+    )
+    return reservation["Instances"][0]["InstanceId"]
+
+
+def test_failed_delete_terminates_the_stacks_instances_and_retries(reaper, capsys, monkeypatch):
+    stack_id = train_stack_id()
+    fleet = launch({"aws:cloudformation:stack-id": stack_id, "Project": "horovod-fleet"})
+    bystander = launch({"Project": "horovod-fleet"})  # e.g. the preprocessing node
+    calls = fail_deletes(monkeypatch)
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert [d["decision"] for d in decisions(capsys)] == ["delete-stack", "follow-delete"]
+    assert instance_state(fleet) == "running"  # the first delete gets its chance
+    [schedule] = schedules()
+    payload = json.loads(schedule["Target"]["Input"])
+    assert payload == {
+        "trigger": "recheck",
+        "reason": "deleting",
+        "run": RUN,
+        "stack_id": stack_id,
+        "check": 1,
+    }
+    assert parse_event(payload)["trigger"] == "recheck"
+    reaper.handle(payload)  # ten minutes later: still DELETE_FAILED
+    retry, followed = decisions(capsys)
+    assert retry["decision"] == "delete-stack"
+    assert retry["reason"] == "retry-failed-delete"
+    assert retry["terminated"] == [fleet]
+    assert "Subnet" in retry["status_reason"]
+    assert followed["decision"] == "follow-delete"
+    assert calls == ["TrainStack", "TrainStack"]
+    assert instance_state(fleet) in ("shutting-down", "terminated")
+    assert instance_state(bystander) == "running"
+
+
+def test_delete_in_progress_is_followed_without_a_retry(reaper, capsys, monkeypatch):
+    calls = fail_deletes(monkeypatch)
+    stack_id = train_stack_id()
+    set_train_stack_status("DELETE_IN_PROGRESS")
+    reaper.handle(
+        {"trigger": "recheck", "reason": "deleting", "run": RUN, "stack_id": stack_id, "check": 3}
+    )
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "follow-delete"
+    assert decision["status"] == "DELETE_IN_PROGRESS"
+    assert calls == []
+    assert json.loads(schedules()[0]["Target"]["Input"])["check"] == 4
+
+
+def test_following_a_delete_ends_after_three_hours(reaper, capsys, monkeypatch):
+    fail_deletes(monkeypatch)
+    stack_id = train_stack_id()
+    set_train_stack_status("DELETE_IN_PROGRESS")
+    last = 180 // int(ENV["RECHECK_MINUTES"])
+    reaper.handle(
+        {
+            "trigger": "recheck",
+            "reason": "deleting",
+            "run": RUN,
+            "stack_id": stack_id,
+            "check": last,
+        }
+    )
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "delete-unconfirmed"
     assert schedules() == []
+
+
+def test_a_fleet_deployed_again_is_never_touched_by_an_old_follow_up(reaper, capsys):
+    old_id = train_stack_id()
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    cloudformation.delete_stack(StackName="TrainStack")
+    cloudformation.create_stack(StackName="TrainStack", TemplateBody=stack_template(RUN))
+    reaper.handle(
+        {"trigger": "recheck", "reason": "deleting", "run": RUN, "stack_id": old_id, "check": 1}
+    )
+    assert [d["decision"] for d in decisions(capsys)] == ["deleted"]
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    assert schedules() == []
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"trigger": "recheck", "reason": "deleting", "run": RUN, "check": 1},
+        {"trigger": "recheck", "reason": "deleting", "run": RUN, "stack_id": "x", "check": "1"},
+    ],
+)
+def test_a_follow_up_without_its_stack_id_and_count_is_ignored(event):
+    assert parse_event(event) == {"trigger": "ignored"}
 
 
 def test_no_train_stack_at_all_is_a_noop(reaper, capsys):
@@ -342,8 +472,8 @@ def test_idle_recheck_asks_the_alarm_again(reaper, capsys, alarm_state, deleted)
         set_idle_alarm(alarm_state)
     reaper.handle(json.loads(schedule["Target"]["Input"]))
     assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
-    expected = "delete-stack" if deleted else "idle-cleared"
-    assert [d["decision"] for d in decisions(capsys)] == ["wait-for-results", expected]
+    expected = ["delete-stack", "follow-delete"] if deleted else ["idle-cleared"]
+    assert [d["decision"] for d in decisions(capsys)] == ["wait-for-results", *expected]
 
 
 # --- preprocessing ---------------------------------------------------------------------------

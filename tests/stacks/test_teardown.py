@@ -306,6 +306,17 @@ def test_reaper_stops_only_the_registered_instance(templates):
     }
 
 
+def test_reaper_terminates_only_instances_cloudformation_tagged_as_train_stacks(templates):
+    [statement] = statements_for(templates, "ec2:TerminateInstances")
+    [resource] = as_list(statement["Resource"])
+    assert (
+        render(resource) == "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*"
+    )
+    assert statement["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/aws:cloudformation:stack-name": "TrainStack"}
+    }
+
+
 def test_snapshot_rights_only_when_configured(templates):
     [snapshot] = statements_for({"p": templates["PreprocessStack"]}, "ec2:CreateSnapshot")
     assert any(render(r).endswith(":volume/${Data}") for r in snapshot["Resource"])
