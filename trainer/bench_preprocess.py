@@ -17,7 +17,6 @@ leaves start-up out. Also printed: CPU ms per image by stage for both, the ratio
 codec work alone would allow, and its PSNR against an exact Pillow decode + antialiased resize.
 """
 
-import argparse
 import io
 import math
 import os
@@ -33,6 +32,7 @@ import numpy as np
 from PIL import Image
 
 from trainer import preprocess_jpeg
+from trainer.cli import OneLineErrorParser, fail
 from trainer.make_sample import make_sample
 from trainer.preprocess_image import target_size
 
@@ -40,6 +40,7 @@ GOAL_RATIO = 4.0
 GOAL_PER_CORE = 150.0
 SMALL_SAMPLE = (10, 8, 20)  # classes, train images per class, validation images
 SMALL_IMAGES = SMALL_SAMPLE[0] * SMALL_SAMPLE[1] + SMALL_SAMPLE[2]
+MAX_WORKERS = 512  # trainer.preprocess's own bound
 SHORT_SIDE, QUALITY = 256, 90  # trainer.preprocess's defaults
 
 
@@ -223,20 +224,20 @@ def image_size(data: bytes) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m trainer.bench_preprocess", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--images", type=int, default=2000, help="images in the sample (2000)")
     cores = len(os.sched_getaffinity(0))
     parser.add_argument("--workers", type=int, default=cores, help="tool processes (all cores)")
     args = parser.parse_args(argv)
-    if args.images < 2 * SMALL_IMAGES or args.workers < 1:
-        print(
-            f"error: --images must be at least {2 * SMALL_IMAGES} (steady state is measured "
-            f"against a {SMALL_IMAGES}-image run) and --workers at least 1",
-            file=sys.stderr,
+    if args.images < 2 * SMALL_IMAGES:
+        fail(
+            f"--images must be at least {2 * SMALL_IMAGES} (steady state is measured against a "
+            f"{SMALL_IMAGES}-image run), got {args.images}"
         )
-        sys.exit(2)
+    if not 1 <= args.workers <= MAX_WORKERS:
+        fail(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
     classes, val_images = 10, args.images // 10
     with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as workdir:
         print(f"generating {args.images} ImageNet-like images ...", flush=True)

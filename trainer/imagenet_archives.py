@@ -8,6 +8,7 @@ Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_local.py tes
 
 import io
 import os
+import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,11 +28,21 @@ class TarMember:
     size: int
 
 
-def split_s3_url(url: str) -> tuple[str, str]:
-    """(bucket, key) of s3://bucket/key; key may be empty or end with '/' for a prefix."""
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def split_s3_url(url: str, object_key: bool = False) -> tuple[str, str]:
+    """(bucket, key) of s3://bucket/key; key may be empty or end with '/' for a prefix, unless
+    object_key asks for one object."""
     bucket, _, key = url.removeprefix("s3://").partition("/")
     if not url.startswith("s3://") or not bucket or "*" in url:
         raise InputError(f"expected s3://BUCKET/KEY, got {url!r}")
+    if not _BUCKET_NAME.match(bucket):
+        raise InputError(
+            f"{bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.' and '-')"
+        )
+    if object_key and (not key or key.endswith("/")):
+        raise InputError(f"expected s3://BUCKET/KEY of one object, got {url!r}")
     return bucket, key
 
 
@@ -45,6 +56,8 @@ def s3_client():
 def check_input(flag: str, source: str, client) -> None:
     """Fails early, naming the flag, if an input file or s3:// object cannot be read."""
     if not source.startswith("s3://"):
+        if os.path.isdir(source):
+            raise InputError(f"{flag}: {source} is a directory; expected the archive file")
         if not os.path.isfile(source):
             raise InputError(f"{flag}: no such file: {source}")
         return

@@ -10,16 +10,16 @@ and the rehearsal's accuracy means something (chance is 1/classes). --quirks rep
 oddities: a CMYK JPEG, a PNG named .JPEG, a grayscale JPEG and a truncated JPEG.
 """
 
-import argparse
 import colorsys
 import io
 import os
-import sys
 import tarfile
 from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from trainer.cli import OneLineErrorParser, fail
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
@@ -166,7 +166,7 @@ def make_sample(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m trainer.make_sample", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--output", required=True, help="directory for the three ILSVRC files")
@@ -184,16 +184,20 @@ def main(argv: list[str] | None = None) -> None:
         ("--classes", args.classes, 1),
         ("--train-per-class", args.train_per_class, 1),
         ("--val-images", args.val_images, 1),
+        ("--seed", args.seed, 0),
     ]:
         if value < low:
-            print(f"error: {flag} must be at least {low}, got {value}", file=sys.stderr)
-            sys.exit(2)
+            fail(f"{flag} must be at least {low}, got {value}")
     if args.quirks and args.classes * args.train_per_class < len(QUIRKS):
-        print(f"error: --quirks needs at least {len(QUIRKS)} train images", file=sys.stderr)
-        sys.exit(2)
-    sample = make_sample(
-        args.output, args.classes, args.train_per_class, args.val_images, args.quirks, args.seed
-    )
+        fail(f"--quirks needs at least {len(QUIRKS)} train images")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        fail(f"--output: {args.output} is a file; expected a directory")
+    try:
+        sample = make_sample(
+            args.output, args.classes, args.train_per_class, args.val_images, args.quirks, args.seed
+        )
+    except OSError as exc:
+        fail(f"--output: cannot write {exc.filename or args.output}: {exc.strerror or exc}")
     total = args.classes * args.train_per_class
     print(
         f"wrote {sample.train_tar} ({total} images), {sample.val_tar} ({args.val_images}), {sample.val_labels}"

@@ -14,7 +14,6 @@ written last.
 Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_local.py tests/trainer/test_preprocess_s3.py
 """
 
-import argparse
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from multiprocessing import get_context
 
+from trainer.cli import OneLineErrorParser, fail
 from trainer.imagenet_archives import (
     InputError,
     check_input,
@@ -66,23 +66,13 @@ class Config:
     shards_per_block: int
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        fail(message)
-
-
-def fail(message: str, code: int = 2):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def _bounded(flag: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise InputError(f"{flag} must be between {low} and {high}, got {value}")
 
 
 def parse_config(argv: list[str] | None) -> Config:
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog="python -m trainer.preprocess", description=__doc__.split("\n")[0]
     )
     add = parser.add_argument
@@ -182,13 +172,16 @@ def validate(config: Config) -> None:
     _bounded("--shards-per-block", config.shards_per_block, 1, 99999)
     for flag, value in [
         ("--train-tar", config.train_tar),
+        ("--train-dir", config.train_dir),
         ("--val-tar", config.val_tar),
         ("--val-labels", config.val_labels),
         ("--output", config.output),
     ]:
+        if value is not None and not value.strip():
+            raise InputError(f"{flag} is empty; give a path or an s3:// URL")
         if value and value.startswith("s3://"):
             try:
-                split_s3_url(value)
+                split_s3_url(value, object_key=flag != "--output")
             except InputError as exc:
                 raise InputError(f"{flag}: {exc}") from None
 
@@ -338,6 +331,26 @@ def build_manifest(
     }
 
 
+def local_output(root: str) -> LocalOutput:
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise InputError(f"--output: {root} is a file; expected a directory or s3:// prefix")
+    try:
+        return LocalOutput(root)
+    except OSError as exc:
+        raise InputError(f"--output: cannot create {root}: {exc.strerror or exc}") from None
+
+
+def check_records(manifest: dict) -> None:
+    """A split with no record would only fail later, on a GPU fleet: no manifest for it."""
+    for split, totals in manifest["splits"].items():
+        if totals["records"] == 0:
+            reasons = sorted({entry["reason"] for entry in manifest["skipped"]})
+            raise InputError(
+                f"{split}: no image could be converted ({len(manifest['skipped'])} skipped, "
+                f"e.g. {reasons[0] if reasons else 'none found'}); no manifest written"
+            )
+
+
 def run(config: Config) -> dict:
     """Converts both splits and writes the manifest; returns the manifest."""
     sources = [config.train_tar, config.val_tar, config.val_labels, config.output]
@@ -351,10 +364,11 @@ def run(config: Config) -> dict:
             check_input(flag, source, client)
     if config.output.startswith("s3://"):
         check_output_bucket("--output", config.output, client)
-    if config.train_dir:
-        train_units, val_units = tree_units(
+    if config.train_dir is not None:
+        train_units, carved = tree_units(
             config.train_dir, config.min_images_per_class, config.val_per_class
         )
+        val_units = carved if config.val_per_class else None
     else:
         train_units, val_units = train_tar_units(config.train_tar, client), None
     label_map = {
@@ -373,7 +387,7 @@ def run(config: Config) -> dict:
     output = (
         S3Output(config.output, client)
         if config.output.startswith("s3://")
-        else LocalOutput(config.output)
+        else local_output(config.output)
     )
     try:
         pool = ProcessPoolExecutor(
@@ -385,6 +399,7 @@ def run(config: Config) -> dict:
                 for split, blocks in plans.items()
             }
         manifest = build_manifest(label_map, splits, config)
+        check_records(manifest)
         output.write_manifest(manifest)
     finally:
         output.close()
@@ -410,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if not type(exc).__module__.startswith(("botocore", "boto3", "s3transfer")):
             raise
-        fail(f"S3: {exc}")
+        fail(f"S3: {' '.join(str(exc).split())}")
     splits = ", ".join(
         f"{name} {s['records']} records in {s['shards']} shards"
         for name, s in manifest["splits"].items()

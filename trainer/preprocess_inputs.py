@@ -221,7 +221,8 @@ def tree_units(
         if carved:
             validation.append(_folder(synset, carved))
     if not train:
-        raise InputError(f"--train-dir: no class has at least {min_images_per_class} images")
+        wanted = f"at least {min_images_per_class} images" if min_images_per_class else "any image"
+        raise InputError(f"--train-dir: no class folder in {tree} holds {wanted}")
     return train, validation
 
 

@@ -23,11 +23,11 @@ FEATURES = {
 
 
 def run_preprocess(
-    args: list[str], timeout: float = 120, **env: str
+    args: list[str], timeout: float = 120, cwd: Path = REPO, **env: str
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "trainer.preprocess", *args],
-        cwd=REPO,
+        cwd=cwd,
         env=dict(os.environ, PYTHONPATH=str(REPO), **env),
         capture_output=True,
         text=True,

@@ -43,7 +43,21 @@ def test_too_small_a_sample_is_one_line_and_exit_2():
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         f"error: --images must be at least {2 * SMALL_IMAGES} (steady state is measured "
-        f"against a {SMALL_IMAGES}-image run) and --workers at least 1"
+        f"against a {SMALL_IMAGES}-image run), got 150"
+    ]
+
+
+def test_too_many_workers_is_one_line_before_any_work():
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.bench_preprocess", "--workers", "600"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "error: --workers must be between 1 and 512, got 600"
     ]
 
 

@@ -209,6 +209,36 @@ def test_tree_with_min_images_and_val_per_class(sample, tmp_path):
     )
 
 
+def test_tree_with_the_validation_archive(sample, tmp_path):
+    tree = tmp_path / "tree"
+    extract_tree(sample, tree)
+    output = tmp_path / "out"
+    args = ["--train-dir", str(tree), "--val-tar", sample.val_tar, "--val-labels", sample.val_labels,
+            "--output", str(output), "--train-shards", "2", "--val-shards", "1", "--short-side", "64"]  # fmt: skip
+    result = run_preprocess(args)
+    assert result.returncode == 0, result.stderr
+    manifest = manifest_of(str(output))
+    assert manifest["splits"]["validation"]["records"] == len(sample.val_synsets)
+    assert manifest["label_map"] == {s: i + 1 for i, s in enumerate(sorted(sample.synsets))}
+
+
+def test_a_split_with_no_convertible_image_writes_no_manifest(tmp_path):
+    tree = tmp_path / "tree"
+    for synset in ("n01440764", "n01443537"):
+        (tree / synset).mkdir(parents=True)
+        for index in range(3):
+            (tree / synset / f"{synset}_{index}.JPEG").write_bytes(b"not an image")
+    output = tmp_path / "out"
+    result = run_preprocess(
+        ["--train-dir", str(tree), "--val-per-class", "1", "--output", str(output)]
+    )
+    assert result.returncode == 2
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: ") and "no image could be converted" in last, result.stderr
+    assert "not an image" in last and "Traceback" not in result.stderr
+    assert not (output / "manifest.json").exists()
+
+
 def corrupt_files(tmp_path, sample) -> dict:
     """Broken inputs by name: not a tar, a short ground truth, a train tar with junk synset tars."""
     (tmp_path / "not-a-tar.tar").write_bytes(b"this is not a tar archive" * 100)
@@ -221,8 +251,10 @@ def corrupt_files(tmp_path, sample) -> dict:
             archive.addfile(info, io.BytesIO(junk))
     cut = Path(sample.train_tar).read_bytes()
     (tmp_path / "cut.tar").write_bytes(cut[: len(cut) * 2 // 3])
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "a-file").write_text("not a directory")
     names = {"not_a_tar": "not-a-tar.tar", "two_lines": "two-lines.txt", "damaged": "damaged.tar",
-             "cut": "cut.tar"}  # fmt: skip
+             "cut": "cut.tar", "a_directory": "a-directory", "a_file": "a-file"}  # fmt: skip
     return {name: str(tmp_path / file) for name, file in names.items()}
 
 
@@ -241,6 +273,14 @@ def corrupt_files(tmp_path, sample) -> dict:
         ({"--val-labels": None}, "give --val-tar with --val-labels"),
         ({"--train-tar": "damaged"}, "--train-tar: n01440764.tar is damaged"),
         ({"--train-tar": "cut"}, "cut.tar is not a readable tar archive: unexpected end of data"),
+        ({"--train-tar": ""}, "--train-tar is empty; give a path or an s3:// URL"),
+        ({"--output": ""}, "--output is empty; give a path or an s3:// URL"),
+        ({"--train-tar": "a_directory"}, "is a directory; expected the archive file"),
+        ({"--output": "a_file"}, "is a file; expected a directory or s3:// prefix"),
+        ({"--output": "/proc/no-such-dir/out"}, "--output: cannot create /proc/no-such-dir/out"),
+        ({"--train-tar": "s3://bucket"}, "--train-tar: expected s3://BUCKET/KEY of one object"),
+        ({"--val-labels": "s3://bucket/raw/"}, "--val-labels: expected s3://BUCKET/KEY of one"),
+        ({"--output": "s3://Bad_Bucket!/x"}, "'Bad_Bucket!' is not an S3 bucket name"),
     ],
 )
 def test_bad_input_is_one_error_line(sample, tmp_path, change, message):
@@ -256,9 +296,11 @@ def test_bad_input_is_one_error_line(sample, tmp_path, change, message):
     for flag, value in change.items():
         args[flag] = files.get(value, value)
     result = run_preprocess(
-        [item for flag, value in args.items() if value is not None for item in (flag, value)]
+        [item for flag, value in args.items() if value is not None for item in (flag, value)],
+        cwd=tmp_path / "a-directory",
     )
     assert result.returncode != 0
+    assert list((tmp_path / "a-directory").iterdir()) == []  # nothing written where it runs
     lines = result.stderr.splitlines()  # progress lines may come first when the error is mid-run
     assert lines[-1].startswith("error: ") and result.stderr.count("error:") == 1, result.stderr
     assert message in lines[-1] and "Traceback" not in result.stderr
