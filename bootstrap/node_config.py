@@ -16,14 +16,24 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bootstrap.cli import OneLineErrorParser, usage_error
+
 DEFAULT_PATH = "/etc/horovod-fleet/node.json"
+
+# trainer/config.py's ARCHS, mirrored: bootstrap runs before the trainer's dependencies are
+# installed, so it never imports trainer/ (a test keeps the two equal).
+TRAINER_ARCHS = ("resnet50", "resnet18")
+# S3's rules for bucket names: S3 refuses any other name, so one in node.json is a typo.
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 
 
 class ConfigError(ValueError):
@@ -111,56 +121,91 @@ _MISSING = object()
 
 
 class _Reader:
-    def __init__(self, doc: dict[str, Any]):
+    """Typed, checked access to one JSON object of node.json. `parent` is the object's own key,
+    so a message names a nested key in full ('signal.stack'), not just its last part."""
+
+    def __init__(self, doc: dict[str, Any], parent: str = ""):
         self.doc = doc
+        self.parent = parent
+
+    def name(self, key: str) -> str:
+        return f"{self.parent}.{key}" if self.parent else key
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(f"node.json: key '{self.name(key)}' {problem}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
         if key not in self.doc:
             if default is _MISSING:
-                raise ConfigError(f"node.json: missing key '{key}'")
+                raise ConfigError(f"node.json: missing key '{self.name(key)}'")
             return default
         value = self.doc[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         # bool is an int in Python; never accept true where a count is meant.
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            raise ConfigError(f"node.json: key '{key}' must be {names}, got {value!r}")
+            raise self.fail(key, f"must be {names}, got {value!r}")
         return value
+
+    def child(self, key: str, nullable: bool = False) -> _Reader | None:
+        """A nested object (None for a null or absent nullable one)."""
+        value = self.get(key, (dict, type(None)), None) if nullable else self.get(key, dict)
+        return None if value is None else _Reader(value, self.name(key))
 
     def text(self, key: str, default: Any = _MISSING, nullable: bool = False) -> Any:
         value = self.get(key, (str, type(None)) if nullable else str, default)
         if value is not None and not value.strip():
-            raise ConfigError(f"node.json: key '{key}' must not be empty")
+            raise self.fail(key, "must not be empty")
         return value
 
     def number(self, key: str, default: Any = _MISSING, minimum: float = 0) -> Any:
         value = self.get(key, (int, float), default)
+        # Python's json reads NaN and Infinity; NaN passes every comparison, inf never ends a wait.
+        if not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number, got {value!r}")
         if value < minimum:
-            raise ConfigError(f"node.json: key '{key}' must be >= {minimum}, got {value!r}")
+            raise self.fail(key, f"must be >= {minimum}, got {value!r}")
         return value
 
-    def integer(self, key: str, default: Any = _MISSING, minimum: int = 0) -> int:
+    def integer(
+        self, key: str, default: Any = _MISSING, minimum: int = 0, maximum: int | None = None
+    ) -> int:
         value = self.get(key, int, default)
         if value < minimum:
-            raise ConfigError(f"node.json: key '{key}' must be >= {minimum}, got {value!r}")
+            raise self.fail(key, f"must be >= {minimum}, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be <= {maximum}, got {value!r}")
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
+        value = self.text(key)
+        if value not in allowed:
+            raise self.fail(key, f"must be {' or '.join(map(repr, allowed))}, got {value!r}")
+        return value
+
+    def matching(self, key: str, pattern: re.Pattern, what: str) -> str:
+        value = self.text(key)
+        if not pattern.fullmatch(value):
+            raise self.fail(key, f"must be {what}, got {value!r}")
         return value
 
     def prefix(self, key: str) -> str:
         value = self.text(key)
         if not value.endswith("/") or value.startswith("/"):
-            raise ConfigError(f"node.json: key '{key}' must look like 'name/', got {value!r}")
+            raise self.fail(key, f"must look like 'name/', got {value!r}")
         return value
 
 
 def _common(r: _Reader) -> dict[str, Any]:
-    signal = r.get("signal", (dict, type(None)), None)
+    signal = r.child("signal", nullable=True)
     if signal is not None:
-        sr = _Reader(signal)
-        signal = Signal(stack=sr.text("stack"), resource=sr.text("resource"))
+        signal = Signal(stack=signal.text("stack"), resource=signal.text("resource"))
     return {
         "role": r.text("role"),
-        "region": r.text("region"),
-        "bucket": r.text("bucket"),
+        "region": r.matching("region", REGION_NAME, "an AWS region like 'us-east-1'"),
+        "bucket": r.matching(
+            "bucket", BUCKET_NAME, "an S3 bucket name: 3-63 lowercase letters, digits, '.' or '-'"
+        ),
         "log_group": r.text("log_group", None, nullable=True),
         "project": r.text("project", "horovod-fleet"),
         "signal": signal,
@@ -179,7 +224,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
     if not isinstance(doc, dict):
         raise ConfigError("node.json: must be a JSON object")
     r = _Reader(doc)
-    role = r.text("role")
+    role = r.choice("role", ("preprocess", "train"))
     if role == "preprocess":
         return PreprocessConfig(
             **_common(r),
@@ -192,25 +237,24 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
             val_shards=r.integer("val_shards", minimum=1),
             stop_when_done=r.get("stop_when_done", bool),
         )
-    if role != "train":
-        raise ConfigError(f"node.json: key 'role' must be 'preprocess' or 'train', got {role!r}")
     nodes = r.integer("nodes", minimum=1)
     index = r.integer("node_index")
     if index >= nodes:
-        raise ConfigError(f"node.json: key 'node_index' must be < nodes ({nodes}), got {index}")
+        raise r.fail("node_index", f"must be < nodes ({nodes}), got {index}")
     run = r.text("run")
     runs_prefix = r.prefix("runs_prefix")
     if runs_prefix != f"runs/{run}/":
-        raise ConfigError(
-            f"node.json: key 'runs_prefix' must be 'runs/{run}/', got {runs_prefix!r}"
-        )
-    trainer = r.get("trainer", dict)
-    for key in ("epochs", "batch_per_gpu", "arch", "image_size"):
-        _Reader(trainer).get(key, (int, str))
-    metrics = r.get("metrics", dict)
-    _Reader(metrics).text("namespace")
-    if not isinstance(metrics.get("dimension"), dict) or not metrics["dimension"]:
-        raise ConfigError("node.json: key 'metrics.dimension' must be an object like {'Run': run}")
+        raise r.fail("runs_prefix", f"must be 'runs/{run}/', got {runs_prefix!r}")
+    trainer = r.child("trainer")
+    # The trainer's own limits, so a typo fails at boot, not after the rendezvous.
+    trainer.integer("epochs", minimum=1)
+    trainer.integer("batch_per_gpu", minimum=1)
+    trainer.integer("image_size", minimum=32)
+    trainer.choice("arch", TRAINER_ARCHS)
+    metrics = r.child("metrics")
+    metrics.text("namespace")
+    if not isinstance(metrics.doc.get("dimension"), dict) or not metrics.doc["dimension"]:
+        raise metrics.fail("dimension", "must be an object like {'Run': run}")
     return TrainConfig(
         **_common(r),
         run=run,
@@ -222,10 +266,10 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         dataset_prefix=r.prefix("dataset_prefix"),
         runs_prefix=runs_prefix,
         rendezvous_timeout_s=r.number("rendezvous_timeout_s", minimum=1),
-        trainer=trainer,
-        metrics=metrics,
+        trainer=trainer.doc,
+        metrics=metrics.doc,
         instance_store=r.get("instance_store", bool, True),
-        ssh_port=r.integer("ssh_port", 22, minimum=1),
+        ssh_port=r.integer("ssh_port", 22, minimum=1, maximum=65535),
         authorized_keys_file=r.text("authorized_keys_file", "/root/.ssh/authorized_keys"),
         network_interface=r.text("network_interface", None, nullable=True),
         heartbeat_timeout_s=r.number("heartbeat_timeout_s", 120, minimum=1),
@@ -235,27 +279,30 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
 
 def load(path: str | Path = DEFAULT_PATH) -> PreprocessConfig | TrainConfig:
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"node.json: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise ConfigError(
+            f"node.json: {path} is not UTF-8 text (byte 0x{byte:02x} at offset {exc.start})"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"node.json: {path} is not JSON: {exc}") from None
     return parse(doc)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m bootstrap.node_config")
+    parser = OneLineErrorParser(prog="python3 -m bootstrap.node_config")
     parser.add_argument("--node-json", default=DEFAULT_PATH)
     parser.add_argument("key")
     args = parser.parse_args(argv)
     try:
         cfg = load(args.node_json)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     if not hasattr(cfg, args.key):
-        print(f"error: node.json has no key '{args.key}' for role {cfg.role}", file=sys.stderr)
-        return 2
+        return usage_error(f"node.json has no key '{args.key}' for role {cfg.role}")
     value = getattr(cfg, args.key)
     print("" if value is None else str(value).lower() if isinstance(value, bool) else value)
     return 0

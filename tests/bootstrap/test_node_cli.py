@@ -73,6 +73,7 @@ def done(s3):
 def test_missing_node_fails_the_run_naming_it(node, tmp_path):
     result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "(it retries each request up to 8 times)" in result.stdout
     assert "pulled and verified 1 shards, 2 records" in result.stdout
     assert not (tmp_path / "node" / "data" / "tfrecords" / "_progress").exists()
     assert "step 'rendezvous' failed" in result.stdout
@@ -108,6 +109,19 @@ def test_corrupt_pull_fails_the_data_step(node):
     assert result.returncode == 1
     assert "step 'data pull' failed" in result.stdout
     assert "truncated record" in done(s3)["reason"]
+
+
+def test_unwritable_done_json_does_not_hide_the_failure(node):
+    """The bucket is gone: the pull fails, and so do the uploads and DONE.json after it. The log
+    still says once what failed, one line per report action that could not be done; exit 1."""
+    result, _ = node("train_node.sh", bucket="no-such-bucket", nodes=1)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    [failed] = [line for line in lines if "FAILED:" in line]
+    assert "step 'data pull' failed: RuntimeError: s5cmd cp s3://no-such-bucket/" in failed
+    assert "NoSuchBucket" in failed
+    assert "could not write s3://no-such-bucket/runs/r1/DONE.json: NoSuchBucket" in lines[-1]
 
 
 def test_bad_node_json_is_one_line_naming_the_key(node):

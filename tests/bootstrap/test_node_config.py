@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from bootstrap_helpers import train_doc
+from bootstrap_helpers import BUCKET, train_doc
 
-from bootstrap.node_config import ConfigError, PreprocessConfig, TrainConfig, parse
+from bootstrap.node_config import TRAINER_ARCHS, ConfigError, PreprocessConfig, TrainConfig, parse
 
 PREPROCESS = {
     "role": "preprocess",
     "region": "us-east-1",
-    "bucket": "b",
+    "bucket": BUCKET,
     "log_group": "/horovod-fleet/preprocess",
     "project": "horovod-fleet",
     "signal": {"stack": "PreprocessStack", "resource": "Instance"},
@@ -66,16 +66,72 @@ def test_cpu_node_runs_one_rank():
         ({"dataset_prefix": "tfrecords"}, "key 'dataset_prefix' must look like 'name/'"),
         ({"efa": "yes"}, "key 'efa' must be bool"),
         ({"bucket": ""}, "key 'bucket' must not be empty"),
-        ({"signal": {"stack": "TrainStack"}}, "missing key 'resource'"),
-        ({"trainer": {"epochs": 1}}, "missing key 'batch_per_gpu'"),
+        ({"signal": {"stack": "TrainStack"}}, "missing key 'signal.resource'"),
+        ({"signal": {}}, "missing key 'signal.stack'"),
+        ({"signal": {"stack": "", "resource": "N"}}, "key 'signal.stack' must not be empty"),
+        ({"trainer": {"epochs": 1}}, "missing key 'trainer.batch_per_gpu'"),
+        ({"metrics": {"dimension": {"Run": "r1"}}}, "missing key 'metrics.namespace'"),
         ({"metrics": {"namespace": "HorovodFleet"}}, "key 'metrics.dimension'"),
         ({"rendezvous_timeout_s": -5}, "key 'rendezvous_timeout_s' must be >= 1"),
+        ({"rendezvous_timeout_s": float("inf")}, "key 'rendezvous_timeout_s' must be a finite"),
+        ({"poll_interval_s": float("nan")}, "key 'poll_interval_s' must be a finite number"),
+        ({"poll_interval_s": float("inf")}, "key 'poll_interval_s' must be a finite number"),
+        ({"poll_interval_s": 0}, "key 'poll_interval_s' must be >= 0.1, got 0"),
+        ({"poll_interval_s": -1}, "key 'poll_interval_s' must be >= 0.1, got -1"),
+        ({"ssh_port": 70000}, "key 'ssh_port' must be <= 65535, got 70000"),
+        ({"ssh_port": 0}, "key 'ssh_port' must be >= 1, got 0"),
+        ({"bucket": "Bad Bucket!"}, "key 'bucket' must be an S3 bucket name: 3-63 lowercase"),
+        ({"bucket": "ab"}, "key 'bucket' must be an S3 bucket name"),
+        ({"bucket": "a" * 64}, "key 'bucket' must be an S3 bucket name"),
+        ({"bucket": "fleet-data-"}, "key 'bucket' must be an S3 bucket name"),
+        ({"region": "mars-1"}, "key 'region' must be an AWS region like 'us-east-1', got 'mars-1'"),
+        ({"region": "US-EAST-1"}, "key 'region' must be an AWS region"),
+        ({"region": "us-east"}, "key 'region' must be an AWS region"),
     ],
 )
 def test_bad_values_name_the_key(change, message):
     with pytest.raises(ConfigError) as failure:
         parse(train_doc(**change))
     assert message in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"epochs": -5}, "key 'trainer.epochs' must be >= 1, got -5"),
+        ({"epochs": "90"}, "key 'trainer.epochs' must be int, got '90'"),
+        ({"batch_per_gpu": 0}, "key 'trainer.batch_per_gpu' must be >= 1, got 0"),
+        ({"image_size": 16}, "key 'trainer.image_size' must be >= 32, got 16"),
+        ({"arch": "vgg"}, "key 'trainer.arch' must be 'resnet50' or 'resnet18', got 'vgg'"),
+    ],
+)
+def test_bad_trainer_values_name_the_nested_key(change, message):
+    trainer = {"epochs": 2, "batch_per_gpu": 256, "arch": "resnet50", "image_size": 224}
+    with pytest.raises(ConfigError) as failure:
+        parse(train_doc(trainer={**trainer, **change}))
+    assert message in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"region": "us-gov-west-1"},
+        {"region": "ap-southeast-2"},
+        {"bucket": "abc"},
+        {"bucket": "horovod-fleet.123456789012-" + "x" * 36},
+        {"ssh_port": 65535},
+        {"poll_interval_s": 0.1},
+        {"trainer": {"epochs": 1, "batch_per_gpu": 1, "arch": "resnet18", "image_size": 32}},
+    ],
+)
+def test_edge_values_are_accepted(change):
+    parse(train_doc(**change))
+
+
+def test_trainer_archs_mirror_the_trainer():
+    from trainer.config import ARCHS  # only the test may import trainer/: bootstrap mirrors it
+
+    assert TRAINER_ARCHS == ARCHS
 
 
 def test_missing_key_is_named():
@@ -101,3 +157,29 @@ def test_cli_prints_one_value_and_one_error_line(tmp_path):
     assert bad.stderr == "error: node.json: key 'nodes' must be >= 1, got -1\n"
     path.write_text("{not json")
     assert "is not JSON" in subprocess.run([*run, "nodes"], capture_output=True, text=True).stderr
+
+
+def test_cli_reports_a_binary_file_in_one_line(tmp_path):
+    path = tmp_path / "node.json"
+    path.write_bytes(b"\x1f\x8b\x08\x00 gzip, not JSON")
+    run = [sys.executable, "-m", "bootstrap.node_config", "--node-json", str(path), "nodes"]
+    bad = subprocess.run(run, capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr == f"error: node.json: {path} is not UTF-8 text (byte 0x8b at offset 1)\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: key"),
+        (["--node-json"], "argument --node-json: expected one argument"),
+        (["nodes", "extra"], "unrecognized arguments: extra"),
+    ],
+)
+def test_cli_usage_mistake_is_one_line(argv, message):
+    bad = subprocess.run(
+        [sys.executable, "-m", "bootstrap.node_config", *argv], capture_output=True, text=True
+    )
+    assert bad.returncode == 2
+    assert bad.stderr == f"error: {message} (see --help)\n"
+    assert bad.stdout == ""

@@ -54,7 +54,7 @@ def test_download_uses_the_secret_and_keeps_finished_files(server, tmp_path, mon
             SecretString=json.dumps({"url": server, "username": "user", "password": "s3cret"}),
         )["ARN"]
         cfg = parse({
-            "role": "preprocess", "region": "us-east-1", "bucket": "b", "log_group": None,
+            "role": "preprocess", "region": "us-east-1", "bucket": "fleet-data", "log_group": None,
             "signal": None, "raw_prefix": "raw/", "output_prefix": "tfrecords/",
             "volume_id": None, "mount_point": str(tmp_path), "download_secret_arn": arn,
             "train_shards": 1, "val_shards": 1, "stop_when_done": False,
