@@ -51,8 +51,10 @@ _AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 _SSM_NAME = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 _VPC_ID = re.compile(r"vpc-[0-9a-f]{8,17}")
 _SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
+# The full ARN, with the six characters Secrets Manager appends: IAM matches a grant on a
+# partial ARN against nothing.
 _SECRET_ARN = re.compile(
-    r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+"
+    r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}"
 )
 _INSTANCE_TYPE = re.compile(r"([a-z]+)(\d+)([a-z-]*)\.([a-z0-9]+)")
 
@@ -150,7 +152,14 @@ class FleetConfig:
             snapshot_data_volume=get("snapshotDataVolume", _boolean),
             download_secret_arn=get(
                 "downloadSecretArn",
-                _optional(_matching(_SECRET_ARN, "empty or a Secrets Manager secret ARN")),
+                _optional(
+                    _matching(
+                        _SECRET_ARN,
+                        "empty or a full Secrets Manager secret ARN, ending in the 6 random "
+                        "characters after the name (arn:aws:secretsmanager:REGION:ACCOUNT:"
+                        "secret:NAME-AbCdEf)",
+                    )
+                ),
             ),
         )
 

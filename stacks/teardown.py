@@ -157,10 +157,12 @@ class TeardownStack(Stack):
         train_stack_arn = self.format_arn(
             service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
         )
-        idle_alarms_arn = self.format_arn(
+        # Every alarm of the account and region, read-only: CloudWatch has been seen to authorise
+        # DescribeAlarms against alarm:*, and a denial would leave an idle fleet billing.
+        alarms_arn = self.format_arn(
             service="cloudwatch",
             resource="alarm",
-            resource_name=f"{IDLE_ALARM_PREFIX}*",
+            resource_name="*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
         recheck_schedules_arn = self.format_arn(
@@ -187,7 +189,7 @@ class TeardownStack(Stack):
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[done_objects_arn]),
             iam.PolicyStatement(
                 actions=["cloudwatch:DescribeAlarms"],
-                resources=[idle_alarms_arn],
+                resources=[alarms_arn],
             ),
             iam.PolicyStatement(
                 actions=["scheduler:CreateSchedule"],
@@ -213,7 +215,8 @@ class TeardownStack(Stack):
                 resources=[train_instances_arn],
                 conditions={
                     "StringEquals": {
-                        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME
+                        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME,
+                        "aws:ResourceTag/Project": PROJECT,
                     }
                 },
             ),
@@ -223,17 +226,19 @@ class TeardownStack(Stack):
             policy,
             [
                 train_stack_arn,
-                idle_alarms_arn,
+                alarms_arn,
                 recheck_schedules_arn,
                 done_objects_arn,
                 train_instances_arn,
                 "*",
             ],
             "The wildcards are the stack-id suffix of TrainStack, the reaper's own re-check "
-            "schedules and idle alarms by name prefix, the run name in runs/<run>/DONE.json "
-            "(read to learn whether a run failed), TrainStack's instances (terminated only "
-            "with CloudFormation's stack-name tag TrainStack, after a failed delete), and the "
-            "read-only EC2 Describe calls, which support no resource-level permissions.",
+            "schedules by name prefix, the run name in runs/<run>/DONE.json (read to learn "
+            "whether a run failed), TrainStack's instances (terminated only with "
+            "CloudFormation's stack-name tag TrainStack and Project=horovod-fleet, after a "
+            "failed delete), read-only DescribeAlarms on the region's alarms (CloudWatch may "
+            "authorise it against alarm:*), and the read-only EC2 Describe calls, which "
+            "support no resource-level permissions.",
         )
 
     def _budget(self, email: str, limit_usd: float) -> None:

@@ -71,13 +71,19 @@ def check_input(flag: str, source: str, client) -> None:
 
 
 def check_output_bucket(flag: str, url: str, client) -> None:
+    """Fails early, naming the flag, if the output prefix cannot be listed.
+
+    A listing under the prefix, not HeadBucket: S3 authorises HeadBucket as s3:ListBucket with
+    no s3:prefix, which a role allowed to list only its own prefixes is denied.
+    """
     from botocore.exceptions import ClientError
 
-    bucket, _ = split_s3_url(url)
+    bucket, key = split_s3_url(url)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
     try:
-        client.head_bucket(Bucket=bucket)
+        client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
     except ClientError as exc:
-        raise InputError(f"{flag}: cannot use bucket {bucket}: {_s3_code(exc)}") from None
+        raise InputError(f"{flag}: cannot use {url}: {_s3_code(exc)}") from None
 
 
 def _s3_code(exc: Exception) -> str:

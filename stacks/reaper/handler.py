@@ -265,7 +265,11 @@ class Reaper:
         )
         ids = [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
         if ids:
-            self.ec2.terminate_instances(InstanceIds=ids)
+            try:
+                self.ec2.terminate_instances(InstanceIds=ids)
+            except ClientError as error:  # the delete is still worth retrying
+                log("terminate-failed", instances=ids, error=error.response["Error"]["Code"])
+                return []
         return ids
 
     def delete_stack(self, stack_name: str, **fields) -> None:

@@ -66,6 +66,11 @@ def test_imported_network_needs_both_ids():
         ("run", "Bad_Name", "lowercase letters"),
         ("datasetPrefix", "/abs/", "ending in '/'"),
         ("ami", "ubuntu", "an AMI id"),
+        (
+            "downloadSecretArn",
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:imagenet",
+            "ending in the 6 random characters",
+        ),
         ("preprocessInstanceType", "p3.2xlarge", "a t2/t3 instance type"),
         ("arch", "vgg16", "resnet50 or resnet18"),
         ("node", 8, "did you mean nodes?"),

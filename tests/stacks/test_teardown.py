@@ -313,7 +313,10 @@ def test_reaper_terminates_only_instances_cloudformation_tagged_as_train_stacks(
         render(resource) == "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*"
     )
     assert statement["Condition"] == {
-        "StringEquals": {"aws:ResourceTag/aws:cloudformation:stack-name": "TrainStack"}
+        "StringEquals": {
+            "aws:ResourceTag/aws:cloudformation:stack-name": "TrainStack",
+            "aws:ResourceTag/Project": "horovod-fleet",
+        }
     }
 
 
