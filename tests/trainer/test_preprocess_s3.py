@@ -153,7 +153,10 @@ def test_s3_input_to_local_output_matches_local_run(s3, s3_env, tmp_path):
             s3_args("s3://dataset/out", train="missing.tar"),
             "--train-tar: cannot read s3://dataset/raw/missing.tar: not found (404)",
         ),
-        (s3_args("s3://no-such-bucket/out"), "--output: cannot use s3://no-such-bucket/out: NoSuchBucket"),
+        (
+            s3_args("s3://no-such-bucket/out"),
+            "--output: cannot use s3://no-such-bucket/out: NoSuchBucket",
+        ),
     ],
 )
 def test_s3_bad_input_is_one_error_line(s3, s3_env, args, message):
