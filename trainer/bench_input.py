@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import tensorflow as tf
 from PIL import Image
 
 from trainer import data
+from trainer.cli import OneLineErrorParser, fail
 from trainer.make_sample import make_image
 
 REQUIRED_PER_CORE = 110
@@ -87,9 +89,9 @@ def measure(
     return images / (time.perf_counter() - start), images / (time.process_time() - cpu_start)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.bench_input", description=__doc__)
-    parser.add_argument("--data-dir", type=Path, help="directory with train-* TFRecord shards")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = OneLineErrorParser(prog="python -m trainer.bench_input", description=__doc__)
+    parser.add_argument("--data-dir", help="directory with train-* TFRecord shards")
     parser.add_argument(
         "--generate",
         action="store_true",
@@ -102,33 +104,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds first")
     args = parser.parse_args(argv)
     if args.generate == (args.data_dir is not None):
-        print("error: give exactly one of --data-dir DIR or --generate", file=sys.stderr)
-        return 1
-    if min(args.images, args.image_size, args.batch_size) <= 0 or args.seconds <= 0:
-        print(
-            "error: --images, --image-size, --batch-size and --seconds must be > 0", file=sys.stderr
-        )
-        return 1
+        fail("give exactly one of --data-dir DIR or --generate")
+    if args.data_dir is not None and not args.data_dir.strip():
+        fail("--data-dir is empty; give a directory path")  # Path("") would be the cwd
+    for flag, value in [
+        ("--images", args.images),
+        ("--image-size", args.image_size),
+        ("--batch-size", args.batch_size),
+    ]:
+        if value <= 0:
+            fail(f"{flag} must be > 0, got {value}")
+    # nan compares false with everything: it would measure nothing (or warm up forever if inf).
+    if not 0 < args.seconds < math.inf:
+        fail(f"--seconds must be a finite number > 0, got {args.seconds}")
+    if not 0 <= args.warmup < math.inf:
+        fail(f"--warmup must be a finite number >= 0, got {args.warmup}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="bench-input-") as scratch:
-        data_dir = args.data_dir
+        data_dir = Path(args.data_dir or scratch)
         if args.generate:
-            data_dir = Path(scratch)
             total = generate(data_dir, args.images, shards=8)
             print(f"generated {args.images} JPEGs, {total / args.images / 1024:.0f} KiB on average")
         try:
             files = data.list_shards(data_dir, "train")
+            data.require_records(files, f"the train-* shards in {data_dir}")
             images_per_s, images_per_cpu_s = measure(
                 files, args.batch_size, args.image_size, args.seconds, args.warmup
             )
         except data.DataError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            fail(str(exc))
         except tf.errors.OpError as exc:
-            print(
-                f"error: {data.describe_input_error(exc, files, args.image_size)}", file=sys.stderr
-            )
-            return 1
+            fail(data.describe_input_error(exc, files, args.image_size))
     per_core = images_per_s / cores
     verdict = "meets" if per_core >= REQUIRED_PER_CORE else "BELOW"
     print(

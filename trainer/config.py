@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from pathlib import Path
+
+from trainer.cli import OneLineErrorParser
 
 ARCHS = ("resnet50", "resnet18")
 # LARS takes over from plain momentum SGD above this global batch (You et al., 2017).
@@ -52,7 +55,7 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m trainer.train",
         description="Train ResNet-50 v1.5 (or ResNet-18) on ImageNet TFRecords with Horovod. "
         "Run under horovodrun for several ranks; every rank gets the same flags.",
@@ -62,13 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--data-dir",
-        type=Path,
         help="directory with train-* and validation-* TFRecord shards (standard ImageNet schema) "
         "and optionally manifest.json; not needed with --synthetic",
     )
     parser.add_argument(
         "--model-dir",
-        type=Path,
         required=True,
         help="output directory: checkpoints/, tensorboard/, eval.json, train.json (rank 0 writes)",
     )
@@ -156,6 +157,14 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _path(flag: str, value: str | None) -> Path | None:
+    """Path("") is ".": an empty flag would quietly mean the working directory."""
+    if value is None:
+        return None
+    _require(value.strip() != "", f"{flag} is empty; give a directory path")
+    return Path(value)
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Parse and validate the command line; raises ConfigError naming the bad value."""
     args = build_parser().parse_args(argv)
@@ -171,10 +180,19 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         args.num_classes is None or args.num_classes >= 2,
         f"--num-classes must be >= 2, got {args.num_classes}",
     )
-    _require(args.base_lr > 0, f"--base-lr must be > 0, got {args.base_lr}")
-    _require(args.warmup_epochs >= 0, f"--warmup-epochs must be >= 0, got {args.warmup_epochs}")
+    # inf passes the range checks but turns the loss or the warmup step count into nan/overflow.
+    _require(
+        0 < args.base_lr < math.inf, f"--base-lr must be a finite number > 0, got {args.base_lr}"
+    )
+    _require(
+        0 <= args.warmup_epochs < math.inf,
+        f"--warmup-epochs must be a finite number >= 0, got {args.warmup_epochs}",
+    )
     _require(0 <= args.momentum < 1, f"--momentum must be in [0, 1), got {args.momentum}")
-    _require(args.weight_decay >= 0, f"--weight-decay must be >= 0, got {args.weight_decay}")
+    _require(
+        0 <= args.weight_decay < math.inf,
+        f"--weight-decay must be a finite number >= 0, got {args.weight_decay}",
+    )
     _require(
         0 <= args.label_smoothing < 1,
         f"--label-smoothing must be in [0, 1), got {args.label_smoothing}",
@@ -186,5 +204,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     _require(
         0 < args.min_crop_area <= 1, f"--min-crop-area must be in (0, 1], got {args.min_crop_area}"
     )
+    args.data_dir = _path("--data-dir", args.data_dir)
+    args.model_dir = _path("--model-dir", args.model_dir)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})

@@ -38,48 +38,101 @@ class DatasetInfo:
     validation_records: int | None
 
 
-def read_manifest(data_dir: Path) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """The manifest.json fields the trainer uses (docs/contracts.md); None: not in the file."""
+
+    num_classes: int | None = None
+    label_base: int | None = None
+    train_records: int | None = None
+    validation_records: int | None = None
+
+
+def read_manifest(data_dir: Path) -> Manifest:
+    """Read and check data_dir/manifest.json once, so that no bad value reaches the model."""
     path = data_dir / "manifest.json"
     if not path.exists():
-        return None
+        return Manifest()
     try:
-        manifest = json.loads(path.read_text())
-        splits = manifest.get("splits", {})
-        for key in ("num_classes", "label_base"):
-            if key in manifest and not isinstance(manifest[key], int):
-                raise ValueError(f"{key} is not an integer")
-        if not isinstance(splits, dict):
-            raise ValueError("splits is not an object")
-    except (OSError, ValueError, AttributeError) as exc:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise DataError(f"unreadable manifest {path}: {exc}") from None
-    return manifest
+    return Manifest(
+        num_classes=_manifest_int(path, document, "num_classes", 2),
+        label_base=_manifest_int(path, document, "label_base", 0, 1),
+        train_records=_manifest_int(path, document, "splits.train.records", 1),
+        validation_records=_manifest_int(path, document, "splits.validation.records", 1),
+    )
+
+
+def _manifest_int(
+    path: Path, document, field: str, lowest: int, highest: int | None = None
+) -> int | None:
+    """The integer at dotted `field`, None when absent; DataError naming it when malformed."""
+    keys = field.split(".")
+    value = document
+    for depth, key in enumerate(keys):
+        if not isinstance(value, dict):
+            where = ".".join(keys[:depth]) or "the top level"
+            raise DataError(f"manifest {path}: {where} must be a JSON object, got {_shown(value)}")
+        if key not in value:
+            return None
+        value = value[key]
+    allowed = f"an integer >= {lowest}" if highest is None else f"{lowest} or {highest}"
+    # bool is an int subclass in Python, but `true` is not a count in JSON.
+    if type(value) is not int or value < lowest or (highest is not None and value > highest):
+        raise DataError(f"manifest {path}: {field} must be {allowed}, got {_shown(value)}")
+    return value
+
+
+def _shown(value) -> str:
+    """A JSON value as the user wrote it, cut short so the error stays one readable line."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def list_shards(data_dir: Path, split: str) -> list[str]:
-    if not data_dir.is_dir():
+    if not data_dir.exists():
         raise DataError(f"data directory {data_dir} does not exist")
+    if not data_dir.is_dir():
+        raise DataError(f"data directory {data_dir} is not a directory")
     files = sorted(str(p) for p in data_dir.glob(f"{split}-*") if p.is_file())
     if not files:
         raise DataError(f"no {split}-* TFRecord shards in {data_dir}")
     return files
 
 
+def require_records(files: list[str], what: str) -> None:
+    """Fail when every file is empty: an endlessly repeated empty dataset never yields a batch.
+
+    Checked by size, which is instant: every TFRecord record takes at least 16 bytes, and a
+    non-empty file without a whole record fails with a read error instead of hanging.
+    """
+    if all(Path(file).stat().st_size == 0 for file in files):
+        raise DataError(f"{what} hold no records (every file is empty)")
+
+
 def resolve_dataset(data_dir: Path, num_classes: int | None, label_base: int | None) -> DatasetInfo:
     """Shards plus class count and label base: flags override manifest.json, then defaults."""
     train_files = list_shards(data_dir, "train")
     validation_files = list_shards(data_dir, "validation")
-    manifest = read_manifest(data_dir) or {}
-    splits = manifest.get("splits", {})
+    manifest = read_manifest(data_dir)
+    require_records(train_files, f"the train-* shards in {data_dir}")
+    # An empty validation split would not hang, but would report top-1 0.0 on 0 images.
+    require_records(validation_files, f"the validation-* shards in {data_dir}")
     return DatasetInfo(
-        num_classes=num_classes or manifest.get("num_classes", DEFAULT_NUM_CLASSES),
-        label_base=label_base
-        if label_base is not None
-        else manifest.get("label_base", DEFAULT_LABEL_BASE),
+        num_classes=_first_given(num_classes, manifest.num_classes, DEFAULT_NUM_CLASSES),
+        label_base=_first_given(label_base, manifest.label_base, DEFAULT_LABEL_BASE),
         train_files=train_files,
         validation_files=validation_files,
-        train_records=splits.get("train", {}).get("records"),
-        validation_records=splits.get("validation", {}).get("records"),
+        train_records=manifest.train_records,
+        validation_records=manifest.validation_records,
     )
+
+
+def _first_given(*values: int | None) -> int:
+    """The first value that is not None (0 is a valid label base, so `or` will not do)."""
+    return next(value for value in values if value is not None)
 
 
 def shard_for_rank(files: list[str], rank: int, size: int, split: str) -> list[str]:

@@ -8,7 +8,7 @@ Run (one process, or under horovodrun for several ranks; every rank gets the sam
 
 Outputs (rank 0): <model-dir>/checkpoints/ (one per epoch; a restart resumes from the newest),
 <model-dir>/tensorboard/, <model-dir>/eval.json, <model-dir>/train.json.
-Bad input ends every rank with one `error: ...` line and exit status 1: ranks agree on failures
+Bad input ends every rank with one `error: ...` line and exit status 2: ranks agree on failures
 through a collective before going on, so none is left waiting on a rank that stopped.
 """
 
@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import data
+from trainer.cli import fail
 from trainer.config import LARS_ABOVE_GLOBAL_BATCH, ConfigError, TrainConfig, parse_config
 from trainer.model import build_resnet, decayed_variables
 from trainer.optim import WarmupCosine, lars_scale, make_optimizer, peak_learning_rate
@@ -89,14 +90,20 @@ def resolve_input(config: TrainConfig, global_batch: int):
     agree(local_error)
     if config.eval_only:  # no training: the schedule, hence steps per epoch, is irrelevant
         return info, train_files, val_files, 1
-    train_records = info.train_records
-    if train_records is None and not config.steps_per_epoch:
-        local_count = 0
-        try:
+    count = info.train_records is None and not config.steps_per_epoch
+    local_count = 0
+    try:
+        # A rank whose own shards are empty would wait forever for its first batch while the
+        # others wait for it in the step's allreduce, even when the whole split has records.
+        first = train_files[0]
+        data.require_records(train_files, f"rank {hvd.rank()}'s train shards, from {first},")
+        if count:
             local_count = data.count_records(train_files)
-        except data.DataError as exc:
-            local_error = str(exc)
-        agree(local_error)
+    except data.DataError as exc:
+        local_error = str(exc)
+    agree(local_error)
+    train_records = info.train_records
+    if count:
         train_records = int(hvd.allreduce(tf.constant(local_count), op=hvd.Sum, name="records"))
     steps = config.steps_per_epoch or train_records // global_batch
     if steps == 0:
@@ -418,15 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)  # the same argv on every rank: no agreement needed
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        fail(str(exc))
     # Horovod: initialise before anything asks for rank, size or local rank.
     hvd.init()
     try:
         run(config)
     except RunError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        fail(str(exc))
     return 0
 
 

@@ -60,6 +60,57 @@ def test_manifest_gives_classes_and_base_and_flags_override(tiny_data):
         data.resolve_dataset(tiny_data, None, None)
 
 
+BAD_MANIFESTS = {
+    "top level": ([1, 2], "the top level must be a JSON object, got [1, 2]"),
+    "splits": ({"splits": "all"}, 'splits must be a JSON object, got "all"'),
+    "one class": ({"num_classes": 1}, "num_classes must be an integer >= 2, got 1"),
+    "bool classes": ({"num_classes": True}, "num_classes must be an integer >= 2, got true"),
+    "label base": ({"label_base": 5}, "label_base must be 0 or 1, got 5"),
+    "null base": ({"label_base": None}, "label_base must be 0 or 1, got null"),
+    "validation": (
+        {"splits": {"validation": {"records": 2.5}}},
+        "splits.validation.records must be an integer >= 1, got 2.5",
+    ),
+    "long value": (
+        {"num_classes": "x" * 60},
+        'num_classes must be an integer >= 2, got "' + "x" * 36 + "...",
+    ),
+}
+
+
+@pytest.mark.parametrize(("document", "problem"), BAD_MANIFESTS.values(), ids=BAD_MANIFESTS)
+def test_manifest_values_are_checked_where_read(tiny_data, document, problem):
+    manifest = tiny_data / "manifest.json"
+    manifest.write_text(json.dumps(document))
+    with pytest.raises(data.DataError) as caught:
+        data.resolve_dataset(tiny_data, 4, 1)  # flags given: the manifest is checked all the same
+    assert str(caught.value) == f"manifest {manifest}: {problem}"
+
+
+def test_manifest_may_leave_fields_out(tiny_data):
+    (tiny_data / "manifest.json").write_text(json.dumps({"splits": {"train": {"shards": 2}}}))
+    info = data.resolve_dataset(tiny_data, None, None)
+    assert (info.num_classes, info.label_base, info.train_records) == (1000, 1, None)
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_a_split_of_empty_shards_is_an_error(tiny_data, split):
+    for shard in tiny_data.glob(f"{split}-*"):
+        shard.write_bytes(b"")
+    with pytest.raises(data.DataError) as caught:
+        data.resolve_dataset(tiny_data, None, None)
+    assert str(caught.value) == (
+        f"the {split}-* shards in {tiny_data} hold no records (every file is empty)"
+    )
+
+
+def test_one_empty_shard_among_others_is_fine(tiny_data):
+    (tiny_data / "train-00001-of-00002").write_bytes(b"")
+    data.require_records(sorted(str(p) for p in tiny_data.glob("train-*")), "train shards")
+    with pytest.raises(data.DataError, match=r"^rank 1's shards hold no records"):
+        data.require_records([str(tiny_data / "train-00001-of-00002")], "rank 1's shards")
+
+
 def test_defaults_without_manifest_are_imagenet(tiny_data):
     info = data.resolve_dataset(tiny_data, None, None)
     assert (info.num_classes, info.label_base) == (1000, 1)
@@ -80,6 +131,9 @@ def test_shards_are_split_by_file_between_ranks():
 def test_missing_directory_and_missing_shards(tmp_path):
     with pytest.raises(data.DataError, match="does not exist"):
         data.list_shards(tmp_path / "nowhere", "train")
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(data.DataError, match=r"^data directory .*file is not a directory$"):
+        data.list_shards(tmp_path / "file", "train")
     with pytest.raises(data.DataError, match="no train-\\* TFRecord shards"):
         data.list_shards(tmp_path, "train")
 
@@ -162,7 +216,7 @@ def test_bench_input_prints_json_last(tiny_data, run_trainer):
 
 def test_bench_input_without_shards_is_one_error_line(tmp_path, run_trainer):
     result = run_trainer(["--data-dir", str(tmp_path)], module="trainer.bench_input", timeout=120)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if "error:" in line] == [
         f"error: no train-* TFRecord shards in {tmp_path}"
     ]

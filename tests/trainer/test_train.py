@@ -41,20 +41,20 @@ def test_config_is_validated_once_at_the_edge(tmp_path):
 
 def test_bad_flag_value_is_one_error_line(tmp_path, run_trainer):
     result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", "m", "--epochs", "-1"])
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert error_lines(result) == ["error: --epochs must be > 0, got -1"]
 
 
 def test_missing_data_dir_is_one_error_line(tmp_path, run_trainer):
     missing = tmp_path / "nowhere"
     result = run_trainer(["--data-dir", str(missing), "--model-dir", str(tmp_path / "m")])
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert error_lines(result) == [f"error: data directory {missing} does not exist"]
 
 
 def test_no_shards_is_one_error_line(tmp_path, run_trainer):
     result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", str(tmp_path / "m")])
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert error_lines(result) == [f"error: no train-* TFRecord shards in {tmp_path}"]
 
 
@@ -62,7 +62,7 @@ def test_truncated_shard_is_named(tiny_data, tmp_path, run_trainer):
     shard = tiny_data / "train-00001-of-00002"
     shard.write_bytes(shard.read_bytes()[:-50])
     result = run_trainer(["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")])
-    assert result.returncode != 0
+    assert result.returncode == 2
     [line] = error_lines(result)
     assert line.startswith(f"error: corrupt or truncated record in {shard}")
 
@@ -72,7 +72,7 @@ def test_label_outside_range_is_named(tiny_data, tmp_path, run_trainer):
     args = ["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")]
     args += ["--arch", "resnet18", "--image-size", "32", "--batch-size", "4", "--epochs", "1"]
     result = run_trainer([*args, "--num-classes", "4", "--label-base", "0"])
-    assert result.returncode != 0
+    assert result.returncode == 2
     [line] = error_lines(result)
     assert line.startswith("error: label 4 outside 0..3 in ") and "train-0000" in line
 
@@ -81,7 +81,7 @@ def test_eval_only_without_checkpoint_is_an_error(tiny_data, tmp_path, run_train
     model_dir = tmp_path / "m"
     args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--eval-only"]
     result = run_trainer([*args, "--arch", "resnet18", "--image-size", "32"])
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert error_lines(result) == [
         f"error: --eval-only: no checkpoint in {model_dir / 'checkpoints'}"
     ]

@@ -92,3 +92,20 @@ def test_bad_label_on_one_rank_stops_every_rank(
     assert all(line.endswith(f"error: label 9 outside 1..4 in {bad_file}") for line in errors)
     assert "Traceback" not in "".join(line for line in result.stderr.splitlines() if "]<" in line)
     assert time.monotonic() - started < 200
+
+
+def test_empty_shards_on_one_rank_stop_every_rank(tiny_data, tmp_path, run_trainer):
+    # The split has records, but rank 1's only shard is empty: with --steps-per-epoch (no count)
+    # rank 1 used to wait forever for a batch while rank 0 waited for it in the allreduce.
+    empty = tiny_data / "train-00001-of-00002"
+    empty.write_bytes(b"")
+    model_dir = tmp_path / "m"
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "4", "--epochs", "1", "--num-classes", "4"]
+    result = run_trainer([*args, "--steps-per-epoch", "2"], ranks=2, timeout=120)
+    assert result.returncode != 0  # horovodrun's own status for a failed rank
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert sorted(line.split(":", 1)[0] for line in errors) == ["[0]<stderr>", "[1]<stderr>"]
+    expected = f"error: rank 1's train shards, from {empty}, hold no records (every file is empty)"
+    assert all(line.endswith(expected) for line in errors), errors
+    assert not model_dir.exists()
