@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load(args.node_json)
     except ConfigError as exc:
         return usage_error(str(exc))
+    # s5cmd and the trainer's boto3 clients run as children: without a region s5cmd asks S3 for
+    # the bucket's with HeadBucket, which the node's prefix-scoped role is denied.
+    os.environ.setdefault("AWS_REGION", cfg.region)
     if args.command == "cloudwatch-config":
         try:
             health.write_cloudwatch_config(cfg, args.path)

@@ -7,6 +7,7 @@ whose own AWS calls fail still names the original failure, in one line each, and
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from bootstrap_helpers import train_doc
@@ -120,3 +121,16 @@ def test_multi_line_errors_become_one_failure_line():
     assert failure.value.reason == (
         "RuntimeError: s5cmd cp failed: ERROR session caused by: dial tcp: refused"
     )
+
+
+def test_children_get_the_nodes_region(node_json, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_REGION", "recorded-so-teardown-restores-it")
+    monkeypatch.delenv("AWS_REGION")
+    assert (
+        bootstrap_main.main(
+            ["--node-json", node_json, "cloudwatch-config", str(tmp_path / "a.json")]
+        )
+        == 0
+    )
+    region = json.loads(Path(node_json).read_text())["region"]
+    assert bootstrap_main.os.environ["AWS_REGION"] == region
