@@ -19,7 +19,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/horovod-fleet/wheels/horovod-$(HOROVOD_VERSION)-tf
 HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 
-.PHONY: help setup test rehearsal check fix synth bench-input bench-preprocess clean
+.PHONY: help setup test rehearsal check fix synth bench-input bench-preprocess image-lock clean
 
 help:
 	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
@@ -29,6 +29,7 @@ help:
 	@echo "make synth            cdk synth with the defaults in cdk.json"
 	@echo "make bench-preprocess preprocessing images/s per core against the TensorFlow reference"
 	@echo "make bench-input      the trainer's input pipeline alone, images/s per core"
+	@echo "make image-lock       resolve the training image's venv into bootstrap/image/requirements.lock"
 
 setup: $(VENV)/.ready node_modules/.ready
 
@@ -60,7 +61,7 @@ rehearsal: setup
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/shellcheck bootstrap/*.sh .ci/run
+	$(VENV)/bin/shellcheck bootstrap/*.sh bootstrap/image/*.sh bootstrap/image_proof/*.sh .ci/run
 	npx cdk synth --quiet
 	$(VENV)/bin/cfn-lint cdk.out/*.template.json
 
@@ -76,6 +77,19 @@ bench-preprocess: setup
 
 bench-input: setup
 	$(PY) -m trainer.bench_input --generate
+
+# The training image's venv runs Python 3.10 on Ubuntu 22.04 x86_64: resolved for that target
+# from PyPI's metadata (nothing is installed), written with its header kept.
+IMAGE_LOCK := bootstrap/image/requirements.lock
+image-lock: setup
+	$(PY) -m pip install --quiet --dry-run --ignore-installed --report /tmp/image-lock.json \
+		--python-version 3.10 --implementation cp --only-binary=:all: --target /tmp/image-lock \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_27_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+		-r bootstrap/image/image-requirements.in
+	{ grep '^#' $(IMAGE_LOCK); $(PY) -c "import json; r = json.load(open('/tmp/image-lock.json')); \
+		print('\n'.join(sorted('%s==%s' % (i['metadata']['name'].lower(), i['metadata']['version']) \
+		for i in r['install'])))"; } > $(IMAGE_LOCK).new && mv $(IMAGE_LOCK).new $(IMAGE_LOCK)
 
 clean:
 	rm -rf cdk.out .pytest_cache

@@ -20,6 +20,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from stacks.composition import HorovodFleet, compose
 from stacks.config import ConfigError, FleetConfig
+from stacks.image import bake_estimate
 from stacks.instance_types import (
     PRICES_AS_OF,
     fleet_estimate,
@@ -63,6 +64,10 @@ def main() -> int:
     print(quota_note(config.gpu, config.nodes), file=sys.stderr)
     print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
     print(preprocess_estimate(config.preprocess, config.data_volume_gib), file=sys.stderr)
+    if config.ami:
+        print(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed", file=sys.stderr)
+    else:
+        print(bake_estimate(config.image_test), file=sys.stderr)
     print(f"prices: {PRICES_AS_OF} list prices", file=sys.stderr)
     app.synth()
     return 0

@@ -6,17 +6,23 @@
 APP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PYTHONPATH="$APP_DIR${PYTHONPATH:+:$PYTHONPATH}"
 NODE_JSON=${NODE_JSON:-/etc/horovod-fleet/node.json}
-# The instances' Python environment (made by install_training_env.sh or ensure_venv); the
-# rehearsal sets install=false and brings its own python3 on PATH.
+# The instances' Python environment (baked into the training image by
+# bootstrap/image/06-python-env.sh, made by ensure_venv on the preprocessing node); the rehearsal
+# sets install=false and brings its own python3 on PATH.
 VENV=${HOROVOD_FLEET_VENV:-/opt/horovod-fleet/venv}
 SCRIPT=$(basename "$0" .sh)
 STEP="start"
+STEP_STARTED=$SECONDS
 
 log() { printf '%s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SCRIPT" "$*"; }
 
+# Each step logs when it starts, in seconds since boot (a node's launch-to-healthy time), and
+# how long the one before it took.
 step() {
+	[[ $STEP == start ]] || log "step '$STEP': done in $((SECONDS - STEP_STARTED)) s"
 	STEP=$1
-	log "step '$STEP': start"
+	STEP_STARTED=$SECONDS
+	log "step '$STEP': start, $(cut -d. -f1 /proc/uptime) s after boot"
 }
 
 on_error() {

@@ -88,6 +88,7 @@ class TrainConfig(Common):
     rendezvous_timeout_s: float
     trainer: dict[str, Any] = field(hash=False)
     metrics: dict[str, Any] = field(hash=False)
+    image: dict[str, str] = field(hash=False)
     instance_store: bool
     ssh_port: int
     authorized_keys_file: str
@@ -251,6 +252,9 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
     trainer.integer("batch_per_gpu", minimum=1)
     trainer.integer("image_size", minimum=32)
     trainer.choice("arch", TRAINER_ARCHS)
+    image = r.child("image")
+    for key in ("manifest", "ami", "tensorflow", "horovod"):
+        image.text(key)
     metrics = r.child("metrics")
     metrics.text("namespace")
     if not isinstance(metrics.doc.get("dimension"), dict) or not metrics.doc["dimension"]:
@@ -268,6 +272,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         rendezvous_timeout_s=r.number("rendezvous_timeout_s", minimum=1),
         trainer=trainer.doc,
         metrics=metrics.doc,
+        image=image.doc,
         instance_store=r.get("instance_store", bool, True),
         ssh_port=r.integer("ssh_port", 22, minimum=1, maximum=65535),
         authorized_keys_file=r.text("authorized_keys_file", "/root/.ssh/authorized_keys"),

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# A training node's bootstrap (user-data runs it as root; it reruns at every boot): instance store
-# at mount_point, training environment (baked into the AMI or installed), CloudWatch agent with GPU
-# metrics, then `python3 -m bootstrap train-node`: health check, data pull + verification,
-# CloudFormation signal, rendezvous, and on node 0 horovodrun, uploads and DONE.json.
+# A training node's bootstrap (user-data runs it as root; it reruns at every boot). The node boots
+# from the training image ImageStack baked and proved, so it installs nothing: it checks the image
+# (/opt/horovod-fleet/image.json against node.json's `image`), mounts the instance store, brings
+# up NVSwitch fabric where there is one, starts the baked CloudWatch agent, then
+# `python3 -m bootstrap train-node`: GPUs and EFA, data pull + verification, CloudFormation
+# signal, rendezvous, and on node 0 horovodrun, uploads and DONE.json. Every step logs when it
+# starts (seconds since boot) and how long it took.
 #   NODE_JSON=/etc/horovod-fleet/node.json /opt/horovod-fleet/bootstrap/train_node.sh
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -14,9 +17,23 @@ role=$(config role)
 start_log
 log "node $(config node_index) of $(config nodes), run $(config run)"
 
+step "training image"
+# The system python3: the check needs only the standard library, and runs before anything else.
+python3 -m bootstrap.image.manifest check-node --node-json "$NODE_JSON"
+
 if [[ $(config install) == true ]]; then
 	step "boot service"
 	install_boot_service "$APP_DIR/bootstrap/train_node.sh"
+	use_venv
+	# The EFA installer's Open MPI and libfabric and its aws-ofi-nccl plugin, which NCCL loads
+	# from LD_LIBRARY_PATH; horovodrun exports this environment to every rank.
+	for dir in /opt/amazon/openmpi /opt/amazon/efa /opt/amazon/ofi-nccl; do
+		[[ -d $dir/bin ]] && PATH="$dir/bin:$PATH"
+		[[ -d $dir/lib ]] && LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	done
+	export PATH LD_LIBRARY_PATH
+else
+	log "install=false: using $(command -v python3) and $(command -v horovodrun)"
 fi
 
 step "instance store"
@@ -27,19 +44,14 @@ else
 	mkdir -p "$(config mount_point)"
 fi
 
-step "training environment"
-if [[ $(config install) == true ]]; then
-	"$APP_DIR/bootstrap/install_training_env.sh" "$VENV"
-	use_venv
-	# The EFA installer's OpenMPI and libfabric, and the DLAMI's aws-ofi-nccl plugin; horovodrun
-	# exports this environment to every rank.
-	for dir in /opt/amazon/openmpi /opt/amazon/efa /opt/aws-ofi-nccl; do
-		[[ -d $dir/bin ]] && PATH="$dir/bin:$PATH"
-		[[ -d $dir/lib ]] && LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-	done
-	export PATH LD_LIBRARY_PATH
+step "gpu fabric"
+# p4d and p5 connect their GPUs through NVSwitch (PCI class 0680), which the fabric manager
+# baked beside the driver must bring up before CUDA can use them.
+if [[ $(config install) == true ]] && lspci -d 10de: -n | awk '{print $2}' | grep -q '^0680:'; then
+	systemctl start nvidia-fabricmanager
+	log "NVSwitch fabric: nvidia-fabricmanager started"
 else
-	log "install=false: using $(command -v python3) and $(command -v horovodrun)"
+	log "no NVSwitch: no fabric manager needed"
 fi
 
 step "cloudwatch agent"

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -220,6 +222,24 @@ class Rehearsal:
         path.write_text(json.dumps(doc, indent=2))
         return path
 
+    def image_manifest(self) -> Path:
+        """The rehearsal's stand-in for /opt/horovod-fleet/image.json: the image.json of a CPU
+        node, so the nodes run the same image check a GPU node runs against a baked AMI."""
+        path = self.workdir / "image.json"
+        document = {
+            "format": "horovod-fleet/image/1",
+            "recipe_sha256": hashlib.sha256(b"rehearsal").hexdigest(),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": {
+                "python": ".".join(map(str, sys.version_info[:3])),
+                "tensorflow": importlib.metadata.version("tensorflow-cpu"),
+                "horovod": importlib.metadata.version("horovod"),
+            },
+            "horovod_build": {"TensorFlow": True, "Gloo": True, "MPI": False, "NCCL": False},
+        }
+        path.write_text(json.dumps(document, indent=2))
+        return path
+
     def common(self, home: Path) -> dict:
         # The rehearsal's keys (docs in bootstrap/node_config.py): no installs, no volume, no
         # CloudWatch, no CloudFormation signal, paths under the work dir.
@@ -268,6 +288,7 @@ class Rehearsal:
         data_mount = self.workdir / "data"  # every namespace node sees its own data here
         data_mount.mkdir(exist_ok=True)
         procs = {}
+        image_json = self.image_manifest()
         for index in range(nodes):
             node = self.fleet.nodes[index] if self.fleet else None
             home = node.home if node else self.workdir / f"node{index}"
@@ -292,6 +313,12 @@ class Rehearsal:
                     "warmup_epochs": 1,
                 },
                 "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": RUN}},
+                "image": {
+                    "manifest": str(image_json),
+                    "ami": "rehearsal-image",
+                    "tensorflow": "2.15.1",
+                    "horovod": "0.28.1",
+                },
                 "instance_store": False,
                 "mount_point": str(data_mount if node else home / "data"),
                 "ip": node.ip if node else "127.0.0.1",

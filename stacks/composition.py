@@ -1,4 +1,5 @@
-"""The four stacks wired together: DatasetStack <- TeardownStack <- PreprocessStack, TrainStack."""
+"""The five stacks wired together: DatasetStack <- TeardownStack <- PreprocessStack, TrainStack;
+ImageStack <- TrainStack unless the user brings an AMI (-c ami=)."""
 
 import math
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ from aws_cdk import aws_s3 as s3
 
 from stacks.config import FleetConfig
 from stacks.dataset import DatasetStack, default_bucket_name
+from stacks.image import ImageStack
 from stacks.instance_types import fleet_usd_per_hour
 from stacks.node_code import PROJECT
 from stacks.preprocess import PreprocessStack
@@ -20,6 +22,7 @@ class HorovodFleet:
     """The stacks of one app; dataset is None when the bucket is imported with datasetBucket."""
 
     dataset: DatasetStack | None
+    image: ImageStack
     teardown: TeardownStack
     preprocess: PreprocessStack
     train: TrainStack
@@ -70,17 +73,32 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         env=env,
         description="horovod-fleet: the node that converts ImageNet to TFRecords",
     )
+    image = ImageStack(
+        app,
+        "ImageStack",
+        test_type=config.image_test,
+        revision=config.image_revision,
+        az=config.az,
+        vpc_id=config.vpc_id,
+        subnet_id=config.subnet_id,
+        env=env,
+        description="horovod-fleet: the training AMI, baked by Image Builder and proven on a GPU",
+    )
     train = TrainStack(
         app,
         "TrainStack",
         config=config,
         bucket=bucket,
         reaper=teardown.reaper,
+        image_id=config.ami or image.image_id,
         env=env,
         description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",
     )
     for stack in (preprocess, train):
         stack.add_stack_dependency(teardown)
+    if not config.ami:
+        # `cdk deploy TrainStack` bakes first when no image exists yet.
+        train.add_stack_dependency(image)
     if dataset is not None:
         teardown.add_stack_dependency(dataset)
-    return HorovodFleet(dataset, teardown, preprocess, train)
+    return HorovodFleet(dataset, image, teardown, preprocess, train)

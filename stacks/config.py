@@ -22,7 +22,9 @@ KEYS: dict[str, str] = {
     "az": "availability zone of the fleet, its placement group and the preprocessing volume",
     "vpcId": "deploy into this existing VPC instead of creating one (needs subnetId)",
     "subnetId": "the subnet of vpcId, in az, that reaches S3, SSM and CloudFormation",
-    "ami": "training AMI: an SSM parameter name resolved at deploy time, or an ami- id",
+    "ami": "bring your own training AMI (an ami- id); empty: the image ImageStack bakes",
+    "imageTestInstanceType": "GPU instance type of the training image's GPU proof",
+    "imageRevision": "bump to bake the training image again with unchanged files (new base, fixes)",
     "datasetBucket": "use this existing bucket instead of creating DatasetStack",
     "datasetPrefix": "key prefix of the TFRecords in the bucket",
     "run": "run name: S3 prefix runs/<run>/ and the horovod-fleet:run tag",
@@ -48,7 +50,6 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"(?:[A-Za-z0-9_.-]+/)+")
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}")
 _AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
-_SSM_NAME = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 _VPC_ID = re.compile(r"vpc-[0-9a-f]{8,17}")
 _SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
 # The full ARN, with the six characters Secrets Manager appends: IAM matches a grant on a
@@ -76,7 +77,9 @@ class FleetConfig:
     gpu: GpuType
     vpc_id: str | None
     subnet_id: str | None
-    ami: str
+    ami: str | None
+    image_test: GpuType
+    image_revision: int
     dataset_bucket: str | None
     dataset_prefix: str
     run: str
@@ -126,7 +129,16 @@ class FleetConfig:
             gpu=get("instanceType", _gpu_type),
             vpc_id=vpc_id,
             subnet_id=subnet_id,
-            ami=get("ami", _ami),
+            ami=get(
+                "ami",
+                _optional(
+                    _matching(
+                        _AMI_ID, "empty (the image ImageStack bakes) or an AMI id like ami-0abc1234"
+                    )
+                ),
+            ),
+            image_test=get("imageTestInstanceType", _gpu_type),
+            image_revision=get("imageRevision", _integer(0, 100000)),
             dataset_bucket=get("datasetBucket", _optional(_matching(_BUCKET, "an S3 bucket name"))),
             dataset_prefix=get(
                 "datasetPrefix", _matching(_PREFIX, "a key prefix ending in '/', like tfrecords/")
@@ -283,9 +295,3 @@ def _burstable_type(value: Any) -> BurstableType:
     if isinstance(value, str) and value in BURSTABLE_TYPES:
         return BURSTABLE_TYPES[value]
     raise _Invalid(f"a t2/t3 instance type: {', '.join(BURSTABLE_TYPES)}")
-
-
-def _ami(value: Any) -> str:
-    if isinstance(value, str) and (_AMI_ID.fullmatch(value) or _SSM_NAME.fullmatch(value)):
-        return value
-    raise _Invalid("an AMI id like ami-0abc12345678 or an SSM parameter name starting with /")

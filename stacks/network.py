@@ -14,7 +14,7 @@ class SingleZoneNetwork(Construct):
     """A subnet for instances that must share one AZ.
 
     private=True: a private subnet whose only way out is one NAT gateway (the GPU fleet, which
-    downloads packages but must never be reachable); private=False: a public subnet and no NAT
+    calls AWS APIs but must never be reachable); private=False: a public subnet and no NAT
     (the preprocessing node, whose ~150 GB download would otherwise pay NAT data charges).
     New VPCs get an S3 gateway endpoint (free S3 traffic) and a flow log of rejected traffic.
     """

@@ -16,6 +16,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.config import FleetConfig
+from stacks.image import read_pins
 from stacks.instance_types import GpuType
 from stacks.nag import (
     SSM_MANAGED_POLICY,
@@ -34,9 +35,10 @@ ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs
 ROOT_VOLUME_WITH_DATA_GIB = 400
 ROOT_VOLUME_WITH_DATA_IOPS = 16000
 ROOT_VOLUME_WITH_DATA_MBPS = 1000
-# Installing TensorFlow + Horovod and pulling and verifying ~150 GB of TFRecords.
+# Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
 RENDEZVOUS_TIMEOUT_S = 1800
+IMAGE_MANIFEST = "/opt/horovod-fleet/image.json"  # bootstrap/image/manifest.py writes it
 
 
 class GpuFleet(Construct):
@@ -55,7 +57,7 @@ class GpuFleet(Construct):
         subnet: ec2.ISubnet,
         gpu: GpuType,
         nodes: int,
-        ami: str,
+        image_id: str,
         bucket: s3.IBucket,
         dataset_prefix: str,
         run: str,
@@ -86,11 +88,9 @@ class GpuFleet(Construct):
         self.security_group.add_egress_rule(
             self.security_group, ec2.Port.all_traffic(), "fleet members"
         )
+        # The baked image installs nothing at boot: HTTPS to AWS APIs is the only way out.
         self.security_group.add_egress_rule(
-            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and PyPI"
-        )
-        self.security_group.add_egress_rule(
-            ec2.Peer.any_ipv4(), ec2.Port.tcp(80), "HTTP to the apt mirrors"
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs"
         )
         self.placement_group = ec2.PlacementGroup(
             self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
@@ -143,11 +143,13 @@ class GpuFleet(Construct):
         )
         acknowledge_metric_data(self.policy)
         profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
-        image_id = (
-            ami
-            if ami.startswith("ami-")
-            else ec2.MachineImage.from_ssm_parameter(ami).get_image(self).image_id
-        )
+        pins = read_pins()
+        image = {
+            "manifest": IMAGE_MANIFEST,
+            "ami": image_id,
+            "tensorflow": pins["TENSORFLOW_VERSION"],
+            "horovod": pins["HOROVOD_VERSION"],
+        }
         # AWS::EC2::Instance cannot express EFA interfaces, network cards or gp3 throughput; a
         # launch template holds those and the instances set everything else themselves.
         launch_template = ec2.CfnLaunchTemplate(
@@ -206,6 +208,7 @@ class GpuFleet(Construct):
                 "rendezvous_timeout_s": RENDEZVOUS_TIMEOUT_S,
                 "trainer": trainer,
                 "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
+                "image": image,
             }
             instance.user_data = code.user_data(
                 node_document=document, script="train_node.sh", signal_resource=logical_id
@@ -256,6 +259,7 @@ class TrainStack(Stack):
         config: FleetConfig,
         bucket: s3.IBucket,
         reaper: aws_lambda.IFunction,
+        image_id: str,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -276,7 +280,7 @@ class TrainStack(Stack):
             subnet=network.subnet,
             gpu=config.gpu,
             nodes=config.nodes,
-            ami=config.ami,
+            image_id=image_id,
             bucket=bucket,
             dataset_prefix=config.dataset_prefix,
             run=config.run,

@@ -1,6 +1,8 @@
 """Helpers shared by the bootstrap tests (a unique module name: tests/trainer has a conftest too)."""
 
+import json
 import struct
+from pathlib import Path
 
 BUCKET = "fleet-data"
 
@@ -24,6 +26,12 @@ def train_doc(**overrides) -> dict:
         "rendezvous_timeout_s": 30,
         "trainer": {"epochs": 2, "batch_per_gpu": 256, "arch": "resnet50", "image_size": 224},
         "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": "r1"}},
+        "image": {
+            "manifest": "/opt/horovod-fleet/image.json",
+            "ami": "ami-0123456789abcdef0",
+            "tensorflow": "2.15.1",
+            "horovod": "0.28.1",
+        },
         "poll_interval_s": 1,
     }
     doc.update(overrides)
@@ -35,3 +43,18 @@ def write_tfrecord(path, records):
     with path.open("wb") as f:
         for data in records:
             f.write(struct.pack("<Q", len(data)) + b"\0" * 4 + data + b"\0" * 4)
+
+
+def cpu_image_json(path: Path) -> str:
+    """An image.json of a CPU node, as the rehearsal writes it; returns its path for node.json."""
+    path.write_text(
+        json.dumps(
+            {
+                "format": "horovod-fleet/image/1",
+                "recipe_sha256": "c" * 64,
+                "versions": {"python": "3.11.7", "tensorflow": "2.15.1", "horovod": "0.28.1"},
+                "horovod_build": {"TensorFlow": True, "Gloo": True, "MPI": False, "NCCL": False},
+            }
+        )
+    )
+    return str(path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from bootstrap_helpers import train_doc, write_tfrecord
+from bootstrap_helpers import cpu_image_json, train_doc, write_tfrecord
 from moto.server import ThreadedMotoServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +53,7 @@ def node(tmp_path, endpoint):
                         mount_point=str(home / "data"), log_dir=str(home / "logs"),
                         state_dir=str(home / "state"), ip="127.0.0.1", instance_id="i-test",
                         authorized_keys_file=str(home / "authorized_keys"))  # fmt: skip
+        doc["image"]["manifest"] = cpu_image_json(tmp_path / "image.json")
         doc.update(overrides)
         (tmp_path / "node.json").write_text(json.dumps(doc))
         result = subprocess.run(
@@ -144,3 +145,16 @@ def test_preprocessing_rerun_skips_a_verified_dataset(node, tmp_path):
     assert "already holds a verified dataset: skipping preprocessing" in result.stdout
     assert "dataset ready in s3://fleet-data/tfrecords/: train 2 records" in result.stdout
     assert "step 'preprocess':" not in result.stdout
+
+
+def test_a_foreign_ami_stops_the_node_first_in_one_line(node, tmp_path):
+    image = {**train_doc()["image"], "manifest": str(tmp_path / "no-image.json")}
+    result, s3 = node("train_node.sh", nodes=1, image=image)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (
+        "error: AMI ami-0123456789abcdef0 is not a horovod-fleet training image "
+        f"(no {tmp_path}/no-image.json); deploy ImageStack or pass -c ami=<a baked image>"
+    ) in result.stdout
+    assert "step 'training image' failed" in result.stdout
+    assert "data pull" not in result.stdout
+    assert done(s3)["status"] == "failed"

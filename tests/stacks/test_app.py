@@ -64,6 +64,10 @@ def run_app(tmp_path: Path, cwd: Path = ROOT, **context) -> subprocess.Completed
         ("instanceType", "c5.large", "c5.large has no GPU"),
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
         ("az", "eu-west-1a", "a zone of region us-east-1"),
+        ("imageTestInstanceType", "p9.huge", "a known GPU instance type: p3.2xlarge"),
+        ("imageTestInstanceType", "c6i.4xlarge", "c6i.4xlarge has no GPU"),
+        ("ami", "ami-xyz", "empty (the image ImageStack bakes) or an AMI id like ami-0abc1234"),
+        ("ami", "/aws/service/deeplearning/ami/id", "or an AMI id like ami-0abc1234"),
     ],
 )
 def test_bad_context_fails_with_one_line(tmp_path, key, value, allowed):
@@ -104,6 +108,7 @@ def test_cdk_synth_works_offline_and_passes_cdk_nag(cli_synth):
         "DatasetStack.template.json",
         "TeardownStack.template.json",
         "PreprocessStack.template.json",
+        "ImageStack.template.json",
         "TrainStack.template.json",
     }
     assert "AwsSolutions" not in result.stdout + result.stderr
@@ -128,13 +133,18 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
     assert "TrainStack runs in us-east-1a; check it offers p3dn.24xlarge" in result.stderr
     assert "PreprocessStack: t2.large at $0.0928/h" in result.stderr
     assert "1000 GiB sc1 at $15.00/month" in result.stderr
+    assert (
+        "ImageStack: bakes only when bootstrap/image, bootstrap/image_proof or trainer/ change"
+        in (result.stderr)
+    )
+    assert "p3.2xlarge at $3.06/h for the GPU proof" in result.stderr
 
 
 def test_dataset_stack_is_termination_protected(cli_synth):
     _, outdir, _ = cli_synth
     artifacts = json.loads((outdir / "manifest.json").read_text())["artifacts"]
     assert artifacts["DatasetStack"]["properties"]["terminationProtection"] is True
-    for name in ("TeardownStack", "PreprocessStack", "TrainStack"):
+    for name in ("TeardownStack", "PreprocessStack", "ImageStack", "TrainStack"):
         assert not artifacts[name]["properties"].get("terminationProtection"), name
 
 
@@ -148,6 +158,8 @@ def test_stack_dependencies(cli_synth):
     assert "DatasetStack" in depends("TeardownStack")
     assert "TeardownStack" in depends("PreprocessStack")
     assert "TeardownStack" in depends("TrainStack")
+    assert "ImageStack" in depends("TrainStack")
+    assert depends("ImageStack") == set()
 
 
 def cfn_lint(templates: list[Path]) -> list[dict]:
@@ -198,6 +210,6 @@ def test_synthesis_is_deterministic(tmp_path):
         assert run_app(outdir, cwd=source).returncode == 0
         outputs.append(outdir)
     templates = sorted(outputs[0].glob("*.template.json"))
-    assert len(templates) == 4
+    assert len(templates) == 5
     for template in templates:
         assert template.read_text() == (outputs[1] / template.name).read_text(), template.name

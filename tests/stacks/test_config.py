@@ -66,6 +66,9 @@ def test_imported_network_needs_both_ids():
         ("run", "Bad_Name", "lowercase letters"),
         ("datasetPrefix", "/abs/", "ending in '/'"),
         ("ami", "ubuntu", "an AMI id"),
+        ("ami", "ami-", "an AMI id like ami-0abc1234"),
+        ("imageTestInstanceType", "t3.large", "t3.large has no GPU"),
+        ("imageRevision", -1, "an integer from 0 to 100000"),
         (
             "downloadSecretArn",
             "arn:aws:secretsmanager:us-east-1:123456789012:secret:imagenet",

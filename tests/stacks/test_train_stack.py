@@ -1,11 +1,12 @@
 """TrainStack: exactly `nodes` GPU instances in one cluster placement group and one subnet."""
 
+import json
+
 import pytest
 from conftest import node_document, resources, statements, user_data
 
 from stacks.train import SIGNAL_TIMEOUT
 
-DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 # Each distinct configuration costs a synthesis: tests share these.
 SMALL_G5 = {
     "instanceType": "g5.xlarge",
@@ -101,7 +102,8 @@ def test_security_group_allows_only_fleet_members_in(template):
     world = [
         r for r in group["Properties"]["SecurityGroupEgress"] if r.get("CidrIp") == "0.0.0.0/0"
     ]
-    assert sorted(r["FromPort"] for r in world) == [80, 443]
+    # The baked image installs nothing at boot: no apt mirrors, HTTPS to AWS APIs only.
+    assert sorted(r["FromPort"] for r in world) == [443]
     assert interfaces(template)[0]["Groups"] == [{"Fn::GetAtt": [group_id, "GroupId"]}]
 
 
@@ -151,18 +153,46 @@ def test_types_without_instance_store_get_a_bigger_faster_root(synth):
     assert (root["Ebs"]["VolumeSize"], root["Ebs"]["Throughput"]) == (400, 1000)
 
 
-def test_ami_is_the_dlami_resolved_at_deploy_time(template):
+def baked_image_output(image_id) -> str:
+    """The ImageStack output a weak cross-stack reference reads at deploy time."""
+    [(function, (stack, output))] = image_id.items()
+    assert (function, stack) == ("Fn::GetStackOutput", "ImageStack") or (
+        function == "Fn::ImportValue"
+    ), image_id
+    return output
+
+
+def test_every_node_boots_the_image_imagestack_baked(default):
+    template = default["TrainStack"]
+    image_ids = [i["Properties"]["ImageId"] for i in instances(template).values()]
+    assert all(image_id == image_ids[0] for image_id in image_ids)
+    assert not template.to_json().get("Parameters", {}).keys() - {"BootstrapVersion"}
+    image_stack = default["ImageStack"].to_json()
+    [proven] = [
+        logical_id
+        for logical_id, resource in image_stack["Resources"].items()
+        if resource["Type"] == "AWS::ImageBuilder::Image" and "Proven" in logical_id
+    ]
+    outputs = image_stack["Outputs"]
+    referenced = [o for o in outputs.values() if o["Value"] == {"Fn::GetAtt": [proven, "ImageId"]}]
+    assert referenced, outputs
+    assert "ImageStack" in json.dumps(image_ids[0])
+
+
+def test_nodes_expect_a_horovod_fleet_image_with_the_pinned_versions(template):
     for instance in instances(template).values():
-        parameter = instance["Properties"]["ImageId"]["Ref"]
-        declared = template.to_json()["Parameters"][parameter]
-        assert declared["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-        assert declared["Default"] == DLAMI
+        image = node_document(instance)["image"]
+        assert image["manifest"] == "/opt/horovod-fleet/image.json"
+        assert (image["tensorflow"], image["horovod"]) == ("2.15.1", "0.28.1")
+        assert image["ami"]
 
 
-def test_an_ami_id_is_used_as_is(synth):
+def test_an_ami_id_is_used_as_is_without_imagestack(synth):
     template = synth(**ONE_NODE_OWN_AMI)["TrainStack"]
     [instance] = instances(template).values()
     assert instance["Properties"]["ImageId"] == "ami-0123456789abcdef0"
+    assert node_document(instance)["image"]["ami"] == "ami-0123456789abcdef0"
+    assert "ImageStack" not in json.dumps(template.to_json())
 
 
 def test_each_node_waits_for_its_signal(template):

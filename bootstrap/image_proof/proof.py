@@ -1,0 +1,303 @@
+"""The training image's GPU proof: on one GPU instance booted from the freshly baked image, before
+any fleet may use it, check that the driver, TensorFlow, Horovod, NCCL and the EFA plugin work
+together, and measure ResNet-50 on one GPU with the project's own trainer.
+
+    python3 -m bootstrap.image_proof.proof run --gpus 1 --image-json /opt/horovod-fleet/image.json
+    python3 -m bootstrap.image_proof.proof validate --image-json /opt/horovod-fleet/image.json
+
+`run` records what it measured in image.json's `proof` object and fails (exit 1, one line naming
+the check) at the first check that does not hold, so Image Builder marks the image failed and no
+fleet can boot from it. Every check runs the real program it proves (nvidia-smi, TensorFlow,
+horovodrun, the trainer) as a process; the tests run the same code on CPU with Gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootstrap.image.manifest import ImageError, horovod_build, load
+
+BENCHMARK_STEPS = 200
+BENCHMARK_BATCH = 256  # the fleet's default batch per GPU (cdk.json batchPerGpu)
+PLUGIN_DIR = "/opt/amazon/ofi-nccl/lib"
+# NCCL's own words once a network plugin is in use (NCCL src/init.cc, src/plugin/net/*.cc) and
+# aws-ofi-nccl's ("NET/OFI Initializing aws-ofi-nccl 1.18.0"); since plugin 1.13 the network is
+# named "Libfabric", before it "AWS Libfabric".
+#   https://github.com/aws/aws-ofi-nccl/issues/715   https://github.com/NVIDIA/nccl/issues/1597
+_PLUGIN_LOADED = re.compile(
+    r"NET/Plugin: Loaded net plugin|NET/OFI Initializing aws-ofi-nccl|NET/OFI Using aws-ofi-nccl"
+    r"|Using network (AWS )?Libfabric"
+)
+_NCCL_STARTED = re.compile(r"NCCL INFO (NCCL version|Bootstrap|cudaDriverVersion)")
+
+
+class ProofError(RuntimeError):
+    """A check of the GPU proof failed; str() names the check and what was seen."""
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The programs the proof runs, so tests can point them at a CPU venv."""
+
+    python: str = "/opt/horovod-fleet/venv/bin/python"
+    horovodrun: str = "/opt/horovod-fleet/venv/bin/horovodrun"
+    nvidia_smi: str = "nvidia-smi"
+    code_root: str = "/opt/horovod-fleet/src"
+    controller: str = "--mpi"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def environment(self) -> dict[str, str]:
+        path = f"{Path(self.horovodrun).parent}:/opt/amazon/openmpi/bin:{os.environ['PATH']}"
+        return {
+            **os.environ,
+            "PATH": path,
+            "PYTHONPATH": self.code_root,
+            "TF_CPP_MIN_LOG_LEVEL": "1",
+            **self.env,
+        }
+
+
+def _run(argv: Sequence[str], tools: Tools, timeout: float, what: str, **env: str) -> str:
+    try:
+        result = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**tools.environment(), **env},
+        )
+    except FileNotFoundError:
+        raise ProofError(f"{what}: {argv[0]} not found") from None
+    except subprocess.TimeoutExpired:
+        raise ProofError(f"{what}: no result within {timeout:.0f} s") from None
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        errors = [line for line in output.splitlines() if "error" in line.lower()]
+        detail = errors[-1] if errors else (output.strip().splitlines() or ["no output"])[-1]
+        raise ProofError(f"{what}: exit {result.returncode}: {' '.join(detail.split())[:300]}")
+    return output
+
+
+def gpus_seen_by_driver(tools: Tools, expected: int) -> list[str]:
+    names = _run(
+        [tools.nvidia_smi, "--query-gpu=name", "--format=csv,noheader"],
+        tools,
+        120,
+        "nvidia-smi",
+    ).split("\n")
+    names = [name.strip() for name in names if name.strip()]
+    if len(names) != expected:
+        raise ProofError(f"nvidia-smi sees {len(names)} GPU(s), the instance has {expected}")
+    return names
+
+
+def gpus_seen_by_tensorflow(tools: Tools) -> int:
+    output = _run(
+        [
+            tools.python,
+            "-c",
+            "import tensorflow as tf; print('gpus', len(tf.config.list_physical_devices('GPU')))",
+        ],
+        tools,
+        600,
+        "TensorFlow",
+    )
+    match = re.search(r"^gpus (\d+)$", output, re.MULTILINE)
+    if not match:
+        raise ProofError(f"TensorFlow printed no GPU count: {output.strip()[-200:]}")
+    return int(match.group(1))
+
+
+def horovod_frameworks(tools: Tools, required: Sequence[str]) -> dict[str, bool]:
+    built = horovod_build(_run([tools.horovodrun, "--check-build"], tools, 300, "horovodrun"))
+    missing = [name for name in required if not built.get(name)]
+    if missing:
+        raise ProofError(f"Horovod was built without {', '.join(missing)}")
+    return built
+
+
+def allreduce(tools: Tools, ranks: int) -> tuple[str, str]:
+    """horovodrun over every GPU of the instance; returns the probe's line and the full log."""
+    argv = [
+        tools.horovodrun,
+        tools.controller,
+        "-np",
+        str(ranks),
+        "-H",
+        f"localhost:{ranks}",
+        tools.python,
+        "-m",
+        "bootstrap.image_proof.allreduce_probe",
+    ]
+    output = _run(
+        argv, tools, 900, "allreduce", NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET,ENV"
+    )
+    line = next((x for x in output.splitlines() if "allreduce probe:" in x), None)
+    if line is None:
+        raise ProofError("allreduce: the probe printed no result")
+    summary = line[line.index("allreduce probe:") :]
+    if not summary.endswith(" 0 wrong element(s)"):
+        raise ProofError(f"allreduce: {summary}")
+    return summary, output
+
+
+def net_plugin(nccl_log: str, plugin_dir: str = PLUGIN_DIR) -> str:
+    """Whether NCCL loads the EFA installer's aws-ofi-nccl. Where NCCL opened a network (more
+    than one GPU), its log must show the plugin; on a 1-GPU instance NCCL opens none, so the
+    plugin library itself must load with every library it needs (libfabric among them)."""
+    if _PLUGIN_LOADED.search(nccl_log):
+        return "loaded by NCCL"
+    if "Using network Socket" in nccl_log or "NET/Plugin: Could not find" in nccl_log:
+        raise ProofError("NCCL did not load the aws-ofi-nccl plugin (it used its Socket network)")
+    if _NCCL_STARTED.search(nccl_log) and "Using network" in nccl_log:
+        raise ProofError("NCCL opened a network without the aws-ofi-nccl plugin")
+    plugins = sorted(Path(plugin_dir).glob("libnccl-net*.so"))
+    if not plugins:
+        raise ProofError(f"no aws-ofi-nccl plugin (libnccl-net*.so) in {plugin_dir}")
+    try:
+        library = ctypes.CDLL(str(plugins[0]))
+    except OSError as exc:
+        raise ProofError(f"the aws-ofi-nccl plugin does not load: {exc}") from None
+    if not any(hasattr(library, f"ncclNetPlugin_v{v}") for v in range(2, 12)):
+        raise ProofError(f"{plugins[0]} exports no ncclNetPlugin_v* symbol")
+    return f"{plugins[0].name} loads (NCCL opened no network on one GPU)"
+
+
+def benchmark(tools: Tools, steps: int, batch: int, precision: str, xla: str) -> dict:
+    """The trainer's synthetic ResNet-50 on one GPU; returns its train.json figures."""
+    with tempfile.TemporaryDirectory(prefix="gpu-proof-") as model_dir:
+        argv = [
+            tools.python,
+            "-m",
+            "trainer.train",
+            "--synthetic",
+            "--model-dir",
+            model_dir,
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            str(steps),
+            "--batch-size",
+            str(batch),
+            "--precision",
+            precision,
+            "--xla",
+            xla,
+            "--log-every",
+            str(max(1, steps // 4)),
+        ]
+        _run(argv, tools, 3600, "ResNet-50 benchmark")
+        record = json.loads(Path(model_dir, "train.json").read_text())
+    images_per_s = record.get("images_per_s")
+    if not images_per_s or images_per_s <= 0:
+        raise ProofError(f"ResNet-50 benchmark: no throughput in train.json ({record})")
+    return record
+
+
+def prove(tools: Tools, *, gpus: int, steps: int, batch: int, precision: str, xla: str) -> dict:
+    """Every check in order; the first that fails raises ProofError."""
+    started = time.time()
+    names = gpus_seen_by_driver(tools, gpus)
+    print(f"proof: nvidia-smi sees {gpus} GPU(s): {', '.join(sorted(set(names)))}", flush=True)
+    seen = gpus_seen_by_tensorflow(tools)
+    if seen != gpus:
+        raise ProofError(f"TensorFlow sees {seen} GPU(s), nvidia-smi {gpus}")
+    print(f"proof: TensorFlow sees {seen} GPU(s)", flush=True)
+    built = horovod_frameworks(tools, ("TensorFlow", "NCCL", "MPI", "Gloo"))
+    print(f"proof: Horovod built with {', '.join(n for n, ok in built.items() if ok)}", flush=True)
+    summary, nccl_log = allreduce(tools, gpus)
+    print(f"proof: {summary}", flush=True)
+    plugin = net_plugin(nccl_log)
+    print(f"proof: aws-ofi-nccl {plugin}", flush=True)
+    record = benchmark(tools, steps, batch, precision, xla)
+    print(
+        f"proof: ResNet-50 {precision} XLA {xla}, batch {batch}, {steps} steps: "
+        f"{record['images_per_s']:.1f} img/s",
+        flush=True,
+    )
+    return {
+        "passed": True,
+        "gpus": gpus,
+        "gpu_name": names[0],
+        "allreduce": summary,
+        "nccl_net_plugin": plugin,
+        "resnet50_images_per_s": record["images_per_s"],
+        "benchmark": {"steps": steps, "batch": batch, "precision": precision, "xla": xla},
+        "duration_s": round(time.time() - started, 1),
+        "proved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def record_proof(image_json: Path, proof: Mapping, instance_type: str) -> None:
+    document = load(image_json)
+    document["proof"] = {**proof, "instance_type": instance_type}
+    image_json.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+
+
+def ami_tags(image_json: Path) -> dict[str, str]:
+    """The proof's figures as AMI tags (the stage that tags runs on the finished AMI)."""
+    proof = load(image_json).get("proof") or {}
+    if not proof.get("passed"):
+        raise ProofError(f"{image_json} has no passed GPU proof")
+    return {
+        "horovod-fleet:proof": "passed",
+        "horovod-fleet:proof-instance-type": str(proof["instance_type"]),
+        "horovod-fleet:proof-resnet50-img-per-s": f"{proof['resnet50_images_per_s']:.0f}",
+        "horovod-fleet:proof-gpu": str(proof["gpu_name"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bootstrap.image_proof.proof")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_cmd = commands.add_parser("run", help="run every check and record the proof")
+    run_cmd.add_argument("--gpus", type=int, required=True, help="GPUs the instance type has")
+    run_cmd.add_argument("--instance-type", required=True)
+    run_cmd.add_argument("--steps", type=int, default=BENCHMARK_STEPS)
+    run_cmd.add_argument("--batch", type=int, default=BENCHMARK_BATCH)
+    run_cmd.add_argument("--precision", default="fp16")
+    run_cmd.add_argument("--xla", default="on")
+    for command in (run_cmd, commands.add_parser("validate"), commands.add_parser("tags")):
+        command.add_argument(
+            "--image-json", type=Path, default=Path("/opt/horovod-fleet/image.json")
+        )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            if args.steps < BENCHMARK_STEPS:
+                raise ProofError(f"--steps {args.steps}: the proof runs at least {BENCHMARK_STEPS}")
+            proof = prove(
+                Tools(),
+                gpus=args.gpus,
+                steps=args.steps,
+                batch=args.batch,
+                precision=args.precision,
+                xla=args.xla,
+            )
+            record_proof(args.image_json, proof, args.instance_type)
+            print(f"proof: passed, recorded in {args.image_json}", flush=True)
+        elif args.command == "validate":
+            ami_tags(args.image_json)
+            print(f"proof: {args.image_json} holds a passed GPU proof")
+        else:
+            for key, value in ami_tags(args.image_json).items():
+                print(f"Key={key},Value={value}")
+    except (ProofError, ImageError) as exc:
+        print(f"error: GPU proof failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

