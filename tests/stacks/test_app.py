@@ -82,6 +82,16 @@ def test_bad_context_fails_with_one_line(tmp_path, key, value, allowed):
     assert not list(tmp_path.glob("*.template.json"))
 
 
+def copy_sources(source: Path) -> Path:
+    """A copy of what `python app.py` reads, to synthesize from edited or frozen sources."""
+    source.mkdir()
+    for name in ("app.py", "cdk.json"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("stacks", "bootstrap", "trainer"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return source
+
+
 @pytest.fixture(scope="module")
 def cli_synth(tmp_path_factory):
     """The real `npx cdk synth`, offline and without credentials."""
@@ -197,12 +207,7 @@ def test_other_configurations_pass_cdk_nag_and_cfn_lint(tmp_path, context):
 
 def test_synthesis_is_deterministic(tmp_path):
     # A frozen copy of the sources: the assets' hashes follow bootstrap/ and trainer/ exactly.
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("app.py", "cdk.json"):
-        shutil.copy(ROOT / name, source / name)
-    for name in ("stacks", "bootstrap", "trainer"):
-        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    source = copy_sources(tmp_path / "source")
     outputs = []
     for name in ("first", "second"):
         outdir = tmp_path / name

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from conftest import ROOT, resources, statements, synthesize
-from test_app import run_app
+from conftest import resources, statements, synthesize
+from test_app import copy_sources, run_app
 
 import stacks.image as image_module
 from stacks.image import (
@@ -321,12 +321,7 @@ def test_a_new_version_exactly_when_what_a_stage_runs_changes(
 @pytest.mark.slow
 def test_a_bootstrap_change_outside_the_recipe_rebakes_nothing(tmp_path, default):
     # The node scripts reach nodes as their own asset at boot; the image must not follow them.
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("app.py", "cdk.json"):
-        shutil.copy(ROOT / name, source / name)
-    for name in ("stacks", "bootstrap", "trainer"):
-        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    source = copy_sources(tmp_path / "source")
     node_script = source / "bootstrap" / "train_node.sh"
     node_script.write_text(node_script.read_text() + "# a node change\n")
     outdir = tmp_path / "out"
