@@ -86,7 +86,8 @@ start_cloudwatch_agent() {
 }
 
 # User-data runs once per instance; this unit runs the node script again at every later boot,
-# which is how a rebooted node resumes (each step skips what is already done).
+# which is how a rebooted node resumes (each step skips what is already done). Scripts always run
+# through bash: user-data unpacks the code with `python3 -m zipfile`, which keeps no file modes.
 install_boot_service() {
 	local script=$1 unit=/etc/systemd/system/horovod-fleet-node.service
 	command -v systemctl >/dev/null || return 0
@@ -100,7 +101,7 @@ After=network-online.target cloud-final.service
 [Service]
 Type=simple
 Environment=NODE_JSON=$NODE_JSON
-ExecStart=$script
+ExecStart=/bin/bash $script
 
 [Install]
 WantedBy=multi-user.target

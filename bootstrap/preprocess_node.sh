@@ -21,7 +21,7 @@ fi
 step "data volume"
 volume_id=$(config volume_id)
 if [[ -n $volume_id ]]; then
-	"$APP_DIR/bootstrap/mount_ebs_volume.sh" "$volume_id" "$(config mount_point)"
+	bash "$APP_DIR/bootstrap/mount_ebs_volume.sh" "$volume_id" "$(config mount_point)"
 else
 	log "no volume_id: using $(config mount_point) as a plain directory"
 	mkdir -p "$(config mount_point)"

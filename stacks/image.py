@@ -414,7 +414,8 @@ class TrainingImage(Construct):
                 description=f"GPU proof on {test_type.name}: driver, TensorFlow, Horovod, "
                 "allreduce, aws-ofi-nccl, 200 ResNet-50 steps",
                 fetch=[(proof_asset, "bootstrap/image_proof"), (trainer_asset, "trainer")],
-                build=f"bash {proof_script} run {test_type.gpus} {test_type.name}",
+                build=f"bash {proof_script} run {test_type.gpus} {test_type.name} "
+                f"{'efa' if test_type.efa else 'no-efa'}",
                 check=f"bash {proof_script} validate",
                 test=f"bash {proof_script} tag",
                 timeout_s=PROOF_TIMEOUT_S,
@@ -477,7 +478,7 @@ class TrainingImage(Construct):
         infrastructure: str,
         content_sha256: str,
     ) -> imagebuilder.CfnImage:
-        logs.LogGroup(
+        log_group = logs.LogGroup(
             self,
             f"{construct_id}Logs",
             log_group_name=f"/aws/imagebuilder/{name}",
@@ -508,6 +509,9 @@ class TrainingImage(Construct):
                 )
             ],
             working_directory="/tmp",
+            # On the AMI before its test stage (distribution tags come later): the GPU proof's
+            # test instance may tag only AMIs of this project.
+            ami_tags=self._ami_tags(name, content_sha256),
         )
         distribution = imagebuilder.CfnDistributionConfiguration(
             self,
@@ -540,6 +544,9 @@ class TrainingImage(Construct):
         # KEEP_IMAGES and deregisters the rest with their snapshots); deleting it here would
         # only orphan its AMI, which Image Builder's DeleteImage leaves behind.
         image.apply_removal_policy(RemovalPolicy.RETAIN)
+        # Image Builder would create the group itself on its first line, and the stack's own
+        # group (with its retention) would then fail as already existing.
+        image.node.add_dependency(log_group)
         return image
 
     def _ami_tags(self, name: str, content_sha256: str) -> dict[str, str]:

@@ -31,4 +31,8 @@ fi
 release=$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 [[ $release == "$CUDA_VERSION" ]] || fail "nvcc at $cuda_home is release '$release', not $CUDA_VERSION"
 [[ -f $cuda_home/include/cuda_runtime.h ]] || fail "no CUDA runtime headers in $cuda_home"
+# Horovod and aws-ofi-nccl load the toolkit's libcudart through the loader's cache, which the
+# toolkit's packages extend with /etc/ld.so.conf.d.
+ldconfig -p | grep -q "libcudart.so.${CUDA_VERSION%%.*} " ||
+	fail "the loader cannot find libcudart.so.${CUDA_VERSION%%.*} (ldconfig -p)"
 log "CUDA $release at $cuda_home"

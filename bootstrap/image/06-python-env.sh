@@ -3,7 +3,9 @@
 # everything trainer/ and bootstrap/ import, at the exact versions of requirements.lock, then
 # Horovod 0.28.1 compiled with NCCL (the static /opt/nccl of step 5, for every architecture of
 # the fleet), MPI (the EFA installer's Open MPI 4) and Gloo. `horovodrun --check-build` is kept
-# in the image beside image.json.
+# in the image beside image.json. Horovod's setup.py finds cmake through HOROVOD_CMAKE or PATH
+# only; without build isolation the lock's cmake (3.x: cmake 4 rejects the Gloo it vendors) is in
+# the venv, not on PATH.
 #   https://horovod.readthedocs.io/en/stable/install_include.html
 #   https://horovod.readthedocs.io/en/stable/gpus_include.html
 # shellcheck source=step.sh
@@ -25,6 +27,7 @@ if [[ $MODE == run ]]; then
 		HOROVOD_CUDA_HOME=$ROOT/usr/local/cuda-$CUDA_VERSION HOROVOD_BUILD_CUDA_CC_LIST=$cc_list \
 		HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
 		HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
+		HOROVOD_CMAKE="$VENV/bin/cmake" \
 		"${pip[@]}" --no-build-isolation "horovod==$HOROVOD_VERSION"
 	mkdir -p "$IMAGE_DIR"
 	PATH=$VENV/bin:$ROOT/opt/amazon/openmpi/bin:$PATH horovodrun --check-build >"$CHECK_BUILD"

@@ -4,7 +4,7 @@
 #   validate  image.json holds a passed proof
 #   tag       on an instance booted from the finished AMI: the GPUs are up again, and the AMI gets
 #             the proof's figures as tags
-#   sudo bash bootstrap/image_proof/gpu_proof.sh run GPUS INSTANCE_TYPE
+#   sudo bash bootstrap/image_proof/gpu_proof.sh run GPUS INSTANCE_TYPE efa|no-efa
 set -Eeuo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 image_json=/opt/horovod-fleet/image.json
@@ -20,7 +20,9 @@ imds() {
 
 case ${1:-} in
 run)
-	proof run --gpus "$2" --instance-type "$3"
+	efa=()
+	[[ ${4:-no-efa} == efa ]] && efa=(--efa)
+	proof run --gpus "$2" --instance-type "$3" "${efa[@]}"
 	;;
 validate)
 	proof validate
@@ -34,7 +36,7 @@ tag)
 	log "tagged $ami: ${tags[*]}"
 	;;
 *)
-	log "usage: gpu_proof.sh run GPUS INSTANCE_TYPE | validate | tag"
+	log "usage: gpu_proof.sh run GPUS INSTANCE_TYPE efa|no-efa | validate | tag"
 	exit 2
 	;;
 esac

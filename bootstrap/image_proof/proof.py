@@ -14,7 +14,6 @@ horovodrun, the trainer) as a process; the tests run the same code on CPU with G
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -30,16 +29,19 @@ from bootstrap.image.manifest import ImageError, horovod_build, load
 
 BENCHMARK_STEPS = 200
 BENCHMARK_BATCH = 256  # the fleet's default batch per GPU (cdk.json batchPerGpu)
-PLUGIN_DIR = "/opt/amazon/ofi-nccl/lib"
-# NCCL's own words once a network plugin is in use (NCCL src/init.cc, src/plugin/net/*.cc) and
-# aws-ofi-nccl's ("NET/OFI Initializing aws-ofi-nccl 1.18.0"); since plugin 1.13 the network is
-# named "Libfabric", before it "AWS Libfabric".
+# aws-ofi-nccl announces itself when NCCL loads it ("NET/OFI Initializing aws-ofi-nccl 1.18.0"),
+# before it looks for the efa provider; NCCL then names the network it chose for the
+# communicator, for every communicator, one rank included ("Using network Libfabric", "AWS
+# Libfabric" before plugin 1.13, or "Socket" when the plugin found no EFA and NCCL fell back).
 #   https://github.com/aws/aws-ofi-nccl/issues/715   https://github.com/NVIDIA/nccl/issues/1597
+#   NCCL v2.23.4-1 src/init.cc: INFO(NCCL_INIT, "Using network %s", ...)
 _PLUGIN_LOADED = re.compile(
-    r"NET/Plugin: Loaded net plugin|NET/OFI Initializing aws-ofi-nccl|NET/OFI Using aws-ofi-nccl"
-    r"|Using network (AWS )?Libfabric"
+    r"NET/OFI (Initializing|Using) aws-ofi-nccl|NET/Plugin: Loaded net plugin"
 )
-_NCCL_STARTED = re.compile(r"NCCL INFO (NCCL version|Bootstrap|cudaDriverVersion)")
+_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.MULTILINE)
+
+
+EFA_LIBRARY_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib", "/opt/amazon/openmpi/lib")
 
 
 class ProofError(RuntimeError):
@@ -59,9 +61,14 @@ class Tools:
 
     def environment(self) -> dict[str, str]:
         path = f"{Path(self.horovodrun).parent}:/opt/amazon/openmpi/bin:{os.environ['PATH']}"
+        # What train_node.sh gives the fleet's ranks: EFA's libfabric, Open MPI, aws-ofi-nccl.
+        libraries = ":".join(
+            [*EFA_LIBRARY_DIRS, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+        )
         return {
             **os.environ,
             "PATH": path,
+            "LD_LIBRARY_PATH": libraries,
             "PYTHONPATH": self.code_root,
             "TF_CPP_MIN_LOG_LEVEL": "1",
             **self.env,
@@ -152,26 +159,24 @@ def allreduce(tools: Tools, ranks: int) -> tuple[str, str]:
     return summary, output
 
 
-def net_plugin(nccl_log: str, plugin_dir: str = PLUGIN_DIR) -> str:
-    """Whether NCCL loads the EFA installer's aws-ofi-nccl. Where NCCL opened a network (more
-    than one GPU), its log must show the plugin; on a 1-GPU instance NCCL opens none, so the
-    plugin library itself must load with every library it needs (libfabric among them)."""
-    if _PLUGIN_LOADED.search(nccl_log):
-        return "loaded by NCCL"
-    if "Using network Socket" in nccl_log or "NET/Plugin: Could not find" in nccl_log:
-        raise ProofError("NCCL did not load the aws-ofi-nccl plugin (it used its Socket network)")
-    if _NCCL_STARTED.search(nccl_log) and "Using network" in nccl_log:
-        raise ProofError("NCCL opened a network without the aws-ofi-nccl plugin")
-    plugins = sorted(Path(plugin_dir).glob("libnccl-net*.so"))
-    if not plugins:
-        raise ProofError(f"no aws-ofi-nccl plugin (libnccl-net*.so) in {plugin_dir}")
-    try:
-        library = ctypes.CDLL(str(plugins[0]))
-    except OSError as exc:
-        raise ProofError(f"the aws-ofi-nccl plugin does not load: {exc}") from None
-    if not any(hasattr(library, f"ncclNetPlugin_v{v}") for v in range(2, 12)):
-        raise ProofError(f"{plugins[0]} exports no ncclNetPlugin_v* symbol")
-    return f"{plugins[0].name} loads (NCCL opened no network on one GPU)"
+def net_plugin(nccl_log: str, efa: bool) -> str:
+    """NCCL must load the EFA installer's aws-ofi-nccl; on an instance with EFA it must also use
+    it. Without EFA the plugin finds no provider and NCCL falls back to its sockets, which is all
+    the check can ask there (the fleet's own allreduce check asks for Libfabric across nodes)."""
+    networks = sorted(set(_NETWORK.findall(nccl_log)))
+    if not networks:
+        raise ProofError("NCCL named no network (no 'Using network' line with NCCL_DEBUG=INFO)")
+    if not _PLUGIN_LOADED.search(nccl_log):
+        raise ProofError(
+            f"NCCL did not load the aws-ofi-nccl plugin (network {', '.join(networks)}): check "
+            "LD_LIBRARY_PATH and /opt/amazon/ofi-nccl"
+        )
+    uses_libfabric = all(network.endswith("Libfabric") for network in networks)
+    if efa and not uses_libfabric:
+        raise ProofError(
+            f"this instance has EFA but NCCL used {', '.join(networks)}, not Libfabric"
+        )
+    return f"loaded; NCCL network {', '.join(networks)}"
 
 
 def benchmark(tools: Tools, steps: int, batch: int, precision: str, xla: str) -> dict:
@@ -205,7 +210,9 @@ def benchmark(tools: Tools, steps: int, batch: int, precision: str, xla: str) ->
     return record
 
 
-def prove(tools: Tools, *, gpus: int, steps: int, batch: int, precision: str, xla: str) -> dict:
+def prove(
+    tools: Tools, *, gpus: int, efa: bool, steps: int, batch: int, precision: str, xla: str
+) -> dict:
     """Every check in order; the first that fails raises ProofError."""
     started = time.time()
     names = gpus_seen_by_driver(tools, gpus)
@@ -218,7 +225,7 @@ def prove(tools: Tools, *, gpus: int, steps: int, batch: int, precision: str, xl
     print(f"proof: Horovod built with {', '.join(n for n, ok in built.items() if ok)}", flush=True)
     summary, nccl_log = allreduce(tools, gpus)
     print(f"proof: {summary}", flush=True)
-    plugin = net_plugin(nccl_log)
+    plugin = net_plugin(nccl_log, efa)
     print(f"proof: aws-ofi-nccl {plugin}", flush=True)
     record = benchmark(tools, steps, batch, precision, xla)
     print(
@@ -264,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd = commands.add_parser("run", help="run every check and record the proof")
     run_cmd.add_argument("--gpus", type=int, required=True, help="GPUs the instance type has")
     run_cmd.add_argument("--instance-type", required=True)
+    run_cmd.add_argument("--efa", action="store_true", help="the type has EFA: NCCL must use it")
     run_cmd.add_argument("--steps", type=int, default=BENCHMARK_STEPS)
     run_cmd.add_argument("--batch", type=int, default=BENCHMARK_BATCH)
     run_cmd.add_argument("--precision", default="fp16")
@@ -280,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             proof = prove(
                 Tools(),
                 gpus=args.gpus,
+                efa=args.efa,
                 steps=args.steps,
                 batch=args.batch,
                 precision=args.precision,

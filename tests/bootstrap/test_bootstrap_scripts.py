@@ -1,17 +1,22 @@
-"""Every bootstrap shell script is shellcheck-clean and starts with `set -euo pipefail`.
+"""Every bootstrap shell script is shellcheck-clean, starts with `set -euo pipefail`, and runs
+the others through bash (user-data unpacks the code with `python3 -m zipfile`, which drops the
+executable bit).
 
 .venv/bin/python -m pytest tests/bootstrap/test_bootstrap_scripts.py
 """
 
+import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "bootstrap"
 SCRIPTS = sorted(p for p in BOOTSTRAP.glob("*.sh") if p.name != "lib.sh")
+ALL_SCRIPTS = sorted(BOOTSTRAP.rglob("*.sh"))
 SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which(
     "shellcheck"
 )
@@ -28,3 +33,29 @@ def test_shellcheck_clean(script):
 def test_strict_mode_and_executable(script):
     assert "\nset -euo pipefail\n" in script.read_text()
     assert script.stat().st_mode & 0o111
+
+
+def test_unzipping_the_code_asset_drops_the_executable_bit(tmp_path):
+    # Why the test below matters: the mode a script has here is not the mode it has on a node.
+    archive = tmp_path / "bootstrap.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.write(BOOTSTRAP / "train_node.sh", "train_node.sh")
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(archive), str(tmp_path)], check=True)
+    assert not (tmp_path / "train_node.sh").stat().st_mode & 0o111
+
+
+_PATH = r'"?\$\{?\w+\}?/[\w/.-]+\.sh\b'
+_ALLOWED = ("bash", "/bin/bash", "source", "install_boot_service")
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: str(p.relative_to(BOOTSTRAP)))
+def test_scripts_start_other_scripts_through_bash(script):
+    for number, line in enumerate(script.read_text().splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        where = f"{script.name}:{number}: {line.strip()}"
+        assert not re.match(r"\s*" + _PATH, line), where
+        for previous in re.findall(r"(\S+)\s+" + _PATH, line):
+            assert previous in _ALLOWED or previous.endswith("="), where
+    if script.name == "lib.sh":
+        assert "ExecStart=/bin/bash $script" in script.read_text()

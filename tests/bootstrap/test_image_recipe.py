@@ -37,6 +37,7 @@ GENERIC = (
     "make",
     "git",
     "gpg",
+    "ldconfig",
 )
 
 
@@ -242,7 +243,8 @@ def test_efa_step_stops_the_bake_on_a_foreign_key_or_bad_signature(
     assert not any("efa_installer.sh" in call for call in bake.calls())
 
 
-def cuda_stubs(bake: Bake, release: str) -> None:
+def cuda_stubs(bake: Bake, release: str, cached: str = "libcudart.so.12 (libc6,x86-64)") -> None:
+    bake.output("ldconfig", f"\t{cached} => /usr/local/cuda-12.2/targets/x86_64-linux/lib/x")
     nvcc = f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.140'\n"
     bake.file(f"usr/local/cuda-{PINS['CUDA_VERSION']}/bin/nvcc", nvcc, 0o755)
     bake.file(f"usr/local/cuda-{PINS['CUDA_VERSION']}/include/cuda_runtime.h")
@@ -259,6 +261,13 @@ def test_cuda_step_pins_out_nvidia_drivers_before_installing_the_12_2_compiler(b
     assert "cuda-nvcc-12-2" in install and "cuda-cudart-dev-12-2" in install
     assert "cuda-drivers" not in install and "cuda-toolkit" not in install
     assert PINS["CUDA_KEYRING_URL"] in " ".join(bake.calls("curl"))
+
+
+def test_cuda_step_fails_when_the_loader_cannot_find_the_runtime(bake):
+    cuda_stubs(bake, "12.2", cached="libcudart.so.11.0 (libc6,x86-64)")
+    result = bake.run("04-cuda-toolkit")
+    assert result.returncode != 0
+    assert "the loader cannot find libcudart.so.12" in result.stdout
 
 
 def test_cuda_step_fails_on_another_cuda_release(bake):
@@ -308,7 +317,7 @@ def python_env_stubs(bake: Bake, check_build: str) -> None:
     venv = bake.root / PINS["PYTHON_VENV"].lstrip("/")
     pip = """#!/usr/bin/env bash
 printf '%s\\n' "pip $* HOROVOD_NCCL_LINK=$HOROVOD_NCCL_LINK \
-CC=$HOROVOD_BUILD_CUDA_CC_LIST NCCL=$HOROVOD_NCCL_HOME" >>"$STUB_LOG"
+CC=$HOROVOD_BUILD_CUDA_CC_LIST NCCL=$HOROVOD_NCCL_HOME CMAKE=$HOROVOD_CMAKE" >>"$STUB_LOG"
 """
     bake.stub(
         "python3",
@@ -343,6 +352,7 @@ def test_python_env_step_installs_the_lock_and_builds_horovod_with_static_nccl(b
     [horovod] = [call for call in pip if f"horovod=={PINS['HOROVOD_VERSION']}" in call]
     assert "HOROVOD_NCCL_LINK=STATIC" in horovod and "CC=70,75,80,90" in horovod
     assert f"NCCL={bake.root}/opt/nccl" in horovod
+    assert f"CMAKE={bake.root}{PINS['PYTHON_VENV']}/bin/cmake" in horovod
     assert (bake.root / "opt/horovod-fleet/horovod-check-build.txt").read_text().strip()
 
 

@@ -134,7 +134,7 @@ def test_the_proof_stage_starts_from_the_base_image_on_the_gpu_type(image):
     document = yaml.safe_load(text(components(image)["horovod-fleet-gpu-proof"]["Data"]))
     phases = {phase["name"]: phase["steps"] for phase in document["phases"]}
     assert phases["build"][2]["inputs"]["commands"] == [
-        "bash /opt/horovod-fleet/src/bootstrap/image_proof/gpu_proof.sh run 1 p3.2xlarge"
+        "bash /opt/horovod-fleet/src/bootstrap/image_proof/gpu_proof.sh run 1 p3.2xlarge no-efa"
     ]
     assert phases["test"][0]["inputs"]["commands"][0].endswith("gpu_proof.sh tag")
     targets = [source["destination"] for source in phases["build"][0]["inputs"]]
@@ -158,7 +158,12 @@ def test_build_on_cpu_prove_on_the_gpu_test_type(image, synth):
     assert infrastructure_types(other)["horovod-fleet-training"] == ["p3.8xlarge"]
     proof = yaml.safe_load(text(components(other)["horovod-fleet-gpu-proof"]["Data"]))
     assert proof["phases"][0]["steps"][2]["inputs"]["commands"][0].endswith(
-        "gpu_proof.sh run 4 p3.8xlarge"
+        "gpu_proof.sh run 4 p3.8xlarge no-efa"
+    )
+    p3dn = synth(imageTestInstanceType="p3dn.24xlarge")["ImageStack"]
+    proof = yaml.safe_load(text(components(p3dn)["horovod-fleet-gpu-proof"]["Data"]))
+    assert proof["phases"][0]["steps"][2]["inputs"]["commands"][0].endswith(
+        "gpu_proof.sh run 8 p3dn.24xlarge efa"
     )
 
 
@@ -178,6 +183,9 @@ def test_images_are_tested_kept_for_the_lifecycle_and_fail_the_deploy(image):
         assert props["ImageTestsConfiguration"]["ImageTestsEnabled"] is True, logical_id
         assert props["EnhancedImageMetadataEnabled"] is False
         assert resource["DeletionPolicy"] == resource["UpdateReplacePolicy"] == "Retain"
+        [log_group] = [d for d in resource["DependsOn"] if "Logs" in d]
+        name = image.to_json()["Resources"][log_group]["Properties"]["LogGroupName"]
+        assert name.startswith("/aws/imagebuilder/horovod-fleet-training")
 
 
 def test_build_role_has_image_builder_ssm_and_only_its_assets(image):
@@ -226,10 +234,22 @@ def test_lifecycle_keeps_the_newest_two_of_both_images_with_their_snapshots(imag
     ]
 
 
-def test_ami_tags_carry_the_pins_and_the_recipe_hash(image):
+def ami_tag_sets(image) -> list[dict]:
+    """The tags of the recipes (on the AMI from the build stage on) and of the distributions."""
+    found = [
+        r["Properties"]["AmiTags"]
+        for r in of_type(image, "AWS::ImageBuilder::ImageRecipe").values()
+    ]
     for distribution in of_type(image, "AWS::ImageBuilder::DistributionConfiguration").values():
         [target] = distribution["Properties"]["Distributions"]
-        tags = target["AmiDistributionConfiguration"]["AmiTags"]
+        found.append(target["AmiDistributionConfiguration"]["AmiTags"])
+    return found
+
+
+def test_ami_tags_carry_the_pins_and_the_recipe_hash(image):
+    tag_sets = ami_tag_sets(image)
+    assert len(tag_sets) == 4
+    for tags in tag_sets:
         assert tags["Project"] == "horovod-fleet"
         assert tags["horovod-fleet:recipe-sha256"] == tree_sha256(RECIPE_DIR)
         assert tags["horovod-fleet:nvidia-driver"] == "580-server"
