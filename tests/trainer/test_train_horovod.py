@@ -53,6 +53,7 @@ def test_killed_run_resumes_at_epoch_2_on_two_ranks(
     args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
     args += ["--image-size", "32", "--batch-size", "4", "--epochs", "3", "--num-classes", "4"]
     args += ["--steps-per-epoch", "15", "--log-every", "5", "--eval-every", "3"]
+    args += ["--checkpoint-every-s", "0"]
     process = start_trainer(args)
     try:
         wait_for_checkpoint(process, model_dir / "checkpoints", timeout=300)
@@ -62,14 +63,14 @@ def test_killed_run_resumes_at_epoch_2_on_two_ranks(
         first_log = process.communicate()[0]
     assert "Epoch 1/3" in first_log and "Epoch 3/3" not in first_log
     state = (model_dir / "checkpoints" / "checkpoint").read_text()
-    assert 'model_checkpoint_path: "ckpt-1"' in state, state
+    assert 'model_checkpoint_path: "ckpt-15"' in state, state  # named by global step
 
     result = run_trainer(args, ranks=2, timeout=600, TRAINER_WEIGHTS_DIGEST_DIR=str(digests))
     assert result.returncode == 0, result.stdout + result.stderr
     log = result.stdout
-    assert re.search(r"Resuming from \S+ckpt-1: 1 epochs done", log), log
+    assert re.search(r"Resuming from \S+ckpt-15: 1 epochs done\n", log), log
     assert "Epoch 1/3" not in log and "Epoch 2/3" in log and "Epoch 3/3" in log
-    assert (model_dir / "checkpoints" / "ckpt-3.index").exists()
+    assert (model_dir / "checkpoints" / "ckpt-45.index").exists()
     assert json.loads((model_dir / "eval.json").read_text())["epoch"] == 3
     [first, second] = rank_digests(digests)
     assert first == second, "ranks ended with different weights after resuming"
