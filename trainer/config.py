@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup-epochs",
         type=float,
         help="linear LR warmup before cosine decay (default: 5, or 10 from a global batch of "
-        "16384 on, where LARS also takes over)",
+        "16384 on; LARS takes over above 16384)",
     )
     parser.add_argument("--momentum", type=float, default=0.9, help="Nesterov momentum")
     parser.add_argument(

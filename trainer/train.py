@@ -30,7 +30,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from trainer import data
+from trainer import affinity, data
 from trainer.cli import fail
 from trainer.config import ConfigError, TrainConfig, parse_config
 from trainer.model import build_resnet, decayed_variables
@@ -132,14 +132,15 @@ def resolve_input(config: TrainConfig, global_batch: int):
     if config.eval_only:  # no training: the schedule, hence steps per epoch, is irrelevant
         return info, train_shard, val_shard, 1
     split = train_shard.ways > 1
-    count = split or (info.train_records is None and not config.steps_per_epoch)
+    # The same on every rank (the allreduce below needs them all); `split` may differ by rank.
+    need_total = info.train_records is None and not config.steps_per_epoch
     local_count = 0
     try:
         # A rank whose own shards are empty would wait forever for its first batch while the
         # others wait for it in the step's allreduce, even when the whole split has records.
         what = f"rank {hvd.rank()}'s train shards, from {train_shard.files[0]},"
         data.require_records(train_shard.files, what)
-        if count:
+        if split or need_total:
             local_count = data.count_shard_records(train_shard)
         if split and local_count == 0:
             raise data.DataError(
@@ -150,7 +151,7 @@ def resolve_input(config: TrainConfig, global_batch: int):
         local_error = str(exc)
     agree(local_error)
     train_records = info.train_records
-    if count and train_records is None:
+    if need_total:
         train_records = int(hvd.allreduce(tf.constant(local_count), op=hvd.Sum, name="records"))
     steps = config.steps_per_epoch or train_records // global_batch
     if steps == 0:
@@ -208,6 +209,9 @@ class Trainer:
             epoch_step=self.epoch_step,
             steps_per_epoch=self.saved_steps_per_epoch,
         )
+        # Listed once, before any save or restore: rank 0's CheckpointManager later adds a
+        # save_counter the other ranks never get, and every rank must broadcast the same list.
+        self.state = checkpoint_variables(self.checkpoint)
         # Summed over steps between two reads: [cross entropy, total loss, bad input, stop].
         self.step_sums = tf.Variable(tf.zeros([4]), trainable=False, name="step_sums")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
@@ -266,7 +270,7 @@ class Trainer:
     def broadcast_state(self) -> None:
         # Horovod: every rank starts from rank 0's variables, fresh or restored: all of the
         # checkpoint's, so that fp16 ranks also share rank 0's loss scale and good-step count.
-        hvd.broadcast_variables(checkpoint_variables(self.checkpoint), root_rank=0)
+        hvd.broadcast_variables(self.state, root_rank=0)
 
     def average_batchnorm_statistics(self) -> None:
         """Moving means/variances drift apart per rank (each sees its own data): average them."""
@@ -277,7 +281,7 @@ class Trainer:
 
     def weights_digest(self) -> str:
         digest = hashlib.sha256()
-        for variable in checkpoint_variables(self.checkpoint):
+        for variable in self.state:
             digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
         return digest.hexdigest()
 
@@ -389,7 +393,7 @@ class Timings:
         }
 
 
-def run(config: TrainConfig, stop: StopRequest) -> None:
+def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     started = time.perf_counter()
     timings = Timings(started)
     gpu = setup_devices()
@@ -451,7 +455,7 @@ def run(config: TrainConfig, stop: StopRequest) -> None:
             while True:
                 yield batch
     else:
-        input_threads = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
+        input_threads = max(1, node_cpus // hvd.local_size())
 
         def eval_batches():
             return data.eval_dataset(
@@ -663,10 +667,16 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(exc))
     stop = StopRequest()
     stop.install()
+    # The node's CPUs, counted before this rank is bound to its GPU's socket: the input threads
+    # are a share of the node, not of the socket.
+    node_cpus = len(os.sched_getaffinity(0))
+    bound = affinity.bind_to_gpu_socket()  # before Horovod and TensorFlow start their threads
     # Horovod: initialise before anything asks for rank, size or local rank.
     hvd.init()
+    if bound:
+        log(bound)
     try:
-        run(config, stop)
+        run(config, stop, node_cpus)
     except RunError as exc:
         fail(str(exc))
     except Interrupted as exc:

@@ -190,8 +190,9 @@ def test_sigterm_mid_epoch_saves_that_step_and_a_rerun_resumes_there(
 
 
 def test_default_recipe_switches_at_a_global_batch_of_16k():
-    assert not optim.uses_lars(16383) and optim.uses_lars(16384)
-    assert optim.warmup_epochs_for(8192, None) == 5 and optim.warmup_epochs_for(16384, None) == 10
+    # 8 nodes x 8 GPUs x 256 = 16,384 gets AWS's tested 16k recipe: 10 warmup epochs, no LARS.
+    assert optim.warmup_epochs_for(16383, None) == 5 and optim.warmup_epochs_for(16384, None) == 10
+    assert not optim.uses_lars(16384) and optim.uses_lars(32768)
     assert optim.warmup_epochs_for(16384, 2.5) == 2.5  # the flag wins
 
 
@@ -199,3 +200,24 @@ def test_resume_step_keeps_the_fraction_of_the_epoch():
     assert train.resume_step(20, 200, 200) == 20
     assert train.resume_step(20, 200, 100) == 10  # twice the ranks: half the steps per epoch
     assert train.resume_step(0, 78, 39) == 0
+
+
+def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
+    """LossScaleOptimizer.variables leaves out the loss scale and its good-step counter: after
+    a resume, fp16 ranks other than 0 used to start again at 32768 while rank 0 used its own."""
+    hvd.init()
+    args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
+    config = parse_config([*args, "--image-size", "32", "--precision", "fp16"])
+    try:
+        trainer = train.Trainer(config, num_classes=10, steps_per_epoch=2, gpu=False)
+        names = {variable.name.split(":")[0] for variable in trainer.state}
+        assert {"current_loss_scale", "good_steps", "completed_epochs", "epoch_step"} <= names
+        listed = [id(variable) for variable in trainer.state]
+        assert not {id(v) for v in trainer.model.variables} - set(listed)
+        assert not {id(v) for v in trainer.optimizer.variables} - set(listed)
+        # Rank 0's saves add a save_counter the other ranks lack: the list must not change.
+        trainer.checkpoint.save(str(tmp_path / "ckpt"))
+        assert [id(variable) for variable in trainer.state] == listed
+        assert len(train.checkpoint_variables(trainer.checkpoint)) == len(listed) + 1
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
