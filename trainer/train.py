@@ -666,13 +666,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         fail(str(exc))
     stop = StopRequest()
-    stop.install()
     # The node's CPUs, counted before this rank is bound to its GPU's socket: the input threads
     # are a share of the node, not of the socket.
     node_cpus = len(os.sched_getaffinity(0))
     bound = affinity.bind_to_gpu_socket()  # before Horovod and TensorFlow start their threads
     # Horovod: initialise before anything asks for rank, size or local rank.
     hvd.init()
+    stop.install()  # after MPI_Init, which may install handlers of its own
     if bound:
         log(bound)
     try:
