@@ -38,13 +38,12 @@ GPU_ENV = {
     # GPU i for CUDA is GPU i for nvidia-smi: each rank binds to the socket of its GPU by index.
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
 }
-# libfabric's EFA provider for aws-ofi-nccl. NCCL_PROTO=simple: EFA's SRD does not deliver in
-# order, which NCCL's LL and LL128 protocols assume. No NCCL_NET_GDR_LEVEL: GPUDirect RDMA is
+# libfabric's EFA provider for aws-ofi-nccl. No NCCL_PROTO: the image's plugin sets "simple"
+# itself where EFA cannot order bytes for NCCL's LL protocols and leaves them on where it can
+# (https://github.com/aws/aws-ofi-nccl/pull/850, https://github.com/aws/aws-ofi-nccl/pull/280;
+# forcing it was needed only up to aws-ofi-nccl 1.5). No NCCL_NET_GDR_LEVEL: GPUDirect RDMA is
 # detected by the plugin where the type has it, and p3dn has none.
-EFA_ENV = {
-    "FI_PROVIDER": "efa",
-    "NCCL_PROTO": "simple",
-}
+EFA_ENV = {"FI_PROVIDER": "efa"}
 # Only types whose EFA has RDMA read (stacks/instance_types.py efa_rdma_read, node.json
 # efa_rdma_read): on p3dn's first-generation EFA this makes libfabric abort.
 EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}

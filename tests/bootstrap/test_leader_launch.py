@@ -47,6 +47,8 @@ def test_launch_environment_per_instance_type_comes_from_the_one_table(name):
     assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env
     # No GPUDirect setting anywhere: the plugin detects it where the hardware has it.
     assert not [key for key in env if key.startswith("NCCL_NET_GDR")]
+    # The plugin picks NCCL's protocol per platform; forcing "simple" would slow p5.
+    assert "NCCL_PROTO" not in env
     assert env.get("FI_PROVIDER") == ("efa" if gpu.efa else None)
     assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if gpu.efa_rdma_read else None)
     floor = env.get(launch.ALLREDUCE_FLOOR_ENV)
