@@ -142,7 +142,7 @@ def one_line(exc: BaseException) -> str:
 def with_retries(
     what: str,
     action: Callable[[], object],
-    policy: RetryPolicy = STEP_POLICY,
+    policy: RetryPolicy | None = None,
     note: Callable[[str], None] = log,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -150,6 +150,7 @@ def with_retries(
 ):
     """Run action until it succeeds, retrying outages per `policy`; raises S3Unavailable naming
     `what` and the last error once the budget (or a shutdown's deadline) is spent."""
+    policy = policy or STEP_POLICY
     started = clock()
     next_note = started + policy.note_every_s
     attempt = 0
@@ -181,7 +182,7 @@ def with_retries(
                 f"Last error: {one_line(last)}"
             )
             next_note = now + policy.note_every_s
-        delay = draw() * min(policy.max_delay_s, policy.first_delay_s * 2**attempt)
+        delay = draw() * min(policy.max_delay_s, policy.first_delay_s * 2 ** min(attempt, 30))
         sleep(max(0.0, min(delay, deadline - now)))
 
 
@@ -189,7 +190,7 @@ class RetryingS3:
     """An S3 client whose every call goes through with_retries. get_object's body is read inside
     the retry, so a connection cut mid-body is retried too."""
 
-    def __init__(self, raw, policy: RetryPolicy = STEP_POLICY, note: Callable[[str], None] = log):
+    def __init__(self, raw, policy: RetryPolicy | None = None, note: Callable[[str], None] = log):
         self.raw, self.policy, self.note = raw, policy, note
 
     def with_policy(self, policy: RetryPolicy) -> RetryingS3:
@@ -261,7 +262,7 @@ def client(service: str, region: str):
     return boto3.client(service, region_name=region, config=config)
 
 
-def s3_client(region: str, policy: RetryPolicy = STEP_POLICY) -> RetryingS3:
+def s3_client(region: str, policy: RetryPolicy | None = None) -> RetryingS3:
     return RetryingS3(client("s3", region), policy)
 
 
@@ -384,7 +385,7 @@ def download(
     sizes: dict[str, int],
     dest: Path,
     what: str,
-    policy: RetryPolicy = STEP_POLICY,
+    policy: RetryPolicy | None = None,
     note: Callable[[str], None] = log,
 ) -> None:
     """Copy s3://bucket/prefix<name> to dest/<name> for every name of `sizes`, by name (no
@@ -415,7 +416,7 @@ def upload(
     base: Path,
     names: Iterable[str],
     what: str,
-    policy: RetryPolicy = STEP_POLICY,
+    policy: RetryPolicy | None = None,
     note: Callable[[str], None] = log,
 ) -> None:
     """Copy base/<name> to s3://bucket/prefix<name>, then list the prefix to see every object

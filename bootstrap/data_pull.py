@@ -116,7 +116,7 @@ def pull_dataset(
     new_manifest.unlink(missing_ok=True)
     log(
         f"reading s3://{bucket}/{prefix}manifest.json (S3 outages are retried for up to "
-        f"{aws.STEP_POLICY.budget_s:.0f} s)"
+        f"{aws.STEP_POLICY.budget_s:.0f} s, each call times out)"
     )
     aws.with_retries(
         f"reading s3://{bucket}/{prefix}manifest.json",

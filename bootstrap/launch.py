@@ -109,6 +109,16 @@ def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200)
     node's SIGTERM), it passes the SIGTERM on and gives cmd STOP_GRACE_S to end."""
     tail: deque[str] = deque(maxlen=keep)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def copy(lines, log) -> None:
+        for line in lines:
+            log.write(line)
+            log.flush()
+            with contextlib.suppress(OSError):  # stdout's reader may be gone in a shutdown
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            tail.append(line)
+
     with (
         log_path.open("a") as log,
         subprocess.Popen(
@@ -116,19 +126,17 @@ def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200)
         ) as proc,
     ):
         try:
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                with contextlib.suppress(OSError):
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                tail.append(line)
+            copy(proc.stdout, log)
         except BaseException:
             proc.terminate()
+            # Its last lines (a rank's final checkpoint, its error) still go to the log.
+            rest = threading.Thread(target=copy, args=(proc.stdout, log), daemon=True)
+            rest.start()
             try:
                 proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            rest.join(5)
             raise
     return proc.returncode, "".join(tail)
 
@@ -204,7 +212,7 @@ class ModelStore:
         self.restored = True
         return bool(remote)
 
-    def upload(self, policy: aws.RetryPolicy = aws.STEP_POLICY) -> int:
+    def upload(self, policy: aws.RetryPolicy | None = None) -> int:
         """Copy what changed to S3, verified; returns how many files went up."""
         if not self.restored:
             self.log(
@@ -243,7 +251,7 @@ class CheckpointSync(threading.Thread):
         self.join()
 
 
-def upload_logs(s3, cfg: TrainConfig, policy: aws.RetryPolicy = aws.STEP_POLICY) -> None:
+def upload_logs(s3, cfg: TrainConfig, policy: aws.RetryPolicy | None = None) -> None:
     logs = Path(cfg.log_dir)
     names = [p.name for p in logs.glob("*.log")] if logs.is_dir() else []
     aws.upload(

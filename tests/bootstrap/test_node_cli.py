@@ -73,7 +73,7 @@ def done(s3):
 def test_missing_node_fails_the_run_naming_it(node, tmp_path):
     result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "(S3 outages are retried for up to 330 s)" in result.stdout
+    assert "(S3 outages are retried for up to 330 s, each call times out)" in result.stdout
     assert "pulled and verified 1 shards, 2 records" in result.stdout
     assert not (tmp_path / "node" / "data" / "tfrecords" / "_progress").exists()
     assert "step 'rendezvous' failed" in result.stdout
