@@ -253,7 +253,8 @@ def poll_until(
 @cache
 def client(service: str, region: str):
     """A boto3 client whose every request times out and is retried REQUEST_ATTEMPTS times in
-    total (botocore's standard retry mode, which includes throttling errors)."""
+    total (botocore's standard retry mode, which includes throttling errors; options from
+    https://docs.aws.amazon.com/boto3/latest/guide/retries.html)."""
     config = Config(
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
