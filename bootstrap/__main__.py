@@ -174,6 +174,7 @@ class Attempt:
     def __init__(self) -> None:
         self.started = time.time()
         self.store: launch.ModelStore | None = None
+        self.outputs_since: float | None = None
 
 
 def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
@@ -231,7 +232,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         )  # fmt: skip
     store = launch.ModelStore(s3, cfg, model_dir, log)
     restored = step("restore checkpoints", store.restore)
-    attempt.store = store
+    attempt.store, attempt.outputs_since = store, time.time()
     log(
         f"restored and verified {launch.model_prefix(cfg)}: the trainer resumes from it"
         if restored
@@ -248,7 +249,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         sync.stop()
     # Results are retried until they are in S3: the hard cap bounds the wait (README).
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
-    doc = launch.done_document(cfg, "succeeded", None, model_dir, time.time(), attempt.started)
+    doc = launch.done_document(
+        cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since
+    )
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
     step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
     step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
@@ -288,8 +291,9 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
     if cfg.is_leader:
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = launch.done_document(
-            cfg, failure.status, str(failure), model_dir, time.time(), attempt.started
-        )
+            cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
+            attempt.outputs_since,
+        )  # fmt: skip
         if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")
 

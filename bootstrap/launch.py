@@ -285,12 +285,15 @@ def done_document(
     model_dir: Path | None,
     now: float,
     started: float,
+    outputs_since: float | None = None,
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
-    wrote train.json / eval.json, else the leader's wall time and no epochs."""
+    wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
+    is new on disk but the previous attempt's), else the leader's wall time and no epochs."""
     succeeded = status == "succeeded"
-    evaluation = this_attempts(model_dir / "eval.json", started) if model_dir and succeeded else {}
-    training = this_attempts(model_dir / "train.json", started) if model_dir else {}
+    since = outputs_since or started
+    evaluation = this_attempts(model_dir / "eval.json", since) if model_dir and succeeded else {}
+    training = this_attempts(model_dir / "train.json", since) if model_dir else {}
     return {
         "run": cfg.run,
         "status": status,
@@ -383,6 +386,8 @@ def failure_reason(tail: str, hostfile: str = "") -> str:
 
 
 def describe_rank(rank: int, where: str, code: int, lines: list[str]) -> str:
+    """A rank that exited on its own gets its last stderr line; a killed one has none worth it."""
+    how = describe_exit(code)
     said = [line for line in lines if line.startswith(f"[{rank}]<stderr>:")]
     last = f"; its last words: {said[-1].split(':', 1)[1].strip()}" if said else ""
-    return trim_reason(f"rank {rank}{where} {describe_exit(code)}{last}")
+    return trim_reason(f"rank {rank}{where} {how}{'' if how.startswith('killed') else last}")

@@ -320,7 +320,7 @@ class Rehearsal:
     def node_home(self, index: int) -> Path:
         return self.fleet.nodes[index].home if self.fleet else self.workdir / f"node{index}"
 
-    def train(self, epochs: int, **overrides) -> None:
+    def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
         """Start every node's train_node.sh and wait for all. A second call is the rerun after a
         reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
         S3 prefix are not, so the pull is skipped and training resumes from S3."""
@@ -336,6 +336,8 @@ class Rehearsal:
         data_mount.mkdir(exist_ok=True)
         procs = {}
         for index in range(nodes):
+            if index in absent:  # a node that never boots (the fault rehearsal)
+                continue
             node = self.fleet.nodes[index] if self.fleet else None
             home = node.home if node else self.workdir / f"node{index}"
             doc = {

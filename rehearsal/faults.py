@@ -11,6 +11,8 @@ injected, in order (each attempt starts from what the previous one left in S3):
     shard corrupted in S3        a shard replaced by one of the same size with a flipped byte,
                                  on nodes that must pull it again
     rerun after the S3 fix       the good shard put back; the same nodes run again
+    node never boots             node 1 is not started: the leader names it every 30 s, then
+                                 gives up
 
 and prints a table: fault, expected outcome, observed outcome, pass or fail. Exit 0 only if every
 row passes.
@@ -36,6 +38,7 @@ from rehearsal.__main__ import BUCKET, RUN, Rehearsal, say
 # short enough for CI.
 OUTAGE_S = 40
 SHARD = "train-00001-of-00004"
+MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
 
 
 @dataclass
@@ -129,6 +132,17 @@ def fix_shard(rehearsal: Rehearsal) -> None:
         Bucket=BUCKET, Key=f"tfrecords/{SHARD}", Body=good, Metadata={"sha256": digest}
     )
     say(f"s3://{BUCKET}/tfrecords/{SHARD} fixed; the nodes keep their corrupt local copy")
+
+
+def forget_node(index: int) -> Callable[[Rehearsal], None]:
+    """Node 1 registered in the previous attempt seconds ago; a fleet deployed again finds only
+    entries older than the heartbeat timeout, which the leader ignores. Start from that."""
+
+    def forget(rehearsal: Rehearsal) -> None:
+        rehearsal.s3.delete_object(Bucket=BUCKET, Key=f"runs/{RUN}/nodes/{index}.json")
+        say(f"FAULT: node {index} will not boot")
+
+    return forget
 
 
 def node_said(rehearsal: Rehearsal, index: int, text: str) -> bool:
@@ -227,6 +241,24 @@ def faults(nodes: int) -> list[Fault]:
                 5,
                 refetched=lambda r, d: all(node_said(r, i, "re-fetched") for i in range(nodes)),
             ),
+        ),
+        Fault(
+            "node 1 never boots",
+            "failed: node(s) 1 of 2 did not register; named every 30 s while waiting",
+            5,
+            forget_node(1),
+            expect(
+                "failed",
+                names_the_node=lambda r, d: "node(s) 1 of 2 did not register" in d["reason"],
+                said_so_every_30_s=lambda r, d: (
+                    sum(
+                        "rendezvous: waiting" in line and "node(s) 1 of 2" in line
+                        for line in r.output.get("node0", [])
+                    )
+                    >= 2
+                ),
+            ),
+            {"absent": (1,), "rendezvous_timeout_s": MISSING_NODE_TIMEOUT_S},
         ),
     ]
 

@@ -113,6 +113,10 @@ def test_done_document_ignores_figures_a_previous_attempt_left(tmp_path):
     started = time.time() - 42
     failed = launch.done_document(cfg, "failed", "x", tmp_path, started + 42, started)
     assert failed["epochs"] is None and failed["duration_s"] == 42.0
+    # Restored with the checkpoints just now: new on disk, still the previous attempt's.
+    (tmp_path / "train.json").write_text(json.dumps({"epochs": 3, "duration_s": 3600.0}))
+    failed = launch.done_document(cfg, "failed", "x", tmp_path, started + 42, started, time.time())
+    assert failed["epochs"] is None
 
 
 GLOO_RANK_KILLED = """[1]<stdout>:Step 40 Epoch 2 ...
