@@ -214,7 +214,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     env = launch.launcher_env(cfg, dict(os.environ))
 
     def run_horovod(program: list[str], log_name: str, keep: int = 200) -> str:
-        command = launch.horovodrun_command(cfg, hostfile, key, ranks, program)
+        # Each rank under bootstrap.rank, which names the signal that kills it.
+        ranked = ["python3", "-m", "bootstrap.rank", *program]
+        command = launch.horovodrun_command(cfg, hostfile, key, ranks, ranked)
         log("running: " + " ".join(command))
         code, tail = launch.stream(command, env, Path(cfg.log_dir) / log_name, keep)
         if code:

@@ -71,14 +71,15 @@ class RetryPolicy:
 OUTAGE_S = 300
 STEP_POLICY = RetryPolicy(budget_s=OUTAGE_S + RetryPolicy(None).max_delay_s + 10)
 UNTIL_DONE = RetryPolicy(budget_s=None)
-# Per request: boto3's own retries ride out one-off errors and throttling, the policy above
-# rides out outages; s5cmd gets the same request retry count.
-REQUEST_ATTEMPTS = 3
+# Per request: one quick retry inside boto3 and s5cmd for a one-off error; everything longer is
+# the policy above. A request that cannot answer in 2 x 20 s, or an s5cmd silent for 60 s, ends
+# in under a minute, so the waiting line comes about once a minute.
+REQUEST_ATTEMPTS = 2
 CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 30
+READ_TIMEOUT_S = 20
 # s5cmd (with --log info) prints a line per object it finished: silent this long, it is stuck on
 # an endpoint that accepts connections and never answers, and is killed and retried.
-S5CMD_STALL_S = 120
+S5CMD_STALL_S = 60
 
 # A SIGTERM (instance stop, Spot notice) leaves about 90 s (systemd's default stop timeout): from
 # then on, every retry loop ends by this deadline instead of its own budget.

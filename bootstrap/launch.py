@@ -342,6 +342,8 @@ FIRST_FAILED_RANK = re.compile(
 )
 RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# bootstrap.rank's line for a rank a signal killed (over ssh, horovodrun itself only sees 255).
+RANK_SIGNAL = re.compile(r"horovod-fleet rank exit: rank (\d+) killed by (SIG[A-Z0-9]+)")
 SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native code)"}
 
 
@@ -378,10 +380,15 @@ def failure_reason(tail: str, hostfile: str = "") -> str:
     if found := MPI_SIGNAL.search(tail):
         rank, node = int(found.group(1)), found.group(2)
         return describe_rank(rank, f" on {node}", 128 + int(found.group(3)), lines)
-    if found := FIRST_FAILED_RANK.search(tail) or RANK_EXIT.search(tail):
-        rank = int(found.group(1))
+    killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
+    first = FIRST_FAILED_RANK.search(tail) or RANK_EXIT.search(tail)
+    if first or killed:
+        rank = int(first.group(1)) if first else next(iter(killed))
+        code = int(first.group(2)) if first else 1
+        if rank in killed:
+            code = 128 + signal.Signals[killed[rank]].value
         where = f" on {hosts[rank]}" if rank < len(hosts) else ""
-        return describe_rank(rank, where, int(found.group(2)), lines)
+        return describe_rank(rank, where, code, lines)
     return trim_reason((lines or ["no output"])[-1])
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 # are shared, and its StepFailed is caught as the RuntimeError it is.
 from rehearsal.__main__ import BUCKET, RUN, Rehearsal, say
 
-# Longer than boto3's read timeout (30 s), so every kind of S3 call sees it time out and retry;
+# Longer than boto3's read timeout (20 s), so every kind of S3 call sees it time out and retry;
 # short enough for CI.
 OUTAGE_S = 40
 SHARD = "train-00001-of-00004"
@@ -79,7 +79,11 @@ def processes_with(env_entries: list[str], command_part: str) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if command_part in cmdline and all(e.encode() in environ for e in env_entries):
+        if (
+            command_part in cmdline
+            and "bootstrap.rank" not in cmdline  # the rank's program, not the wrapper around it
+            and all(e.encode() in environ for e in env_entries)
+        ):
             found.append(int(proc.name))
     return found
 

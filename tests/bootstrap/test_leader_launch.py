@@ -170,3 +170,26 @@ def test_reasons_are_cut_at_a_word_keeping_the_start(length):
             "error",
             "line",
         }
+
+
+def test_a_rank_killed_behind_ssh_is_named_by_its_wrapper():
+    """Over ssh horovodrun sees 255 for a killed remote rank; bootstrap.rank's line names the
+    signal. Ranks ended by horovodrun's own SIGTERM afterwards do not take the blame."""
+    tail = (
+        "[1]<stderr>:horovod-fleet rank exit: rank 1 killed by SIGKILL\n"
+        "Process 1 exit with status code 255.\n"
+        "[0]<stderr>:horovod-fleet rank exit: rank 0 killed by SIGTERM\n"
+        "Process 0 exit with status code 143.\n"
+        "Process name: 1\nExit code: 255\n"
+    )
+    assert launch.failure_reason(tail, "10.0.1.5 slots=1\n10.0.1.23 slots=1\n") == (
+        "rank 1 on 10.0.1.23 killed by SIGKILL (out of memory?)"
+    )
+
+
+def test_rank_wrapper_names_the_signal_and_passes_the_code_on(capfd):
+    from bootstrap import rank
+
+    assert rank.main(["bash", "-c", "exit 3"]) == 3
+    assert rank.main(["bash", "-c", "kill -KILL $$"]) == 137
+    assert "horovod-fleet rank exit: rank ? killed by SIGKILL" in capfd.readouterr().err
