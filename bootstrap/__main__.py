@@ -117,12 +117,18 @@ def download_raw(cfg: PreprocessConfig) -> dict[str, str]:
 def preprocess_node(cfg: PreprocessConfig) -> None:
     s3 = aws.s3_client(cfg.region)
     output = f"s3://{cfg.bucket}/{cfg.output_prefix}"
-    try:
-        data_pull.verify_s3_dataset(s3, cfg.bucket, cfg.output_prefix)
+
+    def already_done() -> bool:
+        try:
+            data_pull.verify_s3_dataset(s3, cfg.bucket, cfg.output_prefix)
+        except (data_pull.VerificationError, ClientError) as exc:
+            # No manifest yet, or a dataset that fails its check: (re)convert, resumably.
+            log(f"{output} holds no verified dataset ({one_line(exc)}): converting")
+            return False
         log(f"{output} already holds a verified dataset: skipping preprocessing")
-    except (data_pull.VerificationError, ClientError) as exc:
-        # No manifest yet, or a dataset that fails its check: (re)convert, resumably.
-        log(f"{output} holds no verified dataset ({one_line(exc)}): converting")
+        return True
+
+    if not step("check for a verified dataset", already_done):
         if cfg.download_secret_arn:
             raw = step("download raw archives", lambda: download_raw(cfg))
         else:
@@ -160,7 +166,7 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
     )
     splits = ", ".join(f"{k} {v['records']} records" for k, v in manifest["splits"].items())
     log(f"dataset ready in {output}: {splits}")
-    log(aws.signal_cloudformation(cfg, True, "dataset ready"))
+    step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "dataset ready")))
     stop_instance_soon(cfg)
 
 
@@ -183,7 +189,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     model_dir = Path(cfg.mount_point) / "model"
     step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
     step("data pull", lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log))
-    log(aws.signal_cloudformation(cfg, True, "healthy, data verified"))
+    step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "healthy, data verified")))
     ip, instance_id = step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
     if not cfg.is_leader:
         step(
@@ -285,11 +291,14 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
     if isinstance(cfg, PreprocessConfig):
         stop_instance_soon(cfg)
         return
-    s3 = aws.s3_client(cfg.region)
+    # The leader's checkpoints, logs and DONE.json are the run's results: retried until they
+    # are in S3 (the hard cap, or a shutdown's deadline, bounds it).
+    policy = aws.UNTIL_DONE if cfg.is_leader else aws.STEP_POLICY
+    s3 = aws.s3_client(cfg.region, policy)
     model_dir = Path(cfg.mount_point) / "model"
     if attempt.store is not None:
-        attempt_to("upload the checkpoints", attempt.store.upload)
-    attempt_to("upload the logs", lambda: launch.upload_logs(s3, cfg))
+        attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
+    attempt_to("upload the logs", lambda: launch.upload_logs(s3, cfg, policy))
     if cfg.is_leader:
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = launch.done_document(

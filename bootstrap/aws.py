@@ -291,12 +291,16 @@ def signal_cloudformation(cfg, success: bool, reason: str) -> str:
     if cfg.signal is None:
         return "no CloudFormation signal configured"
     status = "SUCCESS" if success else "FAILURE"
+    signal_resource = client("cloudformation", cfg.region).signal_resource
     try:
-        client("cloudformation", cfg.region).signal_resource(
-            StackName=cfg.signal.stack,
-            LogicalResourceId=cfg.signal.resource,
-            UniqueId=instance_id(cfg),
-            Status=status,
+        with_retries(
+            f"signalling {status} to CloudFormation",
+            lambda: signal_resource(
+                StackName=cfg.signal.stack,
+                LogicalResourceId=cfg.signal.resource,
+                UniqueId=instance_id(cfg),
+                Status=status,
+            ),
         )
     except ClientError as exc:
         # A second signal (a rerun after the stack finished creating) is refused; that is fine.
