@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "preprocess-node" and isinstance(cfg, PreprocessConfig):
             preprocess_node(cfg)
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):
+            aws.log_fallback[:] = [Path(cfg.log_dir) / "bootstrap.log"]
             interrupt_on_sigterm()
             train_node(cfg, attempt)
         else:

@@ -40,12 +40,21 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 IMDS = "http://169.254.169.254/latest"
 
 
+# Where log() writes once stdout is gone: a shutdown stops the node script's `tee` into
+# bootstrap.log together with us, and the report of that shutdown must still reach the file.
+log_fallback: list[Path] = []
+
+
 def log(message: str) -> None:
-    """One timestamped line on stdout (the node's log). A pipe that closed during a shutdown
-    (the log's tee is stopped with us) must not turn the report of that shutdown into an error."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    with contextlib.suppress(OSError, ValueError):
-        print(f"{stamp} [bootstrap] {message}", flush=True)
+    """One timestamped line on stdout (the node's log), or appended to log_fallback's file when
+    stdout's reader is gone; never an error of its own."""
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [bootstrap] {message}"
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        for path in log_fallback:
+            with contextlib.suppress(OSError), path.open("a") as out:
+                out.write(line + "\n")
 
 
 # ---------------------------------------------------------------- the retry policy

@@ -371,3 +371,19 @@ def test_sigterm_flushes_and_writes_done_interrupted(endpoint, dataset_in_s3, tm
     keys = aws.list_sizes(endpoint, BUCKET, "runs/r1/")
     assert "model/checkpoints/ckpt-1.index" in keys
     assert any(k.startswith("logs/node-0/") for k in keys)
+
+
+def test_log_lines_reach_the_file_when_stdout_is_gone(tmp_path, monkeypatch):
+    """A shutdown stops the script's tee with the node: the flush's own lines still land."""
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    monkeypatch.setattr(aws, "log_fallback", [tmp_path / "bootstrap.log"])
+    aws.log("INTERRUPTED: step 'training' was interrupted")
+    assert "INTERRUPTED" in (tmp_path / "bootstrap.log").read_text()
