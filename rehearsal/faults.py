@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import signal
 import threading
@@ -159,9 +160,12 @@ def expect(status: str, epochs: int | None = None, **checks: bool):
     def judge(rehearsal: Rehearsal, done: dict | None) -> tuple[bool, str]:
         if done is None:
             return False, "no DONE.json"
-        seen = f"{done['status']}, epochs {done['epochs']}"
+        seen = done["status"] + (f", epochs {done['epochs']}" if done["epochs"] else "")
         if done["status"] != "succeeded":
-            seen += f": {done['reason']}"
+            # The step and what happened; the exception's type adds nothing to a table row.
+            seen += ": " + re.sub(
+                r"failed: \w+: (horovodrun exited \d+: )?", "failed: ", done["reason"]
+            )
         failed = [name for name, check in checks.items() if not check(rehearsal, done)]
         ok = done["status"] == status and (epochs is None or done["epochs"] == epochs)
         if failed:
@@ -308,7 +312,7 @@ def run_faults(rehearsal: Rehearsal) -> int:
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:
     header = ("fault", "expected", "observed", "result")
     clipped = [
-        tuple(cell if len(cell) <= 90 else cell[:87] + "..." for cell in row) for row in rows
+        tuple(cell if len(cell) <= 150 else cell[:147] + "..." for cell in row) for row in rows
     ]
     widths = [max(len(r[i]) for r in [header, *clipped]) for i in range(4)]
     for row in [header, tuple("-" * w for w in widths), *clipped]:
