@@ -189,6 +189,10 @@ class ModelStore:
             return {}
         found = {}
         for path in self.model_dir.rglob("*"):
+            # TensorFlow writes a checkpoint under <name>_temp/ and renames it when complete
+            # (tensorflow/python/checkpoint/functional_saver.py, TF 2.15.1).
+            if any("_temp" in part for part in path.relative_to(self.model_dir).parts):
+                continue
             with contextlib.suppress(OSError):  # the trainer may delete an old checkpoint
                 if path.is_file():
                     stat = path.stat()
@@ -297,7 +301,7 @@ def done_document(
     return {
         "run": cfg.run,
         "status": status,
-        "reason": reason,
+        "reason": trim_reason(reason) if reason else None,
         "top1": evaluation.get("top1"),
         "top5": evaluation.get("top5"),
         "epochs": training.get("epochs", cfg.trainer.get("epochs") if succeeded else None),

@@ -258,6 +258,8 @@ def test_uploads_only_what_changed_and_verifies_it(endpoint, train_config, tmp_p
     (tmp_path / "m" / "checkpoints").mkdir()
     (tmp_path / "m" / "checkpoints" / "ckpt-1.index").write_bytes(b"i" * 10)
     (tmp_path / "m" / "eval.json").write_text("{}")
+    (tmp_path / "m" / "checkpoints" / "ckpt-2_temp").mkdir()  # a save in progress
+    (tmp_path / "m" / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001").write_bytes(b"p")
     assert store.upload() == 2
     assert store.upload() == 0
     keys = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/")
