@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,8 @@ import urllib.request
 from base64 import b64encode
 from collections.abc import Callable
 from pathlib import Path
+
+from botocore.exceptions import ClientError
 
 from bootstrap import aws, data_pull, health, launch, rendezvous
 from bootstrap.cli import OneLineErrorParser, usage_error
@@ -32,20 +35,28 @@ RAW_FILES = {
 }
 
 
-def log(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    print(f"{stamp} [bootstrap] {message}", flush=True)
+log = aws.log
+
+# A SIGTERM (systemd stop, Spot interruption, instance shutdown) gives the node systemd's stop
+# timeout, 90 s by default (DefaultTimeoutStopSec, systemd-system.conf(5)): horovodrun gets
+# launch.STOP_GRACE_S of it to end, the uploads and DONE.json get the rest but a margin.
+FLUSH_AFTER_SIGTERM_S = 75
+
+
+class Interrupted(Exception):
+    """The node was told to stop (SIGTERM)."""
 
 
 class StepFailed(RuntimeError):
-    def __init__(self, step: str, reason: str):
-        super().__init__(f"step '{step}' failed: {reason}")
-        self.step, self.reason = step, reason
+    def __init__(self, step: str, reason: str, status: str = "failed"):
+        verb = "was interrupted" if status == "interrupted" else "failed"
+        super().__init__(f"step '{step}' {verb}: {reason}")
+        self.step, self.reason, self.status = step, reason, status
 
 
-def one_line(exc: Exception) -> str:
-    """An error as one log line: s5cmd's stderr, part of some messages, spans several."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+def one_line(exc: BaseException) -> str:
+    """An error as one line of at most launch.REASON_LIMIT characters, cut at a word."""
+    return launch.trim_reason(f"{type(exc).__name__}: {exc}")
 
 
 def step(name: str, action: Callable[[], object]):
@@ -54,6 +65,8 @@ def step(name: str, action: Callable[[], object]):
     started = time.time()
     try:
         result = action()
+    except Interrupted as exc:
+        raise StepFailed(name, str(exc), "interrupted") from exc
     except Exception as exc:
         raise StepFailed(name, one_line(exc)) from exc
     log(f"step '{name}': done in {time.time() - started:.1f} s")
@@ -102,12 +115,20 @@ def download_raw(cfg: PreprocessConfig) -> dict[str, str]:
 
 
 def preprocess_node(cfg: PreprocessConfig) -> None:
-    s3 = aws.client("s3", cfg.region)
+    s3 = aws.s3_client(cfg.region)
     output = f"s3://{cfg.bucket}/{cfg.output_prefix}"
-    try:
-        data_pull.verify_s3_dataset(s3, cfg.bucket, cfg.output_prefix)
+
+    def already_done() -> bool:
+        try:
+            data_pull.verify_s3_dataset(s3, cfg.bucket, cfg.output_prefix)
+        except (data_pull.VerificationError, ClientError) as exc:
+            # No manifest yet, or a dataset that fails its check: (re)convert, resumably.
+            log(f"{output} holds no verified dataset ({one_line(exc)}): converting")
+            return False
         log(f"{output} already holds a verified dataset: skipping preprocessing")
-    except Exception:  # no manifest yet or an incomplete dataset: (re)convert, resumably
+        return True
+
+    if not step("check for a verified dataset", already_done):
         if cfg.download_secret_arn:
             raw = step("download raw archives", lambda: download_raw(cfg))
         else:
@@ -135,7 +156,8 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
             code, tail = launch.stream(command, env, Path(cfg.log_dir) / "preprocess.log")
             if code:
                 raise RuntimeError(
-                    f"trainer.preprocess exited {code}: {launch.failure_reason(tail)}"
+                    f"trainer.preprocess exited {code}: {launch.failure_reason(tail)} "
+                    "(details in preprocess.log)"
                 )
 
         step("preprocess", convert)
@@ -144,29 +166,38 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
     )
     splits = ", ".join(f"{k} {v['records']} records" for k, v in manifest["splits"].items())
     log(f"dataset ready in {output}: {splits}")
-    log(aws.signal_cloudformation(cfg, True, "dataset ready"))
+    step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "dataset ready")))
     stop_instance_soon(cfg)
 
 
 # ---------------------------------------------------------------- training node
 
 
-def train_node(cfg: TrainConfig) -> None:
-    s3 = aws.client("s3", cfg.region)
+class Attempt:
+    """What report_failure needs to know about this attempt: when it began, and its model store
+    (None until the restore step, and on members)."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.store: launch.ModelStore | None = None
+        self.outputs_since: float | None = None
+
+
+def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
+    s3 = aws.s3_client(cfg.region)
     data_dir = Path(cfg.mount_point) / "tfrecords"
     model_dir = Path(cfg.mount_point) / "model"
     step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
     step("data pull", lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log))
-    log(aws.signal_cloudformation(cfg, True, "healthy, data verified"))
+    step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "healthy, data verified")))
     ip, instance_id = step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
     if not cfg.is_leader:
         step(
             "rendezvous",
             lambda: rendezvous.serve_as_member(s3, cfg, ip, instance_id, log),
         )
-        launch.upload_logs(cfg)
+        step("upload logs", lambda: launch.upload_logs(s3, cfg))
         return
-    started = time.time()
     hostfile = Path(cfg.state_dir) / "hostfile"
 
     def meet() -> list[dict]:
@@ -189,11 +220,14 @@ def train_node(cfg: TrainConfig) -> None:
     env = launch.launcher_env(cfg, dict(os.environ))
 
     def run_horovod(program: list[str], log_name: str, keep: int = 200) -> str:
-        command = launch.horovodrun_command(cfg, hostfile, key, ranks, program)
+        # Each rank under bootstrap.rank, which names the signal that kills it.
+        ranked = ["python3", "-m", "bootstrap.rank", *program]
+        command = launch.horovodrun_command(cfg, hostfile, key, ranks, ranked)
         log("running: " + " ".join(command))
         code, tail = launch.stream(command, env, Path(cfg.log_dir) / log_name, keep)
         if code:
-            raise RuntimeError(f"horovodrun exited {code}: {launch.failure_reason(tail)}")
+            reason = launch.failure_reason(tail, hostfile.read_text())
+            raise RuntimeError(f"horovodrun exited {code}: {reason} (details in {log_name})")
         return tail
 
     if cfg.gpus_per_node:
@@ -204,9 +238,15 @@ def train_node(cfg: TrainConfig) -> None:
                 run_horovod(check, "allreduce-check.log", keep=1_000_000), cfg.efa
             )),
         )  # fmt: skip
-    restored = step("restore checkpoints", lambda: launch.restore_model_dir(s3, cfg, model_dir))
-    log(f"resuming from {launch.model_prefix(cfg)}" if restored else "no checkpoint in S3: new run")
-    sync = launch.CheckpointSync(cfg, model_dir, log)
+    store = launch.ModelStore(s3, cfg, model_dir, log)
+    restored = step("restore checkpoints", store.restore)
+    attempt.store, attempt.outputs_since = store, time.time()
+    log(
+        f"restored and verified {launch.model_prefix(cfg)}: the trainer resumes from it"
+        if restored
+        else f"{launch.model_prefix(cfg)} is empty: a new run"
+    )
+    sync = launch.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()
     try:
         step(
@@ -215,15 +255,18 @@ def train_node(cfg: TrainConfig) -> None:
         )
     finally:
         sync.stop()
-    step("upload results", lambda: launch.sync_model_dir(cfg, model_dir))
-    doc = launch.done_document(cfg, "succeeded", None, model_dir, time.time(), started)
+    # Results are retried until they are in S3: the hard cap bounds the wait (README).
+    step("upload results", lambda: store.upload(aws.UNTIL_DONE))
+    doc = launch.done_document(
+        cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since
+    )
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
-    step("upload logs", lambda: launch.upload_logs(cfg))
-    step("write DONE.json", lambda: launch.write_done(s3, cfg, doc))
+    step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
+    step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
 
 
-def attempt(what: str, action: Callable[[], object]) -> bool:
+def attempt_to(what: str, action: Callable[[], object]) -> bool:
     """One best-effort action while reporting a failure: an error of its own (AWS unreachable, no
     credentials) is one log line, never a traceback that would hide the failure being reported."""
     try:
@@ -234,28 +277,48 @@ def attempt(what: str, action: Callable[[], object]) -> bool:
     return True
 
 
-def report_failure(cfg, failure: StepFailed) -> None:
+def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> None:
     """Whatever failed: tell CloudFormation (rolls the fleet back while it is being created), keep
-    the logs and checkpoints, and on the leader write DONE.json so teardown reacts; a
-    preprocessing node stops."""
-    log(f"FAILED: {failure}")
-    attempt(
+    the logs and the checkpoints this attempt may upload, and on the leader write DONE.json
+    (status failed, or interrupted after a SIGTERM) so teardown reacts; a preprocessing node
+    stops. After a SIGTERM everything here fits in the shutdown's time."""
+    attempt = attempt or Attempt()
+    log(f"{failure.status.upper()}: {failure}")
+    attempt_to(
         "signal FAILURE to CloudFormation",
         lambda: log(aws.signal_cloudformation(cfg, False, str(failure))),
     )
     if isinstance(cfg, PreprocessConfig):
         stop_instance_soon(cfg)
         return
+    # The leader's checkpoints, logs and DONE.json are the run's results: retried until they
+    # are in S3 (the hard cap, or a shutdown's deadline, bounds it).
+    policy = aws.UNTIL_DONE if cfg.is_leader else aws.STEP_POLICY
+    s3 = aws.s3_client(cfg.region, policy)
     model_dir = Path(cfg.mount_point) / "model"
-    attempt("upload the checkpoints", lambda: launch.sync_model_dir(cfg, model_dir))
-    attempt("upload the logs", lambda: launch.upload_logs(cfg))
+    if attempt.store is not None:
+        attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
+    attempt_to("upload the logs", lambda: launch.upload_logs(s3, cfg, policy))
     if cfg.is_leader:
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
-        doc = launch.done_document(cfg, "failed", str(failure), model_dir, time.time(), None)
-        if attempt(
-            f"write {done}", lambda: launch.write_done(aws.client("s3", cfg.region), cfg, doc)
-        ):
-            log(f"wrote {done} (status failed)")
+        doc = launch.done_document(
+            cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
+            attempt.outputs_since,
+        )  # fmt: skip
+        if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
+            log(f"wrote {done} (status {failure.status})")
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM ends the current step as Interrupted; from then on every S3 retry ends within
+    the shutdown's time, and a second SIGTERM is ignored so the flush can finish."""
+
+    def handler(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        aws.shutdown_within(FLUSH_AFTER_SIGTERM_S)
+        raise Interrupted("the node was stopped (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,17 +347,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"cannot write the CloudWatch agent config {args.path}: {exc.strerror}"
             )
         return 0
+    attempt = Attempt()
     try:
         if args.command == "fail":
             raise StepFailed(args.step, args.reason)
         if args.command == "preprocess-node" and isinstance(cfg, PreprocessConfig):
             preprocess_node(cfg)
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):
-            train_node(cfg)
+            aws.log_fallback[:] = [Path(cfg.log_dir) / "bootstrap.log"]
+            interrupt_on_sigterm()
+            train_node(cfg, attempt)
         else:
             return usage_error(f"node.json role '{cfg.role}' cannot run {args.command}")
+    except Interrupted as exc:  # between steps
+        report_failure(cfg, StepFailed("between steps", str(exc), "interrupted"), attempt)
+        return 1
     except StepFailed as failure:
-        report_failure(cfg, failure)
+        report_failure(cfg, failure, attempt)
         return 1
     return 0
 

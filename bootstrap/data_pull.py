@@ -3,7 +3,9 @@
 Verification checks what the manifest promises: every shard present with its byte size, its
 record count (TFRecord framing, read without TensorFlow) and its sha256 when given; the split
 totals add up. A verified pull leaves a marker holding the manifest's digest, so a rerun with the
-same manifest skips the pull.
+same manifest skips the pull. The pull copies the manifest's shards by name (no listing that
+could fail silently) and only those that are missing or fail their check, so a rerun repairs a
+shard that was corrupt, even one of the right size.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import math
 import os
 import struct
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
-from bootstrap.aws import S5CMD_RETRIES, poll_until, run_s5cmd
+from bootstrap import aws
+from bootstrap.aws import poll_until
 
 WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
 
@@ -88,45 +91,73 @@ def verify_data_dir(data_dir: str | Path, workers: int | None = None) -> dict:
                 f"split {split}: manifest lists {len(in_split)} shards / {records} records, "
                 f"its totals say {totals['shards']} / {totals['records']}"
             )
-    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
-        problems += [p for p in pool.map(check_shard, [data_dir] * len(shards), shards) if p]
+    problems += check_shards(data_dir, shards, workers)
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise VerificationError("; ".join(problems[:5]) + more)
     return manifest
 
 
-def pull_dataset(bucket: str, prefix: str, data_dir: str | Path, log) -> dict:
-    """Copy s3://bucket/prefix to data_dir unless this manifest was verified there already."""
+def check_shards(data_dir: Path, shards: list[dict], workers: int | None = None) -> list[str]:
+    """The problems of every shard, hashing in parallel ([] when all are fine)."""
+    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+        return [p for p in pool.map(check_shard, [data_dir] * len(shards), shards) if p]
+
+
+def pull_dataset(
+    bucket: str, prefix: str, data_dir: str | Path, log, workers: int | None = None
+) -> dict:
+    """Copy the manifest's shards from s3://bucket/prefix to data_dir unless this manifest was
+    verified there already; re-fetch any shard that fails its check."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     marker = data_dir / VERIFIED_MARKER
-    log(
-        f"reading s3://{bucket}/{prefix}manifest.json with s5cmd "
-        f"(it retries each request up to {S5CMD_RETRIES} times)"
-    )
-    run_s5cmd("cp", f"s3://{bucket}/{prefix}manifest.json", str(data_dir / "manifest.json.new"))
     new_manifest = data_dir / "manifest.json.new"
+    new_manifest.unlink(missing_ok=True)
+    log(
+        f"reading s3://{bucket}/{prefix}manifest.json (S3 outages are retried for up to "
+        f"{aws.STEP_POLICY.budget_s:.0f} s, each call times out)"
+    )
+    aws.with_retries(
+        f"reading s3://{bucket}/{prefix}manifest.json",
+        lambda: aws.run_s5cmd("cp", f"s3://{bucket}/{prefix}manifest.json", str(new_manifest)),
+    )
+    if not new_manifest.is_file():
+        raise VerificationError(f"s5cmd exited 0 but did not write {new_manifest}")
     digest = hashlib.sha256(new_manifest.read_bytes()).hexdigest()
     if marker.exists() and marker.read_text() == digest:
         new_manifest.unlink()
         log(f"data already pulled and verified in {data_dir}: skipping the pull")
         return json.loads((data_dir / "manifest.json").read_text())
     marker.unlink(missing_ok=True)
-    log(f"pulling s3://{bucket}/{prefix} to {data_dir}")
-    # sync copies only what differs, so a pull interrupted by a reboot continues. The
-    # preprocessor's resume sidecars under _progress/ are of no use to a training node
-    # (s5cmd matches --exclude against the whole key, prefix included).
-    run_s5cmd(
-        "sync",
-        "--size-only",
-        "--exclude",
-        f"{prefix}_progress/*",
-        f"s3://{bucket}/{prefix}*",
-        f"{data_dir}/",
+    manifest = json.loads(new_manifest.read_text())
+    shards = manifest.get("shards") or []
+    present = [s for s in shards if (data_dir / s["file"]).is_file()]
+    bad = {p.split(":", 1)[0] for p in check_shards(data_dir, present, workers)}
+    for name in bad:
+        (data_dir / name).unlink()
+    wanted = {s["file"]: s["bytes"] for s in shards if s["file"] in bad or s not in present}
+    kept = len(shards) - len(wanted)
+    log(
+        f"pulling {len(wanted)} of {len(shards)} shards from s3://{bucket}/{prefix} to {data_dir}"
+        + (f" ({kept} already here and verified" if kept else "")
+        + (
+            f", {len(bad)} re-fetched because they failed their check)"
+            if bad
+            else ")"
+            if kept
+            else ""
+        )
     )
+    aws.download(bucket, prefix, wanted, data_dir, f"pulling s3://{bucket}/{prefix}")
     new_manifest.replace(data_dir / "manifest.json")
-    manifest = verify_data_dir(data_dir)
+    try:
+        manifest = verify_data_dir(data_dir, workers)
+    except VerificationError as exc:
+        raise VerificationError(
+            f"{exc} (the copy in s3://{bucket}/{prefix} differs from its manifest: fix it there "
+            "and rerun; a rerun fetches only what fails its check)"
+        ) from None
     marker.write_text(digest)
     total = sum(s["records"] for s in manifest["shards"])
     log(f"pulled and verified {len(manifest['shards'])} shards, {total} records in {data_dir}")
@@ -134,14 +165,15 @@ def pull_dataset(bucket: str, prefix: str, data_dir: str | Path, log) -> dict:
 
 
 def verify_s3_dataset(s3, bucket: str, prefix: str) -> dict:
-    """Preprocessing's final check, without downloading: manifest present, every shard in S3
-    with its size, split totals consistent."""
+    """Preprocessing's check, without downloading: manifest present, every shard in S3 with its
+    size and the sha256 it was uploaded with (trainer.preprocess records it as the object's
+    `sha256` metadata; an object replaced by anything else loses or changes it), split totals
+    consistent."""
     raw = s3.get_object(Bucket=bucket, Key=f"{prefix}manifest.json")["Body"].read()
     manifest = json.loads(raw)
-    sizes = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        sizes.update({o["Key"][len(prefix) :]: o["Size"] for o in page.get("Contents", [])})
+    sizes = aws.list_sizes(s3, bucket, prefix)
     problems = []
+    hashed = []
     for shard in manifest.get("shards", []):
         if shard["file"] not in sizes:
             problems.append(f"{shard['file']}: missing")
@@ -149,6 +181,17 @@ def verify_s3_dataset(s3, bucket: str, prefix: str) -> dict:
             problems.append(
                 f"{shard['file']}: {sizes[shard['file']]} bytes in S3, manifest says {shard['bytes']}"
             )
+        elif shard.get("sha256"):
+            hashed.append(shard)
+
+    def hash_problem(shard: dict) -> str | None:
+        head = s3.head_object(Bucket=bucket, Key=f"{prefix}{shard['file']}")
+        if head.get("Metadata", {}).get("sha256") != shard["sha256"]:
+            return f"{shard['file']}: sha256 in S3 differs from the manifest"
+        return None
+
+    with ThreadPoolExecutor(16) as pool:
+        problems += [p for p in pool.map(hash_problem, hashed) if p]
     for split, totals in manifest.get("splits", {}).items():
         records = sum(s["records"] for s in manifest["shards"] if s["split"] == split)
         if records != totals["records"]:
@@ -181,9 +224,8 @@ def wait_for_objects(
 
     def all_present() -> bool:
         nonlocal last_note
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        present = {o["Key"] for page in pages for o in page.get("Contents", [])}
-        missing = [name for name in names if prefix + name not in present]
+        present = aws.list_sizes(s3, bucket, prefix)
+        missing = [name for name in names if name not in present]
         if missing and clock() - last_note >= WAIT_NOTE_EVERY_S:
             log(
                 f"waiting for {', '.join(missing)} in s3://{bucket}/{prefix} (upload them with: "

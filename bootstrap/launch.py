@@ -3,10 +3,12 @@ S3, results upload and DONE.json (written last, also on failure)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -14,8 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check
-from bootstrap.aws import run_s5cmd
+from bootstrap import allreduce_check, aws
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import utc_stamp
 
@@ -121,23 +122,44 @@ def trainer_command(cfg: TrainConfig, data_dir: Path, model_dir: Path) -> list[s
     ]
 
 
+STOP_GRACE_S = 30  # what a stopped horovodrun gets to end its ranks (and their last checkpoint)
+
+
 def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200) -> tuple[int, str]:
     """Run cmd, copying its output line by line to log_path and stdout; returns the exit code
-    and the last `keep` lines (for the failure reason and transport checks)."""
+    and the last `keep` lines (for the failure reason and transport checks). Interrupted (the
+    node's SIGTERM), it passes the SIGTERM on and gives cmd STOP_GRACE_S to end."""
     tail: deque[str] = deque(maxlen=keep)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def copy(lines, log) -> None:
+        for line in lines:
+            log.write(line)
+            log.flush()
+            with contextlib.suppress(OSError):  # stdout's reader may be gone in a shutdown
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            tail.append(line)
+
     with (
         log_path.open("a") as log,
         subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
         ) as proc,
     ):
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line)
+        try:
+            copy(proc.stdout, log)
+        except BaseException:
+            proc.terminate()
+            # Its last lines (a rank's final checkpoint, its error) still go to the log.
+            rest = threading.Thread(target=copy, args=(proc.stdout, log), daemon=True)
+            rest.start()
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            rest.join(5)
+            raise
     return proc.returncode, "".join(tail)
 
 
@@ -145,50 +167,123 @@ def model_prefix(cfg: TrainConfig) -> str:
     return f"s3://{cfg.bucket}/{cfg.runs_prefix}model/"
 
 
-def restore_model_dir(s3, cfg: TrainConfig, model_dir: Path) -> bool:
-    """Bring the run's model dir back from S3 so the trainer resumes from its last checkpoint."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}model/", MaxKeys=1)
-    if not listing.get("KeyCount"):
-        return False
-    run_s5cmd("sync", f"{model_prefix(cfg)}*", f"{model_dir}/")
-    return True
+class RefusedFreshStart(RuntimeError):
+    """S3 holds the run's checkpoints, and this attempt could not put them where the trainer
+    resumes from: training now would start the run over."""
 
 
-def sync_model_dir(cfg: TrainConfig, model_dir: Path) -> None:
-    if model_dir.is_dir() and any(model_dir.iterdir()):
-        run_s5cmd("sync", f"{model_dir}/", model_prefix(cfg))
+CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.MULTILINE)
+
+
+def check_resumable(cfg: TrainConfig, model_dir: Path, remote: dict[str, int]) -> None:
+    """The trainer resumes from checkpoints/checkpoint's newest entry: if S3 holds a checkpoint,
+    that entry and its index must be here, or the trainer would start over."""
+    indexes = [k for k in remote if k.startswith("checkpoints/") and k.endswith(".index")]
+    if not indexes:
+        return
+    state = model_dir / "checkpoints" / "checkpoint"
+    found = CHECKPOINT_STATE.search(state.read_text()) if state.is_file() else None
+    newest = Path(found.group(1)).name if found else None
+    if newest is None or not (model_dir / "checkpoints" / f"{newest}.index").is_file():
+        why = f"{newest}.index is not here" if newest else "checkpoints/checkpoint names none"
+        raise RefusedFreshStart(
+            f"S3 holds {len(indexes)} checkpoint(s) of run {cfg.run} in {model_prefix(cfg)}"
+            f"checkpoints/ but this node cannot resume from them ({why}): refusing to start "
+            f"run {cfg.run} over; to start a new run, deploy with another -c run=NAME"
+        )
+
+
+class ModelStore:
+    """The run's model dir on this node and in S3 (runs/<run>/model/).
+
+    Uploads are refused until this attempt has restored what S3 held (or seen that it held
+    nothing): an attempt that never saw the run's checkpoints never overwrites them. Each upload
+    copies only the files that changed since the last verified one."""
+
+    def __init__(self, s3, cfg: TrainConfig, model_dir: Path, log=aws.log):
+        self.s3, self.cfg, self.model_dir, self.log = s3, cfg, model_dir, log
+        self.prefix = f"{cfg.runs_prefix}model/"
+        self.restored = False
+        self.uploaded: dict[str, tuple[int, int]] = {}
+
+    def local_files(self) -> dict[str, tuple[int, int]]:
+        if not self.model_dir.is_dir():
+            return {}
+        found = {}
+        for path in self.model_dir.rglob("*"):
+            # TensorFlow writes a checkpoint under <name>_temp/ and renames it when complete
+            # (tensorflow/python/checkpoint/functional_saver.py, TF 2.15.1).
+            if any("_temp" in part for part in path.relative_to(self.model_dir).parts):
+                continue
+            with contextlib.suppress(OSError):  # the trainer may delete an old checkpoint
+                if path.is_file():
+                    stat = path.stat()
+                    found[str(path.relative_to(self.model_dir))] = (stat.st_size, stat.st_mtime_ns)
+        return found
+
+    def restore(self) -> bool:
+        """Bring the run's model dir back from S3, verified, so the trainer resumes from its last
+        checkpoint; returns whether S3 held anything. An S3 that cannot be listed, a copy that
+        does not arrive, or checkpoints the trainer could not resume from stop the step."""
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        remote = aws.list_sizes(self.s3, self.cfg.bucket, self.prefix)
+        for name in remote:  # S3 is the truth: a stale local file of the same size is not
+            (self.model_dir / name).unlink(missing_ok=True)
+        aws.download(
+            self.cfg.bucket, self.prefix, remote, self.model_dir,
+            f"restoring {model_prefix(self.cfg)}", note=self.log,
+        )  # fmt: skip
+        check_resumable(self.cfg, self.model_dir, remote)
+        self.uploaded = {k: v for k, v in self.local_files().items() if k in remote}
+        self.restored = True
+        return bool(remote)
+
+    def upload(self, policy: aws.RetryPolicy | None = None) -> int:
+        """Copy what changed to S3, verified; returns how many files went up."""
+        if not self.restored:
+            self.log(
+                f"not uploading {self.model_dir}: this attempt did not restore "
+                f"{model_prefix(self.cfg)}, so it must not overwrite it"
+            )
+            return 0
+        current = self.local_files()
+        changed = [n for n, stamp in current.items() if self.uploaded.get(n) != stamp]
+        aws.upload(
+            self.s3, self.cfg.bucket, self.prefix, self.model_dir, changed,
+            f"uploading {self.model_dir} to {model_prefix(self.cfg)}", policy, self.log,
+        )  # fmt: skip
+        self.uploaded.update({n: current[n] for n in changed})
+        return len(changed)
 
 
 class CheckpointSync(threading.Thread):
     """Copies the model dir to S3 every checkpoint_sync_s while training runs: the instance
     store does not survive a stop, so S3 holds what a rerun resumes from."""
 
-    def __init__(self, cfg: TrainConfig, model_dir: Path, log):
+    def __init__(self, store: ModelStore, interval_s: float, log):
         super().__init__(daemon=True)
-        self.cfg, self.model_dir, self.log = cfg, model_dir, log
+        self.store, self.interval_s, self.log = store, interval_s, log
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        while not self.stopped.wait(self.cfg.checkpoint_sync_s):
+        while not self.stopped.wait(self.interval_s):
             try:
-                sync_model_dir(self.cfg, self.model_dir)
-            except RuntimeError as exc:  # the next round or the final sync retries
-                self.log(f"checkpoint sync to S3 failed, retrying later: {exc}")
+                self.store.upload()
+            except Exception as exc:  # the next round or the final upload retries
+                self.log(f"checkpoint sync to S3 failed, retrying later: {aws.one_line(exc)}")
 
     def stop(self) -> None:
         self.stopped.set()
         self.join()
 
 
-def upload_logs(cfg: TrainConfig) -> None:
+def upload_logs(s3, cfg: TrainConfig, policy: aws.RetryPolicy | None = None) -> None:
     logs = Path(cfg.log_dir)
-    if logs.is_dir() and any(logs.glob("*.log")):
-        run_s5cmd(
-            "cp",
-            f"{logs}/*.log",
-            f"s3://{cfg.bucket}/{cfg.runs_prefix}logs/node-{cfg.node_index}/",
-        )
+    names = [p.name for p in logs.glob("*.log")] if logs.is_dir() else []
+    aws.upload(
+        s3, cfg.bucket, f"{cfg.runs_prefix}logs/node-{cfg.node_index}/", logs, names,
+        f"uploading {logs}", policy,
+    )  # fmt: skip
 
 
 def read_json(path: Path) -> dict:
@@ -198,26 +293,41 @@ def read_json(path: Path) -> dict:
         return {}
 
 
+def this_attempts(path: Path, started: float) -> dict:
+    """A trainer output written by this attempt ({} for one a previous attempt left, restored
+    from S3 with the checkpoints)."""
+    try:
+        if path.stat().st_mtime < started:
+            return {}
+    except OSError:
+        return {}
+    return read_json(path)
+
+
 def done_document(
     cfg: TrainConfig,
     status: str,
     reason: str | None,
     model_dir: Path | None,
     now: float,
-    started: float | None,
+    started: float,
+    outputs_since: float | None = None,
 ) -> dict:
-    """DONE.json per docs/contracts.md; duration_s is the trainer's, else the leader's wall time."""
+    """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
+    wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
+    is new on disk but the previous attempt's), else the leader's wall time and no epochs."""
     succeeded = status == "succeeded"
-    evaluation = read_json(model_dir / "eval.json") if model_dir and succeeded else {}
-    training = read_json(model_dir / "train.json") if model_dir else {}
+    since = outputs_since or started
+    evaluation = this_attempts(model_dir / "eval.json", since) if model_dir and succeeded else {}
+    training = this_attempts(model_dir / "train.json", since) if model_dir else {}
     return {
         "run": cfg.run,
         "status": status,
-        "reason": reason,
+        "reason": trim_reason(reason) if reason else None,
         "top1": evaluation.get("top1"),
         "top5": evaluation.get("top5"),
-        "epochs": training.get("epochs", cfg.trainer.get("epochs")),
-        "duration_s": training.get("duration_s") or (round(now - started, 1) if started else None),
+        "epochs": training.get("epochs", cfg.trainer.get("epochs") if succeeded else None),
+        "duration_s": training.get("duration_s") or round(now - started, 1),
         "images_per_s": training.get("images_per_s") if succeeded else None,
         "end_to_end_images_per_s": training.get("end_to_end_images_per_s") if succeeded else None,
         "allreduce_busbw_gbps": allreduce_busbw_gbps(Path(cfg.log_dir) / "allreduce-check.log"),
@@ -248,13 +358,80 @@ def clear_done(s3, cfg: TrainConfig) -> None:
     s3.delete_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}DONE.json")
 
 
+REASON_LIMIT = 500
+
+
+def trim_reason(text: str, limit: int = REASON_LIMIT) -> str:
+    """One line of at most `limit` characters, cut at a word: the start (the first error line)
+    is what says what happened."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 4]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + " ..."
+
+
 TRAINER_ERROR = re.compile(r"(?<![A-Za-z])error: ")
+# horovodrun's own summary of the first rank to fail (Gloo: "Process name: <rank>"; OpenMPI:
+# "Process name: [[job,1],<rank>]"), per horovod 0.28.1 horovod/runner/gloo_run.py.
+FIRST_FAILED_RANK = re.compile(
+    r"Process name:\s*(?:\[\[\d+,\d+\],)?(\d+)\]?\s*Exit code:\s*(-?\d+)"
+)
+RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# bootstrap.rank's line for a rank a signal killed (over ssh, horovodrun itself only sees 255).
+RANK_SIGNAL = re.compile(r"horovod-fleet rank exit: rank (\d+) killed by (SIG[A-Z0-9]+)")
+SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native code)"}
 
 
-def failure_reason(tail: str) -> str:
-    """The most telling line of a failed run: the trainer's `error: ...` line if any."""
+def rank_hosts(hostfile: str) -> list[str]:
+    """The host of each rank: horovodrun gives ranks host by host, in hostfile order."""
+    hosts = []
+    for line in hostfile.splitlines():
+        if line.strip():
+            host, _, slots = line.partition(" slots=")
+            hosts += [host.strip()] * int(slots or 1)
+    return hosts
+
+
+def describe_exit(code: int) -> str:
+    """'killed by SIGKILL' for a signal (a shell's 128+N, or Python's -N), else 'exited N'."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        name = signal.Signals(number).name if number else None
+    except ValueError:
+        name = None
+    return f"killed by {name}{SIGNAL_HINTS.get(name, '')}" if name else f"exited {code}"
+
+
+def failure_reason(tail: str, hostfile: str = "") -> str:
+    """The most telling line of a failed run: the trainer's `error: ...` line if any, else which
+    rank died where and how, else the last line. Tracebacks stay in the log file."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
     # The trainer's lowercase `error:` (after horovodrun's `[1]<stderr>:` prefix), not the
     # `RuntimeError: Horovod detected that one or more processes exited` horovodrun adds last.
     errors = [line for line in lines if TRAINER_ERROR.search(line)]
-    return (errors or lines or ["no output"])[-1][-400:]
+    if errors:
+        return trim_reason(errors[-1])
+    hosts = rank_hosts(hostfile)
+    if found := MPI_SIGNAL.search(tail):
+        rank, node = int(found.group(1)), found.group(2)
+        return describe_rank(rank, f" on {node}", 128 + int(found.group(3)), lines)
+    killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
+    first = FIRST_FAILED_RANK.search(tail) or RANK_EXIT.search(tail)
+    if first or killed:
+        rank = int(first.group(1)) if first else next(iter(killed))
+        code = int(first.group(2)) if first else 1
+        if rank in killed:
+            code = 128 + signal.Signals[killed[rank]].value
+        where = f" on {hosts[rank]}" if rank < len(hosts) else ""
+        return describe_rank(rank, where, code, lines)
+    return trim_reason((lines or ["no output"])[-1])
+
+
+def describe_rank(rank: int, where: str, code: int, lines: list[str]) -> str:
+    """A rank that exited on its own gets its last stderr line; a killed one has none worth it."""
+    how = describe_exit(code)
+    said = [line for line in lines if line.startswith(f"[{rank}]<stderr>:")]
+    last = f"; its last words: {said[-1].split(':', 1)[1].strip()}" if said else ""
+    return trim_reason(f"rank {rank}{where} {how}{'' if how.startswith('killed') else last}")

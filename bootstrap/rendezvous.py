@@ -18,6 +18,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
+from bootstrap import aws
 from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
 
@@ -121,20 +122,42 @@ def live_nodes(s3, cfg: TrainConfig, now: float) -> dict[int, dict]:
     return nodes
 
 
-def wait_for_nodes(s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep) -> list[dict]:
-    """All N live registrations sorted by index, or RendezvousError naming the missing ones."""
+MISSING_NOTE_EVERY_S = 30  # how often the leader says who it is still waiting for
+
+
+def describe_missing(cfg: TrainConfig, nodes: dict[int, dict]) -> str:
+    missing = [str(i) for i in range(cfg.nodes) if i not in nodes]
+    return f"node(s) {', '.join(missing)} of {cfg.nodes}"
+
+
+def wait_for_nodes(
+    s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep, log=aws.log
+) -> list[dict]:
+    """All N live registrations sorted by index, or RendezvousError naming the missing ones.
+    Says every 30 s which nodes it still waits for."""
+    started = clock()
+    next_note = started + MISSING_NOTE_EVERY_S
 
     def all_registered() -> dict[int, dict] | None:
+        nonlocal next_note
         nodes = live_nodes(s3, cfg, clock())
-        return nodes if len(nodes) == cfg.nodes else None
+        if len(nodes) == cfg.nodes:
+            return nodes
+        if clock() >= next_note:
+            log(
+                f"rendezvous: waiting {clock() - started:.0f} s for {describe_missing(cfg, nodes)}"
+                f" to register under s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ (giving up after "
+                f"{cfg.rendezvous_timeout_s:.0f} s)"
+            )
+            next_note = clock() + MISSING_NOTE_EVERY_S
+        return None
 
     nodes = poll_until(all_registered, cfg.rendezvous_timeout_s, cfg.poll_interval_s, clock, sleep)
     if nodes:
         return [nodes[i] for i in range(cfg.nodes)]
     present = live_nodes(s3, cfg, clock())
-    missing = [str(i) for i in range(cfg.nodes) if i not in present]
     raise RendezvousError(
-        f"node(s) {', '.join(missing)} of {cfg.nodes} did not register under "
+        f"{describe_missing(cfg, present)} did not register under "
         f"s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ within {cfg.rendezvous_timeout_s:.0f} s"
     )
 

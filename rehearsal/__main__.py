@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -60,6 +61,9 @@ class StepFailed(RuntimeError):
     pass
 
 
+REPORT_GRACE_S = 60  # after one node fails, how long the others get to report theirs
+
+
 class Rehearsal:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -69,6 +73,11 @@ class Rehearsal:
         self.endpoint = ""
         self.step = "start"
         self.node_processes: list[subprocess.Popen] = []
+        self.copiers: list[threading.Thread] = []
+        # (node name, text, action): the first line of that node containing text runs action
+        # (the fault rehearsal injects its faults this way).
+        self.watches: list[tuple[str, str, Callable[[], None]]] = []
+        self.output: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------ processes
 
@@ -106,27 +115,44 @@ class Rehearsal:
         if log:
             return proc
 
+        lines = self.output.setdefault(name, [])
+
         def copy() -> None:
             for line in proc.stdout:
                 sys.stdout.write(f"[{name}] {line}")
                 sys.stdout.flush()
+                lines.append(line)
+                for watch in [w for w in self.watches if w[0] == name and w[1] in line]:
+                    self.watches.remove(watch)
+                    watch[2]()
 
-        threading.Thread(target=copy, daemon=True).start()
+        copier = threading.Thread(target=copy, daemon=True)
+        copier.start()
+        self.copiers.append(copier)
         return proc
 
-    def wait(self, procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
+    def wait(self, procs: dict[str, subprocess.Popen], timeout_s: float) -> dict[str, int]:
+        """Wait for every process; returns their exit codes, or raises StepFailed naming the
+        ones that failed. A failure gives the others REPORT_GRACE_S to finish theirs (the
+        leader writes DONE.json after a member fails), so the node that failed first is the
+        one blamed, not the one that noticed."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             codes = {name: p.poll() for name, p in procs.items()}
-            failed = [f"{n} exited {c}" for n, c in codes.items() if c not in (None, 0)]
-            if failed:
-                raise StepFailed(", ".join(failed) + " (its log is above)")
+            if any(c not in (None, 0) for c in codes.values()):
+                grace = time.time() + REPORT_GRACE_S
+                while time.time() < grace and any(p.poll() is None for p in procs.values()):
+                    time.sleep(0.5)
+                codes = {name: p.poll() for name, p in procs.items()}
+                failed = [f"{n} exited {c}" for n, c in codes.items() if c not in (None, 0)]
+                raise StepFailed(", ".join(failed) + " (the log is above)")
             if all(c == 0 for c in codes.values()):
-                return
+                return codes
             time.sleep(0.5)
         raise StepFailed(f"{', '.join(procs)} still running after {timeout_s:.0f} s")
 
     def close(self) -> None:
+        """End every process, then let their output drain: nothing prints after the verdict."""
         for proc in self.processes:
             if proc.poll() is None:
                 try:
@@ -137,6 +163,8 @@ class Rehearsal:
                         os.killpg(proc.pid, signal.SIGKILL)
         if self.fleet:
             self.fleet.close()
+        for copier in self.copiers:
+            copier.join(timeout=10)
 
     # ------------------------------------------------------------ steps
 
@@ -159,12 +187,47 @@ class Rehearsal:
                 say(f"--- {self.step}")
                 action()
         except (StepFailed, RuntimeError, OSError) as exc:
-            say(f"FAILED at step '{self.step}': {exc}")
-            return 1
-        finally:
+            verdict = f"FAILED at step '{self.step}': {exc}{self.leader_said()}"
+            self.keep_s3()
             self.close()
+            say(verdict)
+            return 1
+        self.close()
         say(f"rehearsal succeeded in {time.time() - started:.0f} s; files in {self.workdir}")
         return 0
+
+    def done_json(self) -> dict | None:
+        try:
+            body = self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json")["Body"]
+            return json.loads(body.read())
+        except Exception:  # no endpoint yet, no DONE.json: nothing to show
+            return None
+
+    def leader_said(self) -> str:
+        """On a failure, what the run's own DONE.json says (printed, and named in the verdict:
+        the leader knows which step failed, wherever the rehearsal noticed it)."""
+        done = self.done_json() if self.step.startswith(("training", "reboot")) else None
+        if done is None:
+            return ""
+        say("DONE.json:")
+        print(json.dumps(done, indent=2), flush=True)
+        return f"; DONE.json: status {done['status']}, reason: {done['reason']}"
+
+    def keep_s3(self) -> list[str]:
+        """Copy what the run wrote to <workdir>/s3/: the local S3 endpoint goes away with us."""
+        if not hasattr(self, "s3"):
+            return []
+        try:
+            listing = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/")
+            keys = [o["Key"] for o in listing.get("Contents", [])]
+            for key in keys:
+                (self.workdir / "s3" / key).parent.mkdir(parents=True, exist_ok=True)
+                self.s3.download_file(BUCKET, key, str(self.workdir / "s3" / key))
+        except Exception as exc:  # the verdict matters more than the copy
+            say(f"could not copy s3://{BUCKET}/runs/{RUN}/: {exc}")
+            return []
+        say(f"s3://{BUCKET}/runs/{RUN}/ holds {len(keys)} objects (copied to {self.workdir}/s3/)")
+        return keys
 
     def start_s3(self) -> None:
         if self.workdir.exists():
@@ -185,7 +248,7 @@ class Rehearsal:
             port = probe.getsockname()[1]
         self.endpoint = f"http://{address}:{port}"
         moto = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-        self.start(
+        self.moto = self.start(
             "s3", [moto, "-H", address, "-p", str(port)], self.env(), self.workdir / "s3.log"
         )
         for _ in range(100):
@@ -274,7 +337,10 @@ class Rehearsal:
         script = [str(REPO / "bootstrap" / "preprocess_node.sh")]
         self.wait({"preprocess": self.start("preprocess", script, env)}, 900)
 
-    def train(self, epochs: int) -> None:
+    def node_home(self, index: int) -> Path:
+        return self.fleet.nodes[index].home if self.fleet else self.workdir / f"node{index}"
+
+    def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
         """Start every node's train_node.sh and wait for all. A second call is the rerun after a
         reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
         S3 prefix are not, so the pull is skipped and training resumes from S3."""
@@ -285,11 +351,14 @@ class Rehearsal:
             # Only S3 may hold the checkpoint a rerun resumes from.
             shutil.rmtree(self.workdir / "node0" / "data" / "model", ignore_errors=True)
         nodes = self.args.nodes
+        self.output.clear()
         data_mount = self.workdir / "data"  # every namespace node sees its own data here
         data_mount.mkdir(exist_ok=True)
         procs = {}
         image_json = self.image_manifest()
         for index in range(nodes):
+            if index in absent:  # a node that never boots (the fault rehearsal)
+                continue
             node = self.fleet.nodes[index] if self.fleet else None
             home = node.home if node else self.workdir / f"node{index}"
             doc = {
@@ -329,6 +398,7 @@ class Rehearsal:
                 "heartbeat_timeout_s": 60,
                 "checkpoint_sync_s": 30,
             }
+            doc.update(overrides)
             env = {**self.env(), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
             script = [str(REPO / "bootstrap" / "train_node.sh")]
             cmd = self.fleet.node_command(node, data_mount, script) if node else script
@@ -337,16 +407,10 @@ class Rehearsal:
         self.wait(procs, self.args.timeout)
 
     def report(self, epochs: int) -> None:
-        done = json.loads(
-            self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json")["Body"].read()
-        )
-        listing = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/")
-        keys = [o["Key"] for o in listing.get("Contents", [])]
-        # The local S3 endpoint goes away with the rehearsal: keep a copy of what the run wrote.
-        for key in keys:
-            (self.workdir / "s3" / key).parent.mkdir(parents=True, exist_ok=True)
-            self.s3.download_file(BUCKET, key, str(self.workdir / "s3" / key))
-        say(f"s3://{BUCKET}/runs/{RUN}/ holds {len(keys)} objects (copied to {self.workdir}/s3/)")
+        done = self.done_json()
+        if done is None:
+            raise StepFailed(f"no s3://{BUCKET}/runs/{RUN}/DONE.json")
+        keys = self.keep_s3()
         say("DONE.json:")
         print(json.dumps(done, indent=2), flush=True)
         if done["status"] != "succeeded":
@@ -392,11 +456,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--processes", action="store_true", help="separate processes even where namespaces work"
     )
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="the fault rehearsal instead: one fault per training attempt (S3 outages, a killed "
+        "rank, a stopped node, a corrupted shard), then a table of expected and observed outcomes",
+    )
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup.
     signal.signal(signal.SIGTERM, raise_interrupt)
     rehearsal = Rehearsal(args)
     try:
+        if args.faults:
+            from rehearsal.faults import run_faults
+
+            return run_faults(rehearsal)
         return rehearsal.run()
     except KeyboardInterrupt:
         say(f"interrupted at step '{rehearsal.step}': cleaned up")

@@ -93,11 +93,13 @@ def test_failure_report_survives_unreachable_aws(tmp_path, monkeypatch, capsys):
         raise NoCredentialsError()
 
     monkeypatch.setattr(aws, "signal_cloudformation", unreachable)
-    monkeypatch.setattr(launch, "sync_model_dir", unreachable)
+    monkeypatch.setattr(launch.ModelStore, "upload", unreachable)
     monkeypatch.setattr(launch, "write_done", no_credentials)
     failure = bootstrap_main.StepFailed("data pull", "RuntimeError: s5cmd cp failed")
+    attempt = bootstrap_main.Attempt()
+    attempt.store = launch.ModelStore(None, cfg, tmp_path / "data" / "model")
 
-    bootstrap_main.report_failure(cfg, failure)
+    bootstrap_main.report_failure(cfg, failure, attempt)
 
     refused = (
         'EndpointConnectionError: Could not connect to the endpoint URL: "https://aws.example"'

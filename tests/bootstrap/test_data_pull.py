@@ -78,11 +78,33 @@ def test_inconsistent_split_totals_fail(dataset):
 
 
 def test_s3_dataset_check_finds_missing_shards(s3, dataset):
-    for path in dataset.iterdir():
-        s3.upload_file(str(path), "fleet-data", f"tfrecords/{path.name}")
+    upload_like_the_preprocessor(s3, dataset)
     assert data_pull.verify_s3_dataset(s3, "fleet-data", "tfrecords/")["splits"]
     s3.delete_object(Bucket="fleet-data", Key="tfrecords/train-00001-of-00002")
     with pytest.raises(data_pull.VerificationError, match="train-00001-of-00002: missing"):
+        data_pull.verify_s3_dataset(s3, "fleet-data", "tfrecords/")
+
+
+def upload_like_the_preprocessor(s3, dataset):
+    """trainer.preprocess records each shard's sha256 as the object's metadata."""
+    for path in dataset.iterdir():
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        s3.upload_file(
+            str(path),
+            "fleet-data",
+            f"tfrecords/{path.name}",
+            ExtraArgs={"Metadata": {"sha256": digest}},
+        )
+
+
+def test_s3_dataset_check_catches_a_same_size_replacement(s3, dataset):
+    """Sizes alone would call this dataset done: the replaced shard lost its recorded sha256."""
+    upload_like_the_preprocessor(s3, dataset)
+    shard = dataset / "train-00000-of-00002"
+    s3.put_object(
+        Bucket="fleet-data", Key=f"tfrecords/{shard.name}", Body=b"\0" * shard.stat().st_size
+    )
+    with pytest.raises(data_pull.VerificationError, match="train-00000-of-00002: sha256 in S3"):
         data_pull.verify_s3_dataset(s3, "fleet-data", "tfrecords/")
 
 

@@ -4,6 +4,8 @@
 """
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -111,7 +113,8 @@ def test_done_document_on_success_and_failure(tmp_path):
         "NCCL INFO ...\n[1,0]<stdout>:allreduce check: 16 ranks on 2 nodes, 256 MiB x 10: "
         "bus bandwidth 8.40 GB/s\n"
     )
-    ok = launch.done_document(cfg, "succeeded", None, tmp_path, 1_800_000_000, 1_799_990_000)
+    started = time.time() - 10
+    ok = launch.done_document(cfg, "succeeded", None, tmp_path, started + 10, started)
     assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
                       "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
                       "finished_at"}  # fmt: skip
@@ -123,9 +126,9 @@ def test_done_document_on_success_and_failure(tmp_path):
     )
     assert (ok["end_to_end_images_per_s"], ok["allreduce_busbw_gbps"]) == (8600.0, 8.4)
     no_check = launch.done_document(parse(train_doc(log_dir=str(tmp_path / "none"))), "failed",
-                                    "x", tmp_path, 1_800_000_000, None)  # fmt: skip
+                                    "x", tmp_path, started + 10, started)  # fmt: skip
     assert no_check["allreduce_busbw_gbps"] is None and no_check["end_to_end_images_per_s"] is None
-    failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, 1_800_000_000, None)
+    failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, started + 10, started)
     assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
 
@@ -148,3 +151,93 @@ def test_failure_reason_skips_horovodrun_s_own_runtime_error():
     assert launch.failure_reason(tail).endswith(
         "error: label 9 outside 1..4 in /data/train-00001-of-00004"
     )
+
+
+def test_done_document_ignores_figures_a_previous_attempt_left(tmp_path):
+    """train.json restored from S3 with the checkpoints is the last attempt's, not this one's."""
+    cfg = parse(train_doc())
+    (tmp_path / "train.json").write_text(json.dumps({"epochs": 3, "duration_s": 3600.0}))
+    os.utime(tmp_path / "train.json", (time.time() - 3600, time.time() - 3600))
+    started = time.time() - 42
+    failed = launch.done_document(cfg, "failed", "x", tmp_path, started + 42, started)
+    assert failed["epochs"] is None and failed["duration_s"] == 42.0
+    # Restored with the checkpoints just now: new on disk, still the previous attempt's.
+    (tmp_path / "train.json").write_text(json.dumps({"epochs": 3, "duration_s": 3600.0}))
+    failed = launch.done_document(cfg, "failed", "x", tmp_path, started + 42, started, time.time())
+    assert failed["epochs"] is None
+
+
+GLOO_RANK_KILLED = """[1]<stdout>:Step 40 Epoch 2 ...
+Process 1 exit with status code 137.
+Terminating remaining workers after failure of Process 1.
+Process 0 exit with status code 143.
+Traceback (most recent call last):
+  File "/usr/bin/horovodrun", line 8, in <module>
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job to be terminated. The first process to do so was:
+Process name: 1
+Exit code: 137
+"""
+
+
+def test_dead_rank_is_named_by_rank_host_and_signal():
+    """Gloo's summary (horovod 0.28.1 gloo_run.py) with the hostfile's rank placement."""
+    hostfile = "10.0.1.5 slots=1\n10.0.1.23 slots=1\n"
+    assert launch.failure_reason(GLOO_RANK_KILLED, hostfile) == (
+        "rank 1 on 10.0.1.23 killed by SIGKILL (out of memory?)"
+    )
+
+
+def test_ranks_map_to_hosts_slot_by_slot():
+    hostfile = "10.0.1.5 slots=8\n10.0.1.23 slots=8\n"
+    tail = "Process name: [[4242,1],9]\n  Exit code:    139\n"
+    assert launch.failure_reason(tail, hostfile) == (
+        "rank 9 on 10.0.1.23 killed by SIGSEGV (a crash in native code)"
+    )
+
+
+def test_mpirun_signal_report_names_rank_node_and_signal():
+    tail = "mpirun noticed that process rank 3 with PID 77 on node ip-10-0-1-9 exited on signal 9 (Killed).\n"
+    assert launch.failure_reason(tail) == "rank 3 on ip-10-0-1-9 killed by SIGKILL (out of memory?)"
+
+
+def test_rank_that_exits_with_a_code_keeps_its_last_words():
+    tail = "[2]<stderr>:Traceback\n[2]<stderr>:ZeroDivisionError: division by zero\nProcess name: 2\nExit code: 1\n"
+    assert launch.failure_reason(tail, "h slots=4\n") == (
+        "rank 2 on h exited 1; its last words: ZeroDivisionError: division by zero"
+    )
+
+
+@pytest.mark.parametrize("length", [499, 500, 501, 5000])
+def test_reasons_are_cut_at_a_word_keeping_the_start(length):
+    text = ("first error line " * 400)[:length]
+    trimmed = launch.trim_reason(text)
+    assert len(trimmed) <= launch.REASON_LIMIT and trimmed.startswith("first error line")
+    if length > launch.REASON_LIMIT:
+        assert trimmed.endswith(" ...") and trimmed[:-4].split(" ")[-1] in {
+            "first",
+            "error",
+            "line",
+        }
+
+
+def test_a_rank_killed_behind_ssh_is_named_by_its_wrapper():
+    """Over ssh horovodrun sees 255 for a killed remote rank; bootstrap.rank's line names the
+    signal. Ranks ended by horovodrun's own SIGTERM afterwards do not take the blame."""
+    tail = (
+        "[1]<stderr>:horovod-fleet rank exit: rank 1 killed by SIGKILL\n"
+        "Process 1 exit with status code 255.\n"
+        "[0]<stderr>:horovod-fleet rank exit: rank 0 killed by SIGTERM\n"
+        "Process 0 exit with status code 143.\n"
+        "Process name: 1\nExit code: 255\n"
+    )
+    assert launch.failure_reason(tail, "10.0.1.5 slots=1\n10.0.1.23 slots=1\n") == (
+        "rank 1 on 10.0.1.23 killed by SIGKILL (out of memory?)"
+    )
+
+
+def test_rank_wrapper_names_the_signal_and_passes_the_code_on(capfd):
+    from bootstrap import rank
+
+    assert rank.main(["bash", "-c", "exit 3"]) == 3
+    assert rank.main(["bash", "-c", "kill -KILL $$"]) == 137
+    assert "horovod-fleet rank exit: rank ? killed by SIGKILL" in capfd.readouterr().err

@@ -74,7 +74,7 @@ def done(s3):
 def test_missing_node_fails_the_run_naming_it(node, tmp_path):
     result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "(it retries each request up to 8 times)" in result.stdout
+    assert "(S3 outages are retried for up to 330 s, each call times out)" in result.stdout
     assert "pulled and verified 1 shards, 2 records" in result.stdout
     assert not (tmp_path / "node" / "data" / "tfrecords" / "_progress").exists()
     assert "step 'rendezvous' failed" in result.stdout
@@ -120,7 +120,7 @@ def test_unwritable_done_json_does_not_hide_the_failure(node):
     assert "Traceback" not in result.stdout + result.stderr
     lines = result.stdout.splitlines()
     [failed] = [line for line in lines if "FAILED:" in line]
-    assert "step 'data pull' failed: RuntimeError: s5cmd cp s3://no-such-bucket/" in failed
+    assert "step 'data pull' failed: S5cmdFailed: s5cmd cp s3://no-such-bucket/" in failed
     assert "NoSuchBucket" in failed
     assert "could not write s3://no-such-bucket/runs/r1/DONE.json: NoSuchBucket" in lines[-1]
 

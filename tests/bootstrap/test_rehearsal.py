@@ -3,6 +3,7 @@
 .venv/bin/python -m pytest -m slow tests/bootstrap/test_rehearsal.py
 """
 
+import argparse
 import json
 import re
 import subprocess
@@ -40,3 +41,28 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     # above the 0.1 of chance (it reaches ~0.7); broken labels or unsynchronised ranks do not.
     assert done["top1"] >= 0.3, done
     assert done["images_per_s"] > 0
+
+
+def test_a_failed_node_gives_the_others_time_to_report_before_blame(monkeypatch, tmp_path):
+    """The member that noticed first is not blamed alone: the leader, whose step failed, gets
+    time to finish its report, and every node that failed is named."""
+    from rehearsal import __main__ as rehearsal_main
+
+    monkeypatch.setattr(rehearsal_main, "REPORT_GRACE_S", 20)
+    rehearsal = rehearsal_main.Rehearsal(argparse.Namespace(workdir=tmp_path))
+    procs = {
+        "node0": subprocess.Popen(["bash", "-c", "sleep 1; exit 1"]),
+        "node1": subprocess.Popen(["bash", "-c", "exit 1"]),
+    }
+    with pytest.raises(rehearsal_main.StepFailed, match=r"^node0 exited 1, node1 exited 1"):
+        rehearsal.wait(procs, 60)
+
+
+def test_fault_table_has_a_row_per_fault(capsys):
+    from rehearsal.faults import print_table
+
+    print_table([("S3 down", "succeeded", "succeeded, epochs 2", "pass"),
+                 ("rank killed", "failed", "x" * 300, "FAIL")])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[0].strip() == "fault" and len(lines) == 4
+    assert lines[3].rstrip().endswith("FAIL") and "..." in lines[3]

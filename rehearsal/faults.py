@@ -1,0 +1,319 @@
+"""`python -m rehearsal --faults`: the fault rehearsal. One run of the rehearsal (local S3, the
+sample dataset, preprocessing), then training attempts of the same run, each with one fault
+injected, in order (each attempt starts from what the previous one left in S3):
+
+    S3 unanswered mid-training   the endpoint stops answering (SIGSTOP of the S3 server: it still
+                                 accepts connections) for OUTAGE_S during training
+    S3 unanswered at restore     the same while the leader restores the checkpoints of a rerun
+    rank killed                  SIGKILL of rank 1's trainer during training
+    leader node stopped          SIGTERM to every process of node 0 (what systemd does to the
+                                 unit at a shutdown or Spot interruption) during training
+    shard corrupted in S3        a shard replaced by one of the same size with a flipped byte,
+                                 on nodes that must pull it again
+    rerun after the S3 fix       the good shard put back; the same nodes run again
+    node never boots             node 1 is not started: the leader names it every 30 s, then
+                                 gives up
+
+and prints a table: fault, expected outcome, observed outcome, pass or fail. Exit 0 only if every
+row passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# `python -m rehearsal` runs __main__ as a module of its own: only its constants and helpers
+# are shared, and its StepFailed is caught as the RuntimeError it is.
+from rehearsal.__main__ import BUCKET, RUN, Rehearsal, say
+
+# Longer than boto3's read timeout (20 s), so every kind of S3 call sees it time out and retry;
+# short enough for CI.
+OUTAGE_S = 40
+SHARD = "train-00001-of-00004"
+MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
+
+
+@dataclass
+class Fault:
+    name: str
+    expected: str
+    epochs: int
+    prepare: Callable[[Rehearsal], None]
+    judge: Callable[[Rehearsal, dict | None], tuple[bool, str]]
+    overrides: dict | None = None
+
+
+def freeze_s3(rehearsal: Rehearsal, seconds: float) -> Callable[[], None]:
+    def freeze() -> None:
+        say(f"FAULT: the S3 endpoint stops answering for {seconds:.0f} s")
+        os.killpg(rehearsal.moto.pid, signal.SIGSTOP)
+
+        def thaw() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rehearsal.moto.pid, signal.SIGCONT)
+            say("FAULT over: the S3 endpoint answers again")
+
+        timer = threading.Timer(seconds, thaw)
+        timer.daemon = True
+        timer.start()
+
+    return freeze
+
+
+def processes_with(env_entries: list[str], command_part: str) -> list[int]:
+    """Processes whose environment holds every entry and whose command line holds the part."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if (
+            command_part in cmdline
+            and "bootstrap.rank" not in cmdline  # the rank's program, not the wrapper around it
+            and all(e.encode() in environ for e in env_entries)
+        ):
+            found.append(int(proc.name))
+    return found
+
+
+def kill_rank(rehearsal: Rehearsal, rank: int) -> Callable[[], None]:
+    def kill() -> None:
+        # Only this rehearsal's ranks: other rehearsals may run on the same machine.
+        pids = processes_with(
+            [f"HOROVOD_RANK={rank}", f"AWS_ENDPOINT_URL={rehearsal.endpoint}"], "trainer.train"
+        )
+        say(f"FAULT: SIGKILL to rank {rank} (pid {', '.join(map(str, pids)) or 'not found'})")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    return kill
+
+
+def stop_leader_node(rehearsal: Rehearsal) -> Callable[[], None]:
+    def stop() -> None:
+        say("FAULT: SIGTERM to every process of node 0, as a shutdown does")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rehearsal.node_processes[0].pid, signal.SIGTERM)
+
+    return stop
+
+
+def s3_object(rehearsal: Rehearsal, key: str) -> bytes | None:
+    try:
+        return rehearsal.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    except Exception:
+        return None
+
+
+def corrupt_shard(rehearsal: Rehearsal) -> None:
+    good = s3_object(rehearsal, f"tfrecords/{SHARD}")
+    rehearsal.good_shard = good
+    flipped = good[:-100] + bytes([good[-100] ^ 0xFF]) + good[-99:]
+    rehearsal.s3.put_object(Bucket=BUCKET, Key=f"tfrecords/{SHARD}", Body=flipped)
+    # Nodes that must pull the shard again (new instances in a redeployed fleet).
+    for index in range(rehearsal.args.nodes):
+        shutil.rmtree(rehearsal.node_home(index) / "data" / "tfrecords", ignore_errors=True)
+    say(f"FAULT: s3://{BUCKET}/tfrecords/{SHARD} replaced by a same-size copy with a flipped byte")
+
+
+def fix_shard(rehearsal: Rehearsal) -> None:
+    good = rehearsal.good_shard
+    digest = hashlib.sha256(good).hexdigest()
+    rehearsal.s3.put_object(
+        Bucket=BUCKET, Key=f"tfrecords/{SHARD}", Body=good, Metadata={"sha256": digest}
+    )
+    say(f"s3://{BUCKET}/tfrecords/{SHARD} fixed; the nodes keep their corrupt local copy")
+
+
+def forget_node(index: int) -> Callable[[Rehearsal], None]:
+    """Node 1 registered in the previous attempt seconds ago; a fleet deployed again finds only
+    entries older than the heartbeat timeout, which the leader ignores. Start from that."""
+
+    def forget(rehearsal: Rehearsal) -> None:
+        rehearsal.s3.delete_object(Bucket=BUCKET, Key=f"runs/{RUN}/nodes/{index}.json")
+        say(f"FAULT: node {index} will not boot")
+
+    return forget
+
+
+def node_said(rehearsal: Rehearsal, index: int, text: str) -> bool:
+    return any(text in line for line in rehearsal.output.get(f"node{index}", []))
+
+
+def expect(status: str, epochs: int | None = None, **checks: bool):
+    """A judge: DONE.json has this status (and epochs), and every named check holds."""
+
+    def judge(rehearsal: Rehearsal, done: dict | None) -> tuple[bool, str]:
+        if done is None:
+            return False, "no DONE.json"
+        seen = done["status"] + (f", epochs {done['epochs']}" if done["epochs"] else "")
+        if done["status"] != "succeeded":
+            # The step and what happened; the exception's type adds nothing to a table row.
+            seen += ": " + re.sub(
+                r"failed: \w+: (horovodrun exited \d+: )?", "failed: ", done["reason"]
+            )
+        failed = [name for name, check in checks.items() if not check(rehearsal, done)]
+        ok = done["status"] == status and (epochs is None or done["epochs"] == epochs)
+        if failed:
+            seen += f" (not: {', '.join(failed)})"
+        return ok and not failed, seen
+
+    return judge
+
+
+def no_epoch_retrained(first_epoch: int):
+    return lambda r, done: (
+        not any(node_said(r, 0, f"Epoch {e}/") for e in range(1, first_epoch))
+        and node_said(r, 0, "Resuming from")
+    )
+
+
+def faults(nodes: int) -> list[Fault]:
+    return [
+        Fault(
+            f"S3 unanswered for {OUTAGE_S} s mid-training",
+            "succeeded, 2 epochs",
+            2,
+            lambda r: r.watches.append(("node0", "Epoch 1/", freeze_s3(r, OUTAGE_S))),
+            expect("succeeded", 2),
+        ),
+        Fault(
+            f"S3 unanswered for {OUTAGE_S} s at restore",
+            "succeeded, 3 epochs, resumed at epoch 3",
+            3,
+            lambda r: r.watches.append(
+                ("node0", "step 'restore checkpoints': start", freeze_s3(r, OUTAGE_S))
+            ),
+            expect("succeeded", 3, resumed_at_epoch_3=no_epoch_retrained(3)),
+        ),
+        Fault(
+            "rank 1 killed (SIGKILL)",
+            "failed: rank 1 on <its host> killed by SIGKILL",
+            5,
+            lambda r: r.watches.append(("node0", "Epoch 4/", kill_rank(r, 1))),
+            expect(
+                "failed",
+                reason_names_the_rank=lambda r, d: (
+                    "rank 1 on " in d["reason"] and "killed by SIGKILL" in d["reason"]
+                ),
+            ),
+        ),
+        Fault(
+            "leader's node stopped (SIGTERM)",
+            "interrupted; its checkpoints and logs in S3",
+            5,
+            lambda r: r.watches.append(("node0", "<stdout>:Epoch ", stop_leader_node(r))),
+            expect(
+                "interrupted",
+                logs_in_s3=lambda r, d: (
+                    s3_object(r, f"runs/{RUN}/logs/node-0/train.log") is not None
+                ),
+                checkpoint_kept=lambda r, d: (
+                    b"ckpt-" in (s3_object(r, f"runs/{RUN}/model/checkpoints/checkpoint") or b"")
+                ),
+            ),
+        ),
+        Fault(
+            "shard corrupted in S3 (same size)",
+            f"failed at the data pull, naming {SHARD}",
+            5,
+            corrupt_shard,
+            expect(
+                "failed",
+                names_the_shard=lambda r, d: (
+                    "data pull" in d["reason"] and SHARD in d["reason"] and "sha256" in d["reason"]
+                ),
+            ),
+        ),
+        Fault(
+            "rerun after the shard is fixed in S3",
+            "succeeded, 5 epochs; the shard re-fetched",
+            5,
+            fix_shard,
+            expect(
+                "succeeded",
+                5,
+                refetched=lambda r, d: all(node_said(r, i, "re-fetched") for i in range(nodes)),
+            ),
+        ),
+        Fault(
+            "node 1 never boots",
+            "failed: node(s) 1 of 2 did not register; named every 30 s while waiting",
+            5,
+            forget_node(1),
+            expect(
+                "failed",
+                names_the_node=lambda r, d: "node(s) 1 of 2 did not register" in d["reason"],
+                said_so_every_30_s=lambda r, d: (
+                    sum(
+                        "rendezvous: waiting" in line and "node(s) 1 of 2" in line
+                        for line in r.output.get("node0", [])
+                    )
+                    >= 2
+                ),
+            ),
+            {"absent": (1,), "rendezvous_timeout_s": MISSING_NODE_TIMEOUT_S},
+        ),
+    ]
+
+
+def run_faults(rehearsal: Rehearsal) -> int:
+    rows = []
+    try:
+        setup = [
+            ("local S3 endpoint", rehearsal.start_s3),
+            ("sample dataset", rehearsal.make_sample),
+            ("preprocessing node", rehearsal.preprocess),
+        ]
+        for step, action in setup:
+            rehearsal.step = step
+            say(f"--- {step}")
+            action()
+        for fault in faults(rehearsal.args.nodes):
+            rehearsal.step = f"fault: {fault.name}"
+            say(f"--- {rehearsal.step} (expected: {fault.expected})")
+            rehearsal.watches.clear()
+            fault.prepare(rehearsal)
+            try:
+                rehearsal.train(fault.epochs, **(fault.overrides or {}))
+            except RuntimeError as exc:  # a node failed, as the fault may want
+                say(f"the nodes: {exc}")
+            ok, observed = fault.judge(rehearsal, rehearsal.done_json())
+            rows.append((fault.name, fault.expected, observed, "pass" if ok else "FAIL"))
+            if rehearsal.watches:
+                rows[-1] = (*rows[-1][:2], "the fault was never injected", "FAIL")
+    except (RuntimeError, OSError) as exc:
+        rows.append((rehearsal.step, "the rehearsal runs", f"{exc}", "FAIL"))
+    finally:
+        rehearsal.keep_s3()
+        rehearsal.close()
+    print_table(rows)
+    failed = sum(row[3] != "pass" for row in rows)
+    say(
+        f"fault rehearsal: {len(rows) - failed} of {len(rows)} passed; files in {rehearsal.workdir}"
+    )
+    return 1 if failed else 0
+
+
+def print_table(rows: list[tuple[str, str, str, str]]) -> None:
+    header = ("fault", "expected", "observed", "result")
+    clipped = [
+        tuple(cell if len(cell) <= 150 else cell[:147] + "..." for cell in row) for row in rows
+    ]
+    widths = [max(len(r[i]) for r in [header, *clipped]) for i in range(4)]
+    for row in [header, tuple("-" * w for w in widths), *clipped]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)), flush=True)
