@@ -86,7 +86,9 @@ class NodeCode(Construct):
             f"on_failure() {{ {on_failure}; }}",
             "trap on_failure ERR",
             # Canonical's Ubuntu image has no AWS CLI; the Deep Learning AMI has one.
-            "command -v aws >/dev/null || snap install aws-cli --classic",
+            # snapd refuses installs until it has seeded, which a fresh boot may not have done.
+            "command -v aws >/dev/null || { snap wait system seed.loaded && "
+            "snap install aws-cli --classic; }",
             f"cat > {NODE_JSON} <<'NODE_JSON'",
             # json.dumps, not Stack.to_json_string, which drops null keys the contract requires;
             # the tokens inside become bucket, log group and volume names: nothing to escape.

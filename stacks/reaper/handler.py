@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 import boto3
 from botocore.exceptions import ClientError
 
+PINNED_IMAGE_TYPE = "Custom::HorovodFleetPinnedImage"
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
@@ -60,6 +61,8 @@ def busy(status: str) -> bool:
 def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -> dict:
     """Normalise every trigger's event into {"trigger": ..., ...}; unknown shapes -> "ignored"."""
     if "RequestType" in event and "ResponseURL" in event:
+        if event.get("ResourceType") == PINNED_IMAGE_TYPE:
+            return {"trigger": "pinned-image"}
         return {"trigger": "deadline"}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
@@ -150,6 +153,8 @@ class Reaper:
         trigger = parsed["trigger"]
         if trigger == "deadline":
             self.answer_deadline(event)
+        elif trigger == "pinned-image":
+            self.answer_pinned_image(event)
         elif trigger in ("done", "idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
         elif trigger == "recheck" and parsed["reason"] == "deleting":
@@ -483,19 +488,55 @@ class Reaper:
             except ValueError as error:
                 response.update(Status="FAILED", Reason=str(error))
         log("deadline", request=event["RequestType"], run=run, **response)
-        body = json.dumps(
-            {
-                **response,
-                "StackId": event["StackId"],
-                "RequestId": event["RequestId"],
-                "LogicalResourceId": event["LogicalResourceId"],
-            }
-        ).encode()
-        request = urllib.request.Request(
-            event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": ""}
-        )
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            reply.read()
+        respond(event, response)
+
+    # --- Pinned AMI (CloudFormation custom resource) ------------------------------------------
+
+    def answer_pinned_image(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetPinnedImage with the AMI id its SSM parameter names.
+
+        The parameter is read on Create only; an Update that keeps the parameter keeps the image
+        (the physical id), so a redeploy after the image's publisher moved the parameter does not
+        replace the instance in the middle of its work.
+        """
+        parameter = event.get("ResourceProperties", {}).get("Parameter", "")
+        old = event.get("OldResourceProperties") or {}
+        physical_id = event.get("PhysicalResourceId") or ""
+        request = event["RequestType"]
+        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or "none"}
+        if request != "Delete":
+            keep = request == "Update" and old.get("Parameter") == parameter
+            if keep and physical_id.startswith("ami-"):
+                image = physical_id
+            else:
+                try:
+                    image = self.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+                except ClientError as error:
+                    image = None
+                    response.update(
+                        Status="FAILED", Reason=f"cannot read {parameter}: {error}"[:1000]
+                    )
+            if image:
+                response.update(PhysicalResourceId=image, Data={"ImageId": image})
+        log("pinned-image", request=request, parameter=parameter, **response)
+        respond(event, response)
+
+
+def respond(event: Mapping, response: dict) -> None:
+    """PUT a custom resource's response to CloudFormation's presigned URL."""
+    body = json.dumps(
+        {
+            **response,
+            "StackId": event["StackId"],
+            "RequestId": event["RequestId"],
+            "LogicalResourceId": event["LogicalResourceId"],
+        }
+    ).encode()
+    request = urllib.request.Request(
+        event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": ""}
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        reply.read()
 
 
 def handler(event, context):

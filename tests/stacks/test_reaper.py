@@ -792,3 +792,58 @@ def test_lambda_entry_point_reads_its_environment(aws, monkeypatch, capsys):
     parsed = reaper_module.handler({"trigger": "hard-cap", "run": RUN}, Context())
     assert parsed == {"trigger": "hard-cap", "run": RUN}
     assert decisions(capsys)[0]["decision"] == "delete-stack"
+
+
+# --- pinned preprocessing AMI ----------------------------------------------------------------
+
+# moto reserves /aws/ names; the reaper treats any parameter name alike.
+UBUNTU = "/test/canonical/ubuntu/ami-id"
+
+
+def pin_request(request_type: str, parameter: str = UBUNTU, **extra) -> dict:
+    return {
+        "RequestType": request_type,
+        "ResponseURL": "https://cloudformation-response.example/abc",
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/PreprocessStack/guid",
+        "RequestId": "req-2",
+        "ResourceType": "Custom::HorovodFleetPinnedImage",
+        "LogicalResourceId": "PinnedImage",
+        "ResourceProperties": {"ServiceToken": FUNCTION_ARN, "Parameter": parameter},
+        **extra,
+    }
+
+
+def publish(parameter: str, image: str) -> None:
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=parameter, Value=image, Type="String", Overwrite=True
+    )
+
+
+def test_pinned_image_is_read_once_and_kept_when_the_parameter_moves(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    publish(UBUNTU, "ami-0aaaaaaaaaaaaaaaa")
+    assert parse_event(pin_request("Create")) == {"trigger": "pinned-image"}
+    reaper.handle(pin_request("Create"))
+    created = replies.bodies[-1]
+    assert created["Status"] == "SUCCESS"
+    assert created["Data"] == {"ImageId": "ami-0aaaaaaaaaaaaaaaa"}
+    # Canonical publishes a new image; a redeploy with the same parameter keeps the first one.
+    publish(UBUNTU, "ami-0bbbbbbbbbbbbbbbb")
+    same = {"OldResourceProperties": {"Parameter": UBUNTU}}
+    reaper.handle(pin_request("Update", PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa", **same))
+    assert replies.bodies[-1]["Data"] == {"ImageId": "ami-0aaaaaaaaaaaaaaaa"}
+    assert replies.bodies[-1]["PhysicalResourceId"] == "ami-0aaaaaaaaaaaaaaaa"
+    # A new stack (destroy, deploy) reads the parameter again.
+    reaper.handle(pin_request("Create"))
+    assert replies.bodies[-1]["Data"] == {"ImageId": "ami-0bbbbbbbbbbbbbbbb"}
+    reaper.handle(pin_request("Delete", PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa"))
+    assert replies.bodies[-1]["Status"] == "SUCCESS"
+
+
+def test_pinned_image_with_a_missing_parameter_fails_the_deploy_cleanly(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(pin_request("Create", parameter="/no/such/parameter"))
+    assert replies.bodies[-1]["Status"] == "FAILED"
+    assert "/no/such/parameter" in replies.bodies[-1]["Reason"]
