@@ -1,6 +1,7 @@
 """cdk-nag acknowledgments shared by the node stacks, each with the reason it is safe."""
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,7 +14,8 @@ SSM_MANAGED_POLICY = "AmazonSSMManagedInstanceCore"
 
 
 def nag_text(scope: IConstruct, value: str) -> str:
-    """A token string as cdk-nag prints it in a finding: Ref -> <Name>, GetAtt -> <Id.Attr>."""
+    """A token string as cdk-nag prints it in a finding: Ref -> <Name>, GetAtt -> <Id.Attr>,
+    ${Name} in a Fn::Sub -> <Name>."""
 
     def render(node: Any) -> str:
         if isinstance(node, str):
@@ -26,6 +28,8 @@ def nag_text(scope: IConstruct, value: str) -> str:
                 return f"<{'.'.join(argument)}>"
             if function == "Fn::Join":
                 return argument[0].join(render(part) for part in argument[1])
+            if function == "Fn::Sub" and isinstance(argument, str):
+                return re.sub(r"\$\{([^}]+)\}", r"<\1>", argument)
         return json.dumps(node, separators=(",", ":"))
 
     return render(Stack.of(scope).resolve(value))

@@ -56,8 +56,9 @@ PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
 RUN_OUTPUT_KEY = "HorovodFleetRun"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 RECHECK_SCHEDULE_PREFIX = "horovod-fleet-recheck-"
-# The reaper also answers this custom resource: an AMI id read from SSM once, then kept.
-PINNED_IMAGE_TYPE = "Custom::HorovodFleetPinnedImage"
+# The reaper also answers this custom resource: an AMI id and code URLs as they were on the
+# first deploy, kept by every update (stacks/reaper/handler.py).
+PINNED_TYPE = "Custom::HorovodFleetPinned"
 RECHECK_MINUTES = 10
 METRIC_NAMESPACE = "HorovodFleet"
 GPU_METRIC = "nvidia_smi_utilization_gpu"

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 import boto3
 from botocore.exceptions import ClientError
 
-PINNED_IMAGE_TYPE = "Custom::HorovodFleetPinnedImage"
+PINNED_TYPE = "Custom::HorovodFleetPinned"
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
@@ -61,8 +61,8 @@ def busy(status: str) -> bool:
 def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -> dict:
     """Normalise every trigger's event into {"trigger": ..., ...}; unknown shapes -> "ignored"."""
     if "RequestType" in event and "ResponseURL" in event:
-        if event.get("ResourceType") == PINNED_IMAGE_TYPE:
-            return {"trigger": "pinned-image"}
+        if event.get("ResourceType") == PINNED_TYPE:
+            return {"trigger": "pinned"}
         return {"trigger": "deadline"}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
@@ -153,8 +153,8 @@ class Reaper:
         trigger = parsed["trigger"]
         if trigger == "deadline":
             self.answer_deadline(event)
-        elif trigger == "pinned-image":
-            self.answer_pinned_image(event)
+        elif trigger == "pinned":
+            self.answer_pinned(event)
         elif trigger in ("done", "idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
         elif trigger == "recheck" and parsed["reason"] == "deleting":
@@ -490,35 +490,38 @@ class Reaper:
         log("deadline", request=event["RequestType"], run=run, **response)
         respond(event, response)
 
-    # --- Pinned AMI (CloudFormation custom resource) ------------------------------------------
+    # --- Pinned AMI and code (CloudFormation custom resource) ---------------------------------
 
-    def answer_pinned_image(self, event: Mapping) -> None:
-        """Reply to Custom::HorovodFleetPinnedImage with the AMI id its SSM parameter names.
+    def answer_pinned(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetPinned: the AMI id its `ImageParameter` names and its
+        `Code` URLs, as they were on the stack's first deploy.
 
-        The parameter is read on Create only; an Update that keeps the parameter keeps the image
-        (the physical id), so a redeploy after the image's publisher moved the parameter does not
-        replace the instance in the middle of its work.
+        An Update keeps them (the image is the physical id, the code comes from the old
+        properties), so neither a new image behind the SSM parameter nor a code change stops,
+        starts or replaces the node on a redeploy; a new stack (destroy, deploy) takes the new.
         """
-        parameter = event.get("ResourceProperties", {}).get("Parameter", "")
+        props = event.get("ResourceProperties", {})
+        parameter = props.get("ImageParameter", "")
         old = event.get("OldResourceProperties") or {}
         physical_id = event.get("PhysicalResourceId") or ""
         request = event["RequestType"]
         response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or "none"}
         if request != "Delete":
-            keep = request == "Update" and old.get("Parameter") == parameter
-            if keep and physical_id.startswith("ami-"):
-                image = physical_id
-            else:
+            update = request == "Update"
+            old_code = old.get("Code", {}) if update else {}
+            code = {name: old_code.get(name, url) for name, url in props.get("Code", {}).items()}
+            keep = update and old.get("ImageParameter") == parameter
+            image = physical_id if keep and physical_id.startswith("ami-") else None
+            if image is None:
                 try:
                     image = self.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
                 except ClientError as error:
-                    image = None
                     response.update(
                         Status="FAILED", Reason=f"cannot read {parameter}: {error}"[:1000]
                     )
             if image:
-                response.update(PhysicalResourceId=image, Data={"ImageId": image})
-        log("pinned-image", request=request, parameter=parameter, **response)
+                response.update(PhysicalResourceId=image, Data={"ImageId": image, **code})
+        log("pinned", request=request, parameter=parameter, **response)
         respond(event, response)
 
 

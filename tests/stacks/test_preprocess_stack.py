@@ -65,21 +65,37 @@ def test_imdsv2_required_no_key_pair_no_ingress(template, instance):
     assert not template.find_resources("AWS::EC2::SecurityGroupIngress")
 
 
-def test_ubuntu_ami_is_pinned_at_the_first_deploy(template, instance):
-    """Not an SSM parameter type, which CloudFormation resolves again at every deploy: a new
-    Canonical image would replace the node in the middle of a conversion."""
+def test_ubuntu_ami_and_code_are_pinned_at_the_first_deploy(template, instance):
+    """Not an SSM parameter type, which CloudFormation resolves again at every deploy (a new
+    Canonical image would replace the node mid-conversion), and no asset URL in the user-data
+    (a code change would stop and start it, and user-data would not run again)."""
     parameters = template.to_json().get("Parameters", {}).values()
     assert not [p for p in parameters if "AWS::EC2::Image::Id" in p["Type"]]
-    [(pin_id, pin)] = template.find_resources("Custom::HorovodFleetPinnedImage").items()
+    [(pin_id, pin)] = template.find_resources("Custom::HorovodFleetPinned").items()
     assert instance["Properties"]["ImageId"] == {"Fn::GetAtt": [pin_id, "ImageId"]}
-    assert pin["Properties"]["Parameter"] == UBUNTU_AMI_PARAMETER
+    assert pin["Properties"]["ImageParameter"] == UBUNTU_AMI_PARAMETER
+    assert set(pin["Properties"]["Code"]) == {"bootstrap", "trainer"}
     assert "Reaper" in json.dumps(pin["Properties"]["ServiceToken"])
-    [read] = [s for s in statements(template, "PinnedImageRead")]
+    parts = instance["Properties"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    text = json.dumps(parts)
+    assert "cdk-hnb659fds-assets" not in text
+    for name in ("bootstrap", "trainer"):
+        assert {"Fn::GetAtt": [pin_id, name]} in parts
+    [read] = statements(template, "PreprocessorPinnedImageParameterRead")
     assert read["Action"] == "ssm:GetParameter"
     assert resources(read) == [f"arn:aws:ssm:us-east-1::parameter{UBUNTU_AMI_PARAMETER}"]
-    assert template.to_json()["Resources"][pin_id]["DependsOn"] == [
-        k for k in template.find_resources("AWS::IAM::Policy") if k.startswith("PinnedImageRead")
+    [read_id] = [
+        k
+        for k in template.find_resources("AWS::IAM::Policy")
+        if k.startswith("PreprocessorPinnedImageParameterRead")
     ]
+    assert template.to_json()["Resources"][pin_id]["DependsOn"] == [read_id]
+
+
+def test_node_may_read_an_earlier_deploys_code(template):
+    found = statements(template, "PreprocessorPolicy")
+    reads = {r for s in found if s["Action"] == "s3:GetObject" for r in resources(s)}
+    assert any(r.endswith("/*.zip") and "cdk-hnb659fds-assets" in r for r in reads)
 
 
 def test_deploy_waits_for_the_node_environment_and_takes_its_reason(template, instance):

@@ -794,21 +794,27 @@ def test_lambda_entry_point_reads_its_environment(aws, monkeypatch, capsys):
     assert decisions(capsys)[0]["decision"] == "delete-stack"
 
 
-# --- pinned preprocessing AMI ----------------------------------------------------------------
+# --- pinned preprocessing AMI and code --------------------------------------------------------
 
 # moto reserves /aws/ names; the reaper treats any parameter name alike.
 UBUNTU = "/test/canonical/ubuntu/ami-id"
+CODE_V1 = {"bootstrap": "s3://assets/1111.zip", "trainer": "s3://assets/2222.zip"}
+CODE_V2 = {"bootstrap": "s3://assets/3333.zip", "trainer": "s3://assets/4444.zip"}
 
 
-def pin_request(request_type: str, parameter: str = UBUNTU, **extra) -> dict:
+def pin_request(request_type: str, parameter: str = UBUNTU, code=CODE_V1, **extra) -> dict:
     return {
         "RequestType": request_type,
         "ResponseURL": "https://cloudformation-response.example/abc",
         "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/PreprocessStack/guid",
         "RequestId": "req-2",
-        "ResourceType": "Custom::HorovodFleetPinnedImage",
-        "LogicalResourceId": "PinnedImage",
-        "ResourceProperties": {"ServiceToken": FUNCTION_ARN, "Parameter": parameter},
+        "ResourceType": "Custom::HorovodFleetPinned",
+        "LogicalResourceId": "Pinned",
+        "ResourceProperties": {
+            "ServiceToken": FUNCTION_ARN,
+            "ImageParameter": parameter,
+            "Code": code,
+        },
         **extra,
     }
 
@@ -819,24 +825,34 @@ def publish(parameter: str, image: str) -> None:
     )
 
 
-def test_pinned_image_is_read_once_and_kept_when_the_parameter_moves(reaper, monkeypatch):
+def test_pinned_image_and_code_are_kept_by_a_redeploy(reaper, monkeypatch):
     replies = Replies()
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
     publish(UBUNTU, "ami-0aaaaaaaaaaaaaaaa")
-    assert parse_event(pin_request("Create")) == {"trigger": "pinned-image"}
+    assert parse_event(pin_request("Create")) == {"trigger": "pinned"}
     reaper.handle(pin_request("Create"))
     created = replies.bodies[-1]
     assert created["Status"] == "SUCCESS"
-    assert created["Data"] == {"ImageId": "ami-0aaaaaaaaaaaaaaaa"}
-    # Canonical publishes a new image; a redeploy with the same parameter keeps the first one.
+    assert created["Data"] == {"ImageId": "ami-0aaaaaaaaaaaaaaaa", **CODE_V1}
+    # Canonical publishes a new image and the code changes; a redeploy keeps both.
     publish(UBUNTU, "ami-0bbbbbbbbbbbbbbbb")
-    same = {"OldResourceProperties": {"Parameter": UBUNTU}}
-    reaper.handle(pin_request("Update", PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa", **same))
-    assert replies.bodies[-1]["Data"] == {"ImageId": "ami-0aaaaaaaaaaaaaaaa"}
+    old = {"ImageParameter": UBUNTU, "Code": CODE_V1}
+    update = pin_request(
+        "Update",
+        code={**CODE_V2, "extra": "s3://assets/5555.zip"},
+        PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa",
+        OldResourceProperties=old,
+    )
+    reaper.handle(update)
+    assert replies.bodies[-1]["Data"] == {
+        "ImageId": "ami-0aaaaaaaaaaaaaaaa",
+        **CODE_V1,
+        "extra": "s3://assets/5555.zip",  # new code the old node never had: the new URL
+    }
     assert replies.bodies[-1]["PhysicalResourceId"] == "ami-0aaaaaaaaaaaaaaaa"
-    # A new stack (destroy, deploy) reads the parameter again.
-    reaper.handle(pin_request("Create"))
-    assert replies.bodies[-1]["Data"] == {"ImageId": "ami-0bbbbbbbbbbbbbbbb"}
+    # A new stack (destroy, deploy) takes the new image and code.
+    reaper.handle(pin_request("Create", code=CODE_V2))
+    assert replies.bodies[-1]["Data"] == {"ImageId": "ami-0bbbbbbbbbbbbbbbb", **CODE_V2}
     reaper.handle(pin_request("Delete", PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa"))
     assert replies.bodies[-1]["Status"] == "SUCCESS"
 
