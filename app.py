@@ -53,6 +53,18 @@ def build(
     return app, config, stacks
 
 
+def capacity_note(config: FleetConfig) -> str:
+    """What to check about the reservation before a deploy waits on it."""
+    reservation = config.capacity_reservation
+    kind = "Capacity Block for ML" if reservation.block else "On-Demand Capacity Reservation"
+    return (
+        f"TrainStack launches into {kind} {reservation.id}; check it is active in {config.az} "
+        f"for {config.nodes} x {config.gpu.name}: aws ec2 describe-capacity-reservations "
+        f"--region {config.region} --capacity-reservation-ids {reservation.id} --query "
+        "'CapacityReservations[].[State,AvailabilityZone,InstanceType,AvailableInstanceCount]'"
+    )
+
+
 def main() -> int:
     try:
         app, config, _ = build()
@@ -62,6 +74,8 @@ def main() -> int:
     print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
     print(quota_note(config.gpu, config.nodes), file=sys.stderr)
     print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
+    if config.capacity_reservation:
+        print(capacity_note(config), file=sys.stderr)
     print(preprocess_estimate(config.preprocess, config.data_volume_gib), file=sys.stderr)
     print(f"prices: {PRICES_AS_OF} list prices", file=sys.stderr)
     app.synth()

@@ -36,6 +36,7 @@ KEYS: dict[str, str] = {
     "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
     "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
+    "capacityReservationId": "launch the fleet into this capacity reservation (optional)",
 }
 
 MAX_NODES = 64
@@ -57,6 +58,9 @@ _SECRET_ARN = re.compile(
     r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}"
 )
 _INSTANCE_TYPE = re.compile(r"([a-z]+)(\d+)([a-z-]*)\.([a-z0-9]+)")
+# An On-Demand Capacity Reservation, or with "block:" a Capacity Block for ML (market type
+# capacity-block): the id alone does not say which.
+_CAPACITY_RESERVATION = re.compile(r"(block:)?cr-[0-9a-f]{17}")
 
 
 class ConfigError(ValueError):
@@ -90,6 +94,7 @@ class FleetConfig:
     budget_email: str | None
     snapshot_data_volume: bool
     download_secret_arn: str | None
+    capacity_reservation: "CapacityReservation | None" = None
 
     @property
     def runs_prefix(self) -> str:
@@ -161,6 +166,7 @@ class FleetConfig:
                     )
                 ),
             ),
+            capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
         )
 
 
@@ -289,3 +295,20 @@ def _ami(value: Any) -> str:
     if isinstance(value, str) and (_AMI_ID.fullmatch(value) or _SSM_NAME.fullmatch(value)):
         return value
     raise _Invalid("an AMI id like ami-0abc12345678 or an SSM parameter name starting with /")
+
+
+@dataclass(frozen=True)
+class CapacityReservation:
+    """Where the fleet launches: an On-Demand Capacity Reservation or a Capacity Block for ML."""
+
+    id: str
+    block: bool
+
+
+def _capacity_reservation(value: Any) -> CapacityReservation:
+    if not isinstance(value, str) or not _CAPACITY_RESERVATION.fullmatch(value):
+        raise _Invalid(
+            "empty, an On-Demand Capacity Reservation id like cr-0123456789abcdef0, or "
+            "block:cr-0123456789abcdef0 for a Capacity Block for ML"
+        )
+    return CapacityReservation(id=value.removeprefix("block:"), block=value.startswith("block:"))
