@@ -15,7 +15,7 @@ from typing import Any
 # buries the one-line error a bad context value gets. Silenced before the import starts jsii.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from aws_cdk import App, Validations
+from aws_cdk import App, Aspects, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.composition import HorovodFleet, compose
@@ -27,6 +27,7 @@ from stacks.instance_types import (
     quota_note,
     zone_note,
 )
+from stacks.nag import LogGroupReasons
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,6 +51,7 @@ def build(
     config = FleetConfig.from_context(app.node.get_all_context())
     stacks = compose(app, config)
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    Aspects.of(app).add(LogGroupReasons())
     return app, config, stacks
 
 
