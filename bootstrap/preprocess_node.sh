@@ -15,14 +15,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Until its environment is ready, `cdk deploy PreprocessStack` waits for this node: a failed step
 # signals FAILURE with its name, which CloudFormation prints as the reason the deploy failed.
 signal_failure() {
-	local code=$1 line=$2
+	local code=$1 line=$2 file=$3
 	trap - ERR
 	python3 -m bootstrap.ready_signal --node-json "$NODE_JSON" FAILURE \
-		"preprocessing node: step '$STEP' failed (exit $code at line $line of $SCRIPT.sh); its log: /var/log/horovod-fleet/bootstrap.log on the node" ||
+		"preprocessing node: step '$STEP' failed (exit $code at line $line of $file); its log: /var/log/horovod-fleet/bootstrap.log on the node" ||
 		log "could not signal FAILURE to CloudFormation"
 	on_error "$code" "$line"
 }
-trap 'signal_failure $? $LINENO' ERR
+trap 'signal_failure $? $LINENO "${BASH_SOURCE[0]##*/}"' ERR
 
 step "read node.json"
 role=$(config role)

@@ -153,6 +153,10 @@ def test_a_node_whose_venv_cannot_be_made_signals_failure_with_the_step(tmp_path
     assert signal["Reason"].startswith(
         "preprocessing node: step 'python environment' failed (exit 1 at line"
     )
+    # The line is ensure_venv's `python3 -m venv`, in lib.sh.
+    lib = (ROOT / "bootstrap" / "lib.sh").read_text().splitlines()
+    line = int(signal["Reason"].split(" at line ")[1].split()[0])
+    assert "of lib.sh)" in signal["Reason"] and "-m venv" in lib[line - 1]
     assert signal["UniqueId"] == ready_signal.UNIQUE_ID
     # The clear line in the node's log, beside the stub's own error.
     assert "step 'python environment' failed" in result.stdout
