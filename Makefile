@@ -4,6 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV := .venv
+CHECKOV_VENV := .venv-checkov
 # TensorFlow 2.15.1 (the last release Horovod 0.28.1 builds against) has wheels for 3.9 to 3.11.
 PYTHON ?= python3
 PY := $(VENV)/bin/python
@@ -25,7 +26,7 @@ help:
 	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
 	@echo "make rehearsal        the whole run offline: local S3, preprocessing, 2 simulated nodes train over Horovod"
 	@echo "make test             every test (runs setup first when needed)"
-	@echo "make check            ruff lint + format check, shellcheck, cdk synth + cfn-lint"
+	@echo "make check            ruff lint + format check, shellcheck, cdk synth + cfn-lint + checkov"
 	@echo "make synth            cdk synth with the defaults in cdk.json"
 	@echo "make bench-preprocess preprocessing images/s per core against the TensorFlow reference"
 	@echo "make bench-input      the trainer's input pipeline alone, images/s per core"
@@ -58,12 +59,20 @@ test: setup
 rehearsal: setup
 	$(PY) -m rehearsal
 
-check: setup
+$(CHECKOV_VENV)/.ready: requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
+	touch $@
+
+# checkov fails on any finding without a reason; the reasons are in the templates' Metadata
+# (stacks/nag.py). --skip-download: no Prisma Cloud account, and CI may be offline.
+check: setup $(CHECKOV_VENV)/.ready
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/shellcheck bootstrap/*.sh bootstrap/image/*.sh bootstrap/image_proof/*.sh .ci/run
 	npx cdk synth --quiet
 	$(VENV)/bin/cfn-lint cdk.out/*.template.json
+	$(CHECKOV_VENV)/bin/checkov --directory cdk.out --framework cloudformation --quiet --compact --skip-download
 
 fix: setup
 	$(VENV)/bin/ruff check --fix .

@@ -15,7 +15,7 @@ from typing import Any
 # buries the one-line error a bad context value gets. Silenced before the import starts jsii.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from aws_cdk import App, Validations
+from aws_cdk import App, Aspects, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.composition import HorovodFleet, compose
@@ -28,6 +28,7 @@ from stacks.instance_types import (
     quota_note,
     zone_note,
 )
+from stacks.nag import LogGroupReasons
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,7 +52,20 @@ def build(
     config = FleetConfig.from_context(app.node.get_all_context())
     stacks = compose(app, config)
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    Aspects.of(app).add(LogGroupReasons())
     return app, config, stacks
+
+
+def capacity_note(config: FleetConfig) -> str:
+    """What to check about the reservation before a deploy waits on it."""
+    reservation = config.capacity_reservation
+    kind = "Capacity Block for ML" if reservation.block else "On-Demand Capacity Reservation"
+    return (
+        f"TrainStack launches into {kind} {reservation.id}; check it is active in {config.az} "
+        f"for {config.nodes} x {config.gpu.name}: aws ec2 describe-capacity-reservations "
+        f"--region {config.region} --capacity-reservation-ids {reservation.id} --query "
+        "'CapacityReservations[].[State,AvailabilityZone,InstanceType,AvailableInstanceCount]'"
+    )
 
 
 def main() -> int:
@@ -63,6 +77,8 @@ def main() -> int:
     print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
     print(quota_note(config.gpu, config.nodes), file=sys.stderr)
     print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
+    if config.capacity_reservation:
+        print(capacity_note(config), file=sys.stderr)
     print(preprocess_estimate(config.preprocess, config.data_volume_gib), file=sys.stderr)
     if config.ami:
         print(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed", file=sys.stderr)

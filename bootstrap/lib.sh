@@ -53,12 +53,20 @@ use_venv() {
 	export PATH="$VENV/bin:$PATH"
 }
 
-# A venv with the given requirement files, for nodes that need no GPU stack.
+# A venv with the given requirement files, for nodes that need no GPU stack. Ubuntu's python3
+# runs `-m venv --help` without the python3-venv package but cannot create a venv (no ensurepip
+# wheels), so the package itself is what is checked; a venv without pip is made again.
 ensure_venv() {
-	if ! command -v python3 >/dev/null || ! python3 -m venv --help >/dev/null 2>&1; then
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+	if command -v dpkg-query >/dev/null && ! dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q 'ok installed'; then
+		log "installing python3-venv"
+		# A fresh instance's unattended upgrades may hold the dpkg lock: wait for it.
+		apt-get -o DPkg::Lock::Timeout=600 update -q
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q python3-venv
 	fi
-	[[ -x $VENV/bin/python3 ]] || python3 -m venv "$VENV"
+	if [[ ! -x $VENV/bin/pip ]]; then
+		rm -rf "$VENV"
+		python3 -m venv "$VENV"
+	fi
 	local req
 	for req in "$@"; do "$VENV/bin/pip" install -q -r "$req"; done
 	use_venv

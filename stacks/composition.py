@@ -61,6 +61,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         bucket=bucket,
         budget_email=config.budget_email,
         budget_limit_usd=budget_limit_usd(config),
+        dataset_prefix=config.dataset_prefix,
         env=env,
         description="horovod-fleet: the reaper that stops the bill when a run ends, caps or idles",
     )

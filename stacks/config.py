@@ -39,6 +39,7 @@ KEYS: dict[str, str] = {
     "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
     "evalEvery": "evaluate every N epochs (and after the last one)",
+    "capacityReservationId": "launch the fleet into this capacity reservation (optional)",
 }
 
 MAX_NODES = 64
@@ -59,6 +60,9 @@ _SECRET_ARN = re.compile(
     r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}"
 )
 _INSTANCE_TYPE = re.compile(r"([a-z]+)(\d+)([a-z-]*)\.([a-z0-9]+)")
+# An On-Demand Capacity Reservation, or with "block:" a Capacity Block for ML (market type
+# capacity-block): the id alone does not say which.
+_CAPACITY_RESERVATION = re.compile(r"(block:)?cr-[0-9a-f]{17}")
 
 
 class ConfigError(ValueError):
@@ -95,6 +99,7 @@ class FleetConfig:
     snapshot_data_volume: bool
     download_secret_arn: str | None
     eval_every: int
+    capacity_reservation: "CapacityReservation | None" = None
 
     @property
     def runs_prefix(self) -> str:
@@ -177,6 +182,7 @@ class FleetConfig:
                 ),
             ),
             eval_every=get("evalEvery", _integer(1, 1000)),
+            capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
         )
 
 
@@ -299,3 +305,20 @@ def _burstable_type(value: Any) -> BurstableType:
     if isinstance(value, str) and value in BURSTABLE_TYPES:
         return BURSTABLE_TYPES[value]
     raise _Invalid(f"a t2/t3 instance type: {', '.join(BURSTABLE_TYPES)}")
+
+
+@dataclass(frozen=True)
+class CapacityReservation:
+    """Where the fleet launches: an On-Demand Capacity Reservation or a Capacity Block for ML."""
+
+    id: str
+    block: bool
+
+
+def _capacity_reservation(value: Any) -> CapacityReservation:
+    if not isinstance(value, str) or not _CAPACITY_RESERVATION.fullmatch(value):
+        raise _Invalid(
+            "empty, an On-Demand Capacity Reservation id like cr-0123456789abcdef0, or "
+            "block:cr-0123456789abcdef0 for a Capacity Block for ML"
+        )
+    return CapacityReservation(id=value.removeprefix("block:"), block=value.startswith("block:"))

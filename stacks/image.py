@@ -27,8 +27,10 @@ from typing import Any
 from aws_cdk import (
     Acknowledgment,
     CfnOutput,
+    CrossStackReferences,
     Fn,
     IgnoreMode,
+    ReferenceStrength,
     RemovalPolicy,
     Stack,
     Tags,
@@ -441,6 +443,9 @@ class TrainingImage(Construct):
             infrastructure=bake.configuration("GpuInfrastructure", PROVEN_NAME, test_type.name),
             content_sha256=self.proof_sha256,
         )
+        # Weak whatever the app's default: a fleet reads the AMI id when it deploys, so ImageStack
+        # can bake a new image while a fleet runs (a strong export in use could not change).
+        CrossStackReferences.of(self.proven).produce(ReferenceStrength.WEAK)
         self.image_id = self.proven.attr_image_id
         self._lifecycle()
 

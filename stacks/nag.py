@@ -1,19 +1,27 @@
-"""cdk-nag acknowledgments shared by the node stacks, each with the reason it is safe."""
+"""cdk-nag acknowledgments and checkov reasons shared by the stacks, each saying why it is safe.
+
+checkov reads its reasons from the template: a resource's Metadata `checkov.skip` list of
+`{"id", "comment"}` (checkov/cloudformation/context_parser.py, collect_skip_comments).
+"""
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from aws_cdk import Acknowledgment, CfnResource, Stack, Validations
+import jsii
+from aws_cdk import Acknowledgment, CfnResource, IAspect, Stack, Validations
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from constructs import IConstruct
 
 SSM_MANAGED_POLICY = "AmazonSSMManagedInstanceCore"
 
 
 def nag_text(scope: IConstruct, value: str) -> str:
-    """A token string as cdk-nag prints it in a finding: Ref -> <Name>, GetAtt -> <Id.Attr>."""
+    """A token string as cdk-nag prints it in a finding: Ref -> <Name>, GetAtt -> <Id.Attr>,
+    ${Name} in a Fn::Sub -> <Name>."""
 
     def render(node: Any) -> str:
         if isinstance(node, str):
@@ -26,6 +34,8 @@ def nag_text(scope: IConstruct, value: str) -> str:
                 return f"<{'.'.join(argument)}>"
             if function == "Fn::Join":
                 return argument[0].join(render(part) for part in argument[1])
+            if function == "Fn::Sub" and isinstance(argument, str):
+                return re.sub(r"\$\{([^}]+)\}", r"<\1>", argument)
         return json.dumps(node, separators=(",", ":"))
 
     return render(Stack.of(scope).resolve(value))
@@ -82,3 +92,28 @@ def allow_fixed_zone(resource: CfnResource) -> None:
     Validations.of(resource).acknowledge(
         Acknowledgment(id="CloudFormation-Validate::W3010", reason="One zone is the point.")
     )
+
+
+def checkov_reason(resource: CfnResource, check_id: str, reason: str) -> None:
+    """Tell checkov why `check_id` does not apply to `resource` (the comment is the reason)."""
+    metadata = resource.get_metadata("checkov") or {}
+    skips = [*metadata.get("skip", []), {"id": check_id, "comment": reason}]
+    resource.add_metadata("checkov", {**metadata, "skip": skips})
+
+
+LOG_GROUP_KMS_REASON = (
+    "CloudWatch Logs always encrypts log data at rest with its own keys "
+    "(https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html); "
+    "these logs hold no secrets, and a customer managed key would add a key policy that can "
+    "lock the agents out and a monthly charge per key."
+)
+
+
+@jsii.implements(IAspect)
+class LogGroupReasons:
+    """Every log group of the app gets the reason checkov's CKV_AWS_158 (KMS key) does not apply,
+    whichever stack made it."""
+
+    def visit(self, node) -> None:
+        if isinstance(node, logs.CfnLogGroup) and not node.kms_key_id:
+            checkov_reason(node, "CKV_AWS_158", LOG_GROUP_KMS_REASON)

@@ -48,10 +48,12 @@ class NodeCode(Construct):
         node_document: Mapping[str, Any],
         script: str,
         signal_resource: str | None,
+        code_urls: Mapping[str, str] | None = None,
     ) -> str:
         """Base64 user-data for one instance. A failure before the bootstrap script takes over
         stops the bill at once: a node with a CreationPolicy signals FAILURE (the deployment
-        rolls back instead of timing out), a node without one halts."""
+        rolls back instead of timing out), a node without one halts. `code_urls` replaces the
+        assets' URLs (PreprocessStack pins them, so a code change does not restart its node)."""
         stack = Stack.of(self)
         region = stack.region
         on_failure = (
@@ -61,11 +63,13 @@ class NodeCode(Construct):
             if signal_resource
             else "shutdown -h +1"
         )
+        urls = {name: asset.s3_object_url for name, asset in self.assets.items()}
+        urls |= code_urls or {}
         downloads = "\n".join(
-            f"aws s3 cp --only-show-errors --region {region} {asset.s3_object_url} /tmp/{name}.zip\n"
+            f"aws s3 cp --only-show-errors --region {region} {urls[name]} /tmp/{name}.zip\n"
             f"rm -rf {INSTALL_DIR}/{name}\n"
             f"python3 -m zipfile -e /tmp/{name}.zip {INSTALL_DIR}/{name}"
-            for name, asset in self.assets.items()
+            for name in self.assets
         )
         lines = [
             "#!/bin/bash",
@@ -86,7 +90,9 @@ class NodeCode(Construct):
             f"on_failure() {{ {on_failure}; }}",
             "trap on_failure ERR",
             # Canonical's Ubuntu image has no AWS CLI; the Deep Learning AMI has one.
-            "command -v aws >/dev/null || snap install aws-cli --classic",
+            # snapd refuses installs until it has seeded, which a fresh boot may not have done.
+            "command -v aws >/dev/null || { snap wait system seed.loaded && "
+            "snap install aws-cli --classic; }",
             f"cat > {NODE_JSON} <<'NODE_JSON'",
             # json.dumps, not Stack.to_json_string, which drops null keys the contract requires;
             # the tokens inside become bucket, log group and volume names: nothing to escape.

@@ -1,6 +1,16 @@
 """PreprocessStack: one burstable CPU node with an sc1 data volume that turns raw/ into TFRecords."""
 
-from aws_cdk import CfnOutput, RemovalPolicy, Size, Stack, Tags, aws_lambda
+from aws_cdk import (
+    CfnOutput,
+    CustomResource,
+    Duration,
+    RemovalPolicy,
+    Size,
+    Stack,
+    Tags,
+    aws_lambda,
+)
+from aws_cdk import aws_cloudformation as cloudformation
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -19,8 +29,10 @@ from stacks.nag import (
 )
 from stacks.network import SingleZoneNetwork, web_egress_security_group
 from stacks.node_code import PROJECT, NodeCode, common_document, log_statements, root_volume
-from stacks.teardown import PreprocessGuard
+from stacks.teardown import PINNED_TYPE, PreprocessGuard
 
+# Canonical moves this parameter to each new image. It is read once, on the stack's first deploy
+# (Pinned): resolved at every deploy, a new image would replace the node mid-conversion.
 UBUNTU_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
 )
@@ -31,6 +43,9 @@ ROOT_VOLUME_GIB = 30
 RAW_PREFIX = "raw/"
 TRAIN_SHARDS = 1024
 VAL_SHARDS = 128
+# Booting, the AWS CLI snap, the code, python3-venv, the pip installs and the CloudWatch agent
+# take minutes; a node that has not signalled in half an hour is not going to.
+READY_TIMEOUT_S = 1800
 
 
 class Preprocessor(Construct):
@@ -44,6 +59,7 @@ class Preprocessor(Construct):
         vpc: ec2.IVpc,
         subnet: ec2.ISubnet,
         node_type: BurstableType,
+        reaper: aws_lambda.IFunction,
         volume_gib: int,
         bucket: s3.IBucket,
         output_prefix: str,
@@ -52,6 +68,13 @@ class Preprocessor(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         code = NodeCode(self, "Code")
+        pinned = Pinned(
+            self,
+            "Pinned",
+            reaper=reaper,
+            image_parameter=UBUNTU_AMI_PARAMETER,
+            code={name: asset.s3_object_url for name, asset in code.assets.items()},
+        )
         self.log_group = logs.LogGroup(
             self,
             "Logs",
@@ -69,6 +92,13 @@ class Preprocessor(Construct):
         acknowledge_ssm_policy(role)
         statements = [
             code.read_statement(),
+            # The pinned code may be an earlier deploy's assets, which a replacement node reads.
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=list(
+                    {a.bucket.arn_for_objects("*.zip"): None for a in code.assets.values()}
+                ),
+            ),
             iam.PolicyStatement(
                 actions=["s3:GetObject"], resources=[bucket.arn_for_objects(f"{RAW_PREFIX}*")]
             ),
@@ -96,6 +126,12 @@ class Preprocessor(Construct):
             "Objects under raw/ and the TFRecords prefix are the inputs and outputs of "
             "preprocessing; their names are known only at run time.",
         )
+        acknowledge_wildcard_resources(
+            policy,
+            [a.bucket.arn_for_objects("*.zip") for a in code.assets.values()],
+            "Read-only: the CDK asset zips of this account and region. The node's code is pinned "
+            "at its first deploy, so a replacement node may need an earlier deploy's asset.",
+        )
         acknowledge_metric_data(policy)
         profile = iam.CfnInstanceProfile(self, "Profile", roles=[role.role_name])
         group = web_egress_security_group(
@@ -119,9 +155,7 @@ class Preprocessor(Construct):
         self.instance = ec2.CfnInstance(
             self,
             "Instance",
-            image_id=ec2.MachineImage.from_ssm_parameter(UBUNTU_AMI_PARAMETER)
-            .get_image(self)
-            .image_id,
+            image_id=pinned.image_id,
             instance_type=node_type.name,
             # The 30% baseline of standard mode would throttle a conversion that runs for hours.
             credit_specification=ec2.CfnInstance.CreditSpecificationProperty(
@@ -152,8 +186,19 @@ class Preprocessor(Construct):
             volume_id=self.volume.volume_id,
             device=DATA_DEVICE,
         )
-        # No CreationPolicy: the node signals only when the dataset is ready, hours later;
-        # a failed step stops the instance instead (bootstrap/).
+        # The deployment waits until the node's environment is ready (not for the dataset, hours
+        # later): a wait condition rather than a CreationPolicy, because a handle's signal
+        # carries a reason, and CloudFormation shows a FAILURE's reason in the deploy output.
+        # https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-waitcondition.html
+        ready_handle = cloudformation.CfnWaitConditionHandle(self, "ReadyHandle")
+        self.ready = cloudformation.CfnWaitCondition(
+            self,
+            "Ready",
+            handle=ready_handle.ref,
+            timeout=str(READY_TIMEOUT_S),
+            count=1,
+        )
+        self.ready.add_resource_dependency(self.instance)
         document = common_document(
             role="preprocess",
             region=stack.region,
@@ -169,10 +214,68 @@ class Preprocessor(Construct):
             "train_shards": TRAIN_SHARDS,
             "val_shards": VAL_SHARDS,
             "stop_when_done": True,
+            "ready_signal_url": ready_handle.ref,
         }
         self.instance.user_data = code.user_data(
-            node_document=document, script="preprocess_node.sh", signal_resource=None
+            node_document=document,
+            script="preprocess_node.sh",
+            signal_resource=None,
+            code_urls=pinned.code_urls,
         )
+
+
+class Pinned(Construct):
+    """The AMI id `image_parameter` names and the code URLs, as on the stack's first deploy.
+
+    The reaper answers the custom resource (stacks/reaper/handler.py) and every later deploy
+    gets the same values, so the instance's properties never change under it: a new Ubuntu image
+    or a code change reaches the node only when the stack is deployed anew (`cdk destroy
+    PreprocessStack`, then deploy).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        reaper: aws_lambda.IFunction,
+        image_parameter: str,
+        code: dict[str, str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if reaper.role is None:
+            raise ValueError("the reaper must have an execution role")
+        stack = Stack.of(self)
+        read = iam.Policy(
+            self,
+            "ImageParameterRead",
+            roles=[reaper.role],
+            statements=[
+                iam.PolicyStatement(
+                    actions=["ssm:GetParameter"],
+                    # Public parameters have no account in their ARN.
+                    resources=[
+                        stack.format_arn(
+                            service="ssm",
+                            account="",
+                            resource="parameter",
+                            resource_name=image_parameter[1:],
+                        )
+                    ],
+                )
+            ],
+        )
+        pin = CustomResource(
+            self,
+            "Values",
+            service_token=reaper.function_arn,
+            resource_type=PINNED_TYPE,
+            properties={"ImageParameter": image_parameter, "Code": code},
+            service_timeout=Duration.minutes(5),
+        )
+        pin.node.add_dependency(read)
+        self.image_id = pin.get_att_string("ImageId")
+        self.code_urls = {name: pin.get_att_string(name) for name in code}
 
 
 class PreprocessStack(Stack):
@@ -204,6 +307,7 @@ class PreprocessStack(Stack):
             vpc=network.vpc,
             subnet=network.subnet,
             node_type=config.preprocess,
+            reaper=reaper,
             volume_gib=config.data_volume_gib,
             bucket=bucket,
             output_prefix=config.dataset_prefix,

@@ -15,7 +15,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import FleetConfig
+from stacks.config import CapacityReservation, FleetConfig
 from stacks.image import read_pins
 from stacks.instance_types import GpuType
 from stacks.nag import (
@@ -62,6 +62,7 @@ class GpuFleet(Construct):
         dataset_prefix: str,
         run: str,
         trainer: dict,
+        capacity_reservation: CapacityReservation | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -158,6 +159,11 @@ class GpuFleet(Construct):
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 network_interfaces=self._interfaces(gpu, subnet),
                 block_device_mappings=[_root_volume(gpu)],
+                # The instances require IMDSv2 themselves; the template says so too (checkov).
+                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+                    http_endpoint="enabled", http_tokens="required"
+                ),
+                **_capacity(capacity_reservation),
             ),
         )
         self.instances: list[ec2.CfnInstance] = []
@@ -234,6 +240,28 @@ class GpuFleet(Construct):
         ]
 
 
+def _capacity(reservation: CapacityReservation | None) -> dict:
+    """Launch template settings that put every node into the reservation, and only there: a
+    Capacity Block also needs the capacity-block market type.
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"""
+    if reservation is None:
+        return {}
+    settings: dict = {
+        "capacity_reservation_specification": (
+            ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
+                capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
+                    capacity_reservation_id=reservation.id
+                )
+            )
+        )
+    }
+    if reservation.block:
+        settings["instance_market_options"] = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
+            market_type="capacity-block"
+        )
+    return settings
+
+
 def _root_volume(gpu: GpuType) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
     """Encrypted gp3 root at Ubuntu's device name, sized for the dataset when it must hold it."""
     data = gpu.nvme_drives == 0
@@ -287,6 +315,7 @@ class TrainStack(Stack):
             dataset_prefix=config.dataset_prefix,
             run=config.run,
             trainer=config.trainer,
+            capacity_reservation=config.capacity_reservation,
         )
         RunGuard(
             self,

@@ -1,14 +1,20 @@
 """The horovod-fleet reaper: stops billing when a run is finished, capped or idle.
 
 Triggers (see stacks/teardown.py): EventBridge S3 "Object Created" for runs/<run>/DONE.json and
-tfrecords/manifest.json, the hard-cap schedule, the idle alarm's Lambda action, its own re-check
-schedules, and CloudFormation's custom-resource request for the hard-cap deadline.
+<datasetPrefix>manifest.json, the hard-cap schedule, the idle alarm's Lambda action, its own
+re-check schedules, and CloudFormation's custom-resource request for the hard-cap deadline.
 
-It deletes only TrainStack and only when the deployed run is the event's run; before a delete on
-"done" or "idle" it requires the run's checkpoints and logs in S3 and otherwise schedules a
-re-check; only the hard cap deletes without them. After a delete it follows the stack until it is
-gone: every trigger fires once, so a delete that ends in DELETE_FAILED would otherwise bill until
-someone looks. Each action is idempotent and every decision is one JSON line in the log. Only boto3 and the standard library: this file is the Lambda asset.
+It deletes only TrainStack and only when the deployed run is the event's run. On "done" it
+requires the run's checkpoints and logs in S3 and otherwise schedules a re-check. On "idle" it
+needs nothing more in S3 (checkpoints are synced as they are written, logs are in CloudWatch
+Logs) but waits until the fleet has been quiet for the idle window since its last progress (the
+alarm's onset or its newest checkpoint) and has had the launch grace since it was created. The
+hard cap deletes whatever is there. A run it cannot judge yet (TrainStack still being created or
+updated, an alarm with a checkpoint after its onset) gets a re-check, never a silent drop: alarm
+actions fire only on a change of state. After a delete it follows the stack until it is gone, as
+every trigger fires once and a delete that ends in DELETE_FAILED would otherwise bill until
+someone looks. Each action is idempotent and every decision is one JSON line in the log. Only
+boto3 and the standard library: this file is the Lambda asset.
 """
 
 import datetime
@@ -22,12 +28,18 @@ from collections.abc import Callable, Mapping
 import boto3
 from botocore.exceptions import ClientError
 
+PINNED_TYPE = "Custom::HorovodFleetPinned"
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
-MANIFEST_KEY = "tfrecords/manifest.json"
-REASONS = ("done", "idle", "deleting")  # what a re-check re-checks
-GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE"}
+REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
+# ROLLBACK_COMPLETE is a create that failed and was rolled back: nothing of it bills.
+GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE", "ROLLBACK_COMPLETE"}
+# The statuses in which the stack itself finished a deployment: the fleet's launch.
+DEPLOYED_STATES = ("CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE")
 FOLLOW_DELETE_FOR = datetime.timedelta(hours=3)  # how long a delete is followed and retried
+# Scheduler's limits: 185 retries, a day of event age.
+RECHECK_RETRIES = 185
+RECHECK_MAX_AGE_S = 86400
 # A hard-cap deadline pushed into the past by an update still needs a time Scheduler accepts.
 MIN_DEADLINE_LEAD = datetime.timedelta(minutes=5)
 
@@ -41,9 +53,16 @@ def log(decision: str, **fields) -> None:
     print(json.dumps({"decision": decision, **fields}, sort_keys=True, default=str))
 
 
-def parse_event(event: Mapping) -> dict:
+def busy(status: str) -> bool:
+    """A create, update or rollback under way: DeleteStack would fail, the outputs may be absent."""
+    return status.endswith("_IN_PROGRESS") and status != "DELETE_IN_PROGRESS"
+
+
+def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -> dict:
     """Normalise every trigger's event into {"trigger": ..., ...}; unknown shapes -> "ignored"."""
     if "RequestType" in event and "ResponseURL" in event:
+        if event.get("ResourceType") == PINNED_TYPE:
+            return {"trigger": "pinned"}
         return {"trigger": "deadline"}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
@@ -51,7 +70,7 @@ def parse_event(event: Mapping) -> dict:
         etag = detail.get("object", {}).get("etag") or detail.get("object", {}).get("sequencer")
         if match := DONE_KEY.match(key):
             return {"trigger": "done", "run": match["run"], "key": key}
-        if key == MANIFEST_KEY:
+        if key == manifest_key:
             return {"trigger": "manifest", "key": key, "etag": etag or "unknown"}
         return {"trigger": "ignored", "key": key}
     if event.get("source") == "aws.cloudwatch" and "alarmData" in event:
@@ -82,8 +101,16 @@ def deadline(start: datetime.datetime, max_hours: float, now: datetime.datetime)
     return {"ScheduleExpression": f"at({at.isoformat()})", "Deadline": f"{at.isoformat()}Z"}
 
 
-def recheck_time(now: datetime.datetime, minutes: int) -> datetime.datetime:
-    """Next re-check, aligned to `minutes` so triggers in one window share one schedule name."""
+def recheck_time(
+    now: datetime.datetime, minutes: int, due: datetime.datetime | None = None
+) -> datetime.datetime:
+    """Next re-check: aligned to `minutes` so triggers in one window share one schedule name, or
+    at `due` (to the next whole minute, at least a minute ahead, as Scheduler needs a future
+    time) when a decision is due at a known moment."""
+    if due is not None:
+        soonest = max(due, now + datetime.timedelta(minutes=1))
+        whole = soonest.replace(second=0, microsecond=0)
+        return whole if whole == soonest else whole + datetime.timedelta(minutes=1)
     step = minutes * 60
     slot = int(now.timestamp()) // step + 2
     return datetime.datetime.fromtimestamp(slot * step, datetime.timezone.utc)
@@ -107,6 +134,10 @@ class Reaper:
         self.recheck_prefix = env["RECHECK_PREFIX"]
         self.recheck_minutes = int(env["RECHECK_MINUTES"])
         self.recheck_role_arn = env["RECHECK_ROLE_ARN"]
+        self.dead_letter_arn = env["DEAD_LETTER_ARN"]
+        self.manifest_key = env["MANIFEST_KEY"]
+        self.idle_window = datetime.timedelta(minutes=int(env["IDLE_MINUTES"]))
+        self.launch_grace = datetime.timedelta(minutes=int(env["LAUNCH_GRACE_MINUTES"]))
         self.function_arn = function_arn
         self.now = now or (lambda: datetime.datetime.now(datetime.timezone.utc))
         self.cloudformation = session.client("cloudformation")
@@ -118,10 +149,12 @@ class Reaper:
 
     def handle(self, event: Mapping) -> dict:
         """Dispatch one event; returns the parsed trigger (for the log and tests)."""
-        parsed = parse_event(event)
+        parsed = parse_event(event, self.manifest_key)
         trigger = parsed["trigger"]
         if trigger == "deadline":
             self.answer_deadline(event)
+        elif trigger == "pinned":
+            self.answer_pinned(event)
         elif trigger in ("done", "idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
         elif trigger == "recheck" and parsed["reason"] == "deleting":
@@ -137,7 +170,8 @@ class Reaper:
     # --- TrainStack ---------------------------------------------------------------------------
 
     def train_stack(self, name_or_id: str = TRAIN_STACK) -> dict | None:
-        """TrainStack's id, status, status reason and run; None when there is no such stack."""
+        """TrainStack's id, status, status reason and run ("" while its outputs are not there,
+        as during its creation); None when there is no such stack."""
         try:
             stacks = self.cloudformation.describe_stacks(StackName=name_or_id)["Stacks"]
         except ClientError as error:
@@ -156,18 +190,39 @@ class Reaper:
     def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
         """What of the run's results (contracts.md) is missing, and the newest checkpoint's time.
 
-        A run whose DONE.json reports failure may have died before its first checkpoint: its
-        logs are all there is to keep, so waiting for a checkpoint would bill until the cap.
+        A run whose DONE.json reports failure, or an interruption (its node was shut down and
+        flushed what it had), may have ended before its first checkpoint: its logs are all there
+        is to keep, so waiting for a checkpoint would bill until the cap.
         """
+        newest = self.newest_checkpoint(run)
+        logs = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"runs/{run}/logs/", MaxKeys=1)
+        need_checkpoint = newest is None and self.done_status(run) not in ("failed", "interrupted")
+        missing = [f"runs/{run}/model/checkpoints/*.index"] if need_checkpoint else []
+        missing += [] if logs.get("KeyCount") else [f"runs/{run}/logs/"]
+        return missing, newest
+
+    def newest_checkpoint(self, run: str) -> datetime.datetime | None:
+        """When the newest checkpoint of the run reached S3 (its .index is written last)."""
         pages = self.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=f"runs/{run}/model/checkpoints/"
         )
         indexes = [o for p in pages for o in p.get("Contents", []) if o["Key"].endswith(".index")]
-        logs = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"runs/{run}/logs/", MaxKeys=1)
-        need_checkpoint = not indexes and self.done_status(run) != "failed"
-        missing = [f"runs/{run}/model/checkpoints/*.index"] if need_checkpoint else []
-        missing += [] if logs.get("KeyCount") else [f"runs/{run}/logs/"]
-        return missing, max((o["LastModified"] for o in indexes), default=None)
+        return max((o["LastModified"] for o in indexes), default=None)
+
+    def deployed_at(self, stack_id: str) -> datetime.datetime:
+        """When the stack last finished a create or update: every node was up with its data."""
+        pages = self.cloudformation.get_paginator("describe_stack_events").paginate(
+            StackName=stack_id
+        )
+        finished = [
+            event["Timestamp"]
+            for page in pages
+            for event in page["StackEvents"]
+            if event["LogicalResourceId"] == TRAIN_STACK
+            and event["ResourceStatus"] in DEPLOYED_STATES
+        ]
+        # Without such an event (it cannot be: the stack is deployed), count from now.
+        return max(finished, default=self.now())
 
     def done_status(self, run: str) -> str | None:
         """The `status` of runs/<run>/DONE.json, or None while the leader has not written it."""
@@ -193,30 +248,62 @@ class Reaper:
     def retire_fleet(self, run: str, reason: str) -> None:
         """Delete TrainStack for `run` once its results are safe; the hard cap does not wait.
 
-        An idle alarm is asked again each time (a re-check may come after training resumed),
-        and a checkpoint newer than the alarm means the fleet trained since: it is not idle.
+        A stack being created or updated cannot be judged (its outputs may be missing, a delete
+        would fail): the reaper looks again later instead of dropping the trigger.
         """
         stack = self.train_stack()
-        deployed = None if stack is None or stack["status"] in GONE_STATES else stack["run"]
-        if deployed is None:
+        if stack is None or stack["status"] in GONE_STATES:
             log("already-gone", stack=TRAIN_STACK, run=run, reason=reason)
             return
-        if deployed != run:
-            log("other-run-deployed", stack=TRAIN_STACK, run=run, deployed=deployed, reason=reason)
+        if busy(stack["status"]):
+            name, at = self.schedule_recheck(run, reason)
+            log("stack-busy", run=run, reason=reason, status=stack["status"], recheck=name, at=at)
             return
-        idle_since = self.idle_since(run) if reason == "idle" else None
-        if reason == "idle" and idle_since is None:
-            log("idle-cleared", run=run)
+        if stack["run"] != run:
+            log(
+                "other-run-deployed",
+                stack=TRAIN_STACK,
+                run=run,
+                deployed=stack["run"],
+                reason=reason,
+            )
             return
-        missing, newest_checkpoint = self.results(run)
+        if reason == "idle":
+            self.retire_idle(run, stack)
+            return
+        missing, _ = self.results(run)
         if missing and reason != "hard-cap":
             name, at = self.schedule_recheck(run, reason)
             log("wait-for-results", run=run, reason=reason, missing=missing, recheck=name, at=at)
             return
-        if idle_since and newest_checkpoint and newest_checkpoint > idle_since:
-            log("trained-since-idle", run=run, idle_since=idle_since, checkpoint=newest_checkpoint)
-            return
         self.delete_stack(TRAIN_STACK, run=run, reason=reason, missing_results=missing)
+        self.follow_later(run, stack["id"], check=1, status="delete requested")
+
+    def retire_idle(self, run: str, stack: dict) -> None:
+        """Delete an idle fleet once it has been quiet for the idle window since its last progress
+        and has had the launch grace since it was deployed.
+
+        The alarm is asked live (this may be a re-check after training resumed). Its onset means
+        the GPUs were quiet for the window before it; a checkpoint that reached S3 later is
+        progress, so the window counts from it. No results are awaited: checkpoints reach S3 as
+        they are written, the logs are in CloudWatch Logs, and a fleet that never trained has no
+        checkpoint to wait for. Until the fleet is due, a re-check is scheduled at the due time.
+        """
+        idle_since = self.idle_since(run)
+        if idle_since is None:
+            log("idle-cleared", run=run)
+            return
+        checkpoint = self.newest_checkpoint(run)
+        deployed = self.deployed_at(stack["id"])
+        quiet_from = idle_since - self.idle_window
+        progress = max(quiet_from, checkpoint) if checkpoint else quiet_from
+        due = max(progress + self.idle_window, deployed + self.launch_grace)
+        facts = {"idle_since": idle_since, "checkpoint": checkpoint, "deployed": deployed}
+        if self.now() < due:
+            name, at = self.schedule_recheck(run, "idle", due=due)
+            log("idle-wait", run=run, due=due, recheck=name, at=at, **facts)
+            return
+        self.delete_stack(TRAIN_STACK, run=run, reason="idle", **facts)
         self.follow_later(run, stack["id"], check=1, status="delete requested")
 
     def follow_delete(self, run: str, stack_id: str, check: int) -> None:
@@ -280,12 +367,16 @@ class Reaper:
         self.cloudformation.delete_stack(StackName=stack_name)
         log("delete-stack", stack=stack_name, **fields)
 
-    def schedule_recheck(self, run: str, reason: str, **extra) -> tuple[str, datetime.datetime]:
+    def schedule_recheck(
+        self, run: str, reason: str, due: datetime.datetime | None = None, **extra
+    ) -> tuple[str, datetime.datetime]:
         """A one-time Scheduler schedule that invokes the reaper again; deleted after it fires.
 
         Returns its name and time. Triggers in one window share the name, so it is made once.
+        A failed invocation is retried for a day, then lands in the dead-letter queue, whose
+        alarm e-mails: a lost re-check must not leave a fleet billing unseen.
         """
-        at = recheck_time(self.now(), self.recheck_minutes)
+        at = recheck_time(self.now(), self.recheck_minutes, due)
         digest = hashlib.sha256(run.encode()).hexdigest()[:12]
         name = f"{self.recheck_prefix}{reason}-{digest}-{at:%Y%m%d%H%M}"
         payload = {"trigger": "recheck", "reason": reason, "run": run, **extra}
@@ -300,6 +391,11 @@ class Reaper:
                     "Arn": self.function_arn,
                     "RoleArn": self.recheck_role_arn,
                     "Input": json.dumps(payload),
+                    "RetryPolicy": {
+                        "MaximumRetryAttempts": RECHECK_RETRIES,
+                        "MaximumEventAgeInSeconds": RECHECK_MAX_AGE_S,
+                    },
+                    "DeadLetterConfig": {"Arn": self.dead_letter_arn},
                 },
                 Description=f"horovod-fleet: re-check {reason} of run {run}",
             )
@@ -393,19 +489,58 @@ class Reaper:
             except ValueError as error:
                 response.update(Status="FAILED", Reason=str(error))
         log("deadline", request=event["RequestType"], run=run, **response)
-        body = json.dumps(
-            {
-                **response,
-                "StackId": event["StackId"],
-                "RequestId": event["RequestId"],
-                "LogicalResourceId": event["LogicalResourceId"],
-            }
-        ).encode()
-        request = urllib.request.Request(
-            event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": ""}
-        )
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            reply.read()
+        respond(event, response)
+
+    # --- Pinned AMI and code (CloudFormation custom resource) ---------------------------------
+
+    def answer_pinned(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetPinned: the AMI id its `ImageParameter` names and its
+        `Code` URLs, as they were on the stack's first deploy.
+
+        An Update keeps them (the image is the physical id, the code comes from the old
+        properties), so neither a new image behind the SSM parameter nor a code change stops,
+        starts or replaces the node on a redeploy; a new stack (destroy, deploy) takes the new.
+        """
+        props = event.get("ResourceProperties", {})
+        parameter = props.get("ImageParameter", "")
+        old = event.get("OldResourceProperties") or {}
+        physical_id = event.get("PhysicalResourceId") or ""
+        request = event["RequestType"]
+        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or "none"}
+        if request != "Delete":
+            update = request == "Update"
+            old_code = old.get("Code", {}) if update else {}
+            code = {name: old_code.get(name, url) for name, url in props.get("Code", {}).items()}
+            keep = update and old.get("ImageParameter") == parameter
+            image = physical_id if keep and physical_id.startswith("ami-") else None
+            if image is None:
+                try:
+                    image = self.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+                except ClientError as error:
+                    response.update(
+                        Status="FAILED", Reason=f"cannot read {parameter}: {error}"[:1000]
+                    )
+            if image:
+                response.update(PhysicalResourceId=image, Data={"ImageId": image, **code})
+        log("pinned", request=request, parameter=parameter, **response)
+        respond(event, response)
+
+
+def respond(event: Mapping, response: dict) -> None:
+    """PUT a custom resource's response to CloudFormation's presigned URL."""
+    body = json.dumps(
+        {
+            **response,
+            "StackId": event["StackId"],
+            "RequestId": event["RequestId"],
+            "LogicalResourceId": event["LogicalResourceId"],
+        }
+    ).encode()
+    request = urllib.request.Request(
+        event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": ""}
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        reply.read()
 
 
 def handler(event, context):

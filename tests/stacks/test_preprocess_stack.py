@@ -1,9 +1,11 @@
 """PreprocessStack: a t2.large in unlimited mode with an sc1 data volume, reachable only by SSM."""
 
-import pytest
-from conftest import as_text, node_document, resources, statements, user_data
+import json
 
-from stacks.preprocess import DATA_VOLUME_LOGICAL_ID, UBUNTU_AMI_PARAMETER
+import pytest
+from conftest import as_text, node_document, resources, statements, synthesize, user_data
+
+from stacks.preprocess import DATA_VOLUME_LOGICAL_ID, READY_TIMEOUT_S, UBUNTU_AMI_PARAMETER
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:imagenet-AbCdEf"
 BIG_VOLUME_WITH_SECRET = {"dataVolumeGiB": 2000, "downloadSecretArn": SECRET}
@@ -63,11 +65,74 @@ def test_imdsv2_required_no_key_pair_no_ingress(template, instance):
     assert not template.find_resources("AWS::EC2::SecurityGroupIngress")
 
 
-def test_ubuntu_ami_is_resolved_at_deploy_time(template, instance):
-    parameter = instance["Properties"]["ImageId"]["Ref"]
-    declared = template.to_json()["Parameters"][parameter]
-    assert declared["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-    assert declared["Default"] == UBUNTU_AMI_PARAMETER
+def test_ubuntu_ami_and_code_are_pinned_at_the_first_deploy(template, instance):
+    """Not an SSM parameter type, which CloudFormation resolves again at every deploy (a new
+    Canonical image would replace the node mid-conversion), and no asset URL in the user-data
+    (a code change would stop and start it, and user-data would not run again)."""
+    parameters = template.to_json().get("Parameters", {}).values()
+    assert not [p for p in parameters if "AWS::EC2::Image::Id" in p["Type"]]
+    [(pin_id, pin)] = template.find_resources("Custom::HorovodFleetPinned").items()
+    assert instance["Properties"]["ImageId"] == {"Fn::GetAtt": [pin_id, "ImageId"]}
+    assert pin["Properties"]["ImageParameter"] == UBUNTU_AMI_PARAMETER
+    assert set(pin["Properties"]["Code"]) == {"bootstrap", "trainer"}
+    assert "Reaper" in json.dumps(pin["Properties"]["ServiceToken"])
+    parts = instance["Properties"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    text = json.dumps(parts)
+    assert "cdk-hnb659fds-assets" not in text
+    for name in ("bootstrap", "trainer"):
+        assert {"Fn::GetAtt": [pin_id, name]} in parts
+    [read] = statements(template, "PreprocessorPinnedImageParameterRead")
+    assert read["Action"] == "ssm:GetParameter"
+    assert resources(read) == [f"arn:aws:ssm:us-east-1::parameter{UBUNTU_AMI_PARAMETER}"]
+    [read_id] = [
+        k
+        for k in template.find_resources("AWS::IAM::Policy")
+        if k.startswith("PreprocessorPinnedImageParameterRead")
+    ]
+    assert template.to_json()["Resources"][pin_id]["DependsOn"] == [read_id]
+
+
+def test_node_may_read_an_earlier_deploys_code(template):
+    found = statements(template, "PreprocessorPolicy")
+    reads = {r for s in found if s["Action"] == "s3:GetObject" for r in resources(s)}
+    assert any(r.endswith("/*.zip") and "cdk-hnb659fds-assets" in r for r in reads)
+
+
+def test_deploy_waits_for_the_node_environment_and_takes_its_reason(template, instance):
+    [(handle_id, _)] = template.find_resources("AWS::CloudFormation::WaitConditionHandle").items()
+    [condition] = template.find_resources("AWS::CloudFormation::WaitCondition").values()
+    assert condition["Properties"]["Handle"] == {"Ref": handle_id}
+    assert condition["Properties"]["Count"] == 1
+    assert int(condition["Properties"]["Timeout"]) == READY_TIMEOUT_S <= 3600
+    [instance_id] = template.find_resources("AWS::EC2::Instance")
+    assert condition["DependsOn"] == [instance_id]
+    assert "Ref" in json.dumps(node_document_raw(instance))
+
+
+def node_document_raw(instance: dict) -> str:
+    """The user-data parts around node.json's ready_signal_url: it is the handle's Ref."""
+    parts = instance["Properties"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    index = next(
+        i for i, p in enumerate(parts) if isinstance(p, str) and p.endswith('"ready_signal_url":"')
+    )
+    return parts[index + 1]
+
+
+def test_a_second_synth_with_the_same_inputs_leaves_every_instance_untouched(tmp_path):
+    """CloudFormation updates (or replaces) an instance only when its properties change."""
+
+    def instance_properties() -> str:
+        templates = synthesize(tmp_path / f"out{len(list(tmp_path.iterdir()))}")
+        found = {
+            f"{name}/{logical_id}": resource
+            for name in ("PreprocessStack", "TrainStack")
+            for kind in ("AWS::EC2::Instance", "AWS::EC2::LaunchTemplate", "AWS::EC2::Volume")
+            for logical_id, resource in templates[name].find_resources(kind).items()
+        }
+        assert any("/Preprocessor" in k for k in found) and len(found) > 3
+        return json.dumps(found, sort_keys=True)
+
+    assert instance_properties() == instance_properties()
 
 
 def test_role_reads_raw_and_writes_only_the_tfrecords_prefix(template):
@@ -122,6 +187,7 @@ def test_node_document_follows_the_contract(instance):
     assert document["volume_id"] == "<token>" and document["log_group"] == "<token>"
     assert document["signal"] is None
     assert document["download_secret_arn"] is None
+    assert document["ready_signal_url"] == "<token>"
 
 
 def test_download_secret_is_readable_when_given(synth):

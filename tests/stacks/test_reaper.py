@@ -2,14 +2,15 @@
 
 import datetime
 import json
-import time
 import urllib.request
 
 import boto3
 import pytest
 from moto import mock_aws
 from moto.cloudformation.models import CloudFormationBackend, cloudformation_backends
+from moto.cloudwatch.models import cloudwatch_backends
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.s3.models import s3_backends
 
 from stacks.reaper import handler as reaper_module
 from stacks.reaper.handler import Reaper, RefusedStack, deadline, parse_event, recheck_time
@@ -27,6 +28,10 @@ ENV = {
     "RECHECK_PREFIX": "horovod-fleet-recheck-",
     "RECHECK_MINUTES": "10",
     "RECHECK_ROLE_ARN": "arn:aws:iam::123456789012:role/RecheckRole",
+    "DEAD_LETTER_ARN": f"arn:aws:sqs:{REGION}:123456789012:ReaperDeadLetters",
+    "MANIFEST_KEY": "tfrecords/manifest.json",
+    "IDLE_MINUTES": "30",
+    "LAUNCH_GRACE_MINUTES": "40",
 }
 
 
@@ -162,7 +167,11 @@ def reaper(aws):
             {"trigger": "recheck", "reason": "idle", "run": RUN},
         ),
         ({"trigger": "hard-cap"}, {"trigger": "ignored"}),
-        ({"trigger": "recheck", "reason": "hard-cap", "run": RUN}, {"trigger": "ignored"}),
+        (
+            {"trigger": "recheck", "reason": "hard-cap", "run": RUN},
+            {"trigger": "recheck", "reason": "hard-cap", "run": RUN},
+        ),
+        ({"trigger": "recheck", "reason": "manifest", "run": RUN}, {"trigger": "ignored"}),
         ({"detail-type": "Scheduled Event"}, {"trigger": "ignored"}),
     ],
 )
@@ -219,6 +228,9 @@ def test_waits_and_schedules_a_recheck_while_results_are_missing(reaper, capsys,
     assert schedule["Target"]["Arn"] == FUNCTION_ARN
     assert schedule["ActionAfterCompletion"] == "DELETE"
     assert schedule["Target"]["RoleArn"] == ENV["RECHECK_ROLE_ARN"]
+    # A re-check that cannot invoke the reaper is retried, then kept where an alarm sees it.
+    assert schedule["Target"]["DeadLetterConfig"] == {"Arn": ENV["DEAD_LETTER_ARN"]}
+    assert schedule["Target"]["RetryPolicy"]["MaximumRetryAttempts"] > 0
     assert json.loads(schedule["Target"]["Input"]) == {
         "trigger": "recheck",
         "reason": "done",
@@ -227,7 +239,9 @@ def test_waits_and_schedules_a_recheck_while_results_are_missing(reaper, capsys,
     assert schedule["ScheduleExpression"] == "at(2026-11-22T04:50:00)"
 
 
-@pytest.mark.parametrize(("status", "deleted"), [("failed", True), ("succeeded", False)])
+@pytest.mark.parametrize(
+    ("status", "deleted"), [("failed", True), ("interrupted", True), ("succeeded", False)]
+)
 def test_failed_run_needs_only_its_logs(reaper, capsys, status, deleted):
     """A run that died before its first checkpoint must not bill until the hard cap."""
     s3 = boto3.client("s3", region_name=REGION)
@@ -414,9 +428,29 @@ def test_no_train_stack_at_all_is_a_noop(reaper, capsys):
 
 
 # --- idle alarm ------------------------------------------------------------------------------
+# Times in these tests count from DEPLOYED, when TrainStack finished creating; moto's own
+# timestamps are set to them so the reaper sees one consistent clock.
+
+DEPLOYED = datetime.datetime(2026, 11, 22, 2, 0, tzinfo=datetime.timezone.utc)
 
 
-def set_idle_alarm(state: str) -> None:
+def minutes(value: float) -> datetime.datetime:
+    return DEPLOYED + datetime.timedelta(minutes=value)
+
+
+def naive(at: datetime.datetime) -> datetime.datetime:
+    """moto keeps UTC times without a zone."""
+    return at.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+
+
+def set_deployed(at: datetime.datetime) -> None:
+    backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
+    [stack] = [s for s in backend.stacks.values() if s.name == "TrainStack"]
+    for event in stack.events:
+        event.timestamp = naive(at)
+
+
+def set_idle_alarm(state: str, since: datetime.datetime | None = None) -> None:
     cloudwatch = boto3.client("cloudwatch", region_name=REGION)
     name = f"horovod-fleet-idle-{RUN}"
     if not cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"]:
@@ -432,48 +466,157 @@ def set_idle_alarm(state: str) -> None:
             ComparisonOperator="LessThanThreshold",
         )
     cloudwatch.set_alarm_state(AlarmName=name, StateValue=state, StateReason="test")
+    if since is not None:
+        cloudwatch_backends[DEFAULT_ACCOUNT_ID][REGION].alarms[
+            name
+        ].state_updated_timestamp = naive(since)
 
 
-def test_idle_alarm_deletes_when_results_are_safe(reaper, capsys):
-    put_results(RUN)
-    set_idle_alarm("ALARM")
-    reaper.handle(alarm_event(RUN))
+def put_checkpoint(at: datetime.datetime) -> None:
+    key = f"runs/{RUN}/model/checkpoints/ckpt-3.index"
+    boto3.client("s3", region_name=REGION).put_object(Bucket=BUCKET, Key=key, Body=b"i")
+    s3_backends[DEFAULT_ACCOUNT_ID]["global"].buckets[BUCKET].keys[key].last_modified = naive(at)
+
+
+@pytest.fixture
+def idle_reaper(aws):
+    """A reaper whose clock the test sets (reaper.now = lambda: minutes(...))."""
+    set_deployed(DEPLOYED)
+    return Reaper(ENV, FUNCTION_ARN, session=boto3.session.Session(region_name=REGION))
+
+
+def only_schedule() -> dict:
+    [schedule] = schedules()
+    return schedule
+
+
+def test_idle_fleet_that_never_checkpointed_is_deleted_without_waiting_for_results(
+    idle_reaper, capsys
+):
+    """Hung in NCCL init or rendezvous: no checkpoint will ever come; its logs are in CloudWatch."""
+    set_idle_alarm("ALARM", since=minutes(35))
+    idle_reaper.now = lambda: minutes(41)
+    idle_reaper.handle(alarm_event(RUN))
     assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
-    assert decisions(capsys)[0]["reason"] == "idle"
+    decision, followed = decisions(capsys)
+    assert decision["decision"] == "delete-stack"
+    assert decision["reason"] == "idle"
+    assert decision["checkpoint"] is None
+    assert followed["decision"] == "follow-delete"
 
 
-def test_idle_alarm_no_longer_in_alarm_does_nothing(reaper, capsys):
-    put_results(RUN)
+def test_idle_before_the_launch_grace_waits_until_it_has_passed(idle_reaper, capsys):
+    """The nodes get the rendezvous timeout and a start before idle means stuck."""
+    set_idle_alarm("ALARM", since=minutes(-10))  # idle while the nodes pulled the data
+    idle_reaper.now = lambda: minutes(5)
+    idle_reaper.handle(alarm_event(RUN))
+    assert stack_status("TrainStack") == "CREATE_COMPLETE"
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "idle-wait"
+    schedule = only_schedule()
+    assert schedule["ScheduleExpression"] == "at(2026-11-22T02:40:00)"  # deploy + 40 min
+    assert json.loads(schedule["Target"]["Input"]) == {
+        "trigger": "recheck",
+        "reason": "idle",
+        "run": RUN,
+    }
+    # At the re-check the fleet still has not trained: deleted, 40 minutes after its launch.
+    idle_reaper.now = lambda: minutes(40)
+    idle_reaper.handle(json.loads(schedule["Target"]["Input"]))
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+
+
+def test_alarm_during_creation_is_rechecked_not_dropped(idle_reaper, capsys):
+    """Missing data counts as breaching, so the alarm may fire before TrainStack exists fully;
+    alarm actions fire only on a change of state, so a dropped event would never come back."""
+    set_train_stack_status("CREATE_IN_PROGRESS")
+    backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
+    [stack] = [s for s in backend.stacks.values() if s.name == "TrainStack"]
+    outputs = stack.output_map
+    stack.output_map = {}  # CloudFormation shows no outputs before CREATE_COMPLETE
+    set_idle_alarm("ALARM", since=minutes(-5))
+    idle_reaper.now = lambda: minutes(-5)
+    idle_reaper.handle(alarm_event(RUN))
+    [decision] = decisions(capsys)
+    assert decision["decision"] == "stack-busy"
+    assert decision["status"] == "CREATE_IN_PROGRESS"
+    recheck = json.loads(only_schedule()["Target"]["Input"])
+    assert recheck == {"trigger": "recheck", "reason": "idle", "run": RUN}
+    # Created; the re-check now judges the fleet: still within its launch grace.
+    stack.output_map = outputs
+    set_train_stack_status("CREATE_COMPLETE")
+    idle_reaper.now = lambda: minutes(10)
+    idle_reaper.handle(recheck)
+    assert [d["decision"] for d in decisions(capsys)] == ["idle-wait"]
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_at", "now", "expected"),
+    [
+        # Onset at 45 min: quiet since 15. A checkpoint at 30.5 is progress: due at 60.5.
+        (30, 55, "idle-wait"),
+        (30, 61, "delete-stack"),
+        (5, 46, "delete-stack"),  # a checkpoint from before the quiet 30 minutes: no progress
+    ],
+)
+def test_idle_with_a_checkpoint_counts_the_window_from_the_newest_one(
+    idle_reaper, capsys, checkpoint_at, now, expected
+):
+    """The alarm's onset says the GPUs were quiet for 30 minutes before it; a checkpoint that
+    reached S3 after that is progress (the GPU metric was missing, not idle)."""
+    set_idle_alarm("ALARM", since=minutes(45))
+    put_checkpoint(minutes(checkpoint_at + 0.5))
+    idle_reaper.now = lambda: minutes(now)
+    idle_reaper.handle(alarm_event(RUN))
+    assert decisions(capsys)[0]["decision"] == expected
+    deleted = stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    assert deleted is (expected == "delete-stack")
+    if expected == "idle-wait":
+        assert only_schedule()["ScheduleExpression"] == "at(2026-11-22T03:01:00)"
+
+
+def test_idle_alarm_no_longer_in_alarm_does_nothing(idle_reaper, capsys):
     set_idle_alarm("OK")  # the Lambda action was queued, then the fleet got busy again
-    reaper.handle(alarm_event(RUN))
+    idle_reaper.now = lambda: minutes(90)
+    idle_reaper.handle(alarm_event(RUN))
     assert stack_status("TrainStack") == "CREATE_COMPLETE"
     assert decisions(capsys)[0]["decision"] == "idle-cleared"
-
-
-def test_idle_alarm_then_new_checkpoint_means_training_resumed(reaper, capsys):
-    # Idle while the nodes pulled data (or the metric was missing), then training started.
-    set_idle_alarm("ALARM")
-    time.sleep(1.1)  # S3 LastModified has one-second resolution
-    put_results(RUN)
-    reaper.handle(alarm_event(RUN))
-    assert stack_status("TrainStack") == "CREATE_COMPLETE"
-    assert decisions(capsys)[0]["decision"] == "trained-since-idle"
+    assert schedules() == []  # the next OK -> ALARM change invokes the reaper again
 
 
 @pytest.mark.parametrize(("alarm_state", "deleted"), [("OK", False), ("ALARM", True)])
-def test_idle_recheck_asks_the_alarm_again(reaper, capsys, alarm_state, deleted):
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/model/checkpoints/ckpt-9.index", Body=b"")
-    set_idle_alarm("ALARM")
-    reaper.handle(alarm_event(RUN))  # logs missing: the reaper schedules a re-check
-    [schedule] = schedules()
-    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"")
+def test_idle_recheck_asks_the_alarm_again(idle_reaper, capsys, alarm_state, deleted):
+    set_idle_alarm("ALARM", since=minutes(20))
+    idle_reaper.now = lambda: minutes(25)
+    idle_reaper.handle(alarm_event(RUN))  # within the launch grace: re-check at 40 min
+    recheck = json.loads(only_schedule()["Target"]["Input"])
     if alarm_state != "ALARM":
         set_idle_alarm(alarm_state)
-    reaper.handle(json.loads(schedule["Target"]["Input"]))
+    idle_reaper.now = lambda: minutes(40)
+    idle_reaper.handle(recheck)
     assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
     expected = ["delete-stack", "follow-delete"] if deleted else ["idle-cleared"]
-    assert [d["decision"] for d in decisions(capsys)] == ["wait-for-results", *expected]
+    assert [d["decision"] for d in decisions(capsys)] == ["idle-wait", *expected]
+
+
+@pytest.mark.parametrize("status", ["UPDATE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS"])
+def test_hard_cap_on_a_stack_being_deployed_is_rechecked(reaper, capsys, status):
+    """DeleteStack fails while an update runs; the cap must not be lost to that."""
+    set_train_stack_status(status)
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert [d["decision"] for d in decisions(capsys)] == ["stack-busy"]
+    recheck = json.loads(only_schedule()["Target"]["Input"])
+    assert recheck == {"trigger": "recheck", "reason": "hard-cap", "run": RUN}
+    set_train_stack_status("UPDATE_COMPLETE")
+    reaper.handle(recheck)
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+
+
+def test_a_rolled_back_create_is_already_gone(reaper, capsys):
+    set_train_stack_status("ROLLBACK_COMPLETE")
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert [d["decision"] for d in decisions(capsys)] == ["already-gone"]
+    assert schedules() == []
 
 
 # --- preprocessing ---------------------------------------------------------------------------
@@ -527,6 +670,16 @@ def test_manifest_without_snapshot_only_stops(reaper):
     reaper.handle(s3_event("tfrecords/manifest.json"))
     assert instance_state(instance_id) == "stopped"
     assert volume_snapshots(volume_id) == []
+
+
+def test_manifest_under_the_configured_dataset_prefix(aws):
+    instance_id, _ = register_preprocess(snapshot_volume=False)
+    env = {**ENV, "MANIFEST_KEY": "imagenet/v2/manifest.json"}
+    reaper = Reaper(env, FUNCTION_ARN, session=boto3.session.Session(region_name=REGION))
+    assert reaper.handle(s3_event("tfrecords/manifest.json"))["trigger"] == "ignored"
+    assert instance_state(instance_id) == "running"
+    reaper.handle(s3_event("imagenet/v2/manifest.json"))
+    assert instance_state(instance_id) == "stopped"
 
 
 def test_manifest_without_a_preprocess_stack_is_a_noop(reaper, capsys):
@@ -641,3 +794,74 @@ def test_lambda_entry_point_reads_its_environment(aws, monkeypatch, capsys):
     parsed = reaper_module.handler({"trigger": "hard-cap", "run": RUN}, Context())
     assert parsed == {"trigger": "hard-cap", "run": RUN}
     assert decisions(capsys)[0]["decision"] == "delete-stack"
+
+
+# --- pinned preprocessing AMI and code --------------------------------------------------------
+
+# moto reserves /aws/ names; the reaper treats any parameter name alike.
+UBUNTU = "/test/canonical/ubuntu/ami-id"
+CODE_V1 = {"bootstrap": "s3://assets/1111.zip", "trainer": "s3://assets/2222.zip"}
+CODE_V2 = {"bootstrap": "s3://assets/3333.zip", "trainer": "s3://assets/4444.zip"}
+
+
+def pin_request(request_type: str, parameter: str = UBUNTU, code=CODE_V1, **extra) -> dict:
+    return {
+        "RequestType": request_type,
+        "ResponseURL": "https://cloudformation-response.example/abc",
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/PreprocessStack/guid",
+        "RequestId": "req-2",
+        "ResourceType": "Custom::HorovodFleetPinned",
+        "LogicalResourceId": "Pinned",
+        "ResourceProperties": {
+            "ServiceToken": FUNCTION_ARN,
+            "ImageParameter": parameter,
+            "Code": code,
+        },
+        **extra,
+    }
+
+
+def publish(parameter: str, image: str) -> None:
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=parameter, Value=image, Type="String", Overwrite=True
+    )
+
+
+def test_pinned_image_and_code_are_kept_by_a_redeploy(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    publish(UBUNTU, "ami-0aaaaaaaaaaaaaaaa")
+    assert parse_event(pin_request("Create")) == {"trigger": "pinned"}
+    reaper.handle(pin_request("Create"))
+    created = replies.bodies[-1]
+    assert created["Status"] == "SUCCESS"
+    assert created["Data"] == {"ImageId": "ami-0aaaaaaaaaaaaaaaa", **CODE_V1}
+    # Canonical publishes a new image and the code changes; a redeploy keeps both.
+    publish(UBUNTU, "ami-0bbbbbbbbbbbbbbbb")
+    old = {"ImageParameter": UBUNTU, "Code": CODE_V1}
+    update = pin_request(
+        "Update",
+        code={**CODE_V2, "extra": "s3://assets/5555.zip"},
+        PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa",
+        OldResourceProperties=old,
+    )
+    reaper.handle(update)
+    assert replies.bodies[-1]["Data"] == {
+        "ImageId": "ami-0aaaaaaaaaaaaaaaa",
+        **CODE_V1,
+        "extra": "s3://assets/5555.zip",  # new code the old node never had: the new URL
+    }
+    assert replies.bodies[-1]["PhysicalResourceId"] == "ami-0aaaaaaaaaaaaaaaa"
+    # A new stack (destroy, deploy) takes the new image and code.
+    reaper.handle(pin_request("Create", code=CODE_V2))
+    assert replies.bodies[-1]["Data"] == {"ImageId": "ami-0bbbbbbbbbbbbbbbb", **CODE_V2}
+    reaper.handle(pin_request("Delete", PhysicalResourceId="ami-0aaaaaaaaaaaaaaaa"))
+    assert replies.bodies[-1]["Status"] == "SUCCESS"
+
+
+def test_pinned_image_with_a_missing_parameter_fails_the_deploy_cleanly(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(pin_request("Create", parameter="/no/such/parameter"))
+    assert replies.bodies[-1]["Status"] == "FAILED"
+    assert "/no/such/parameter" in replies.bodies[-1]["Reason"]

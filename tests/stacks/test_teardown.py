@@ -16,7 +16,16 @@ from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
 from stacks.reaper.handler import deadline
-from stacks.teardown import PreprocessGuard, RunGuard, TeardownStack
+from stacks.teardown import (
+    IDLE_EVALUATION_PERIODS,
+    IDLE_MINUTES,
+    IDLE_PERIOD,
+    LAUNCH_GRACE_MINUTES,
+    PreprocessGuard,
+    RunGuard,
+    TeardownStack,
+)
+from stacks.train import RENDEZVOUS_TIMEOUT_S
 
 RUN = "resnet50-r1"
 MAX_HOURS = 3.5
@@ -48,9 +57,14 @@ FIXTURE_BUCKET = "horovod-fleet-fixture"
 
 
 def build_app(
-    *, budget_email: str | None, nag: bool, env: cdk.Environment | None = None
+    *,
+    budget_email: str | None,
+    nag: bool,
+    env: cdk.Environment | None = None,
+    context: dict | None = None,
+    dataset_prefix: str = "tfrecords/",
 ) -> dict[str, cdk.Stack]:
-    app = cdk.App()
+    app = cdk.App(context=context)
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     dataset = cdk.Stack(app, "DatasetStack", env=env)
@@ -78,6 +92,7 @@ def build_app(
         bucket=s3.Bucket.from_bucket_name(dataset, "ByName", FIXTURE_BUCKET),
         budget_email=budget_email,
         budget_limit_usd=2000,
+        dataset_prefix=dataset_prefix,
         env=env,
     )
     train = cdk.Stack(app, "TrainStack", env=env)
@@ -278,11 +293,149 @@ def test_manifest_rule_filters_the_manifest(templates):
     assert len(rule_keys(templates)) == 2
 
 
+def test_manifest_rule_and_reaper_follow_the_dataset_prefix():
+    stacks = build_app(budget_email=None, nag=False, dataset_prefix="imagenet/v2/")
+    teardown = Template.from_stack(stacks["TeardownStack"])
+    assert ["imagenet/v2/manifest.json"] in rule_keys({"TeardownStack": teardown}).values()
+    [function] = teardown.find_resources("AWS::Lambda::Function").values()
+    variables = function["Properties"]["Environment"]["Variables"]
+    assert variables["MANIFEST_KEY"] == "imagenet/v2/manifest.json"
+
+
+# --- the guard cannot be removed under a fleet -------------------------------------------------
+
+
+@pytest.mark.parametrize("app_default", [None, "weak"])
+def test_guards_import_the_reaper_so_teardown_cannot_be_deleted_first(app_default):
+    """CloudFormation refuses to delete a stack whose exports another stack imports; a weak
+    Fn::GetStackOutput reference would let `cdk destroy TeardownStack` leave the fleet unguarded."""
+    context = {"@aws-cdk/core:defaultCrossStackReferences": app_default} if app_default else None
+    stacks = build_app(budget_email=None, nag=False, context=context)
+    teardown = Template.from_stack(stacks["TeardownStack"]).to_json()
+    exports = {
+        output["Export"]["Name"]: output["Value"]
+        for output in teardown.get("Outputs", {}).values()
+        if "Export" in output
+    }
+    [function_id] = [k for k, r in teardown["Resources"].items() if r["Type"].endswith("Function")]
+    [role_id] = [
+        k
+        for k, r in teardown["Resources"].items()
+        if r["Type"] == "AWS::IAM::Role" and k.startswith("ReaperRole")
+    ]
+    reaper = {"Fn::GetAtt": [function_id, "Arn"]}
+    for name, value in (("TrainStack", reaper), ("PreprocessStack", {"Ref": role_id})):
+        text = json.dumps(Template.from_stack(stacks[name]).to_json())
+        assert "Fn::GetStackOutput" not in text, name
+        imported = [e for e, v in exports.items() if v == value and f'"{e}"' in text]
+        assert imported, f"{name} does not import {value} from TeardownStack"
+
+
+def test_cdk_json_does_not_weaken_cross_stack_references():
+    context = json.loads((Path(__file__).parents[2] / "cdk.json").read_text())["context"]
+    assert context["@aws-cdk/core:defaultCrossStackReferences"] == "strong"
+
+
+# --- no lost invocation ------------------------------------------------------------------------
+
+
+def dead_letter_arn(templates) -> dict:
+    [queue_id] = templates["TeardownStack"].find_resources("AWS::SQS::Queue")
+    return {"Fn::GetAtt": [queue_id, "Arn"]}
+
+
+def test_every_s3_rule_retries_then_dead_letters(templates):
+    arn = dead_letter_arn(templates)
+    rules = templates["TeardownStack"].find_resources("AWS::Events::Rule").values()
+    for rule in rules:
+        [target] = rule["Properties"]["Targets"]
+        assert target["DeadLetterConfig"] == {"Arn": arn}
+        assert target["RetryPolicy"]["MaximumRetryAttempts"] == 185
+        assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] == 86400
+
+
+def test_reaper_errors_are_retried_then_dead_lettered(templates):
+    teardown = templates["TeardownStack"]
+    [function] = teardown.find_resources("AWS::Lambda::Function").values()
+    assert function["Properties"]["DeadLetterConfig"] == {"TargetArn": dead_letter_arn(templates)}
+    [config] = teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
+    assert config["Properties"]["MaximumRetryAttempts"] == 2
+    assert config["Properties"]["MaximumEventAgeInSeconds"] == 6 * 3600
+    [queue] = teardown.find_resources("AWS::SQS::Queue").values()
+    assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    assert queue["Properties"]["MessageRetentionPeriod"] == 14 * 86400
+
+
+def test_hard_cap_schedule_retries_then_dead_letters(templates):
+    [schedule] = templates["TrainStack"].find_resources("AWS::Scheduler::Schedule").values()
+    target = schedule["Properties"]["Target"]
+    assert "DeadLetterConfig" in target and "Reaper" in render(target["DeadLetterConfig"]["Arn"])
+    assert target["RetryPolicy"] == {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86400}
+
+
+@pytest.mark.parametrize(
+    ("stack", "role"), [("TrainStack", "HardCapRole"), ("TeardownStack", "Recheck")]
+)
+def test_scheduler_roles_may_send_to_the_dead_letter_queue(templates, stack, role):
+    """Scheduler delivers dead letters with the schedule's own role (the hard cap's in
+    TrainStack, the re-checks' in TeardownStack)."""
+    sends = [
+        statement
+        for policy in templates[stack].find_resources("AWS::IAM::Policy").values()
+        if any(role in ref["Ref"] for ref in policy["Properties"]["Roles"])
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "sqs:SendMessage" in as_list(statement["Action"])
+    ]
+    assert [render(s["Resource"]) for s in sends] == [
+        render(s["Resource"]) for s in sends if "DeadLetters" in render(s["Resource"])
+    ]
+    assert sends
+
+
+def test_reaper_environment_names_the_dead_letter_queue_and_idle_timing(templates):
+    [function] = templates["TeardownStack"].find_resources("AWS::Lambda::Function").values()
+    variables = function["Properties"]["Environment"]["Variables"]
+    assert variables["DEAD_LETTER_ARN"] == dead_letter_arn(templates)
+    assert variables["IDLE_MINUTES"] == str(IDLE_MINUTES)
+    assert variables["LAUNCH_GRACE_MINUTES"] == str(LAUNCH_GRACE_MINUTES)
+
+
+def test_idle_timing_matches_the_alarm_and_the_rendezvous():
+    assert IDLE_PERIOD.to_seconds() * IDLE_EVALUATION_PERIODS == IDLE_MINUTES * 60
+    # Nodes get the whole rendezvous timeout; a stuck fleet goes within 45 minutes after it.
+    assert RENDEZVOUS_TIMEOUT_S <= LAUNCH_GRACE_MINUTES * 60 <= RENDEZVOUS_TIMEOUT_S + 45 * 60
+
+
+def test_failure_alarms_email_the_budget_address(templates):
+    teardown = templates["TeardownStack"]
+    alarms = teardown.find_resources("AWS::CloudWatch::Alarm")
+    metrics = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms.values()}
+    assert set(metrics) == {"Errors", "ApproximateNumberOfMessagesVisible"}
+    [topic_id] = teardown.find_resources("AWS::SNS::Topic")
+    for props in metrics.values():
+        assert props["Threshold"] == 1
+        assert props["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert props["AlarmActions"] == [{"Ref": topic_id}]
+    teardown.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": EMAIL}
+    )
+    [policy] = teardown.find_resources("AWS::SNS::TopicPolicy").values()
+    principals = [s.get("Principal") for s in policy["Properties"]["PolicyDocument"]["Statement"]]
+    assert {"Service": "cloudwatch.amazonaws.com"} in principals
+
+
+def test_failure_alarms_exist_without_an_email():
+    teardown = Template.from_stack(build_app(budget_email=None, nag=False)["TeardownStack"])
+    teardown.resource_count_is("AWS::CloudWatch::Alarm", 2)
+    teardown.resource_count_is("AWS::SNS::Topic", 0)
+
+
 # --- IAM scope -------------------------------------------------------------------------------
 
 
 def test_reaper_deletes_only_train_stack(templates):
     [statement] = statements_for(templates, "cloudformation:DeleteStack")
+    assert "cloudformation:DescribeStackEvents" in statement["Action"]
     [resource] = as_list(statement["Resource"])
     assert render(resource) == (
         "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:stack/TrainStack/*"

@@ -155,11 +155,10 @@ def test_types_without_instance_store_get_a_bigger_faster_root(synth):
 
 def baked_image_output(image_id) -> str:
     """The ImageStack output a weak cross-stack reference reads at deploy time."""
-    [(function, (stack, output))] = image_id.items()
-    assert (function, stack) == ("Fn::GetStackOutput", "ImageStack") or (
-        function == "Fn::ImportValue"
-    ), image_id
-    return output
+    [(function, argument)] = image_id.items()
+    assert function == "Fn::GetStackOutput", image_id
+    assert argument["StackName"] == "ImageStack"
+    return argument["OutputName"]
 
 
 def test_every_node_boots_the_image_imagestack_baked(default):
@@ -177,6 +176,7 @@ def test_every_node_boots_the_image_imagestack_baked(default):
     referenced = [o for o in outputs.values() if o["Value"] == {"Fn::GetAtt": [proven, "ImageId"]}]
     assert referenced, outputs
     assert "ImageStack" in json.dumps(image_ids[0])
+    baked_image_output(image_ids[0])
 
 
 def test_nodes_expect_a_horovod_fleet_image_with_the_pinned_versions(template):
