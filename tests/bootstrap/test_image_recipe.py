@@ -5,6 +5,7 @@ stops the bake with a line naming it. IMAGE_ROOT keeps every file the steps writ
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -494,3 +495,17 @@ def test_manifest_step_describes_the_built_system_in_image_json(bake):
         "NCCL": True,
     }
     assert "image.json: complete" in result.stdout
+
+
+def test_every_pin_a_step_uses_is_defined():
+    # A missing pin is an unbound variable under `set -u`: the bake would stop an hour in.
+    def assigned(text: str) -> set[str]:
+        return set(re.findall(r"(?:^|\s|export )([A-Z_]+)=", text))
+
+    defined = set(PINS) | assigned((RECIPE_DIR / "step.sh").read_text())
+    environment = {"IMAGE_ROOT", "BASH_SOURCE", "BASH_COMMAND", "LINENO", "PATH", "GNUPGHOME"}
+    for script in sorted(RECIPE_DIR.glob("*.sh")):
+        text = script.read_text()
+        used = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", text))
+        unknown = used - defined - assigned(text) - environment
+        assert not unknown, f"{script.name} uses {sorted(unknown)}, defined nowhere"
