@@ -22,7 +22,9 @@ step() {
 	[[ $STEP == start ]] || log "step '$STEP': done in $((SECONDS - STEP_STARTED)) s"
 	STEP=$1
 	STEP_STARTED=$SECONDS
-	log "step '$STEP': start, $(cut -d. -f1 /proc/uptime) s after boot"
+	local uptime=0
+	[[ -r /proc/uptime ]] && read -r uptime _ </proc/uptime
+	log "step '$STEP': start, ${uptime%.*} s after boot"
 }
 
 on_error() {
