@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from bootstrap import allreduce_check
 from bootstrap.node_config import Common, TrainConfig
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
@@ -55,34 +56,61 @@ def check_node(cfg: TrainConfig, gpus: int, efa: bool) -> str:
     return f"{gpus} GPU(s) as expected, EFA {'present' if efa else 'not expected'}"
 
 
-# NCCL names the network it chose ("Using network AWS Libfabric" / "Using network Socket"); older
-# versions only show the plugin's own lines. A plugin that loads but finds no provider also logs
-# "NET/OFI ...", so a bare NET/OFI mention proves nothing: a fallback prints both.
+# Which network carried the collective: NCCL logs each connection it makes for it, e.g.
+# "Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0" (aws-ofi-nccl; "NET/AWS Libfabric" in
+# older plugins, "/GDRDMA" with GPUDirect RDMA) or "... via NET/Socket/0" (TCP). Those lines prove
+# where the bytes went; the init line "Using network X" only says what NCCL loaded. A plugin that
+# loads but finds no provider also logs "NET/OFI ...", so a bare NET/OFI mention proves nothing.
+_CHANNEL = re.compile(r"\bvia NET/([A-Za-z][A-Za-z ]*?)/\d")
 _CHOSEN = re.compile(r"NCCL INFO Using network (.+)")
-_OFI_SELECTED = re.compile(r"NET/OFI Selected Provider is efa")
+_OFI_SELECTED = re.compile(r"NET/OFI Selected Provider is efa", re.IGNORECASE)
 _SOCKET = re.compile(r"NET/Socket")
+_LIBFABRIC = {"AWS Libfabric", "Libfabric"}
+
+
+def _network_kind(names: set[str]) -> str:
+    if names <= _LIBFABRIC:
+        return "ofi"
+    return "socket" if any("Socket" in name for name in names) else "unknown"
 
 
 def nccl_transport(nccl_debug_log: str) -> str:
-    """'ofi', 'socket' or 'unknown', from NCCL_DEBUG=INFO output."""
+    """'ofi', 'socket' or 'unknown', from NCCL_DEBUG=INFO output: the networks of the
+    collective's own connections first, else the network NCCL chose at init."""
+    channels = {m.strip() for m in _CHANNEL.findall(nccl_debug_log)}
+    if channels:
+        return _network_kind(channels)
     chosen = {m.strip() for m in _CHOSEN.findall(nccl_debug_log)}
     if chosen:
-        if chosen <= {"AWS Libfabric", "Libfabric"}:
-            return "ofi"
-        return "socket" if any("Socket" in c for c in chosen) else "unknown"
+        return _network_kind(chosen)
     if _SOCKET.search(nccl_debug_log):
         return "socket"
     return "ofi" if _OFI_SELECTED.search(nccl_debug_log) else "unknown"
 
 
 def check_transport(nccl_debug_log: str, efa_expected: bool) -> str:
+    """The allreduce check's log -> "ofi, 8.12 GB/s bus bandwidth over 8 nodes"; HealthError when
+    EFA is expected and the collective did not cross the nodes through aws-ofi-nccl."""
     transport = nccl_transport(nccl_debug_log)
+    summary = allreduce_check.parse_summary(nccl_debug_log)
     if efa_expected and transport != "ofi":
         raise HealthError(
-            f"EFA expected but NCCL used transport '{transport}' (no NET/OFI line in the "
-            "NCCL_DEBUG=INFO output): check aws-ofi-nccl, FI_PROVIDER=efa and the EFA security group"
+            f"EFA expected but NCCL used transport '{transport}' for the allreduce (no "
+            "'via NET/Libfabric' connection in the NCCL_DEBUG=INFO output): check aws-ofi-nccl, "
+            "FI_PROVIDER=efa and the EFA security group"
         )
-    return transport
+    crossed = summary and summary["nodes"] > 1
+    if efa_expected and crossed and not _CHANNEL.search(nccl_debug_log):
+        raise HealthError(
+            f"the allreduce crossed {summary['nodes']} nodes but NCCL logged no network "
+            "connection for it ('via NET/...'): run the check with NCCL_DEBUG=INFO"
+        )
+    if summary is None:
+        return transport
+    return (
+        f"{transport}, {summary['busbw_gbps']:.2f} GB/s bus bandwidth over "
+        f"{summary['nodes']} node(s), {summary['ranks']} ranks"
+    )
 
 
 def cloudwatch_agent_config(cfg: Common) -> dict:

@@ -14,42 +14,65 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from bootstrap import allreduce_check
 from bootstrap.aws import run_s5cmd
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import utc_stamp
 
-# Horovod's GPU settings for p3dn: 8 ranks per node, hierarchical allreduce over NVLink then EFA,
-# a 64 MiB fusion buffer; NCCL reaches EFA through aws-ofi-nccl (libfabric provider efa).
+# Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
+# crosses nodes through the image's aws-ofi-nccl plugin on EFA. No HOROVOD_HIERARCHICAL_ALLREDUCE:
+# in Horovod 0.28.1 it reduce-scatters over NCCL, then copies to host memory and runs
+# MPI_Allreduce across nodes, which horovodrun pins to Open MPI's TCP path (-mca pml ob1)
+# (https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/ops/nccl_operations.cc,
+# NCCLHierarchicalAllreduce; horovod/runner/mpi_run.py, _OMPI_FLAGS).
 GPU_ENV = {
-    "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
     "HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
     "HOROVOD_CYCLE_TIME": "1",
-    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG": "INFO",  # the allreduce check reads the network NCCL chose from this
     "NCCL_SOCKET_IFNAME": "^lo,docker",
     "TF_CPP_MIN_LOG_LEVEL": "1",
+    # Kernel launches get their own threads instead of queueing behind the input pipeline's
+    # JPEG decoding on every vCPU (TensorFlow's GPU performance guide).
+    "TF_GPU_THREAD_MODE": "gpu_private",
+    "TF_GPU_THREAD_COUNT": "2",
+    # GPU i for CUDA is GPU i for nvidia-smi: each rank binds to the socket of its GPU by index.
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
 }
+# libfabric's EFA provider for aws-ofi-nccl. NCCL_PROTO=simple: EFA's SRD does not deliver in
+# order, which NCCL's LL and LL128 protocols assume. No NCCL_NET_GDR_LEVEL: GPUDirect RDMA is
+# detected by the plugin where the type has it, and p3dn has none.
 EFA_ENV = {
     "FI_PROVIDER": "efa",
-    "FI_EFA_USE_DEVICE_RDMA": "1",
     "NCCL_PROTO": "simple",
-    "NCCL_NET_GDR_LEVEL": "PHB",
 }
+# Only types whose EFA has RDMA read (stacks/instance_types.py efa_rdma_read, node.json
+# efa_rdma_read): on p3dn's first-generation EFA this makes libfabric abort.
+EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}
+# What bootstrap.allreduce_check reads: the bus bandwidth below which it fails, and the type.
+ALLREDUCE_FLOOR_ENV = allreduce_check.FLOOR_ENV
+INSTANCE_TYPE_ENV = allreduce_check.TYPE_ENV
 
 
-# Where the DLAMI's EFA installer puts libfabric and the aws-ofi-nccl plugin (the directory moved
-# between AMI releases). The NCCL of the tensorflow[and-cuda] wheel loads the plugin only from
-# LD_LIBRARY_PATH; without it NCCL falls back to sockets, which the allreduce check would catch.
+# Where the EFA installer puts libfabric and the aws-ofi-nccl plugin (the directory moved
+# between releases; the training image has /opt/amazon/ofi-nccl). NCCL loads the plugin only
+# from LD_LIBRARY_PATH; without it NCCL falls back to sockets, which the allreduce check catches.
 EFA_LIBRARY_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib")
 
 
 def launcher_env(
     cfg: TrainConfig, base: dict[str, str], is_dir: Callable[[str], bool] = os.path.isdir
 ) -> dict[str, str]:
+    """The environment horovodrun exports to every rank, from node.json's per-type settings."""
     env = dict(base)
     if cfg.gpus_per_node:
         env.update(GPU_ENV)
+        env[INSTANCE_TYPE_ENV] = cfg.instance_type
+        if cfg.allreduce_floor_gbps:
+            env[ALLREDUCE_FLOOR_ENV] = f"{cfg.allreduce_floor_gbps:g}"
         if cfg.efa:
             env.update(EFA_ENV)
+            if cfg.efa_rdma_read:
+                env.update(EFA_RDMA_ENV)
             found = [d for d in EFA_LIBRARY_DIRS if is_dir(d)]
             env["LD_LIBRARY_PATH"] = ":".join(filter(None, [*found, base.get("LD_LIBRARY_PATH")]))
     return env
@@ -60,8 +83,9 @@ def horovodrun_command(
 ) -> list[str]:
     """horovodrun over MPI (the AMI's EFA OpenMPI) on GPU nodes, over Gloo on CPU nodes; ssh with
     the run's key on the configured port. horovodrun exports the launcher's environment to
-    every rank, and adds the OpenMPI flags itself (-bind-to none -map-by slot, pml ob1 for MPI's
-    own control traffic; the gradients go through NCCL)."""
+    every rank, and adds the OpenMPI flags itself (-bind-to none -map-by slot, pml ob1): MPI
+    carries only Horovod's coordination, the gradients go through NCCL. Each rank binds itself
+    to the CPUs of its GPU's socket (trainer.train), which mpirun cannot know."""
     cmd = [
         "horovodrun",
         "--mpi" if cfg.gpus_per_node else "--gloo",
@@ -196,8 +220,19 @@ def done_document(
         "epochs": training.get("epochs", cfg.trainer.get("epochs")),
         "duration_s": training.get("duration_s") or (round(now - started, 1) if started else None),
         "images_per_s": training.get("images_per_s") if succeeded else None,
+        "end_to_end_images_per_s": training.get("end_to_end_images_per_s") if succeeded else None,
+        "allreduce_busbw_gbps": allreduce_busbw_gbps(Path(cfg.log_dir) / "allreduce-check.log"),
         "finished_at": utc_stamp(now),
     }
+
+
+def allreduce_busbw_gbps(check_log: Path) -> float | None:
+    """The bus bandwidth the pre-training allreduce check measured (None: it did not run)."""
+    try:
+        summary = allreduce_check.parse_summary(check_log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return summary["busbw_gbps"] if summary else None
 
 
 def write_done(s3, cfg: TrainConfig, doc: dict) -> None:

@@ -11,7 +11,8 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   preprocess only: raw_wait_s (86400: how long to wait for the raw archives in S3),
   train only: instance_store (true: RAID0 the NVMe instance store at mount_point),
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
-  heartbeat_timeout_s (120), checkpoint_sync_s (300).
+  heartbeat_timeout_s (120), checkpoint_sync_s (300),
+  efa_rdma_read (false: never set FI_EFA_USE_DEVICE_RDMA), allreduce_floor_gbps (0: no floor).
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class TrainConfig(Common):
     network_interface: str | None
     heartbeat_timeout_s: float
     checkpoint_sync_s: float
+    efa_rdma_read: bool
+    allreduce_floor_gbps: float
 
     @property
     def is_leader(self) -> bool:
@@ -252,6 +255,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
     trainer.integer("batch_per_gpu", minimum=1)
     trainer.integer("image_size", minimum=32)
     trainer.choice("arch", TRAINER_ARCHS)
+    trainer.integer("eval_every", 1, minimum=1)
     image = r.child("image")
     for key in ("manifest", "ami", "tensorflow", "horovod"):
         image.text(key)
@@ -279,6 +283,8 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         network_interface=r.text("network_interface", None, nullable=True),
         heartbeat_timeout_s=r.number("heartbeat_timeout_s", 120, minimum=1),
         checkpoint_sync_s=r.number("checkpoint_sync_s", 300, minimum=1),
+        efa_rdma_read=r.get("efa_rdma_read", bool, False),
+        allreduce_floor_gbps=r.number("allreduce_floor_gbps", 0, minimum=0),
     )
 
 

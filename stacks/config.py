@@ -38,6 +38,7 @@ KEYS: dict[str, str] = {
     "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
     "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
+    "evalEvery": "evaluate every N epochs (and after the last one)",
 }
 
 MAX_NODES = 64
@@ -93,6 +94,7 @@ class FleetConfig:
     budget_email: str | None
     snapshot_data_volume: bool
     download_secret_arn: str | None
+    eval_every: int
 
     @property
     def runs_prefix(self) -> str:
@@ -106,6 +108,7 @@ class FleetConfig:
             "batch_per_gpu": self.batch_per_gpu,
             "arch": self.arch,
             "image_size": self.image_size,
+            "eval_every": self.eval_every,
         }
 
     @classmethod
@@ -173,6 +176,7 @@ class FleetConfig:
                     )
                 ),
             ),
+            eval_every=get("evalEvery", _integer(1, 1000)),
         )
 
 

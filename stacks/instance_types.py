@@ -24,6 +24,20 @@ class GpuType:
     nvme_drives: int  # instance-store NVMe SSDs; 0 means the dataset lives on the root volume
     vcpus: int
     usd_per_hour: float
+    # Network settings the training nodes get through node.json (bootstrap/launch.py turns them
+    # into the launch environment). efa_rdma_read: the EFA device has RDMA read, so libfabric
+    # may be told FI_EFA_USE_DEVICE_RDMA=1; on first-generation EFA (p3dn) that setting makes
+    # libfabric abort (https://github.com/ofiwg/libfabric/pull/8661), and its default is off on
+    # device ids 0xefa0/0xefa1 (https://github.com/ofiwg/libfabric/pull/8573). Only the P
+    # types from p4d on have GPUDirect RDMA over EFA
+    # (https://github.com/aws/aws-ofi-nccl/issues/547, https://github.com/aws/aws-ofi-nccl/issues/104).
+    efa_rdma_read: bool = False
+    # The pre-training allreduce check fails below this NCCL bus bandwidth (GB/s) over all
+    # nodes; 0: not enforced (no published figure). About half the lowest published multi-node
+    # figure, so a healthy fleet passes and TCP or a misconfigured plugin does not:
+    # p3dn 6-8 GB/s busbw on 8-32 nodes, 10 GB/s on 2 (https://github.com/NVIDIA/nccl/issues/235);
+    # p4d 57 GB/s on 2 nodes, 30 GB/s on 3-4 (https://github.com/NVIDIA/nccl/issues/527).
+    allreduce_floor_gbps: float = 0.0
 
     @property
     def efa(self) -> bool:
@@ -58,9 +72,9 @@ GPU_TYPES: dict[str, GpuType] = {
         GpuType("p3.2xlarge", 1, "V100 16 GB", 0, 0, 8, 3.06),
         GpuType("p3.8xlarge", 4, "V100 16 GB", 0, 0, 32, 12.24),
         GpuType("p3.16xlarge", 8, "V100 16 GB", 0, 0, 64, 24.48),
-        GpuType("p3dn.24xlarge", 8, "V100 32 GB", 1, 2, 96, 31.212),
-        GpuType("p4d.24xlarge", 8, "A100 40 GB", 4, 8, 96, 21.96),
-        GpuType("p5.48xlarge", 8, "H100 80 GB", 32, 8, 192, 55.04),
+        GpuType("p3dn.24xlarge", 8, "V100 32 GB", 1, 2, 96, 31.212, False, 3.0),
+        GpuType("p4d.24xlarge", 8, "A100 40 GB", 4, 8, 96, 21.96, True, 15.0),
+        GpuType("p5.48xlarge", 8, "H100 80 GB", 32, 8, 192, 55.04, True),
         GpuType("g4dn.xlarge", 1, "T4 16 GB", 0, 1, 4, 0.526),
         GpuType("g4dn.12xlarge", 4, "T4 16 GB", 1, 1, 48, 3.912),
         GpuType("g4dn.metal", 8, "T4 16 GB", 1, 2, 96, 7.824),

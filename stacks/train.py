@@ -202,6 +202,8 @@ class GpuFleet(Construct):
                 "gpus_per_node": gpu.gpus,
                 "instance_type": gpu.name,
                 "efa": gpu.efa,
+                "efa_rdma_read": gpu.efa_rdma_read,
+                "allreduce_floor_gbps": gpu.allreduce_floor_gbps,
                 "instance_store": gpu.nvme_drives > 0,
                 "dataset_prefix": dataset_prefix,
                 "runs_prefix": runs_prefix,

@@ -57,12 +57,37 @@ def read_manifest(data_dir: Path) -> Manifest:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"unreadable manifest {path}: {exc}") from None
-    return Manifest(
+    manifest = Manifest(
         num_classes=_manifest_int(path, document, "num_classes", 2),
         label_base=_manifest_int(path, document, "label_base", 0, 1),
         train_records=_manifest_int(path, document, "splits.train.records", 1),
         validation_records=_manifest_int(path, document, "splits.validation.records", 1),
     )
+    if "label_map" in document:
+        _check_label_map(path, document["label_map"], manifest)
+    return manifest
+
+
+def _check_label_map(path: Path, label_map, manifest: Manifest) -> None:
+    """num_classes and the labels must agree with the synset map the preprocessor wrote: 1000
+    classes over a map of 10 synsets would train a 1000-way model on 10 classes, exit 0."""
+    if not isinstance(label_map, dict) or not label_map:
+        raise DataError(
+            f"manifest {path}: label_map must be a non-empty JSON object, got {_shown(label_map)}"
+        )
+    base = DEFAULT_LABEL_BASE if manifest.label_base is None else manifest.label_base
+    classes = manifest.num_classes or len(label_map)
+    if classes != len(label_map):
+        raise DataError(
+            f"manifest {path}: num_classes {classes} disagrees with label_map, which maps "
+            f"{len(label_map)} synsets; they must be equal"
+        )
+    for synset, label in label_map.items():
+        if type(label) is not int or not base <= label < base + classes:
+            raise DataError(
+                f"manifest {path}: label_map gives {synset} label {_shown(label)}, outside "
+                f"{base}..{base + classes - 1} (label_base {base}, num_classes {classes})"
+            )
 
 
 def _manifest_int(
@@ -135,11 +160,34 @@ def _first_given(*values: int | None) -> int:
     return next(value for value in values if value is not None)
 
 
-def shard_for_rank(files: list[str], rank: int, size: int, split: str) -> list[str]:
-    """Every rank reads a disjoint set of whole files (sharding by file, not by record)."""
-    if len(files) < size:
-        raise DataError(f"{len(files)} {split} shards for {size} ranks: need one shard per rank")
-    return files[rank::size]
+@dataclasses.dataclass(frozen=True)
+class RankShard:
+    """What one rank reads of a split: `files`, keeping every `ways`-th record from `index`."""
+
+    files: list[str]
+    ways: int = 1
+    index: int = 0
+
+
+def shard_for_rank(files: list[str], rank: int, size: int) -> RankShard:
+    """Every record goes to exactly one rank, for any number of ranks and of files.
+
+    With at least one file per rank, ranks read disjoint sets of whole files. With fewer files
+    than ranks (2 validation shards for 3 ranks, 128 for 512), the ranks rank, rank + F,
+    rank + 2F, ... share file rank % F record by record, so no rank is left without data and
+    evaluation still counts each image once.
+    """
+    if len(files) >= size:
+        return RankShard(files[rank::size])
+    count = len(files)
+    file_index = rank % count
+    return RankShard([files[file_index]], len(range(file_index, size, count)), rank // count)
+
+
+def count_shard_records(shard: RankShard) -> int:
+    """The records this rank gets of its files (its share when ranks split a file)."""
+    total = count_records(shard.files)
+    return total // shard.ways + (shard.index < total % shard.ways)
 
 
 def count_records(files: list[str]) -> int:
@@ -198,10 +246,11 @@ def _eval_image(image_bytes, image_size: int):
     return tf.cast(image, tf.uint8)
 
 
-def _records_with_filename(filename):
-    return tf.data.TFRecordDataset(filename, buffer_size=8 << 20).map(
-        lambda record: (record, filename)
-    )
+def _records_with_filename(filename, ways: int = 1, index: int = 0):
+    records = tf.data.TFRecordDataset(filename, buffer_size=8 << 20)
+    if ways > 1:
+        records = records.shard(ways, index)
+    return records.map(lambda record: (record, filename))
 
 
 def train_dataset(
@@ -215,11 +264,16 @@ def train_dataset(
     min_crop_area: float = 0.08,
     seed: int | None = None,
     threads: int | None = None,
+    ways: int = 1,
+    index: int = 0,
+    device: str | None = None,
 ) -> tf.data.Dataset:
     """Endless shuffled batches (uint8 images [B, S, S, 3], int32 0-based labels [B]).
 
     threads: this rank's share of the node's cores (a private pool), so that the ranks on one
     node do not each size their parallelism for the whole machine; None: TensorFlow's pool.
+    ways, index: keep every `ways`-th record of each file from `index` (a RankShard's split).
+    device: copy batches ahead to this device (the rank's GPU), off the training step.
     """
 
     def preprocess(record, filename):
@@ -229,7 +283,7 @@ def train_dataset(
     dataset = tf.data.Dataset.from_tensor_slices(files)
     dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
     dataset = dataset.interleave(
-        _records_with_filename,
+        lambda filename: _records_with_filename(filename, ways, index),
         cycle_length=min(len(files), 16),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=False,
@@ -237,7 +291,7 @@ def train_dataset(
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return dataset.with_options(_fast_options(threads))
+    return _to_device(dataset.with_options(_fast_options(threads)), device)
 
 
 def eval_dataset(
@@ -248,22 +302,32 @@ def eval_dataset(
     num_classes: int,
     label_base: int,
     threads: int | None = None,
+    ways: int = 1,
+    index: int = 0,
+    device: str | None = None,
 ) -> tf.data.Dataset:
-    """One pass over every record of `files`, last batch partial."""
+    """One pass over every record of `files` (this rank's share of them), last batch partial."""
 
     def preprocess(record, filename):
         image_bytes, label = _parse(record, filename, num_classes, label_base)
         return _eval_image(image_bytes, image_size), label
 
     dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
-        _records_with_filename,
+        lambda filename: _records_with_filename(filename, ways, index),
         cycle_length=min(len(files), 8),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=False,
     )
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    return dataset.with_options(_fast_options(threads))
+    return _to_device(dataset.with_options(_fast_options(threads)), device)
+
+
+def _to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
+    """Copy batches to the device ahead of the step that needs them (it must come last)."""
+    if device is None:
+        return dataset
+    return dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2))
 
 
 def _fast_options(threads: int | None) -> tf.data.Options:

@@ -8,6 +8,27 @@ import tensorflow as tf
 
 # LARS trust coefficient (You et al., 2017: "Large Batch Training of Convolutional Networks").
 LARS_ETA = 0.001
+# The large-batch recipe (README "Large batches"). Goyal et al. (2017,
+# https://arxiv.org/abs/1706.02677) validate the linear scaling rule with a 5-epoch warmup up to
+# a global batch of 8k. At 16k (64 GPUs x 256) the one published recipe for this model, AWS's
+# 64-GPU Horovod script, keeps momentum SGD at LR 6.4 and warms up for 10 epochs
+# (https://github.com/aws-samples/deep-learning-models/blob/master/models/resnet/tensorflow/dlami_scripts/train_64gpus.sh):
+# from 16k on, inclusive, the default warmup is 10 epochs. Above 16k LARS (You et al. 2017,
+# https://arxiv.org/abs/1708.03888) takes over from Nesterov SGD.
+LARGE_BATCH = 16384
+WARMUP_EPOCHS = 5.0
+LARGE_BATCH_WARMUP_EPOCHS = 10.0
+
+
+def uses_lars(global_batch: int) -> bool:
+    return global_batch > LARGE_BATCH
+
+
+def warmup_epochs_for(global_batch: int, requested: float | None) -> float:
+    """--warmup-epochs if given, else 5 epochs, 10 from LARGE_BATCH on (inclusive)."""
+    if requested is not None:
+        return requested
+    return LARGE_BATCH_WARMUP_EPOCHS if global_batch >= LARGE_BATCH else WARMUP_EPOCHS
 
 
 def peak_learning_rate(base_lr: float, global_batch: int) -> float:

@@ -6,10 +6,14 @@ Run (one process, or under horovodrun for several ranks; every rank gets the sam
         --arch resnet18 --image-size 64 --batch-size 16 --epochs 2
     python -m trainer.train --synthetic --model-dir /tmp/m --epochs 1   # device-only smoke test
 
-Outputs (rank 0): <model-dir>/checkpoints/ (one per epoch; a restart resumes from the newest),
-<model-dir>/tensorboard/, <model-dir>/eval.json, <model-dir>/train.json.
+Outputs (rank 0): <model-dir>/checkpoints/ (at epoch ends every --checkpoint-every-s, at the end,
+and on SIGTERM; a restart resumes from the newest, mid-epoch included), <model-dir>/tensorboard/,
+<model-dir>/eval.json, <model-dir>/train.json, and <model-dir>/interrupted.json after a SIGTERM.
 Bad input ends every rank with one `error: ...` line and exit status 2: ranks agree on failures
 through a collective before going on, so none is left waiting on a rank that stopped.
+SIGTERM to any rank: every rank stops at the same step within STOP_CHECK_STEPS steps, rank 0
+saves a checkpoint of that step and writes interrupted.json, and every rank exits with status
+EXIT_INTERRUPTED (docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,20 +30,56 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from trainer import data
+from trainer import affinity, data
 from trainer.cli import fail
-from trainer.config import LARS_ABOVE_GLOBAL_BATCH, ConfigError, TrainConfig, parse_config
+from trainer.config import ConfigError, TrainConfig, parse_config
 from trainer.model import build_resnet, decayed_variables
-from trainer.optim import WarmupCosine, lars_scale, make_optimizer, peak_learning_rate
+from trainer.optim import (
+    WarmupCosine,
+    lars_scale,
+    make_optimizer,
+    peak_learning_rate,
+    uses_lars,
+    warmup_epochs_for,
+)
 
 SYNTHETIC_STEPS_PER_EPOCH = 100
-# Test hook: when set, every rank writes rank-<r>.sha256 of its final weights into this directory.
+# Test hook: when set, every rank writes rank-<r>.sha256 of every variable of its checkpoint
+# (weights, optimizer slots, loss scale state, counters) at the end into this directory.
 WEIGHTS_DIGEST_ENV = "TRAINER_WEIGHTS_DIGEST_DIR"
 HEADER = f"{'Step':>8} {'Epoch':>6} {'Speed':>9} {'Loss':>7} {'FinLoss':>7} {'LR':>9}"
+# Ranks read the agreed input-failure and stop flags every this many steps (and at log steps and
+# epoch ends): a device sync every step would stall the GPU, and this bounds a stop to seconds.
+STOP_CHECK_STEPS = 20
+# Exit status of every rank after a SIGTERM that was turned into a checkpoint (sysexits.h
+# EX_TEMPFAIL: try again, and the rerun resumes); rank 0 also writes INTERRUPTED_FILE.
+EXIT_INTERRUPTED = 75
+INTERRUPTED_FILE = "interrupted.json"
+# Layout of the vector every step allreduces (summed): the losses for the log, and the flags.
+CROSS_ENTROPY, TOTAL_LOSS, BAD_INPUT, STOP = range(4)
 
 
 class RunError(Exception):
     """A failure every rank has agreed on; main() prints it as one `error: ...` line."""
+
+
+class Interrupted(Exception):
+    """A SIGTERM that every rank has agreed on, after the checkpoint of its step was saved."""
+
+
+class StopRequest:
+    """Set by SIGTERM (a shutdown, a Spot interruption, cdk destroy); read between steps."""
+
+    def __init__(self):
+        self.requested = False
+        self.signal_name = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
 
 
 def log(message: str) -> None:
@@ -79,31 +120,38 @@ def setup_devices() -> bool:
 
 def resolve_input(config: TrainConfig, global_batch: int):
     """This rank's shards, the class count and label base, and steps per epoch; agreed by all."""
-    info, train_files, val_files, local_error = None, [], [], None
+    info, train_shard, val_shard, local_error = None, None, None, None
     try:
         info = data.resolve_dataset(config.data_dir, config.num_classes, config.label_base)
-        # Horovod: each rank reads its own whole files, so no record is seen twice per epoch.
-        train_files = data.shard_for_rank(info.train_files, hvd.rank(), hvd.size(), "train")
-        val_files = data.shard_for_rank(info.validation_files, hvd.rank(), hvd.size(), "validation")
+        # Horovod: every record goes to one rank, whole files where there are enough of them.
+        train_shard = data.shard_for_rank(info.train_files, hvd.rank(), hvd.size())
+        val_shard = data.shard_for_rank(info.validation_files, hvd.rank(), hvd.size())
     except data.DataError as exc:
         local_error = str(exc)
     agree(local_error)
     if config.eval_only:  # no training: the schedule, hence steps per epoch, is irrelevant
-        return info, train_files, val_files, 1
-    count = info.train_records is None and not config.steps_per_epoch
+        return info, train_shard, val_shard, 1
+    split = train_shard.ways > 1
+    # The same on every rank (the allreduce below needs them all); `split` may differ by rank.
+    need_total = info.train_records is None and not config.steps_per_epoch
     local_count = 0
     try:
         # A rank whose own shards are empty would wait forever for its first batch while the
         # others wait for it in the step's allreduce, even when the whole split has records.
-        first = train_files[0]
-        data.require_records(train_files, f"rank {hvd.rank()}'s train shards, from {first},")
-        if count:
-            local_count = data.count_records(train_files)
+        what = f"rank {hvd.rank()}'s train shards, from {train_shard.files[0]},"
+        data.require_records(train_shard.files, what)
+        if split or need_total:
+            local_count = data.count_shard_records(train_shard)
+        if split and local_count == 0:
+            raise data.DataError(
+                f"rank {hvd.rank()}'s share of {train_shard.files[0]} (every "
+                f"{train_shard.ways}th record) holds no records: use fewer ranks or more shards"
+            )
     except data.DataError as exc:
         local_error = str(exc)
     agree(local_error)
     train_records = info.train_records
-    if count:
+    if need_total:
         train_records = int(hvd.allreduce(tf.constant(local_count), op=hvd.Sum, name="records"))
     steps = config.steps_per_epoch or train_records // global_batch
     if steps == 0:
@@ -111,7 +159,18 @@ def resolve_input(config: TrainConfig, global_batch: int):
             f"{train_records} train records in {config.data_dir} are fewer than one global batch "
             f"of {global_batch} ({hvd.size()} ranks x --batch-size {config.batch_size})"
         )
-    return info, train_files, val_files, steps
+    return info, train_shard, val_shard, steps
+
+
+def checkpoint_variables(checkpoint: tf.train.Checkpoint) -> list[tf.Variable]:
+    """Every variable the checkpoint saves, in its object graph's order (the same on every rank):
+    the model, the optimizer's slots and iterations, the loss scale and its good-step counter
+    (LossScaleOptimizer.variables leaves those two out), and the progress counters."""
+    return [
+        node
+        for node in tf.train.TrackableView(checkpoint).descendants()
+        if isinstance(node, tf.Variable)
+    ]
 
 
 class Trainer:
@@ -123,7 +182,8 @@ class Trainer:
         self.global_batch = config.batch_size * hvd.size()
         mixed = config.precision == "fp16" or (config.precision == "auto" and gpu)
         self.xla = config.xla == "on" or (config.xla == "auto" and gpu)
-        self.lars = self.global_batch > LARS_ABOVE_GLOBAL_BATCH
+        self.lars = uses_lars(self.global_batch)
+        self.warmup_epochs = warmup_epochs_for(self.global_batch, config.warmup_epochs)
         self.mixed = mixed
         if mixed:
             tf.keras.mixed_precision.set_global_policy("mixed_float16")
@@ -131,14 +191,30 @@ class Trainer:
         # Horovod: scale the learning rate with the global batch (linear scaling rule).
         self.peak_lr = peak_learning_rate(config.base_lr, self.global_batch)
         total_steps = config.epochs * steps_per_epoch
-        warmup_steps = min(round(config.warmup_epochs * steps_per_epoch), total_steps)
+        warmup_steps = min(round(self.warmup_epochs * steps_per_epoch), total_steps)
         self.schedule = WarmupCosine(self.peak_lr, warmup_steps, total_steps)
         self.optimizer = make_optimizer(self.schedule, config.momentum, mixed, self.lars)
         self.optimizer.build(self.model.trainable_variables)
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
-        self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, epoch=self.epoch
+        # A checkpoint taken mid-epoch (SIGTERM) records how far into the epoch it was, and the
+        # epoch length then, so a rerun with other ranks or batch resumes at the same fraction.
+        self.epoch_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch_step")
+        self.saved_steps_per_epoch = tf.Variable(
+            steps_per_epoch, dtype=tf.int64, trainable=False, name="steps_per_epoch"
         )
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            epoch=self.epoch,
+            epoch_step=self.epoch_step,
+            steps_per_epoch=self.saved_steps_per_epoch,
+        )
+        # Listed once, before any save or restore: rank 0's CheckpointManager later adds a
+        # save_counter the other ranks never get, and every rank must broadcast the same list.
+        self.state = checkpoint_variables(self.checkpoint)
+        # Summed over steps between two reads: [cross entropy, total loss, bad input, stop].
+        self.step_sums = tf.Variable(tf.zeros([4]), trainable=False, name="step_sums")
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.decayed = decayed_variables(self.model)
         self.lars_ids = {id(v) for v in self.decayed}
         self.forward = tf.function(self._forward, jit_compile=self.xla)
@@ -155,23 +231,26 @@ class Trainer:
         l2 = tf.add_n([tf.reduce_sum(tf.square(v)) for v in self.decayed])
         return cross_entropy, cross_entropy + 0.5 * self.config.weight_decay * l2
 
-    def _train_step(self, images, labels, input_ok):
+    def _train_step(self, images, labels, flags):
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             cross_entropy, total = self.forward(images, labels)
             loss = self.optimizer.get_scaled_loss(total) if self.mixed else total
-        # Horovod: average gradients over ranks, sent as float16 to halve the allreduce traffic.
-        tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16)
+        tape = distributed_tape(tape)
         grads = tape.gradient(loss, variables)
         if self.mixed:
             grads = self.optimizer.get_unscaled_gradients(grads)
+            scale_before = self.optimizer.loss_scale
         if self.lars:
             grads = lars_scale(grads, variables, self.lars_ids)
         self.optimizer.apply_gradients(zip(grads, variables, strict=True))
-        # Horovod: average the losses for the log; count the ranks whose input batch was good.
-        losses = hvd.allreduce(tf.stack([cross_entropy, total]), op=hvd.Average, name="losses")
-        ranks_ok = hvd.allreduce(input_ok, op=hvd.Sum, name="input_ok")
-        return losses[0], losses[1], ranks_ok
+        if self.mixed:  # a step with non-finite gradients is skipped and halves the loss scale
+            skipped = self.optimizer.loss_scale < scale_before
+            self.skipped_steps.assign_add(tf.cast(skipped, tf.int64))
+        # Horovod: one small allreduce carries the losses for the log and every rank's input
+        # failure and stop flags; the host reads the sums only at check steps.
+        local = tf.concat([tf.stack([cross_entropy, total]), tf.cast(flags, tf.float32)], 0)
+        self.step_sums.assign_add(hvd.allreduce(local, op=hvd.Sum, name="step_sums"))
 
     def _eval_step(self, images, labels):
         logits = self.model(images, training=False)
@@ -182,12 +261,16 @@ class Trainer:
     def learning_rate(self) -> float:
         return float(self.schedule(self.optimizer.iterations))
 
+    def read_step_sums(self) -> np.ndarray:
+        """The sums since the last read (a device sync: only at check steps), then reset."""
+        sums = self.step_sums.numpy()
+        self.step_sums.assign(tf.zeros([4]))
+        return sums
+
     def broadcast_state(self) -> None:
-        # Horovod: every rank starts from rank 0's weights, optimizer slots and epoch (fresh or
-        # restored); the optimizer is built up front, so this can happen before the first step.
-        hvd.broadcast_variables(self.model.variables, root_rank=0)
-        hvd.broadcast_variables(self.optimizer.variables, root_rank=0)
-        hvd.broadcast_variables([self.epoch], root_rank=0)
+        # Horovod: every rank starts from rank 0's variables, fresh or restored: all of the
+        # checkpoint's, so that fp16 ranks also share rank 0's loss scale and good-step count.
+        hvd.broadcast_variables(self.state, root_rank=0)
 
     def average_batchnorm_statistics(self) -> None:
         """Moving means/variances drift apart per rank (each sees its own data): average them."""
@@ -198,9 +281,18 @@ class Trainer:
 
     def weights_digest(self) -> str:
         digest = hashlib.sha256()
-        for weight in self.model.weights:
-            digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+        for variable in self.state:
+            digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
         return digest.hexdigest()
+
+
+def distributed_tape(tape: tf.GradientTape) -> hvd.DistributedGradientTape:
+    """Horovod: average gradients over ranks, sent as float16 to halve the traffic. Each rank's
+    gradient is divided by the rank count before the sum (prescale 1/size), not after it: the
+    sum of 512 loss-scaled float16 gradients would overflow where their average does not."""
+    return hvd.DistributedGradientTape(
+        tape, compression=hvd.Compression.fp16, gradient_predivide_factor=float(hvd.size())
+    )
 
 
 def restore_newest(trainer: Trainer, manager: tf.train.CheckpointManager | None) -> str | None:
@@ -218,7 +310,14 @@ def restore_newest(trainer: Trainer, manager: tf.train.CheckpointManager | None)
     return hvd.broadcast_object(path, root_rank=0, name="restored_path")
 
 
-def evaluate(trainer: Trainer, batches, files: list[str]) -> dict:
+def resume_step(epoch_step: int, saved_steps_per_epoch: int, steps_per_epoch: int) -> int:
+    """Steps already done in the epoch a checkpoint was taken in, in this run's step length."""
+    if saved_steps_per_epoch == steps_per_epoch or saved_steps_per_epoch <= 0:
+        return min(epoch_step, steps_per_epoch)
+    return min(round(epoch_step * steps_per_epoch / saved_steps_per_epoch), steps_per_epoch)
+
+
+def evaluate(trainer: Trainer, batches, shard: data.RankShard | None) -> dict:
     """Top-1/top-5 over this rank's batches, summed over all ranks."""
     counts = np.zeros(3, np.int64)
     local_error = None
@@ -227,9 +326,10 @@ def evaluate(trainer: Trainer, batches, files: list[str]) -> dict:
             top1, top5 = trainer.eval_step(images, labels)
             counts += (int(top1), int(top5), int(labels.shape[0]))
     except tf.errors.OpError as exc:
+        files = shard.files if shard else []
         local_error = data.describe_input_error(exc, files, trainer.config.image_size)
     agree(local_error)
-    # Horovod: sum the counts from every rank's shards.
+    # Horovod: sum the counts from every rank's share of the validation records.
     top1, top5, images = hvd.allreduce(tf.constant(counts), op=hvd.Sum, name="eval").numpy()
     return {
         "top1": float(top1 / max(images, 1)),
@@ -243,16 +343,67 @@ def write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
-def run(config: TrainConfig) -> None:
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS for the ETA."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class Timings:
+    """Where this invocation's wall time went, for train.json and the epoch lines."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.train_start = None  # set when the first step is about to run
+        self.images = 0  # images trained by this invocation
+        self.timed_images, self.timed_seconds = 0, 0.0  # steady state: the first interval left out
+        self.all_images, self.all_seconds = 0, 0.0
+        self.first_interval = True
+        self.evaluation_s = 0.0
+        self.checkpoint_s = 0.0
+        self.epochs_done = 0
+        self.epochs_s = 0.0
+
+    def interval(self, images: int, seconds: float) -> None:
+        """The first interval includes graph tracing and compilation: the steady rate leaves it
+        out, unless the run is too short to have another (then all_* is the best there is)."""
+        self.all_images += images
+        self.all_seconds += seconds
+        if not self.first_interval:
+            self.timed_images += images
+            self.timed_seconds += seconds
+        self.first_interval = False
+
+    def steady_images_per_s(self) -> float | None:
+        if self.timed_seconds:
+            return round(self.timed_images / self.timed_seconds, 1)
+        return round(self.all_images / self.all_seconds, 1) if self.all_seconds else None
+
+    def summary(self, now: float) -> dict:
+        duration = now - self.started
+        return {
+            "images_per_s": self.steady_images_per_s(),
+            # Everything included: start-up, compilation, evaluation, checkpoints.
+            "end_to_end_images_per_s": round(self.images / duration, 1) if duration else None,
+            "duration_s": round(duration, 3),
+            "startup_s": round((self.train_start or now) - self.started, 3),
+            "evaluation_s": round(self.evaluation_s, 3),
+            "checkpoint_s": round(self.checkpoint_s, 3),
+        }
+
+
+def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     started = time.perf_counter()
+    timings = Timings(started)
     gpu = setup_devices()
     global_batch = config.batch_size * hvd.size()
     if config.synthetic:
         num_classes = config.num_classes or data.DEFAULT_NUM_CLASSES
         steps_per_epoch = config.steps_per_epoch or SYNTHETIC_STEPS_PER_EPOCH
-        train_files = val_files = []
+        train_shard = val_shard = None
     else:
-        info, train_files, val_files, steps_per_epoch = resolve_input(config, global_batch)
+        info, train_shard, val_shard, steps_per_epoch = resolve_input(config, global_batch)
         num_classes = info.num_classes
     trainer = Trainer(config, num_classes, steps_per_epoch, gpu)
     model_dir = config.model_dir
@@ -260,6 +411,8 @@ def run(config: TrainConfig) -> None:
     if hvd.rank() == 0:
         try:
             (model_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            # A marker left by an earlier interrupted attempt must not describe this one.
+            (model_dir / INTERRUPTED_FILE).unlink(missing_ok=True)
         except OSError as exc:
             local_error = f"cannot create --model-dir {model_dir}: {exc.strerror}"
     agree(local_error)
@@ -271,16 +424,27 @@ def run(config: TrainConfig) -> None:
     log(
         f"{config.arch}: {num_classes} classes, {hvd.size()} ranks x {config.batch_size} = "
         f"global batch {global_batch}, {steps_per_epoch} steps/epoch, peak LR {trainer.peak_lr:g}"
-        f"{' (LARS)' if trainer.lars else ''}, {'mixed float16' if trainer.mixed else 'float32'}"
-        f", XLA {'on' if trainer.xla else 'off'}"
+        f"{' (LARS)' if trainer.lars else ''}, {trainer.warmup_epochs:g} warmup epochs, "
+        f"{'mixed float16' if trainer.mixed else 'float32'}, XLA {'on' if trainer.xla else 'off'}"
     )
     restored = restore_newest(trainer, manager)
     start_epoch = int(trainer.epoch.numpy())
+    skip_steps = 0
     if restored:
-        log(f"Resuming from {restored}: {start_epoch} epochs done")
+        skip_steps = resume_step(
+            int(trainer.epoch_step.numpy()),
+            int(trainer.saved_steps_per_epoch.numpy()),
+            steps_per_epoch,
+        )
+        log(
+            f"Resuming from {restored}: {start_epoch} epochs done"
+            + (f", {skip_steps} steps into epoch {start_epoch + 1}" if skip_steps else "")
+        )
         # The LR schedule follows the step count: realign it in case the ranks or batch changed.
-        trainer.optimizer.iterations.assign(start_epoch * steps_per_epoch)
+        trainer.optimizer.iterations.assign(start_epoch * steps_per_epoch + skip_steps)
+    trainer.saved_steps_per_epoch.assign(steps_per_epoch)
 
+    device = "/gpu:0" if gpu else None  # the one GPU this rank sees
     if config.synthetic:
         batch = data.synthetic_batch(config.batch_size, config.image_size, num_classes)
 
@@ -291,35 +455,43 @@ def run(config: TrainConfig) -> None:
             while True:
                 yield batch
     else:
-        input_threads = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
+        input_threads = max(1, node_cpus // hvd.local_size())
 
         def eval_batches():
             return data.eval_dataset(
-                val_files,
+                val_shard.files,
                 batch_size=config.batch_size,
                 image_size=config.image_size,
                 num_classes=num_classes,
                 label_base=info.label_base,
                 threads=input_threads,
+                ways=val_shard.ways,
+                index=val_shard.index,
+                device=device,
             )
 
         def train_batches():
             return iter(
                 data.train_dataset(
-                    train_files,
+                    train_shard.files,
                     batch_size=config.batch_size,
                     image_size=config.image_size,
                     num_classes=num_classes,
                     label_base=info.label_base,
                     shuffle_buffer=config.shuffle_buffer,
                     min_crop_area=config.min_crop_area,
-                    seed=hvd.rank() * 7919 + start_epoch,
+                    seed=hvd.rank() * 7919 + start_epoch * 104729 + skip_steps,
                     threads=input_threads,
+                    ways=train_shard.ways,
+                    index=train_shard.index,
+                    device=device,
                 )
             )
 
     def evaluate_and_record() -> dict:
-        result = evaluate(trainer, eval_batches(), val_files)
+        began = time.perf_counter()
+        result = evaluate(trainer, eval_batches(), val_shard)
+        timings.evaluation_s += time.perf_counter() - began
         log(
             f"Eval epoch {result['epoch']}: top1 {result['top1']:.4f} top5 {result['top5']:.4f} "
             f"on {result['images']} images"
@@ -338,49 +510,69 @@ def run(config: TrainConfig) -> None:
         log(f"Finished in {time.perf_counter() - started:.1f}")
         return
 
+    last_saved = time.perf_counter()
+
+    def save_checkpoint(epoch_step: int) -> None:
+        """Rank 0 writes; the others go on to the next step and wait there only for its end.
+        Synchronous: TF 2.15's async checkpointing skips mixed precision's AutoCastVariables."""
+        nonlocal last_saved
+        began = time.perf_counter()
+        trainer.epoch_step.assign(epoch_step)
+        if hvd.rank() == 0:
+            step_number = int(trainer.optimizer.iterations.numpy())
+            print(f"Saved checkpoint {manager.save(checkpoint_number=step_number)}", flush=True)
+        last_saved = time.perf_counter()
+        timings.checkpoint_s += last_saved - began
+
     batches = train_batches()
     images_shape = [config.batch_size, config.image_size, config.image_size, 3]
     placeholder = (tf.zeros(images_shape, tf.uint8), tf.zeros([config.batch_size], tf.int32))
-    # The first interval includes graph tracing and compilation: the speed leaves it out, unless
-    # the run is too short to have another (then all_* is the best there is).
-    timed_images, timed_seconds, all_images, all_seconds = 0, 0.0, 0, 0.0
-    first_interval = True
     step = int(trainer.optimizer.iterations.numpy())
     evaluated_epoch = -1
+    local_error = None
+    steps_since_read = 0
     log(HEADER)
+    timings.train_start = time.perf_counter()
     for epoch in range(start_epoch + 1, config.epochs + 1):
         log(f"Epoch {epoch}/{config.epochs}")
+        epoch_began = time.perf_counter()
         interval_start, interval_steps = time.perf_counter(), 0
-        for step_in_epoch in range(steps_per_epoch):
-            local_error = None
-            try:
-                images, labels = next(batches)
-            except tf.errors.OpError as exc:
-                local_error = data.describe_input_error(exc, train_files, config.image_size)
-                # Keep this rank in the step's collectives; all ranks stop right after it.
+        first_step = skip_steps if epoch == start_epoch + 1 else 0
+        for step_in_epoch in range(first_step, steps_per_epoch):
+            if local_error is None:
+                try:
+                    images, labels = next(batches)
+                except tf.errors.OpError as exc:
+                    local_error = data.describe_input_error(
+                        exc, train_shard.files if train_shard else [], config.image_size
+                    )
+            if local_error is not None:
+                # Keep this rank in the step's collectives until the ranks next read the flags.
                 images, labels = placeholder
-            loss, total, ranks_ok = trainer.train_step(
-                images, labels, tf.constant(0 if local_error else 1, tf.int32)
-            )
-            if int(ranks_ok) < hvd.size():
-                agree(local_error or None)
+            flags = [float(local_error is not None), float(stop.requested)]
+            trainer.train_step(images, labels, tf.constant(flags))
             interval_steps += 1
+            steps_since_read += 1
             step += 1
-            if step % config.log_every == 0 or step_in_epoch == steps_per_epoch - 1:
+            timings.images += global_batch
+            last_in_epoch = step_in_epoch == steps_per_epoch - 1
+            log_step = step % config.log_every == 0 or last_in_epoch
+            if not (log_step or step % STOP_CHECK_STEPS == 0):
+                continue
+            sums = trainer.read_step_sums()  # the same values on every rank: they agree here
+            summed_steps, steps_since_read = steps_since_read, 0
+            if sums[BAD_INPUT]:
+                agree(local_error)
+            if log_step:
                 now = time.perf_counter()
                 speed = global_batch * interval_steps / (now - interval_start)
-                all_images += global_batch * interval_steps
-                all_seconds += now - interval_start
-                if not first_interval:
-                    timed_images += global_batch * interval_steps
-                    timed_seconds += now - interval_start
-                first_interval = False
+                timings.interval(global_batch * interval_steps, now - interval_start)
                 progress = epoch - 1 + (step_in_epoch + 1) / steps_per_epoch
                 lr = trainer.learning_rate()
-                log(
-                    f"{step:8d} {progress:6.2f} {speed:9.1f} {float(loss):7.3f} "
-                    f"{float(total):7.3f} {lr:9.5f}"
-                )
+                # Mean over the ranks and over the steps since the previous read.
+                loss = sums[CROSS_ENTROPY] / hvd.size() / summed_steps
+                total = sums[TOTAL_LOSS] / hvd.size() / summed_steps
+                log(f"{step:8d} {progress:6.2f} {speed:9.1f} {loss:7.3f} {total:7.3f} {lr:9.5f}")
                 if hvd.rank() == 0:
                     with writer.as_default(step=step):
                         tf.summary.scalar("train/loss", loss)
@@ -388,37 +580,84 @@ def run(config: TrainConfig) -> None:
                         tf.summary.scalar("train/learning_rate", lr)
                         tf.summary.scalar("train/images_per_s", speed)
                 interval_start, interval_steps = time.perf_counter(), 0
+            if sums[STOP]:
+                trainer.average_batchnorm_statistics()
+                if last_in_epoch:
+                    trainer.epoch.assign(epoch)
+                save_checkpoint(0 if last_in_epoch else step_in_epoch + 1)
+                message = (
+                    f"{stop.signal_name or 'a signal on another rank'}: stopped at step {step} "
+                    f"(epoch {epoch}, step {step_in_epoch + 1} of {steps_per_epoch})"
+                )
+                write_interrupted(config, message)
+                # A barrier: horovodrun ends the other ranks 5 s after the first one exits, so
+                # none may leave before rank 0's checkpoint and marker are on disk.
+                agree(None)
+                raise Interrupted(message)
         trainer.average_batchnorm_statistics()
         trainer.epoch.assign(epoch)
-        if hvd.rank() == 0:
-            saved = manager.save(checkpoint_number=epoch)
-            print(f"Saved checkpoint {saved}", flush=True)
-        if epoch % config.eval_every == 0 or epoch == config.epochs:
+        last_epoch = epoch == config.epochs
+        if last_epoch or time.perf_counter() - last_saved >= config.checkpoint_every_s:
+            save_checkpoint(0)
+        if epoch % config.eval_every == 0 or last_epoch:
             evaluate_and_record()
             evaluated_epoch = epoch
+        epoch_s = time.perf_counter() - epoch_began
+        timings.epochs_done += 1
+        timings.epochs_s += epoch_s
+        log(epoch_line(trainer, timings, epoch, config.epochs, epoch_s, global_batch))
     if evaluated_epoch != config.epochs:
         evaluate_and_record()
 
-    duration = time.perf_counter() - started
+    now = time.perf_counter()
     if hvd.rank() == 0:
-        if timed_seconds:
-            images_per_s = round(timed_images / timed_seconds, 1)
-        else:
-            images_per_s = round(all_images / all_seconds, 1) if all_seconds else None
         write_json(
             model_dir / "train.json",
-            {
-                "epochs": config.epochs,
-                "images_per_s": images_per_s,
-                "duration_s": round(duration, 3),
-                "global_batch": global_batch,
-            },
+            {"epochs": config.epochs, "global_batch": global_batch, **timings.summary(now)},
         )
         writer.flush()
+    write_digest(trainer)
+    log(f"Finished in {now - started:.1f}")
+
+
+def epoch_line(
+    trainer: Trainer, timings: Timings, epoch: int, epochs: int, epoch_s: float, global_batch: int
+) -> str:
+    """What a fleet user reads per epoch: its wall time (evaluation and checkpoint included),
+    the rate per GPU beside the global one, the ETA, and fp16's loss scale and skipped steps."""
+    steady = timings.steady_images_per_s() or 0.0
+    eta = (epochs - epoch) * timings.epochs_s / timings.epochs_done
+    line = (
+        f"Epoch {epoch}/{epochs} done in {epoch_s:.1f} s: {steady:.1f} img/s "
+        f"({steady / hvd.size():.1f} per GPU), {global_batch} images/step, ETA {clock(eta)}"
+    )
+    if trainer.mixed:
+        line += (
+            f", loss scale {float(trainer.optimizer.loss_scale):g}, "
+            f"{int(trainer.skipped_steps.numpy())} skipped steps"
+        )
+    return line
+
+
+def write_digest(trainer: Trainer) -> None:
     digest_dir = os.environ.get(WEIGHTS_DIGEST_ENV)
     if digest_dir:
         Path(digest_dir, f"rank-{hvd.rank()}.sha256").write_text(trainer.weights_digest() + "\n")
-    log(f"Finished in {duration:.1f}")
+
+
+def write_interrupted(config: TrainConfig, message: str) -> None:
+    """Rank 0's marker for the node (docs/contracts.md): the checkpoint is on disk."""
+    if hvd.rank() == 0:
+        latest = tf.train.latest_checkpoint(str(config.model_dir / "checkpoints"))
+        write_json(
+            config.model_dir / INTERRUPTED_FILE,
+            {"reason": message, "checkpoint": latest, "step": _checkpoint_step(latest)},
+        )
+
+
+def _checkpoint_step(path: str | None) -> int | None:
+    """ckpt-<global step>, the number the checkpoints are saved under."""
+    return int(path.rsplit("-", 1)[1]) if path else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,12 +665,23 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(argv)  # the same argv on every rank: no agreement needed
     except ConfigError as exc:
         fail(str(exc))
+    stop = StopRequest()
+    stop.install()
+    # The node's CPUs, counted before this rank is bound to its GPU's socket: the input threads
+    # are a share of the node, not of the socket.
+    node_cpus = len(os.sched_getaffinity(0))
+    bound = affinity.bind_to_gpu_socket()  # before Horovod and TensorFlow start their threads
     # Horovod: initialise before anything asks for rank, size or local rank.
     hvd.init()
+    if bound:
+        log(bound)
     try:
-        run(config)
+        run(config, stop, node_cpus)
     except RunError as exc:
         fail(str(exc))
+    except Interrupted as exc:
+        log(f"interrupted: {exc}; checkpoint saved, a rerun resumes from this step")
+        return EXIT_INTERRUPTED
     return 0
 
 

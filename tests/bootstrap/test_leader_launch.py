@@ -6,10 +6,12 @@
 import json
 from pathlib import Path
 
+import pytest
 from bootstrap_helpers import train_doc
 
 from bootstrap import launch
 from bootstrap.node_config import parse
+from stacks.instance_types import GPU_TYPES, GpuType
 
 
 def test_gpu_fleet_uses_mpi_with_efa_nccl_and_horovod_settings():
@@ -20,10 +22,45 @@ def test_gpu_fleet_uses_mpi_with_efa_nccl_and_horovod_settings():
     assert cmd[cmd.index("--ssh-identity-file") + 1] == "/k"
     assert cmd[-3:] == ["python3", "-m", "x"]
     env = launch.launcher_env(cfg, {"PATH": "/bin"})
-    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert env["FI_PROVIDER"] == "efa"
     assert int(env["HOROVOD_FUSION_THRESHOLD"]) == 64 * 1024 * 1024
     assert env["NCCL_DEBUG"] == "INFO"  # what the transport check reads
+    assert env["TF_GPU_THREAD_MODE"] == "gpu_private"
+
+
+def node_doc_for(gpu: GpuType) -> dict:
+    """The keys stacks/train.py writes for a node of this type (tests/stacks checks it does)."""
+    return train_doc(
+        instance_type=gpu.name,
+        gpus_per_node=gpu.gpus,
+        efa=gpu.efa,
+        efa_rdma_read=gpu.efa_rdma_read,
+        allreduce_floor_gbps=gpu.allreduce_floor_gbps,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(GPU_TYPES))
+def test_launch_environment_per_instance_type_comes_from_the_one_table(name):
+    gpu = GPU_TYPES[name]
+    env = launch.launcher_env(parse(node_doc_for(gpu)), {"PATH": "/bin"}, lambda _: False)
+    # Flat NCCL allreduce for every type: no MPI_Allreduce over TCP between nodes.
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env
+    # No GPUDirect setting anywhere: the plugin detects it where the hardware has it.
+    assert not [key for key in env if key.startswith("NCCL_NET_GDR")]
+    assert env.get("FI_PROVIDER") == ("efa" if gpu.efa else None)
+    assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if gpu.efa_rdma_read else None)
+    floor = env.get(launch.ALLREDUCE_FLOOR_ENV)
+    assert floor == (f"{gpu.allreduce_floor_gbps:g}" if gpu.allreduce_floor_gbps else None)
+    assert env[launch.INSTANCE_TYPE_ENV] == name
+
+
+def test_p3dn_gets_no_rdma_and_no_hierarchical_allreduce_and_a_bandwidth_floor():
+    """p3dn's first-generation EFA has no RDMA read: FI_EFA_USE_DEVICE_RDMA=1 aborts libfabric."""
+    env = launch.launcher_env(parse(node_doc_for(GPU_TYPES["p3dn.24xlarge"])), {})
+    assert "FI_EFA_USE_DEVICE_RDMA" not in env and "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env
+    assert env["FI_PROVIDER"] == "efa" and float(env[launch.ALLREDUCE_FLOOR_ENV]) == 3
+    p4d = launch.launcher_env(parse(node_doc_for(GPU_TYPES["p4d.24xlarge"])), {})
+    assert p4d["FI_EFA_USE_DEVICE_RDMA"] == "1"
 
 
 def test_efa_nodes_find_the_aws_ofi_nccl_plugin_where_this_ami_has_it():
@@ -62,20 +99,30 @@ def test_trainer_command_follows_the_contract():
 
 
 def test_done_document_on_success_and_failure(tmp_path):
-    cfg = parse(train_doc())
+    cfg = parse(train_doc(log_dir=str(tmp_path / "logs")))
     (tmp_path / "eval.json").write_text(json.dumps({"top1": 0.76, "top5": 0.93, "epoch": 2}))
-    (tmp_path / "train.json").write_text(
-        json.dumps({"epochs": 2, "images_per_s": 9000.0, "duration_s": 3600.0})
+    training = {"epochs": 2, "images_per_s": 9000.0, "duration_s": 3600.0}
+    training["end_to_end_images_per_s"] = 8600.0
+    (tmp_path / "train.json").write_text(json.dumps(training))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "allreduce-check.log").write_text(
+        "NCCL INFO ...\n[1,0]<stdout>:allreduce check: 16 ranks on 2 nodes, 256 MiB x 10: "
+        "bus bandwidth 8.40 GB/s\n"
     )
     ok = launch.done_document(cfg, "succeeded", None, tmp_path, 1_800_000_000, 1_799_990_000)
     assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
-                      "images_per_s", "finished_at"}  # fmt: skip
+                      "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
+                      "finished_at"}  # fmt: skip
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
         0.93,
         9000.0,
         3600.0,
     )
+    assert (ok["end_to_end_images_per_s"], ok["allreduce_busbw_gbps"]) == (8600.0, 8.4)
+    no_check = launch.done_document(parse(train_doc(log_dir=str(tmp_path / "none"))), "failed",
+                                    "x", tmp_path, 1_800_000_000, None)  # fmt: skip
+    assert no_check["allreduce_busbw_gbps"] is None and no_check["end_to_end_images_per_s"] is None
     failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, 1_800_000_000, None)
     assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None

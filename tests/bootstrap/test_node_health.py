@@ -6,7 +6,7 @@
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap import health
+from bootstrap import allreduce_check, health
 from bootstrap.node_config import parse
 
 OFI_LOG = """\
@@ -34,11 +34,78 @@ def test_parser_tells_efa_from_socket_fallback():
 
 def test_fallback_to_tcp_fails_loudly_when_efa_is_expected():
     assert health.check_transport(OFI_LOG, efa_expected=True) == "ofi"
-    with pytest.raises(health.HealthError, match="EFA expected but NCCL used transport 'socket'"):
+    with pytest.raises(health.HealthError, match="EFA expected but NCCL used transport 'socket' "):
         health.check_transport(SOCKET_LOG, efa_expected=True)
     with pytest.raises(health.HealthError, match="'unknown'"):
         health.check_transport("no NCCL output at all", efa_expected=True)
     assert health.check_transport(SOCKET_LOG, efa_expected=False) == "socket"
+
+
+# Excerpts in the formats of public NCCL logs: the collective's connections over aws-ofi-nccl
+# (https://github.com/aws/aws-ofi-nccl/issues/64, NCCL 2.7, "NET/AWS Libfabric"; the same with
+# NCCL 2.18+'s "Channel 00/0" and the plugin's newer name "NET/Libfabric"), and over TCP sockets
+# (https://github.com/NVIDIA/nccl/issues/952) after aws-ofi-nccl failed to initialise
+# (https://github.com/aws/aws-ofi-nccl/issues/889). The check's own summary line comes last.
+CHECK_SUMMARY = (
+    "[1,0]<stdout>:allreduce check: 16 ranks on 2 nodes, 256 MiB x 10: bus bandwidth 8.40 GB/s\n"
+)
+OFI_COLLECTIVE_NCCL_2_7 = """\
+ip-172-31-13-103:9738:9797 [0] NCCL INFO Channel 01 : 9[101d0] -> 0[101c0] [receive] via NET/AWS Libfabric/0
+ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01 : 9[101d0] -> 0[101c0] [send] via NET/AWS Libfabric/0
+ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01 : 9[101d0] -> 8[101c0] via P2P/IPC/read
+"""
+OFI_COLLECTIVE = """\
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO NET/OFI Selected Provider is efa (found 1 nics)
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Using network Libfabric
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Channel 00/0 : 15[7] -> 0[0] [receive] via NET/Libfabric/0
+[1,7]<stdout>:ip-10-0-0-5:194:1177 [7] NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/Libfabric/0
+[1,1]<stdout>:ip-10-0-0-5:192:1178 [1] NCCL INFO Channel 00 : 1[1] -> 2[2] via P2P/IPC
+"""
+SOCKET_COLLECTIVE = """\
+[1,0]<stdout>:ip-10-0-0-5:86:2554 [0] nccl_net_ofi_init:155 NCCL WARN NET/OFI Initializing plugin failed
+[1,0]<stdout>:ip-10-0-0-5:86:2554 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>
+[1,0]<stdout>:ip-10-0-0-5:86:2554 [0] NCCL INFO Using network Socket
+[1,0]<stdout>:ip-10-0-0-5:919:1150 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [receive] via NET/Socket/0
+[1,0]<stdout>:ip-10-0-0-5:919:1150 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [send] via NET/Socket/0
+"""
+
+
+def test_the_collective_s_connections_decide_the_transport():
+    assert health.nccl_transport(OFI_COLLECTIVE_NCCL_2_7) == "ofi"
+    assert health.nccl_transport(OFI_COLLECTIVE) == "ofi"
+    assert health.nccl_transport(OFI_COLLECTIVE.replace("/0\n", "/0/GDRDMA\n")) == "ofi"
+    assert health.nccl_transport(SOCKET_COLLECTIVE) == "socket"
+    # The plugin loaded at init, but this collective's bytes went over TCP: that is a failure.
+    tcp_after_ofi_init = OFI_LOG + SOCKET_COLLECTIVE.split("Using network Socket\n")[1]
+    assert health.nccl_transport(tcp_after_ofi_init) == "socket"
+    with pytest.raises(health.HealthError, match="'socket' for the allreduce"):
+        health.check_transport(tcp_after_ofi_init + CHECK_SUMMARY, efa_expected=True)
+
+
+def test_check_reports_the_bandwidth_and_needs_network_connections_across_nodes():
+    result = health.check_transport(OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True)
+    assert result == "ofi, 8.40 GB/s bus bandwidth over 2 node(s), 16 ranks"
+    # Init says Libfabric, but no connection of the collective was logged: not proof enough.
+    with pytest.raises(health.HealthError, match="crossed 2 nodes but NCCL logged no network"):
+        health.check_transport(OFI_LOG + CHECK_SUMMARY, efa_expected=True)
+    one_node = CHECK_SUMMARY.replace("16 ranks on 2 nodes", "8 ranks on 1 node")
+    assert health.check_transport(OFI_LOG + one_node, efa_expected=True).startswith("ofi, 8.40")
+
+
+def test_allreduce_summary_and_floor():
+    assert allreduce_check.parse_summary("nothing here") is None
+    summary = allreduce_check.parse_summary(OFI_COLLECTIVE + CHECK_SUMMARY)
+    assert summary == {"ranks": 16, "nodes": 2, "busbw_gbps": 8.4}
+    line = allreduce_check.summary_line(16, 2, 8.4)
+    assert allreduce_check.parse_summary(line) == summary
+    # 256 MiB in 0.1 s on 16 ranks: 2.68 GB/s algorithm bandwidth, x 2 x 15/16 on the bus.
+    bus = allreduce_check.bus_bandwidth_gbps(16, 256 << 20, 0.1)
+    assert bus == pytest.approx(2.684 * 2 * 15 / 16, rel=1e-3)
+    assert allreduce_check.floor_error(8.4, 3.0, 2, "p3dn.24xlarge") is None
+    assert allreduce_check.floor_error(1.2, 0.0, 2, "g5.48xlarge") is None  # no floor
+    error = allreduce_check.floor_error(1.2, 3.0, 8, "p3dn.24xlarge")
+    assert error.startswith("allreduce bus bandwidth 1.20 GB/s over 8 node(s) is below the floor")
+    assert "3 GB/s for p3dn.24xlarge" in error
 
 
 def test_node_health_compares_gpus_and_efa():

@@ -33,7 +33,15 @@ def instances(template) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("key", "expected"), [("nodes", "3"), ("gpus_per_node", "8"), ("efa", "true")]
+    ("key", "expected"),
+    [
+        ("nodes", "3"),
+        ("gpus_per_node", "8"),
+        ("efa", "true"),
+        # p3dn's per-type network settings from stacks/instance_types.py reach the node.
+        ("efa_rdma_read", "false"),
+        ("allreduce_floor_gbps", "3.0"),
+    ],
 )
 def test_every_train_node_document_is_valid_for_bootstrap(synth, tmp_path, key, expected):
     nodes = instances(synth(nodes=3)["TrainStack"])

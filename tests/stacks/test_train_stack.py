@@ -226,6 +226,7 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
             "batch_per_gpu": 256,
             "arch": "resnet50",
             "image_size": 224,
+            "eval_every": 10,
         }
         assert document["metrics"] == {
             "namespace": "HorovodFleet",
@@ -235,13 +236,14 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
 
 
 def test_hyperparameters_reach_node_json(synth):
-    template = synth(**SMALL_G5)["TrainStack"]
+    template = synth(**SMALL_G5, evalEvery=5)["TrainStack"]
     document = node_document(next(iter(instances(template).values())))
     assert document["trainer"] == {
         "epochs": 5,
         "batch_per_gpu": 64,
         "arch": "resnet18",
         "image_size": 128,
+        "eval_every": 5,
     }
 
 

@@ -156,12 +156,32 @@ def digits_data(tmp_path) -> Path:
 
 
 @pytest.fixture
-def start_trainer():
-    """Start one trainer process in the background (stdout and stderr merged)."""
+def horovod_script(tmp_path):
+    """Run a Python snippet (with the repository importable) on `ranks` Gloo ranks."""
 
-    def start(args: list[str]) -> subprocess.Popen:
+    def run(source: str, ranks: int, timeout: float = 300) -> subprocess.CompletedProcess:
+        script = tmp_path / "snippet.py"
+        script.write_text(source)
+        command = [HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"]
+        return subprocess.run(
+            [*command, PYTHON, str(script)],
+            cwd=REPO,
+            env=trainer_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
+
+
+@pytest.fixture
+def start_trainer():
+    """Start a trainer in the background, on `ranks` Gloo ranks (stdout and stderr merged)."""
+
+    def start(args: list[str], ranks: int = 1) -> subprocess.Popen:
         return subprocess.Popen(
-            trainer_command(args),
+            trainer_command(args, ranks),
             cwd=REPO,
             env=trainer_env(),
             stdout=subprocess.PIPE,

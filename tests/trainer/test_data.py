@@ -71,6 +71,18 @@ BAD_MANIFESTS = {
         {"splits": {"validation": {"records": 2.5}}},
         "splits.validation.records must be an integer >= 1, got 2.5",
     ),
+    "map not an object": (
+        {"label_map": ["n1"]},
+        'label_map must be a non-empty JSON object, got ["n1"]',
+    ),
+    "zero-based map": (
+        {"num_classes": 2, "label_base": 1, "label_map": {"n1": 0, "n2": 1}},
+        "label_map gives n1 label 0, outside 1..2 (label_base 1, num_classes 2)",
+    ),
+    "map label not a number": (
+        {"label_map": {"n1": 1, "n2": "2"}},
+        'label_map gives n2 label "2", outside 1..2 (label_base 1, num_classes 2)',
+    ),
     "long value": (
         {"num_classes": "x" * 60},
         'num_classes must be an integer >= 2, got "' + "x" * 36 + "...",
@@ -85,6 +97,12 @@ def test_manifest_values_are_checked_where_read(tiny_data, document, problem):
     with pytest.raises(data.DataError) as caught:
         data.resolve_dataset(tiny_data, 4, 1)  # flags given: the manifest is checked all the same
     assert str(caught.value) == f"manifest {manifest}: {problem}"
+
+
+def test_manifest_label_map_that_agrees_is_accepted(tiny_data):
+    document = {"num_classes": 4, "label_base": 0, "label_map": {"a": 0, "b": 1, "c": 2, "d": 3}}
+    (tiny_data / "manifest.json").write_text(json.dumps(document))
+    assert data.read_manifest(tiny_data).num_classes == 4
 
 
 def test_manifest_may_leave_fields_out(tiny_data):
@@ -122,10 +140,52 @@ def test_defaults_without_manifest_are_imagenet(tiny_data):
 
 def test_shards_are_split_by_file_between_ranks():
     files = [f"train-{i}" for i in range(5)]
-    parts = [data.shard_for_rank(files, rank, 2, "train") for rank in range(2)]
-    assert parts == [["train-0", "train-2", "train-4"], ["train-1", "train-3"]]
-    with pytest.raises(data.DataError, match="2 train shards for 3 ranks"):
-        data.shard_for_rank(files[:2], 0, 3, "train")
+    parts = [data.shard_for_rank(files, rank, 2) for rank in range(2)]
+    assert parts == [
+        data.RankShard(["train-0", "train-2", "train-4"]),
+        data.RankShard(["train-1", "train-3"]),
+    ]
+
+
+@pytest.mark.parametrize(("files", "ranks"), [(2, 3), (1, 2), (3, 8), (128, 512)])
+def test_fewer_files_than_ranks_split_files_by_record(files, ranks):
+    names = [f"validation-{i}" for i in range(files)]
+    shards = [data.shard_for_rank(names, rank, ranks) for rank in range(ranks)]
+    # Every (file, record position) belongs to exactly one rank: each image counted once.
+    owners = {}
+    for rank, shard in enumerate(shards):
+        assert len(shard.files) == 1 and 0 <= shard.index < shard.ways
+        for record in range(shard.index, 64, shard.ways):
+            assert (shard.files[0], record) not in owners
+            owners[(shard.files[0], record)] = rank
+    assert len(owners) == files * 64
+
+
+def test_ranks_sharing_a_file_read_each_record_once(tmp_path, write_split, colour_images):
+    # 3 ranks over 2 validation shards of 5 records each: the eval sums see all 10, once.
+    paths = write_split(tmp_path, "validation", colour_images(10, 20, 20), list(range(1, 11)), 2)
+    files = [str(p) for p in paths]
+    labels = []
+    for rank in range(3):
+        shard = data.shard_for_rank(files, rank, 3)
+        dataset = data.eval_dataset(
+            shard.files, batch_size=4, image_size=16, num_classes=10, label_base=1,
+            ways=shard.ways, index=shard.index,
+        )  # fmt: skip
+        labels += [int(label) for _, batch in dataset for label in batch.numpy()]
+        assert data.count_shard_records(shard) == {0: 3, 1: 5, 2: 2}[rank]
+    assert sorted(labels) == list(range(10))
+
+
+def test_batches_can_be_prefetched_to_a_device(tiny_data):
+    info = info_for(tiny_data)
+    dataset = data.train_dataset(
+        info.train_files, batch_size=4, image_size=32, num_classes=4, label_base=1,
+        shuffle_buffer=8, device="/cpu:0",
+    )  # fmt: skip
+    images, labels = next(iter(dataset))
+    assert images.shape == (4, 32, 32, 3) and images.device.endswith("CPU:0")
+    assert labels.device.endswith("CPU:0")
 
 
 def test_missing_directory_and_missing_shards(tmp_path):

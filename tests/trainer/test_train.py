@@ -1,13 +1,14 @@
 """trainer.train: --help, bad input as one `error:` line, synthetic, eval-only, step variants."""
 
 import json
+import signal
 
 import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import train
+from trainer import optim, train
 from trainer.config import ConfigError, build_parser, parse_config
 
 
@@ -100,9 +101,15 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
     assert [int(line.split()[0]) for line in lines[header + 2 : header + 5]] == [1, 2, 3]
     assert lines[-1].startswith("Finished in ")
     train = json.loads((model_dir / "train.json").read_text())
-    assert set(train) == {"epochs", "images_per_s", "duration_s", "global_batch"}
+    assert set(train) == {
+        "epochs", "global_batch", "images_per_s", "end_to_end_images_per_s", "duration_s",
+        "startup_s", "evaluation_s", "checkpoint_s",
+    }  # fmt: skip
     assert (train["epochs"], train["global_batch"]) == (1, 4)
-    assert (model_dir / "checkpoints" / "ckpt-1.index").exists()
+    # End to end includes start-up, compilation, evaluation and the checkpoint: it is lower.
+    assert 0 < train["end_to_end_images_per_s"] < train["images_per_s"]
+    assert train["startup_s"] + train["evaluation_s"] + train["checkpoint_s"] < train["duration_s"]
+    assert (model_dir / "checkpoints" / "ckpt-3.index").exists()  # numbered by global step
     assert list((model_dir / "tensorboard").glob("events.out.tfevents.*"))
 
     result = run_trainer([*args, "--eval-only"])
@@ -119,7 +126,7 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
 def test_train_step_variants_update_weights(tmp_path, monkeypatch, precision, xla, lars):
     """The GPU settings (float16 loss scaling, XLA, LARS) run here on CPU, in one process."""
     hvd.init()
-    monkeypatch.setattr(train, "LARS_ABOVE_GLOBAL_BATCH", 1 if lars else 1 << 30)
+    monkeypatch.setattr(train, "uses_lars", lambda global_batch: lars)
     args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
     config = parse_config([*args, "--image-size", "32", "--precision", precision, "--xla", xla])
     try:
@@ -132,10 +139,85 @@ def test_train_step_variants_update_weights(tmp_path, monkeypatch, precision, xl
         kernel = trainer.model.get_layer("stem_conv").kernel
         before = kernel.numpy().copy()
         images, labels = train.data.synthetic_batch(4, 32, 10)
-        for _ in range(2):
-            loss, total, ranks_ok = trainer.train_step(images, labels, tf.constant(1))
-        assert int(ranks_ok) == 1 and np.isfinite(float(total)) and float(total) > float(loss)
+        for flags in ([0.0, 0.0], [1.0, 0.0]):
+            trainer.train_step(images, labels, tf.constant(flags))
+        sums = trainer.read_step_sums()
+        loss, total = sums[train.CROSS_ENTROPY], sums[train.TOTAL_LOSS]
+        assert np.isfinite(total) and total > loss > 0
+        assert (sums[train.BAD_INPUT], sums[train.STOP]) == (1.0, 0.0)
+        assert not trainer.read_step_sums().any()  # read and reset
         assert int(trainer.optimizer.iterations) == 2
         assert not np.allclose(kernel.numpy(), before)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def test_sigterm_mid_epoch_saves_that_step_and_a_rerun_resumes_there(
+    tiny_data, tmp_path, start_trainer, run_trainer
+):
+    model_dir = tmp_path / "m"
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "4", "--epochs", "1", "--num-classes", "4"]
+    args += ["--steps-per-epoch", "200", "--log-every", "1"]
+    process = start_trainer(args)
+    seen = []
+    try:
+        for line in process.stdout:
+            fields = line.split()
+            if len(fields) == 6 and fields[0].isdigit():
+                seen.append(int(fields[0]))
+                if seen[-1] >= 3:
+                    process.send_signal(signal.SIGTERM)
+                    break
+        output = process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+    assert process.returncode == train.EXIT_INTERRUPTED, output
+    marker = json.loads((model_dir / train.INTERRUPTED_FILE).read_text())
+    # Stopped at the next check step (every step here, with --log-every 1), mid-epoch.
+    assert seen[-1] <= marker["step"] <= seen[-1] + 2 < 200
+    assert marker["checkpoint"].endswith(f"ckpt-{marker['step']}")
+    assert "interrupted: SIGTERM: stopped at step" in output
+
+    result = run_trainer([*args, "--log-every", "1000"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    step = marker["step"]
+    assert f"0 epochs done, {step} steps into epoch 1" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert [row[0] for row in rows if len(row) == 6 and row[0].isdigit()] == ["200"]
+    assert not (model_dir / train.INTERRUPTED_FILE).exists()  # the finished run removed it
+    assert (model_dir / "checkpoints" / "ckpt-200.index").exists()
+
+
+def test_default_recipe_switches_at_a_global_batch_of_16k():
+    # 8 nodes x 8 GPUs x 256 = 16,384 gets AWS's tested 16k recipe: 10 warmup epochs, no LARS.
+    assert optim.warmup_epochs_for(16383, None) == 5 and optim.warmup_epochs_for(16384, None) == 10
+    assert not optim.uses_lars(16384) and optim.uses_lars(32768)
+    assert optim.warmup_epochs_for(16384, 2.5) == 2.5  # the flag wins
+
+
+def test_resume_step_keeps_the_fraction_of_the_epoch():
+    assert train.resume_step(20, 200, 200) == 20
+    assert train.resume_step(20, 200, 100) == 10  # twice the ranks: half the steps per epoch
+    assert train.resume_step(0, 78, 39) == 0
+
+
+def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
+    """LossScaleOptimizer.variables leaves out the loss scale and its good-step counter: after
+    a resume, fp16 ranks other than 0 used to start again at 32768 while rank 0 used its own."""
+    hvd.init()
+    args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
+    config = parse_config([*args, "--image-size", "32", "--precision", "fp16"])
+    try:
+        trainer = train.Trainer(config, num_classes=10, steps_per_epoch=2, gpu=False)
+        names = {variable.name.split(":")[0] for variable in trainer.state}
+        assert {"current_loss_scale", "good_steps", "completed_epochs", "epoch_step"} <= names
+        listed = [id(variable) for variable in trainer.state]
+        assert not {id(v) for v in trainer.model.variables} - set(listed)
+        assert not {id(v) for v in trainer.optimizer.variables} - set(listed)
+        # Rank 0's saves add a save_counter the other ranks lack: the list must not change.
+        trainer.checkpoint.save(str(tmp_path / "ckpt"))
+        assert [id(variable) for variable in trainer.state] == listed
+        assert len(train.checkpoint_variables(trainer.checkpoint)) == len(listed) + 1
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")

@@ -5,6 +5,7 @@ import re
 import signal
 import time
 
+import psutil
 import pytest
 
 # 10 classes: chance is 0.10. Working training reaches ~0.75-0.85 here in 3 epochs; labels off by
@@ -53,6 +54,7 @@ def test_killed_run_resumes_at_epoch_2_on_two_ranks(
     args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
     args += ["--image-size", "32", "--batch-size", "4", "--epochs", "3", "--num-classes", "4"]
     args += ["--steps-per-epoch", "15", "--log-every", "5", "--eval-every", "3"]
+    args += ["--checkpoint-every-s", "0"]
     process = start_trainer(args)
     try:
         wait_for_checkpoint(process, model_dir / "checkpoints", timeout=300)
@@ -62,14 +64,14 @@ def test_killed_run_resumes_at_epoch_2_on_two_ranks(
         first_log = process.communicate()[0]
     assert "Epoch 1/3" in first_log and "Epoch 3/3" not in first_log
     state = (model_dir / "checkpoints" / "checkpoint").read_text()
-    assert 'model_checkpoint_path: "ckpt-1"' in state, state
+    assert 'model_checkpoint_path: "ckpt-15"' in state, state  # named by global step
 
     result = run_trainer(args, ranks=2, timeout=600, TRAINER_WEIGHTS_DIGEST_DIR=str(digests))
     assert result.returncode == 0, result.stdout + result.stderr
     log = result.stdout
-    assert re.search(r"Resuming from \S+ckpt-1: 1 epochs done", log), log
+    assert re.search(r"Resuming from \S+ckpt-15: 1 epochs done\n", log), log
     assert "Epoch 1/3" not in log and "Epoch 2/3" in log and "Epoch 3/3" in log
-    assert (model_dir / "checkpoints" / "ckpt-3.index").exists()
+    assert (model_dir / "checkpoints" / "ckpt-45.index").exists()
     assert json.loads((model_dir / "eval.json").read_text())["epoch"] == 3
     [first, second] = rank_digests(digests)
     assert first == second, "ranks ended with different weights after resuming"
@@ -109,3 +111,89 @@ def test_empty_shards_on_one_rank_stop_every_rank(tiny_data, tmp_path, run_train
     expected = f"error: rank 1's train shards, from {empty}, hold no records (every file is empty)"
     assert all(line.endswith(expected) for line in errors), errors
     assert not model_dir.exists()
+
+
+def test_three_ranks_over_two_validation_shards_count_each_image_once(
+    tiny_data, tmp_path, run_trainer
+):
+    # tiny_data has 2 train and 2 validation shards: 3 ranks used to refuse to start.
+    model_dir, digests = tmp_path / "model", tmp_path / "digests"
+    digests.mkdir()
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "2", "--epochs", "1", "--num-classes", "4"]
+    args += ["--steps-per-epoch", "3", "--log-every", "1"]
+    result = run_trainer(args, ranks=3, timeout=600, TRAINER_WEIGHTS_DIGEST_DIR=str(digests))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 ranks x 2 = global batch 6" in result.stdout
+    assert json.loads((model_dir / "eval.json").read_text())["images"] == 8
+    assert len(set(rank_digests(digests))) == 1, "ranks ended with different weights"
+
+
+def rank_process(rank: int, command_part: str):
+    """The trainer process horovodrun started as `rank` (HOROVOD_RANK in its environment)."""
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if command_part in " ".join(process.info["cmdline"] or []) and (
+                process.environ().get("HOROVOD_RANK") == str(rank)
+            ):
+                return process
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def test_fp16_sigterm_to_one_rank_saves_its_step_and_two_ranks_resume_in_step(
+    tiny_data, tmp_path, run_trainer, start_trainer
+):
+    model_dir, digests = tmp_path / "model", tmp_path / "digests"
+    digests.mkdir()
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "2", "--epochs", "1", "--num-classes", "4"]
+    args += ["--steps-per-epoch", "300", "--log-every", "2", "--precision", "fp16"]
+    process = start_trainer(args, ranks=2)
+    try:
+        for line in process.stdout:
+            fields = line.split(":", 1)[-1].split()
+            if len(fields) == 6 and fields[0].isdigit() and int(fields[0]) >= 4:
+                break
+        rank_1 = rank_process(1, str(model_dir))
+        assert rank_1 is not None, "rank 1 not found"
+        rank_1.send_signal(signal.SIGTERM)  # a Spot interruption of a node other than node 0
+        output = process.communicate(timeout=300)[0]
+    finally:
+        process.kill()
+    marker = json.loads((model_dir / "interrupted.json").read_text())
+    assert marker["reason"].startswith("a signal on another rank: stopped at step"), marker
+    assert 4 <= marker["step"] < 300, output
+
+    result = run_trainer(
+        [*args, "--steps-per-epoch", "300"], ranks=2, timeout=600,
+        TRAINER_WEIGHTS_DIGEST_DIR=str(digests),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"0 epochs done, {marker['step']} steps into epoch 1" in result.stdout
+    # Weights, slots, loss scale and good-step count: rank 1 restarted from rank 0's.
+    [first, second] = rank_digests(digests)
+    assert first == second, "fp16 ranks drifted apart after resuming"
+
+
+AVERAGE_LARGE_GRADIENTS = """
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from trainer.train import distributed_tape
+hvd.init()
+x = tf.Variable(1.0)
+with tf.GradientTape() as tape:
+    loss = 40000.0 * x
+(grad,) = distributed_tape(tape).gradient(loss, [x])
+print(f"averaged gradient {float(grad)}")
+"""
+
+
+def test_float16_averaging_does_not_overflow_where_the_sum_would(tmp_path, horovod_script):
+    # 2 x 40000 overflows float16 (max 65504); their average does not. Summing first, then
+    # dividing (Horovod's Average without a pre-divide) gave inf on every rank.
+    result = horovod_script(AVERAGE_LARGE_GRADIENTS, ranks=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if "averaged gradient" in line]
+    assert len(lines) == 2 and all(line.endswith("averaged gradient 40000.0") for line in lines)

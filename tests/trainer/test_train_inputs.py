@@ -37,6 +37,15 @@ BAD_MANIFESTS = {
         "splits.train.records must be an integer >= 1, got 0",
     ),
     "no classes": ({"num_classes": 0}, "num_classes must be an integer >= 2, got 0"),
+    # 1000 classes over a map of 10 synsets used to train a 1000-way model and exit 0.
+    "classes disagree with label map": (
+        {"num_classes": 1000, "label_base": 1, "label_map": {f"n{i:08d}": i for i in range(1, 11)}},
+        "num_classes 1000 disagrees with label_map, which maps 10 synsets; they must be equal",
+    ),
+    "label outside the map": (
+        {"num_classes": 4, "label_base": 1, "label_map": {"n1": 1, "n2": 2, "n3": 3, "n4": 5}},
+        "label_map gives n4 label 5, outside 1..4 (label_base 1, num_classes 4)",
+    ),
 }
 
 
