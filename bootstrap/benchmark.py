@@ -302,6 +302,11 @@ def benchmark_node(
 
     def horovod(size: BenchmarkSize, sized_hostfile: Path, program: list[str], name: str) -> str:
         command = launch.horovodrun_command(cfg, sized_hostfile, key, size.ranks, program)
+        if size.nodes == 1 and "--network-interface" in command:
+            # horovodrun runs a one-host job on 127.0.0.1, which the rehearsal's node
+            # interface does not carry: horovodrun would refuse it.
+            at = command.index("--network-interface")
+            del command[at : at + 2]
         log("running: " + " ".join(command))
         code, tail = launch.stream(command, env, Path(cfg.log_dir) / name, keep=1_000_000)
         if code:
@@ -337,11 +342,12 @@ def upload(s3, cfg: TrainConfig, files: list[Path]) -> list[str]:
 
 
 def lead(
-    cfg: TrainConfig, s3, hostfile: Path, key: Path, data_dir: Path, started: float, log, step
+    cfg: TrainConfig, s3, nodes: list[dict], key: Path, data_dir: Path, started: float, log, step
 ):
     """What node 0 does after the rendezvous in benchmark mode, each part a named bootstrap
     step: measure, upload the files and the logs, then DONE.json (the reaper's cue)."""
-    doc, files = step("benchmark", lambda: benchmark_node(cfg, hostfile, key, data_dir, log))
+    hosts = [node["ip"] for node in sorted(nodes, key=lambda node: node["index"])]
+    doc, files = step("benchmark", lambda: benchmark_node(cfg, hosts, key, data_dir, log))
     keys = step("upload benchmark", lambda: upload(s3, cfg, files))
     log("benchmark written: " + ", ".join(f"s3://{cfg.bucket}/{k}" for k in keys))
     log("benchmark table:\n" + markdown(doc))

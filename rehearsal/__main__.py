@@ -140,8 +140,7 @@ class Rehearsal:
 
     # ------------------------------------------------------------ steps
 
-    def run(self) -> int:
-        started = time.time()
+    def plan_steps(self) -> list:
         steps = [
             ("local S3 endpoint", self.start_s3),
             ("sample dataset", self.make_sample),
@@ -154,6 +153,11 @@ class Rehearsal:
                 ("reboot: training nodes again", lambda: self.train(self.args.rerun_epochs)),
                 ("results after the rerun", lambda: self.report(self.args.rerun_epochs)),
             ]
+        return steps
+
+    def run(self) -> int:
+        started = time.time()
+        steps = self.plan_steps()
         try:
             for self.step, action in steps:
                 say(f"--- {self.step}")
@@ -392,10 +396,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--processes", action="store_true", help="separate processes even where namespaces work"
     )
+    parser.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="the fleet benchmark instead of a run: 1 rank, 1 node, 2 nodes (rehearsal/benchmark.py)",
+    )
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup.
     signal.signal(signal.SIGTERM, raise_interrupt)
-    rehearsal = Rehearsal(args)
+    if args.benchmark:
+        from rehearsal.benchmark import BenchmarkRehearsal
+
+        rehearsal = BenchmarkRehearsal(args)
+    else:
+        rehearsal = Rehearsal(args)
     try:
         return rehearsal.run()
     except KeyboardInterrupt:
