@@ -160,7 +160,7 @@ def markdown(doc: dict) -> str:
             "",
             f"{s['arch']}, batch {s['batch_per_rank']} per GPU, {s['image_size']} px, "
             f"{s['precision']}, XLA {'on' if s['xla'] else 'off'}, input: {doc['mode']} "
-            f"({s['input']}); {s['warmup_steps']} warm-up steps, then img/s is the mean over "
+            f"({s['input']}); {s['warmup_steps']} warm-up step(s), then img/s is the mean over "
             f"{s['timed_steps']} timed steps, +- 1.96 standard deviations across them. Scaling "
             "efficiency: img/s over (1-GPU img/s x GPUs). Allreduce: bus bandwidth of "
             "bootstrap.allreduce_check on the same ranks.",
