@@ -1,6 +1,6 @@
 """Node 0's benchmark: the schedule, rows, efficiency from the timed steps, and the three files.
 
-.venv/bin/python -m pytest tests/bootstrap/test_benchmark.py
+.venv/bin/python -m pytest tests/bootstrap/test_node_benchmark.py
 """
 
 import json

@@ -1,6 +1,6 @@
 """trainer.benchmark: timed steps of the trainer's own step on host-made, device-made or real batches.
 
-.venv/bin/python -m pytest tests/trainer/test_benchmark.py
+.venv/bin/python -m pytest tests/trainer/test_trainer_benchmark.py
 """
 
 import json
