@@ -18,6 +18,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from aws_cdk import App, Aspects, Validations
 from cdk_nag import AwsSolutionsChecks
 
+from stacks.benchmark import benchmark_estimate
 from stacks.composition import HorovodFleet, compose
 from stacks.config import ConfigError, FleetConfig
 from stacks.image import bake_estimate
@@ -75,6 +76,9 @@ def main() -> int:
         print(error, file=sys.stderr)
         return 2
     print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
+    if config.benchmark:
+        estimate = benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
+        print(estimate, file=sys.stderr)
     print(quota_note(config.gpu, config.nodes), file=sys.stderr)
     print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
     if config.capacity_reservation:

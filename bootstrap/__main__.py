@@ -24,7 +24,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import aws, data_pull, health, launch, rendezvous
+from bootstrap import aws, benchmark, data_pull, health, launch, rendezvous
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 
@@ -188,7 +188,11 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     data_dir = Path(cfg.mount_point) / "tfrecords"
     model_dir = Path(cfg.mount_point) / "model"
     step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
-    step("data pull", lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log))
+    if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
+        step(
+            "data pull",
+            lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log),
+        )
     step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "healthy, data verified")))
     ip, instance_id = step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
     if not cfg.is_leader:
@@ -217,6 +221,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     nodes = step("rendezvous", meet)
     ranks = sum(n["gpus"] or 1 for n in nodes)
     key = rendezvous.private_key_path(cfg)
+    if cfg.benchmark:
+        benchmark.lead(cfg, s3, nodes, key, data_dir, attempt.started, log, step)
+        return
     env = launch.launcher_env(cfg, dict(os.environ))
 
     def run_horovod(program: list[str], log_name: str, keep: int = 200) -> str:

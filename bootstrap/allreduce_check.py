@@ -18,9 +18,12 @@ import re
 import sys
 import time
 
-SIZE_BYTES = 256 * 1024 * 1024
-ROUNDS = 10
 FLOOR_ENV = "HOROVOD_FLEET_ALLREDUCE_FLOOR_GBPS"
+# The buffer in MiB: 256 on a fleet; the CPU rehearsal's benchmark makes it small (Gloo on a
+# shared CPU takes ~3 s per 256 MiB round).
+SIZE_ENV = "HOROVOD_FLEET_ALLREDUCE_CHECK_MIB"
+SIZE_BYTES = int(os.environ.get(SIZE_ENV) or 256) * 1024 * 1024
+ROUNDS = 10
 TYPE_ENV = "HOROVOD_FLEET_INSTANCE_TYPE"
 _SUMMARY = re.compile(
     r"allreduce check: (?P<ranks>\d+) ranks on (?P<nodes>\d+) nodes?, .*?"

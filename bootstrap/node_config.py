@@ -13,7 +13,8 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
   heartbeat_timeout_s (120), checkpoint_sync_s (60: what a crash can lose on top of the epoch
   in progress, see the README),
-  efa_rdma_read (false: never set FI_EFA_USE_DEVICE_RDMA), allreduce_floor_gbps (0: no floor).
+  efa_rdma_read (false: never set FI_EFA_USE_DEVICE_RDMA), allreduce_floor_gbps (0: no floor),
+  benchmark (null: train; docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -78,6 +79,25 @@ class PreprocessConfig(Common):
 
 
 @dataclass(frozen=True)
+class BenchmarkSize:
+    nodes: int  # the first `nodes` nodes of the hostfile
+    ranks: int  # spread evenly over them
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """node.json `benchmark`: node 0 measures these sizes instead of training."""
+
+    mode: str  # "synthetic" (generated images, copied host to device) or "data" (TFRecords)
+    sizes: tuple[BenchmarkSize, ...]
+    warmup_steps: int
+    timed_steps: int
+
+
+BENCHMARK_MODES = ("synthetic", "data")
+
+
+@dataclass(frozen=True)
 class TrainConfig(Common):
     run: str
     node_index: int
@@ -99,6 +119,7 @@ class TrainConfig(Common):
     checkpoint_sync_s: float
     efa_rdma_read: bool
     allreduce_floor_gbps: float
+    benchmark: Benchmark | None
 
     @property
     def is_leader(self) -> bool:
@@ -286,6 +307,38 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         checkpoint_sync_s=r.number("checkpoint_sync_s", 60, minimum=1),
         efa_rdma_read=r.get("efa_rdma_read", bool, False),
         allreduce_floor_gbps=r.number("allreduce_floor_gbps", 0, minimum=0),
+        benchmark=_benchmark(r, nodes, r.integer("gpus_per_node")),
+    )
+
+
+def _benchmark(r: _Reader, nodes: int, gpus_per_node: int) -> Benchmark | None:
+    """A size needs the nodes the fleet has and at most one rank per GPU; CPU nodes (the
+    rehearsal) may run several ranks each."""
+    b = r.child("benchmark", nullable=True)
+    if b is None:
+        return None
+    sizes = b.get("sizes", list)
+    if not sizes:
+        raise b.fail("sizes", "must list at least one size")
+    parsed = []
+    for number, item in enumerate(sizes):
+        if not isinstance(item, dict):
+            raise b.fail(f"sizes[{number}]", f"must be an object, got {item!r}")
+        size = _Reader(item, b.name(f"sizes[{number}]"))
+        count = size.integer("nodes", minimum=1, maximum=nodes)
+        ranks = size.integer("ranks", minimum=1)
+        if ranks % count:
+            raise size.fail("ranks", f"must be a multiple of nodes ({count}), got {ranks}")
+        if gpus_per_node and ranks // count > gpus_per_node:
+            raise size.fail(
+                "ranks", f"must be at most {gpus_per_node} per node (one per GPU), got {ranks}"
+            )
+        parsed.append(BenchmarkSize(count, ranks))
+    return Benchmark(
+        mode=b.choice("mode", BENCHMARK_MODES),
+        sizes=tuple(parsed),
+        warmup_steps=b.integer("warmup_steps", minimum=1),
+        timed_steps=b.integer("timed_steps", minimum=2),
     )
 
 

@@ -168,8 +168,7 @@ class Rehearsal:
 
     # ------------------------------------------------------------ steps
 
-    def run(self) -> int:
-        started = time.time()
+    def plan_steps(self) -> list:
         steps = [
             ("local S3 endpoint", self.start_s3),
             ("sample dataset", self.make_sample),
@@ -182,6 +181,11 @@ class Rehearsal:
                 ("reboot: training nodes again", lambda: self.train(self.args.rerun_epochs)),
                 ("results after the rerun", lambda: self.report(self.args.rerun_epochs)),
             ]
+        return steps
+
+    def run(self) -> int:
+        started = time.time()
+        steps = self.plan_steps()
         try:
             for self.step, action in steps:
                 say(f"--- {self.step}")
@@ -462,10 +466,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the fault rehearsal instead: one fault per training attempt (S3 outages, a killed "
         "rank, a stopped node, a corrupted shard), then a table of expected and observed outcomes",
     )
+    parser.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="the fleet benchmark instead of a run: 1 rank, 1 node, 2 nodes (rehearsal/benchmark.py)",
+    )
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup.
     signal.signal(signal.SIGTERM, raise_interrupt)
-    rehearsal = Rehearsal(args)
+    if args.benchmark:
+        from rehearsal.benchmark import BenchmarkRehearsal
+
+        rehearsal = BenchmarkRehearsal(args)
+    else:
+        rehearsal = Rehearsal(args)
     try:
         if args.faults:
             from rehearsal.faults import run_faults

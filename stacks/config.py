@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stacks import benchmark
 from stacks.instance_types import BURSTABLE_TYPES, GPU_TYPES, BurstableType, GpuType
 
 # key -> meaning; the README's table and the unknown-key check both come from here.
@@ -40,9 +41,11 @@ KEYS: dict[str, str] = {
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
     "evalEvery": "evaluate every N epochs (and after the last one)",
     "capacityReservationId": "launch the fleet into this capacity reservation (optional)",
+    "benchmark": "measure the fleet instead of training: false, true/synthetic or data",
 }
 
 MAX_NODES = 64
+DEFAULT_MAX_HOURS = 4.0  # a training run's hard cap when maxHours is empty (benchmark mode: 1)
 MIN_DATA_VOLUME_GIB = 500  # the two ImageNet archives (~150 GB) plus the extracted images
 MAX_DATA_VOLUME_GIB = 16384  # the sc1 maximum
 ARCHS = ("resnet50", "resnet18")
@@ -99,11 +102,19 @@ class FleetConfig:
     snapshot_data_volume: bool
     download_secret_arn: str | None
     eval_every: int
+    benchmark: str | None  # None: train; "synthetic" or "data": benchmark mode
     capacity_reservation: "CapacityReservation | None" = None
 
     @property
     def runs_prefix(self) -> str:
         return f"runs/{self.run}/"
+
+    @property
+    def benchmark_plan(self) -> dict[str, Any] | None:
+        """The node.json `benchmark` object: the sizes node 0 measures (None: a training run)."""
+        if self.benchmark is None:
+            return None
+        return benchmark.plan(self.benchmark, self.nodes, self.gpu.gpus)
 
     @property
     def trainer(self) -> dict[str, Any]:
@@ -127,6 +138,8 @@ class FleetConfig:
             "subnetId",
             _optional(_matching(_SUBNET_ID, "empty or a subnet id like subnet-0abc1234")),
         )
+        mode = get("benchmark", _benchmark_mode)
+        default_max_hours = benchmark.MAX_HOURS if mode else DEFAULT_MAX_HOURS
         if (vpc_id is None) != (subnet_id is None):
             key, value = ("subnetId", subnet_id) if vpc_id is None else ("vpcId", vpc_id)
             raise ConfigError(key, value, "vpcId and subnetId are given together or not at all")
@@ -161,7 +174,7 @@ class FleetConfig:
             batch_per_gpu=get("batchPerGpu", _integer(1, 4096)),
             arch=get("arch", _one_of(ARCHS)),
             image_size=get("imageSize", _integer(32, 1024)),
-            max_hours=get("maxHours", _number(1, 168)),
+            max_hours=get("maxHours", _optional(_number(1, 168))) or default_max_hours,
             preprocess=get("preprocessInstanceType", _burstable_type),
             data_volume_gib=get(
                 "dataVolumeGiB", _integer(MIN_DATA_VOLUME_GIB, MAX_DATA_VOLUME_GIB)
@@ -183,6 +196,7 @@ class FleetConfig:
             ),
             eval_every=get("evalEvery", _integer(1, 1000)),
             capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
+            benchmark=mode,
         )
 
 
@@ -255,6 +269,17 @@ def _boolean(value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise _Invalid("true or false")
+
+
+def _benchmark_mode(value: Any) -> str | None:
+    if isinstance(value, bool):
+        value = str(value).lower()
+    if isinstance(value, str) and value.strip().lower() in benchmark.MODES:
+        return benchmark.MODES[value.strip().lower()]
+    raise _Invalid(
+        "false, true (or synthetic: generated images through the host-to-device copy) "
+        "or data (the local TFRecords)"
+    )
 
 
 def _matching(pattern: re.Pattern[str], allowed: str) -> Parser:

@@ -62,6 +62,7 @@ class GpuFleet(Construct):
         dataset_prefix: str,
         run: str,
         trainer: dict,
+        benchmark: dict | None = None,
         capacity_reservation: CapacityReservation | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -217,6 +218,7 @@ class GpuFleet(Construct):
                 "trainer": trainer,
                 "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
                 "image": image,
+                "benchmark": benchmark,
             }
             instance.user_data = code.user_data(
                 node_document=document, script="train_node.sh", signal_resource=logical_id
@@ -316,6 +318,7 @@ class TrainStack(Stack):
             run=config.run,
             trainer=config.trainer,
             capacity_reservation=config.capacity_reservation,
+            benchmark=config.benchmark_plan,
         )
         RunGuard(
             self,
@@ -326,6 +329,14 @@ class TrainStack(Stack):
             instances=fleet.instances,
         )
         CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
+        if config.benchmark:
+            results = f"s3://{bucket.bucket_name}/runs/{config.run}/"
+            CfnOutput(
+                self,
+                "Benchmark",
+                description="The benchmark's table (JSON, Markdown, chart), written by node 0",
+                value=" ".join(f"{results}benchmark.{ext}" for ext in ("json", "md", "png")),
+            )
         CfnOutput(self, "LogGroup", value=fleet.log_group.log_group_name)
         CfnOutput(
             self,

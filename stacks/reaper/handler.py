@@ -191,12 +191,18 @@ class Reaper:
         """What of the run's results (contracts.md) is missing, and the newest checkpoint's time.
 
         A run whose DONE.json reports failure, or an interruption (its node was shut down and
-        flushed what it had), may have ended before its first checkpoint: its logs are all there
-        is to keep, so waiting for a checkpoint would bill until the cap.
+        flushed what it had), may have ended before its first checkpoint, and a benchmark
+        (DONE.json `benchmark` set) never writes one: their logs are all there is to keep, so
+        waiting for a checkpoint would bill until the cap.
         """
         newest = self.newest_checkpoint(run)
         logs = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"runs/{run}/logs/", MaxKeys=1)
-        need_checkpoint = newest is None and self.done_status(run) not in ("failed", "interrupted")
+        done = self.done_document(run)
+        need_checkpoint = (
+            newest is None
+            and done.get("status") not in ("failed", "interrupted")
+            and not done.get("benchmark")
+        )
         missing = [f"runs/{run}/model/checkpoints/*.index"] if need_checkpoint else []
         missing += [] if logs.get("KeyCount") else [f"runs/{run}/logs/"]
         return missing, newest
@@ -224,18 +230,19 @@ class Reaper:
         # Without such an event (it cannot be: the stack is deployed), count from now.
         return max(finished, default=self.now())
 
-    def done_status(self, run: str) -> str | None:
-        """The `status` of runs/<run>/DONE.json, or None while the leader has not written it."""
+    def done_document(self, run: str) -> dict:
+        """runs/<run>/DONE.json, or {} while the leader has not written it."""
         try:
             body = self.s3.get_object(Bucket=self.bucket, Key=f"runs/{run}/DONE.json")["Body"]
         except ClientError as error:
             if error.response["Error"].get("Code") in ("NoSuchKey", "404"):
-                return None
+                return {}
             raise
         try:
-            return json.loads(body.read()).get("status")
-        except (ValueError, AttributeError):
-            return None
+            document = json.loads(body.read())
+        except ValueError:
+            return {}
+        return document if isinstance(document, dict) else {}
 
     def idle_since(self, run: str) -> datetime.datetime | None:
         """When the run's idle alarm entered ALARM, or None if it is not in ALARM (now)."""
