@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check, launch
+from bootstrap import allreduce_check, aws, launch
 from bootstrap.node_config import Benchmark, BenchmarkSize, TrainConfig
 from bootstrap.rendezvous import utc_stamp
 
@@ -355,6 +355,6 @@ def lead(
     largest = doc["rows"][-1]
     done |= {"benchmark": cfg.benchmark.mode, "images_per_s": largest["images_per_s"]}
     done["allreduce_busbw_gbps"] = largest["allreduce_busbw_gbps"]
-    step("upload logs", lambda: launch.upload_logs(cfg))
+    step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
     step("write DONE.json", lambda: launch.write_done(s3, cfg, done))
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
