@@ -388,7 +388,6 @@ class TrainingImage(Construct):
             subnet_id=subnet_id,
             assets=[recipe_asset, proof_asset, trainer_asset],
         )
-        self.infrastructure = bake
         base_version = semantic_version(base_sha256)
         self.components = [
             self._component(
@@ -647,7 +646,6 @@ class ImageStack(Stack):
             subnet_id=subnet_id,
         )
         self.image_id = image.image_id
-        self.training_image = image
         ssm.StringParameter(
             self,
             "AmiParameter",
