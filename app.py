@@ -21,7 +21,7 @@ from cdk_nag import AwsSolutionsChecks
 from stacks.benchmark import benchmark_estimate
 from stacks.composition import HorovodFleet, compose
 from stacks.config import ConfigError, FleetConfig
-from stacks.image import bake_estimate
+from stacks.image.recipe import bake_estimate
 from stacks.instance_types import (
     PRICES_AS_OF,
     fleet_estimate,

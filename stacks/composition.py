@@ -8,13 +8,14 @@ from aws_cdk import App, Environment, Stack, Tags
 from aws_cdk import aws_s3 as s3
 
 from stacks.config import FleetConfig
-from stacks.dataset import DatasetStack, default_bucket_name
-from stacks.image import ImageStack
+from stacks.dataset.bucket import default_bucket_name
+from stacks.dataset.stack import DatasetStack
+from stacks.image.stack import ImageStack
 from stacks.instance_types import fleet_usd_per_hour
 from stacks.node_code import PROJECT
-from stacks.preprocess import PreprocessStack
-from stacks.teardown import TeardownStack
-from stacks.train import TrainStack
+from stacks.preprocess.stack import PreprocessStack
+from stacks.teardown.stack import TeardownStack
+from stacks.train.stack import TrainStack
 
 
 @dataclass(frozen=True)

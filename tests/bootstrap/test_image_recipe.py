@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.image import RECIPE, RECIPE_DIR, read_pins, tree_sha256
+from stacks.image.recipe import RECIPE, RECIPE_DIR, read_pins, tree_sha256
 
 PINS = read_pins()
 EFA_FPR = PINS["EFA_INSTALLER_GPG_FINGERPRINT"]

@@ -31,7 +31,7 @@ def test_gpu_fleet_uses_mpi_with_efa_nccl_and_horovod_settings():
 
 
 def node_doc_for(gpu: GpuType) -> dict:
-    """The keys stacks/train.py writes for a node of this type (tests/stacks checks it does)."""
+    """The keys stacks/train/fleet.py writes for a node of this type (tests/stacks checks it does)."""
     return train_doc(
         instance_type=gpu.name,
         gpus_per_node=gpu.gpus,

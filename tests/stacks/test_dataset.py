@@ -2,7 +2,7 @@
 
 from aws_cdk.assertions import Match
 
-from stacks.dataset import ACCESS_LOG_BUCKET_LOGICAL_ID, BUCKET_LOGICAL_ID
+from stacks.dataset.bucket import ACCESS_LOG_BUCKET_LOGICAL_ID, BUCKET_LOGICAL_ID
 
 
 def bucket(default) -> dict:

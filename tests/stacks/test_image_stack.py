@@ -11,10 +11,9 @@ from aws_cdk.assertions import Template
 from conftest import resources, statements, synthesize
 from test_app import copy_sources, run_app
 
-import stacks.image as image_module
-from stacks.image import (
+import stacks.image.training_image as image_module
+from stacks.image.recipe import (
     BUILD_INSTANCE_TYPE,
-    IMAGE_PARAMETER,
     PROOF_DIR,
     RECIPE,
     RECIPE_DIR,
@@ -23,6 +22,7 @@ from stacks.image import (
     semantic_version,
     tree_sha256,
 )
+from stacks.image.stack import IMAGE_PARAMETER
 
 COMPONENTS = [f"horovod-fleet-{step.script}" for step in RECIPE]
 

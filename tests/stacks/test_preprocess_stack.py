@@ -5,7 +5,11 @@ import json
 import pytest
 from conftest import as_text, node_document, resources, statements, synthesize, user_data
 
-from stacks.preprocess import DATA_VOLUME_LOGICAL_ID, READY_TIMEOUT_S, UBUNTU_AMI_PARAMETER
+from stacks.preprocess.preprocessor import (
+    DATA_VOLUME_LOGICAL_ID,
+    READY_TIMEOUT_S,
+    UBUNTU_AMI_PARAMETER,
+)
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:imagenet-AbCdEf"
 BIG_VOLUME_WITH_SECRET = {"dataVolumeGiB": 2000, "downloadSecretArn": SECRET}

@@ -12,8 +12,8 @@ from moto.cloudwatch.models import cloudwatch_backends
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 
-from stacks.reaper import handler as reaper_module
-from stacks.reaper.handler import Reaper, RefusedStack, deadline, parse_event, recheck_time
+from stacks.teardown.reaper import handler as reaper_module
+from stacks.teardown.reaper.handler import Reaper, RefusedStack, deadline, parse_event, recheck_time
 
 REGION = "us-east-1"
 BUCKET = "horovod-fleet-dataset"

@@ -15,22 +15,17 @@ from aws_cdk.assertions import Match, Template
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
-from stacks.reaper.handler import deadline
-from stacks.teardown import (
-    IDLE_EVALUATION_PERIODS,
-    IDLE_MINUTES,
-    IDLE_PERIOD,
-    LAUNCH_GRACE_MINUTES,
-    PreprocessGuard,
-    RunGuard,
-    TeardownStack,
-)
-from stacks.train import RENDEZVOUS_TIMEOUT_S
+from stacks.teardown.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, IDLE_PERIOD
+from stacks.teardown.preprocess_guard import PreprocessGuard
+from stacks.teardown.reaper.handler import deadline
+from stacks.teardown.run_guard import RunGuard
+from stacks.teardown.stack import LAUNCH_GRACE_MINUTES, TeardownStack
+from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S
 
 RUN = "resnet50-r1"
 MAX_HOURS = 3.5
 EMAIL = "ops@example.com"
-REAPER_HANDLER = Path(__file__).parents[2] / "stacks" / "reaper" / "handler.py"
+REAPER_HANDLER = Path(__file__).parents[2] / "stacks" / "teardown" / "reaper" / "handler.py"
 
 
 def acknowledge(construct, reason: str, *rule_ids: str) -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import node_document, resources, statements, user_data
 
-from stacks.train import SIGNAL_TIMEOUT
+from stacks.train.fleet import SIGNAL_TIMEOUT
 
 # Each distinct configuration costs a synthesis: tests share these.
 SMALL_G5 = {

@@ -1,6 +1,6 @@
-"""DatasetStack: the bucket that outlives every other stack (raw archives, TFRecords, runs)."""
+"""DatasetBucket: the versioned, encrypted bucket for raw archives, TFRecords and runs."""
 
-from aws_cdk import Acknowledgment, Aws, CfnOutput, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, Aws, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -79,18 +79,4 @@ class DatasetBucket(Construct):
             event_bridge_configuration=s3.CfnBucket.EventBridgeConfigurationProperty(
                 event_bridge_enabled=True
             )
-        )
-
-
-class DatasetStack(Stack):
-    """Termination-protected home of the dataset bucket; `cdk destroy` never removes the data."""
-
-    def __init__(self, scope: Construct, construct_id: str, *, bucket_name: str, **kwargs) -> None:
-        super().__init__(scope, construct_id, termination_protection=True, **kwargs)
-        self.bucket = DatasetBucket(self, "Dataset", bucket_name=bucket_name).bucket
-        CfnOutput(
-            self,
-            "RawUpload",
-            description="Upload the ImageNet archives here before deploying PreprocessStack",
-            value=f"s3://{self.bucket.bucket_name}/raw/",
         )

@@ -1,6 +1,6 @@
 """The horovod-fleet reaper: stops billing when a run is finished, capped or idle.
 
-Triggers (see stacks/teardown.py): EventBridge S3 "Object Created" for runs/<run>/DONE.json and
+Triggers (see stacks/teardown/): EventBridge S3 "Object Created" for runs/<run>/DONE.json and
 <datasetPrefix>manifest.json, the hard-cap schedule, the idle alarm's Lambda action, its own
 re-check schedules, and CloudFormation's custom-resource request for the hard-cap deadline.
 

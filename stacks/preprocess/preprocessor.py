@@ -1,13 +1,9 @@
-"""PreprocessStack: one burstable CPU node with an sc1 data volume that turns raw/ into TFRecords."""
+"""Preprocessor: one burstable CPU node with an sc1 data volume that turns raw/ into TFRecords."""
 
 from aws_cdk import (
-    CfnOutput,
-    CustomResource,
-    Duration,
     RemovalPolicy,
     Size,
     Stack,
-    Tags,
     aws_lambda,
 )
 from aws_cdk import aws_cloudformation as cloudformation
@@ -17,7 +13,6 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import FleetConfig
 from stacks.instance_types import BurstableType
 from stacks.nag import (
     SSM_MANAGED_POLICY,
@@ -27,9 +22,9 @@ from stacks.nag import (
     acknowledge_wildcard_resources,
     allow_fixed_zone,
 )
-from stacks.network import SingleZoneNetwork, web_egress_security_group
-from stacks.node_code import PROJECT, NodeCode, common_document, log_statements, root_volume
-from stacks.teardown import PINNED_TYPE, PreprocessGuard
+from stacks.network import web_egress_security_group
+from stacks.node_code import NodeCode, common_document, log_statements, root_volume
+from stacks.preprocess.pinned import Pinned
 
 # Canonical moves this parameter to each new image. It is read once, on the stack's first deploy
 # (Pinned): resolved at every deploy, a new image would replace the node mid-conversion.
@@ -222,111 +217,3 @@ class Preprocessor(Construct):
             signal_resource=None,
             code_urls=pinned.code_urls,
         )
-
-
-class Pinned(Construct):
-    """The AMI id `image_parameter` names and the code URLs, as on the stack's first deploy.
-
-    The reaper answers the custom resource (stacks/reaper/handler.py) and every later deploy
-    gets the same values, so the instance's properties never change under it: a new Ubuntu image
-    or a code change reaches the node only when the stack is deployed anew (`cdk destroy
-    PreprocessStack`, then deploy).
-    """
-
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        reaper: aws_lambda.IFunction,
-        image_parameter: str,
-        code: dict[str, str],
-    ) -> None:
-        super().__init__(scope, construct_id)
-        if reaper.role is None:
-            raise ValueError("the reaper must have an execution role")
-        stack = Stack.of(self)
-        read = iam.Policy(
-            self,
-            "ImageParameterRead",
-            roles=[reaper.role],
-            statements=[
-                iam.PolicyStatement(
-                    actions=["ssm:GetParameter"],
-                    # Public parameters have no account in their ARN.
-                    resources=[
-                        stack.format_arn(
-                            service="ssm",
-                            account="",
-                            resource="parameter",
-                            resource_name=image_parameter[1:],
-                        )
-                    ],
-                )
-            ],
-        )
-        pin = CustomResource(
-            self,
-            "Values",
-            service_token=reaper.function_arn,
-            resource_type=PINNED_TYPE,
-            properties={"ImageParameter": image_parameter, "Code": code},
-            service_timeout=Duration.minutes(5),
-        )
-        pin.node.add_dependency(read)
-        self.image_id = pin.get_att_string("ImageId")
-        self.code_urls = {name: pin.get_att_string(name) for name in code}
-
-
-class PreprocessStack(Stack):
-    """The preprocessing node in its own single-AZ network, registered with the reaper."""
-
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        config: FleetConfig,
-        bucket: s3.IBucket,
-        reaper: aws_lambda.IFunction,
-        **kwargs,
-    ) -> None:
-        super().__init__(scope, construct_id, **kwargs)
-        Tags.of(self).add("Project", PROJECT)
-        network = SingleZoneNetwork(
-            self,
-            "Network",
-            az=config.az,
-            private=False,
-            vpc_id=config.vpc_id,
-            subnet_id=config.subnet_id,
-        )
-        node = Preprocessor(
-            self,
-            "Preprocessor",
-            vpc=network.vpc,
-            subnet=network.subnet,
-            node_type=config.preprocess,
-            reaper=reaper,
-            volume_gib=config.data_volume_gib,
-            bucket=bucket,
-            output_prefix=config.dataset_prefix,
-            download_secret_arn=config.download_secret_arn,
-        )
-        PreprocessGuard(
-            self,
-            "Guard",
-            reaper=reaper,
-            instance=node.instance,
-            volume=node.cfn_volume,
-            snapshot_volume=config.snapshot_data_volume,
-        )
-        CfnOutput(self, "InstanceId", value=node.instance.ref)
-        CfnOutput(
-            self,
-            "Session",
-            description="Open a shell on the node (no SSH keys, no open ports)",
-            value=f"aws ssm start-session --region {self.region} --target {node.instance.ref}",
-        )
-        CfnOutput(self, "LogGroup", value=node.log_group.log_group_name)
-        CfnOutput(self, "DataVolumeId", value=node.volume.volume_id)

@@ -1,27 +1,12 @@
-"""Cost control: the reaper Lambda and the triggers that make a fleet stop billing unattended.
+"""TeardownStack: the reaper Lambda, the S3 rules that invoke it, its re-check role, the alarms
+on its failures and the optional budget; nothing here depends on a deployed fleet."""
 
-TeardownStack holds the reaper and everything that does not depend on a deployed fleet (the S3
-rules, the re-check role, the optional budget). RunGuard (inside TrainStack) adds the per-run
-hard cap and idle alarm; PreprocessGuard (inside PreprocessStack) registers the preprocessing
-instance and grants the reaper exactly that instance and volume. Both guards live in the
-dependent stacks, so TeardownStack never references them and there is no dependency cycle.
-
-The guards reference the reaper (and its dead-letter queue) strongly, through CloudFormation
-exports: CloudFormation refuses to delete TeardownStack while TrainStack or PreprocessStack
-imports them, so the cap schedule and the alarm never point at a reaper that is gone.
-"""
-
-import json
-from collections.abc import Sequence
 from pathlib import Path
 
-import jsii
 from aws_cdk import (
     Acknowledgment,
     ArnFormat,
-    CfnOutput,
     CrossStackReferences,
-    CustomResource,
     Duration,
     ReferenceStrength,
     RemovalPolicy,
@@ -33,47 +18,33 @@ from aws_cdk import (
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
-from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.nag import acknowledge_wildcard_resources, checkov_reason
+from stacks.node_code import PROJECT
+from stacks.teardown.names import (
+    IDLE_ALARM_PREFIX,
+    IDLE_MINUTES,
+    PREPROCESS_PARAMETER,
+    RUN_OUTPUT_KEY,
+    TRAIN_STACK_NAME,
+)
 
-PROJECT = "horovod-fleet"
-TRAIN_STACK_NAME = "TrainStack"
-# PreprocessGuard writes the instance and volume here; the reaper reads it on a new manifest.
-PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
-# The reaper reads the deployed fleet's run from this TrainStack output before deleting it.
-RUN_OUTPUT_KEY = "HorovodFleetRun"
-IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 RECHECK_SCHEDULE_PREFIX = "horovod-fleet-recheck-"
-# The reaper also answers this custom resource: an AMI id and code URLs as they were on the
-# first deploy, kept by every update (stacks/reaper/handler.py).
-PINNED_TYPE = "Custom::HorovodFleetPinned"
 RECHECK_MINUTES = 10
-METRIC_NAMESPACE = "HorovodFleet"
-GPU_METRIC = "nvidia_smi_utilization_gpu"
-IDLE_THRESHOLD_PERCENT = 5
-IDLE_PERIOD = Duration.minutes(5)
-IDLE_EVALUATION_PERIODS = 6  # 6 x 5 min = 30 minutes below the threshold
-IDLE_MINUTES = 30  # IDLE_PERIOD x IDLE_EVALUATION_PERIODS: quiet this long is idle
 # An idle fleet is deleted no sooner than this after TrainStack finished deploying: the nodes get
-# the rendezvous timeout (stacks/train.py, 30 minutes) to meet, then 10 minutes for the allreduce
-# check and the trainer's start. A fleet that is still not training is deleted then, within 45
-# minutes of launch plus the rendezvous timeout.
+# the rendezvous timeout (stacks/train/fleet.py, 30 minutes) to meet, then 10 minutes for the
+# allreduce check and the trainer's start. A fleet that is still not training is deleted then,
+# within 45 minutes of launch plus the rendezvous timeout.
 LAUNCH_GRACE_MINUTES = 40
-# Scheduler retries a failed invocation for up to a day (its limits: 185 attempts, 86400 s).
-SCHEDULE_RETRIES = 185
-SCHEDULE_MAX_AGE_S = 86400
 # EventBridge's limits for a rule target: 185 retries, a day of event age.
 EVENT_RETRIES = 185
 REAPER_CODE = Path(__file__).parent / "reaper"
@@ -429,195 +400,3 @@ class TeardownStack(Stack):
                 for kind, threshold in (("ACTUAL", 80), ("FORECASTED", 100))
             ],
         )
-
-
-class RunGuard(Construct):
-    """Per-run hard cap (one-time schedule) and idle alarm, both invoking the reaper.
-
-    Also outputs the run as TrainStack's `HorovodFleetRun`, which the reaper compares with the
-    event's run before it deletes anything.
-    """
-
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        reaper: aws_lambda.Function,
-        run_name: str,
-        max_hours: float,
-        instances: Sequence[ec2.CfnInstance],
-    ) -> None:
-        super().__init__(scope, construct_id)
-        if max_hours <= 0:
-            raise ValueError(f"max_hours must be positive, got {max_hours!r}")
-        if reaper.dead_letter_queue is None:
-            raise ValueError("the reaper must have a dead-letter queue")
-        self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
-        Tags.of(self).add("Project", PROJECT)
-        Tags.of(self).add(f"{PROJECT}:run", run_name)
-
-        # CloudFormation has no "now": the reaper answers this custom resource with the deadline,
-        # so the cap counts from this deployment and synthesis stays deterministic.
-        deadline = CustomResource(
-            self,
-            "Deadline",
-            service_token=reaper.function_arn,
-            resource_type="Custom::HorovodFleetDeadline",
-            properties={"Run": run_name, "MaxHours": str(max_hours)},
-            # A reaper that cannot answer fails the deploy in minutes, not CloudFormation's hour.
-            service_timeout=Duration.minutes(5),
-        )
-        # The clock starts before the first instance launches, so the cap covers all billing.
-        for instance in instances:
-            instance.node.add_dependency(deadline)
-
-        invoke_role = iam.Role(
-            self,
-            "HardCapRole",
-            assumed_by=iam.ServicePrincipal(
-                "scheduler.amazonaws.com",
-                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
-            ),
-            description=f"EventBridge Scheduler invokes the reaper at the hard cap of {run_name}",
-        )
-        invoke_role.add_to_policy(
-            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[reaper.function_arn])
-        )
-        reaper.dead_letter_queue.grant_send_messages(invoke_role)
-        self.hard_cap = scheduler.CfnSchedule(
-            self,
-            "HardCap",
-            description=f"Hard cap: delete TrainStack {max_hours:g} h after deploy",
-            schedule_expression=deadline.get_att_string("ScheduleExpression"),
-            schedule_expression_timezone="UTC",
-            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
-            target=scheduler.CfnSchedule.TargetProperty(
-                arn=reaper.function_arn,
-                role_arn=invoke_role.role_arn,
-                input=json.dumps({"trigger": "hard-cap", "run": run_name}),
-                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
-                    maximum_retry_attempts=SCHEDULE_RETRIES,
-                    maximum_event_age_in_seconds=SCHEDULE_MAX_AGE_S,
-                ),
-                dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(
-                    arn=reaper.dead_letter_queue.queue_arn
-                ),
-            ),
-        )
-
-        self.idle_alarm = cloudwatch.Alarm(
-            self,
-            "IdleAlarm",
-            alarm_name=f"{IDLE_ALARM_PREFIX}{run_name}",
-            alarm_description=f"Fleet {run_name}: average GPU utilisation below "
-            f"{IDLE_THRESHOLD_PERCENT}% for 30 minutes; the reaper deletes TrainStack",
-            metric=cloudwatch.Metric(
-                namespace=METRIC_NAMESPACE,
-                metric_name=GPU_METRIC,
-                dimensions_map={"Run": run_name},
-                statistic="Average",
-                period=IDLE_PERIOD,
-            ),
-            threshold=IDLE_THRESHOLD_PERCENT,
-            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
-            evaluation_periods=IDLE_EVALUATION_PERIODS,
-            datapoints_to_alarm=IDLE_EVALUATION_PERIODS,
-            # A fleet whose agents stopped publishing is dead or hung, not busy: count it idle.
-            # So the alarm can be in ALARM while TrainStack is still being created; the reaper
-            # then re-checks until the stack is deployed and the launch grace has passed.
-            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
-        )
-        # The permission sits in this stack (the alarm's) so TeardownStack never references it.
-        reaper.add_permission(
-            "IdleAlarmInvoke",
-            scope=self,
-            principal=iam.ServicePrincipal("lambda.alarms.cloudwatch.amazonaws.com"),
-            action="lambda:InvokeFunction",
-            source_arn=self.idle_alarm.alarm_arn,
-            source_account=Stack.of(self).account,
-        )
-        self.idle_alarm.add_alarm_action(_InvokeFunction(reaper))
-
-        # The reaper deletes TrainStack only when the event's run is the one deployed.
-        CfnOutput(self, "Run", value=run_name).override_logical_id(RUN_OUTPUT_KEY)
-
-
-@jsii.implements(cloudwatch.IAlarmAction)
-class _InvokeFunction:
-    """Alarm action that invokes a function whose permission was granted in the alarm's stack."""
-
-    def __init__(self, function: aws_lambda.IFunction) -> None:
-        self._function = function
-
-    def bind(self, _scope: Construct, _alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
-        return cloudwatch.AlarmActionConfig(alarm_action_arn=self._function.function_arn)
-
-
-class PreprocessGuard(Construct):
-    """Registers the preprocessing instance and volume, and lets the reaper stop/snapshot them."""
-
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        reaper: aws_lambda.IFunction,
-        instance: ec2.CfnInstance,
-        volume: ec2.CfnVolume,
-        snapshot_volume: bool,
-    ) -> None:
-        super().__init__(scope, construct_id)
-        Tags.of(self).add("Project", PROJECT)
-        stack = Stack.of(self)
-        ssm.StringParameter(
-            self,
-            "Registration",
-            parameter_name=PREPROCESS_PARAMETER,
-            description="The horovod-fleet preprocessing instance the reaper stops on a new manifest",
-            string_value=stack.to_json_string(
-                {
-                    "instance_id": instance.ref,
-                    "volume_id": volume.ref,
-                    "snapshot_volume": snapshot_volume,
-                }
-            ),
-        )
-        if reaper.role is None:
-            raise ValueError("the reaper must have an execution role")
-        snapshots = stack.format_arn(
-            service="ec2", account="", resource="snapshot", resource_name="*"
-        )
-        statements = [
-            iam.PolicyStatement(
-                actions=["ec2:StopInstances"],
-                resources=[
-                    stack.format_arn(service="ec2", resource="instance", resource_name=instance.ref)
-                ],
-            )
-        ]
-        if snapshot_volume:
-            statements += [
-                iam.PolicyStatement(
-                    actions=["ec2:CreateSnapshot"],
-                    resources=[
-                        stack.format_arn(
-                            service="ec2", resource="volume", resource_name=volume.ref
-                        ),
-                        snapshots,
-                    ],
-                ),
-                iam.PolicyStatement(
-                    actions=["ec2:CreateTags"],
-                    resources=[snapshots],
-                    conditions={"StringEquals": {"ec2:CreateAction": "CreateSnapshot"}},
-                ),
-            ]
-        policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[reaper.role])
-        if snapshot_volume:
-            acknowledge_wildcard_resources(
-                policy,
-                [snapshots],
-                "A snapshot's id is unknown until CreateSnapshot makes it; the volume and the "
-                "instance are named exactly, and tagging is limited to CreateSnapshot.",
-            )

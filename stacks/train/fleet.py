@@ -1,13 +1,10 @@
-"""TrainStack: `nodes` identical GPU instances in one cluster placement group, one subnet, one AZ."""
+"""GpuFleet: `nodes` identical GPU instances in one cluster placement group, one subnet, one AZ."""
 
 from aws_cdk import (
     CfnCreationPolicy,
-    CfnOutput,
     CfnResourceSignal,
     RemovalPolicy,
     Stack,
-    Tags,
-    aws_lambda,
 )
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -15,8 +12,8 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import CapacityReservation, FleetConfig
-from stacks.image import read_pins
+from stacks.config import CapacityReservation
+from stacks.image.recipe import read_pins
 from stacks.instance_types import GpuType
 from stacks.nag import (
     SSM_MANAGED_POLICY,
@@ -25,9 +22,8 @@ from stacks.nag import (
     acknowledge_ssm_policy,
     acknowledge_wildcard_resources,
 )
-from stacks.network import SingleZoneNetwork
-from stacks.node_code import PROJECT, NodeCode, common_document, log_statements
-from stacks.teardown import METRIC_NAMESPACE, RunGuard
+from stacks.node_code import NodeCode, common_document, log_statements
+from stacks.teardown.names import METRIC_NAMESPACE
 
 ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs
 # Types without instance-store NVMe keep the ~150 GB dataset on the root volume and read it
@@ -66,7 +62,6 @@ class GpuFleet(Construct):
         capacity_reservation: CapacityReservation | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        stack = Stack.of(self)
         runs_prefix = f"runs/{run}/"
         code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
@@ -76,7 +71,57 @@ class GpuFleet(Construct):
             # Kept after teardown: a failed run may not have reached S3 with its logs.
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.security_group = ec2.SecurityGroup(
+        self.security_group = self._security_group(vpc, run)
+        self.placement_group = ec2.PlacementGroup(
+            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+        )
+        self.role, self.policy = self._role_and_policy(
+            code, bucket, dataset_prefix=dataset_prefix, runs_prefix=runs_prefix, run=run
+        )
+        profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
+        launch_template = self._launch_template(gpu, subnet, capacity_reservation)
+        pins = read_pins()
+        # Every node's node.json holds these after its run and index (docs/contracts.md).
+        fleet_document = {
+            "nodes": nodes,
+            "gpus_per_node": gpu.gpus,
+            "instance_type": gpu.name,
+            "efa": gpu.efa,
+            "efa_rdma_read": gpu.efa_rdma_read,
+            "allreduce_floor_gbps": gpu.allreduce_floor_gbps,
+            "instance_store": gpu.nvme_drives > 0,
+            "dataset_prefix": dataset_prefix,
+            "runs_prefix": runs_prefix,
+            "rendezvous_timeout_s": RENDEZVOUS_TIMEOUT_S,
+            "trainer": trainer,
+            "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
+            "image": {
+                "manifest": IMAGE_MANIFEST,
+                "ami": image_id,
+                "tensorflow": pins["TENSORFLOW_VERSION"],
+                "horovod": pins["HOROVOD_VERSION"],
+            },
+            "benchmark": benchmark,
+        }
+        self.instances = [
+            self._node(
+                index,
+                run=run,
+                code=code,
+                gpu=gpu,
+                image_id=image_id,
+                launch_template=launch_template,
+                profile=profile,
+                subnet=subnet,
+                bucket=bucket,
+                fleet_document=fleet_document,
+            )
+            for index in range(nodes)
+        ]
+
+    def _security_group(self, vpc: ec2.IVpc, run: str) -> ec2.SecurityGroup:
+        """All traffic between fleet members, and HTTPS out; nothing else in or out."""
+        group = ec2.SecurityGroup(
             self,
             "Security",
             vpc=vpc,
@@ -84,31 +129,34 @@ class GpuFleet(Construct):
             allow_all_outbound=False,
         )
         # EFA needs all traffic to and from the group itself; SSH and NCCL use it too.
-        self.security_group.add_ingress_rule(
-            self.security_group, ec2.Port.all_traffic(), "fleet members"
-        )
-        self.security_group.add_egress_rule(
-            self.security_group, ec2.Port.all_traffic(), "fleet members"
-        )
+        group.add_ingress_rule(group, ec2.Port.all_traffic(), "fleet members")
+        group.add_egress_rule(group, ec2.Port.all_traffic(), "fleet members")
         # The baked image installs nothing at boot: HTTPS to AWS APIs is the only way out.
-        self.security_group.add_egress_rule(
-            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs"
-        )
-        self.placement_group = ec2.PlacementGroup(
-            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
-        )
-        self.role = iam.Role(
+        group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs")
+        return group
+
+    def _role_and_policy(
+        self,
+        code: NodeCode,
+        bucket: s3.IBucket,
+        *,
+        dataset_prefix: str,
+        runs_prefix: str,
+        run: str,
+    ) -> tuple[iam.Role, iam.Policy]:
+        """The nodes' role: read the code and the dataset, write this run's prefix, signal."""
+        role = iam.Role(
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description=f"horovod-fleet {run}: reads the dataset, writes runs/{run}/",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(SSM_MANAGED_POLICY)],
         )
-        acknowledge_ssm_policy(self.role)
-        self.policy = iam.Policy(
+        acknowledge_ssm_policy(role)
+        policy = iam.Policy(
             self,
             "Policy",
-            roles=[self.role],
+            roles=[role],
             statements=[
                 code.read_statement(),
                 iam.PolicyStatement(
@@ -132,29 +180,30 @@ class GpuFleet(Construct):
                     },
                 ),
                 iam.PolicyStatement(
-                    actions=["cloudformation:SignalResource"], resources=[stack.stack_id]
+                    actions=["cloudformation:SignalResource"],
+                    resources=[Stack.of(self).stack_id],
                 ),
                 *log_statements(self.log_group),
             ],
         )
         acknowledge_wildcard_resources(
-            self.policy,
+            policy,
             [bucket.arn_for_objects(f"{prefix}*") for prefix in (dataset_prefix, runs_prefix)],
             "Read: the dataset's shards, named in its manifest. Write: only under this run's "
             "prefix, where the checkpoints, logs and rendezvous files are named at run time.",
         )
-        acknowledge_metric_data(self.policy)
-        profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
-        pins = read_pins()
-        image = {
-            "manifest": IMAGE_MANIFEST,
-            "ami": image_id,
-            "tensorflow": pins["TENSORFLOW_VERSION"],
-            "horovod": pins["HOROVOD_VERSION"],
-        }
-        # AWS::EC2::Instance cannot express EFA interfaces, network cards or gp3 throughput; a
-        # launch template holds those and the instances set everything else themselves.
-        launch_template = ec2.CfnLaunchTemplate(
+        acknowledge_metric_data(policy)
+        return role, policy
+
+    def _launch_template(
+        self,
+        gpu: GpuType,
+        subnet: ec2.ISubnet,
+        capacity_reservation: CapacityReservation | None,
+    ) -> ec2.CfnLaunchTemplate:
+        """What AWS::EC2::Instance cannot express: EFA interfaces, network cards, gp3 throughput,
+        the capacity reservation. The instances set everything else themselves."""
+        return ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
@@ -167,63 +216,61 @@ class GpuFleet(Construct):
                 **_capacity(capacity_reservation),
             ),
         )
-        self.instances: list[ec2.CfnInstance] = []
-        for index in range(nodes):
-            instance = ec2.CfnInstance(
-                self,
-                f"Node{index}",
-                image_id=image_id,
-                instance_type=gpu.name,
-                placement_group_name=self.placement_group.placement_group_name,
-                launch_template=ec2.CfnInstance.LaunchTemplateSpecificationProperty(
-                    launch_template_id=launch_template.ref,
-                    version=launch_template.attr_latest_version_number,
-                ),
-                iam_instance_profile=profile.ref,
-                metadata_options=ec2.CfnInstance.MetadataOptionsProperty(
-                    http_endpoint="enabled", http_tokens="required"
-                ),
-                monitoring=True,
-                ebs_optimized=True,
-                propagate_tags_to_volume_on_creation=True,
-            )
-            # Permissions and a way out must exist before the bootstrap's first download.
-            instance.add_resource_dependency(self.policy.node.default_child)
-            instance.node.add_dependency(subnet.internet_connectivity_established)
-            instance.cfn_options.creation_policy = CfnCreationPolicy(
-                resource_signal=CfnResourceSignal(count=1, timeout=SIGNAL_TIMEOUT)
-            )
-            acknowledge_no_termination_protection(instance, "a training node")
-            logical_id = stack.get_logical_id(instance)
-            document = common_document(
-                role="train",
-                region=stack.region,
-                bucket_name=bucket.bucket_name,
-                log_group_name=self.log_group.log_group_name,
-                signal_stack=stack.stack_name,
-                signal_resource=logical_id,
-            ) | {
-                "run": run,
-                "node_index": index,
-                "nodes": nodes,
-                "gpus_per_node": gpu.gpus,
-                "instance_type": gpu.name,
-                "efa": gpu.efa,
-                "efa_rdma_read": gpu.efa_rdma_read,
-                "allreduce_floor_gbps": gpu.allreduce_floor_gbps,
-                "instance_store": gpu.nvme_drives > 0,
-                "dataset_prefix": dataset_prefix,
-                "runs_prefix": runs_prefix,
-                "rendezvous_timeout_s": RENDEZVOUS_TIMEOUT_S,
-                "trainer": trainer,
-                "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
-                "image": image,
-                "benchmark": benchmark,
-            }
-            instance.user_data = code.user_data(
-                node_document=document, script="train_node.sh", signal_resource=logical_id
-            )
-            self.instances.append(instance)
+
+    def _node(
+        self,
+        index: int,
+        *,
+        run: str,
+        code: NodeCode,
+        gpu: GpuType,
+        image_id: str,
+        launch_template: ec2.CfnLaunchTemplate,
+        profile: iam.CfnInstanceProfile,
+        subnet: ec2.ISubnet,
+        bucket: s3.IBucket,
+        fleet_document: dict,
+    ) -> ec2.CfnInstance:
+        """Node `index`: its instance, the signal it owes the CreationPolicy, its node.json."""
+        stack = Stack.of(self)
+        instance = ec2.CfnInstance(
+            self,
+            f"Node{index}",
+            image_id=image_id,
+            instance_type=gpu.name,
+            placement_group_name=self.placement_group.placement_group_name,
+            launch_template=ec2.CfnInstance.LaunchTemplateSpecificationProperty(
+                launch_template_id=launch_template.ref,
+                version=launch_template.attr_latest_version_number,
+            ),
+            iam_instance_profile=profile.ref,
+            metadata_options=ec2.CfnInstance.MetadataOptionsProperty(
+                http_endpoint="enabled", http_tokens="required"
+            ),
+            monitoring=True,
+            ebs_optimized=True,
+            propagate_tags_to_volume_on_creation=True,
+        )
+        # Permissions and a way out must exist before the bootstrap's first download.
+        instance.add_resource_dependency(self.policy.node.default_child)
+        instance.node.add_dependency(subnet.internet_connectivity_established)
+        instance.cfn_options.creation_policy = CfnCreationPolicy(
+            resource_signal=CfnResourceSignal(count=1, timeout=SIGNAL_TIMEOUT)
+        )
+        acknowledge_no_termination_protection(instance, "a training node")
+        logical_id = stack.get_logical_id(instance)
+        document = common_document(
+            role="train",
+            region=stack.region,
+            bucket_name=bucket.bucket_name,
+            log_group_name=self.log_group.log_group_name,
+            signal_stack=stack.stack_name,
+            signal_resource=logical_id,
+        ) | {"run": run, "node_index": index, **fleet_document}
+        instance.user_data = code.user_data(
+            node_document=document, script="train_node.sh", signal_resource=logical_id
+        )
+        return instance
 
     def _interfaces(
         self, gpu: GpuType, subnet: ec2.ISubnet
@@ -278,69 +325,3 @@ def _root_volume(gpu: GpuType) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProper
             throughput=ROOT_VOLUME_WITH_DATA_MBPS if data else None,
         ),
     )
-
-
-class TrainStack(Stack):
-    """The fleet of one run, its network, and the guard that deletes it when done, capped or idle."""
-
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        config: FleetConfig,
-        bucket: s3.IBucket,
-        reaper: aws_lambda.IFunction,
-        image_id: str,
-        **kwargs,
-    ) -> None:
-        super().__init__(scope, construct_id, **kwargs)
-        Tags.of(self).add("Project", PROJECT)
-        Tags.of(self).add(f"{PROJECT}:run", config.run)
-        network = SingleZoneNetwork(
-            self,
-            "Network",
-            az=config.az,
-            private=True,
-            vpc_id=config.vpc_id,
-            subnet_id=config.subnet_id,
-        )
-        fleet = GpuFleet(
-            self,
-            "Fleet",
-            vpc=network.vpc,
-            subnet=network.subnet,
-            gpu=config.gpu,
-            nodes=config.nodes,
-            image_id=image_id,
-            bucket=bucket,
-            dataset_prefix=config.dataset_prefix,
-            run=config.run,
-            trainer=config.trainer,
-            capacity_reservation=config.capacity_reservation,
-            benchmark=config.benchmark_plan,
-        )
-        RunGuard(
-            self,
-            "Guard",
-            reaper=reaper,
-            run_name=config.run,
-            max_hours=config.max_hours,
-            instances=fleet.instances,
-        )
-        CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
-        if config.benchmark:
-            results = f"s3://{bucket.bucket_name}/runs/{config.run}/"
-            CfnOutput(
-                self,
-                "Benchmark",
-                description="The benchmark's table (JSON, Markdown, chart), written by node 0",
-                value=" ".join(f"{results}benchmark.{ext}" for ext in ("json", "md", "png")),
-            )
-        CfnOutput(self, "LogGroup", value=fleet.log_group.log_group_name)
-        CfnOutput(
-            self,
-            "LeaderSession",
-            description="Open a shell on node 0, which runs horovodrun",
-            value=f"aws ssm start-session --region {self.region} --target {fleet.instances[0].ref}",
-        )

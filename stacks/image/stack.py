@@ -1,0 +1,65 @@
+"""ImageStack: the proven training AMI, its SSM parameter and outputs."""
+
+from typing import Any
+
+from aws_cdk import (
+    CfnOutput,
+    Fn,
+    Stack,
+    Tags,
+)
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.image.recipe import BASE_NAME, PROVEN_NAME
+from stacks.image.training_image import TrainingImage
+from stacks.instance_types import GpuType
+from stacks.node_code import PROJECT
+
+IMAGE_PARAMETER = "/horovod-fleet/training-ami"
+
+
+class ImageStack(Stack):
+    """The training AMI, its SSM parameter, and the lifecycle that keeps the newest two."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        test_type: GpuType,
+        revision: int,
+        az: str,
+        vpc_id: str | None,
+        subnet_id: str | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        Tags.of(self).add("Project", PROJECT)
+        image = TrainingImage(
+            self,
+            "TrainingImage",
+            test_type=test_type,
+            revision=revision,
+            az=az,
+            vpc_id=vpc_id,
+            subnet_id=subnet_id,
+        )
+        self.image_id = image.image_id
+        ssm.StringParameter(
+            self,
+            "AmiParameter",
+            parameter_name=IMAGE_PARAMETER,
+            string_value=image.image_id,
+            data_type=ssm.ParameterDataType.AWS_EC2_IMAGE,
+            description="horovod-fleet: the newest proven training AMI",
+        )
+        CfnOutput(self, "AmiId", value=image.image_id, description="the proven training AMI")
+        CfnOutput(self, "AmiParameterName", value=IMAGE_PARAMETER)
+        CfnOutput(
+            self,
+            "BakeLogs",
+            value=Fn.join(
+                "", ["/aws/imagebuilder/", BASE_NAME, " and /aws/imagebuilder/", PROVEN_NAME]
+            ),
+        )

@@ -1,0 +1,66 @@
+"""Pinned: an AMI id and code URLs as they were on the stack's first deploy."""
+
+from aws_cdk import (
+    CustomResource,
+    Duration,
+    Stack,
+    aws_lambda,
+)
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from stacks.teardown.names import PINNED_TYPE
+
+
+class Pinned(Construct):
+    """The AMI id `image_parameter` names and the code URLs, as on the stack's first deploy.
+
+    The reaper answers the custom resource (stacks/teardown/reaper/handler.py) and every later
+    deploy gets the same values, so the instance's properties never change under it: a new Ubuntu
+    image or a code change reaches the node only when the stack is deployed anew (`cdk destroy
+    PreprocessStack`, then deploy).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        reaper: aws_lambda.IFunction,
+        image_parameter: str,
+        code: dict[str, str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if reaper.role is None:
+            raise ValueError("the reaper must have an execution role")
+        stack = Stack.of(self)
+        read = iam.Policy(
+            self,
+            "ImageParameterRead",
+            roles=[reaper.role],
+            statements=[
+                iam.PolicyStatement(
+                    actions=["ssm:GetParameter"],
+                    # Public parameters have no account in their ARN.
+                    resources=[
+                        stack.format_arn(
+                            service="ssm",
+                            account="",
+                            resource="parameter",
+                            resource_name=image_parameter[1:],
+                        )
+                    ],
+                )
+            ],
+        )
+        pin = CustomResource(
+            self,
+            "Values",
+            service_token=reaper.function_arn,
+            resource_type=PINNED_TYPE,
+            properties={"ImageParameter": image_parameter, "Code": code},
+            service_timeout=Duration.minutes(5),
+        )
+        pin.node.add_dependency(read)
+        self.image_id = pin.get_att_string("ImageId")
+        self.code_urls = {name: pin.get_att_string(name) for name in code}

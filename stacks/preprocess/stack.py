@@ -1,0 +1,71 @@
+"""PreprocessStack: the preprocessing node in its own single-AZ network, registered with the
+reaper."""
+
+from aws_cdk import (
+    CfnOutput,
+    Stack,
+    Tags,
+    aws_lambda,
+)
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.config import FleetConfig
+from stacks.network import SingleZoneNetwork
+from stacks.node_code import PROJECT
+from stacks.preprocess.preprocessor import Preprocessor
+from stacks.teardown.preprocess_guard import PreprocessGuard
+
+
+class PreprocessStack(Stack):
+    """The preprocessing node in its own single-AZ network, registered with the reaper."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: FleetConfig,
+        bucket: s3.IBucket,
+        reaper: aws_lambda.IFunction,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        Tags.of(self).add("Project", PROJECT)
+        network = SingleZoneNetwork(
+            self,
+            "Network",
+            az=config.az,
+            private=False,
+            vpc_id=config.vpc_id,
+            subnet_id=config.subnet_id,
+        )
+        node = Preprocessor(
+            self,
+            "Preprocessor",
+            vpc=network.vpc,
+            subnet=network.subnet,
+            node_type=config.preprocess,
+            reaper=reaper,
+            volume_gib=config.data_volume_gib,
+            bucket=bucket,
+            output_prefix=config.dataset_prefix,
+            download_secret_arn=config.download_secret_arn,
+        )
+        PreprocessGuard(
+            self,
+            "Guard",
+            reaper=reaper,
+            instance=node.instance,
+            volume=node.cfn_volume,
+            snapshot_volume=config.snapshot_data_volume,
+        )
+        CfnOutput(self, "InstanceId", value=node.instance.ref)
+        CfnOutput(
+            self,
+            "Session",
+            description="Open a shell on the node (no SSH keys, no open ports)",
+            value=f"aws ssm start-session --region {self.region} --target {node.instance.ref}",
+        )
+        CfnOutput(self, "LogGroup", value=node.log_group.log_group_name)
+        CfnOutput(self, "DataVolumeId", value=node.volume.volume_id)

@@ -1,0 +1,19 @@
+"""Names and limits the reaper (reaper/handler.py reads them from its environment), its triggers
+and the stacks that deploy the triggers agree on."""
+
+from aws_cdk import Duration
+
+TRAIN_STACK_NAME = "TrainStack"
+# PreprocessGuard writes the instance and volume here; the reaper reads it on a new manifest.
+PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
+# The reaper reads the deployed fleet's run from this TrainStack output before deleting it.
+RUN_OUTPUT_KEY = "HorovodFleetRun"
+IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
+# The reaper also answers this custom resource: an AMI id and code URLs as they were on the
+# first deploy, kept by every update (reaper/handler.py).
+PINNED_TYPE = "Custom::HorovodFleetPinned"
+# The nodes' CloudWatch agent publishes GPU utilisation here; the idle alarm watches it.
+METRIC_NAMESPACE = "HorovodFleet"
+IDLE_PERIOD = Duration.minutes(5)
+IDLE_EVALUATION_PERIODS = 6  # 6 x 5 min = 30 minutes below the threshold
+IDLE_MINUTES = 30  # IDLE_PERIOD x IDLE_EVALUATION_PERIODS: quiet this long is idle

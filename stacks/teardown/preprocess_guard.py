@@ -1,0 +1,80 @@
+"""PreprocessGuard: registers the preprocessing instance for the reaper, inside PreprocessStack."""
+
+from aws_cdk import Stack, Tags, aws_lambda
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.nag import acknowledge_wildcard_resources
+from stacks.node_code import PROJECT
+from stacks.teardown.names import PREPROCESS_PARAMETER
+
+
+class PreprocessGuard(Construct):
+    """Registers the preprocessing instance and volume, and lets the reaper stop/snapshot them."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        reaper: aws_lambda.IFunction,
+        instance: ec2.CfnInstance,
+        volume: ec2.CfnVolume,
+        snapshot_volume: bool,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        Tags.of(self).add("Project", PROJECT)
+        stack = Stack.of(self)
+        ssm.StringParameter(
+            self,
+            "Registration",
+            parameter_name=PREPROCESS_PARAMETER,
+            description="The horovod-fleet preprocessing instance the reaper stops on a new manifest",
+            string_value=stack.to_json_string(
+                {
+                    "instance_id": instance.ref,
+                    "volume_id": volume.ref,
+                    "snapshot_volume": snapshot_volume,
+                }
+            ),
+        )
+        if reaper.role is None:
+            raise ValueError("the reaper must have an execution role")
+        snapshots = stack.format_arn(
+            service="ec2", account="", resource="snapshot", resource_name="*"
+        )
+        statements = [
+            iam.PolicyStatement(
+                actions=["ec2:StopInstances"],
+                resources=[
+                    stack.format_arn(service="ec2", resource="instance", resource_name=instance.ref)
+                ],
+            )
+        ]
+        if snapshot_volume:
+            statements += [
+                iam.PolicyStatement(
+                    actions=["ec2:CreateSnapshot"],
+                    resources=[
+                        stack.format_arn(
+                            service="ec2", resource="volume", resource_name=volume.ref
+                        ),
+                        snapshots,
+                    ],
+                ),
+                iam.PolicyStatement(
+                    actions=["ec2:CreateTags"],
+                    resources=[snapshots],
+                    conditions={"StringEquals": {"ec2:CreateAction": "CreateSnapshot"}},
+                ),
+            ]
+        policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[reaper.role])
+        if snapshot_volume:
+            acknowledge_wildcard_resources(
+                policy,
+                [snapshots],
+                "A snapshot's id is unknown until CreateSnapshot makes it; the volume and the "
+                "instance are named exactly, and tagging is limited to CreateSnapshot.",
+            )

@@ -1,0 +1,150 @@
+"""RunGuard: the per-run triggers of the reaper, deployed inside TrainStack."""
+
+import json
+from collections.abc import Sequence
+
+import jsii
+from aws_cdk import CfnOutput, CustomResource, Duration, Stack, Tags, aws_lambda
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_scheduler as scheduler
+from constructs import Construct
+
+from stacks.node_code import PROJECT
+from stacks.teardown.names import (
+    IDLE_ALARM_PREFIX,
+    IDLE_EVALUATION_PERIODS,
+    IDLE_PERIOD,
+    METRIC_NAMESPACE,
+    RUN_OUTPUT_KEY,
+)
+
+GPU_METRIC = "nvidia_smi_utilization_gpu"
+IDLE_THRESHOLD_PERCENT = 5
+# Scheduler retries a failed invocation for up to a day (its limits: 185 attempts, 86400 s).
+SCHEDULE_RETRIES = 185
+SCHEDULE_MAX_AGE_S = 86400
+
+
+class RunGuard(Construct):
+    """Per-run hard cap (one-time schedule) and idle alarm, both invoking the reaper.
+
+    Also outputs the run as TrainStack's `HorovodFleetRun`, which the reaper compares with the
+    event's run before it deletes anything.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        reaper: aws_lambda.Function,
+        run_name: str,
+        max_hours: float,
+        instances: Sequence[ec2.CfnInstance],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if max_hours <= 0:
+            raise ValueError(f"max_hours must be positive, got {max_hours!r}")
+        if reaper.dead_letter_queue is None:
+            raise ValueError("the reaper must have a dead-letter queue")
+        self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
+        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(f"{PROJECT}:run", run_name)
+
+        # CloudFormation has no "now": the reaper answers this custom resource with the deadline,
+        # so the cap counts from this deployment and synthesis stays deterministic.
+        deadline = CustomResource(
+            self,
+            "Deadline",
+            service_token=reaper.function_arn,
+            resource_type="Custom::HorovodFleetDeadline",
+            properties={"Run": run_name, "MaxHours": str(max_hours)},
+            # A reaper that cannot answer fails the deploy in minutes, not CloudFormation's hour.
+            service_timeout=Duration.minutes(5),
+        )
+        # The clock starts before the first instance launches, so the cap covers all billing.
+        for instance in instances:
+            instance.node.add_dependency(deadline)
+
+        invoke_role = iam.Role(
+            self,
+            "HardCapRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com",
+                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
+            ),
+            description=f"EventBridge Scheduler invokes the reaper at the hard cap of {run_name}",
+        )
+        invoke_role.add_to_policy(
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[reaper.function_arn])
+        )
+        reaper.dead_letter_queue.grant_send_messages(invoke_role)
+        self.hard_cap = scheduler.CfnSchedule(
+            self,
+            "HardCap",
+            description=f"Hard cap: delete TrainStack {max_hours:g} h after deploy",
+            schedule_expression=deadline.get_att_string("ScheduleExpression"),
+            schedule_expression_timezone="UTC",
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=reaper.function_arn,
+                role_arn=invoke_role.role_arn,
+                input=json.dumps({"trigger": "hard-cap", "run": run_name}),
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_retry_attempts=SCHEDULE_RETRIES,
+                    maximum_event_age_in_seconds=SCHEDULE_MAX_AGE_S,
+                ),
+                dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(
+                    arn=reaper.dead_letter_queue.queue_arn
+                ),
+            ),
+        )
+
+        self.idle_alarm = cloudwatch.Alarm(
+            self,
+            "IdleAlarm",
+            alarm_name=f"{IDLE_ALARM_PREFIX}{run_name}",
+            alarm_description=f"Fleet {run_name}: average GPU utilisation below "
+            f"{IDLE_THRESHOLD_PERCENT}% for 30 minutes; the reaper deletes TrainStack",
+            metric=cloudwatch.Metric(
+                namespace=METRIC_NAMESPACE,
+                metric_name=GPU_METRIC,
+                dimensions_map={"Run": run_name},
+                statistic="Average",
+                period=IDLE_PERIOD,
+            ),
+            threshold=IDLE_THRESHOLD_PERCENT,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=IDLE_EVALUATION_PERIODS,
+            datapoints_to_alarm=IDLE_EVALUATION_PERIODS,
+            # A fleet whose agents stopped publishing is dead or hung, not busy: count it idle.
+            # So the alarm can be in ALARM while TrainStack is still being created; the reaper
+            # then re-checks until the stack is deployed and the launch grace has passed.
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        # The permission sits in this stack (the alarm's) so TeardownStack never references it.
+        reaper.add_permission(
+            "IdleAlarmInvoke",
+            scope=self,
+            principal=iam.ServicePrincipal("lambda.alarms.cloudwatch.amazonaws.com"),
+            action="lambda:InvokeFunction",
+            source_arn=self.idle_alarm.alarm_arn,
+            source_account=Stack.of(self).account,
+        )
+        self.idle_alarm.add_alarm_action(_InvokeFunction(reaper))
+
+        # The reaper deletes TrainStack only when the event's run is the one deployed.
+        CfnOutput(self, "Run", value=run_name).override_logical_id(RUN_OUTPUT_KEY)
+
+
+@jsii.implements(cloudwatch.IAlarmAction)
+class _InvokeFunction:
+    """Alarm action that invokes a function whose permission was granted in the alarm's stack."""
+
+    def __init__(self, function: aws_lambda.IFunction) -> None:
+        self._function = function
+
+    def bind(self, _scope: Construct, _alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
+        return cloudwatch.AlarmActionConfig(alarm_action_arn=self._function.function_arn)

@@ -1,0 +1,77 @@
+"""TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
+
+from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.config import FleetConfig
+from stacks.network import SingleZoneNetwork
+from stacks.node_code import PROJECT
+from stacks.teardown.run_guard import RunGuard
+from stacks.train.fleet import GpuFleet
+
+
+class TrainStack(Stack):
+    """The fleet of one run, its network, and the guard that deletes it when done, capped or idle."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: FleetConfig,
+        bucket: s3.IBucket,
+        reaper: aws_lambda.IFunction,
+        image_id: str,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(f"{PROJECT}:run", config.run)
+        network = SingleZoneNetwork(
+            self,
+            "Network",
+            az=config.az,
+            private=True,
+            vpc_id=config.vpc_id,
+            subnet_id=config.subnet_id,
+        )
+        fleet = GpuFleet(
+            self,
+            "Fleet",
+            vpc=network.vpc,
+            subnet=network.subnet,
+            gpu=config.gpu,
+            nodes=config.nodes,
+            image_id=image_id,
+            bucket=bucket,
+            dataset_prefix=config.dataset_prefix,
+            run=config.run,
+            trainer=config.trainer,
+            capacity_reservation=config.capacity_reservation,
+            benchmark=config.benchmark_plan,
+        )
+        RunGuard(
+            self,
+            "Guard",
+            reaper=reaper,
+            run_name=config.run,
+            max_hours=config.max_hours,
+            instances=fleet.instances,
+        )
+        CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
+        if config.benchmark:
+            results = f"s3://{bucket.bucket_name}/runs/{config.run}/"
+            CfnOutput(
+                self,
+                "Benchmark",
+                description="The benchmark's table (JSON, Markdown, chart), written by node 0",
+                value=" ".join(f"{results}benchmark.{ext}" for ext in ("json", "md", "png")),
+            )
+        CfnOutput(self, "LogGroup", value=fleet.log_group.log_group_name)
+        CfnOutput(
+            self,
+            "LeaderSession",
+            description="Open a shell on node 0, which runs horovodrun",
+            value=f"aws ssm start-session --region {self.region} --target {fleet.instances[0].ref}",
+        )

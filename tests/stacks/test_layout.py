@@ -1,0 +1,58 @@
+"""stacks/ keeps one construct per module, its Lambda runtime beside the construct that deploys
+it, and no import of trainer/, bootstrap/, TensorFlow or Horovod (synth stays light)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+STACKS = ROOT / "stacks"
+MODULES = sorted(path for path in STACKS.rglob("*.py") if "__pycache__" not in path.parts)
+CONSTRUCT_BASES = {"Construct", "Stack"}
+FORBIDDEN_IMPORTS = {"trainer", "bootstrap", "rehearsal", "tensorflow", "horovod", "keras"}
+
+
+def constructs_in(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Name) and base.id in CONSTRUCT_BASES for base in node.bases)
+    ]
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_at_most_one_construct_per_module(path):
+    assert len(constructs_in(path)) <= 1, constructs_in(path)
+
+
+def test_the_count_sees_every_construct():
+    """The five stacks and the constructs they compose, each found in a module of its own."""
+    found = {name: path for path in MODULES for name in constructs_in(path)}
+    for name in ("DatasetStack", "TeardownStack", "PreprocessStack", "ImageStack", "TrainStack"):
+        assert found[name].name == "stack.py", (name, found[name])
+    for name in ("GpuFleet", "RunGuard", "PreprocessGuard", "TrainingImage", "Preprocessor"):
+        assert name in found
+
+
+def test_the_reaper_runtime_sits_beside_the_stack_that_deploys_it():
+    runtime = STACKS / "teardown" / "reaper"
+    assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == ["handler.py"]
+    assert 'Path(__file__).parent / "reaper"' in (STACKS / "teardown" / "stack.py").read_text()
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_stacks_import_nothing_of_the_training_side(path):
+    assert not imported_roots(path) & FORBIDDEN_IMPORTS
