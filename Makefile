@@ -82,7 +82,7 @@ synth: setup
 	npx cdk synth
 
 bench-preprocess: setup
-	$(PY) -m trainer.bench_preprocess
+	$(PY) -m trainer.preprocess.bench
 
 bench-input: setup
 	$(PY) -m trainer.bench_input --generate

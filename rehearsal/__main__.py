@@ -3,8 +3,8 @@
     .venv/bin/python -m rehearsal [--nodes 2] [--epochs 3] [--rerun-epochs 4] [--workdir DIR]
 
 1. moto_server is the S3 endpoint (AWS_ENDPOINT_URL for every process below).
-2. `python -m trainer.make_sample` writes small ILSVRC-shaped archives; they go to s3://.../raw/
-   exactly where users upload the real ones.
+2. `python -m trainer.preprocess.sample` writes small ILSVRC-shaped archives; they go to
+   s3://.../raw/ exactly where users upload the real ones.
 3. bootstrap/preprocess_node.sh converts them to s3://.../tfrecords/ (node.json without volume,
    installs or stop).
 4. N nodes run bootstrap/train_node.sh: as root with `ip netns` and sshd, each node is a network
@@ -275,7 +275,7 @@ class Rehearsal:
 
     def make_sample(self) -> None:
         raw = self.workdir / "raw"
-        cmd = [sys.executable, "-m", "trainer.make_sample", "--output", str(raw)]
+        cmd = [sys.executable, "-m", "trainer.preprocess.sample", "--output", str(raw)]
         cmd += ["--classes", str(self.args.classes), "--train-per-class", str(self.args.per_class)]
         cmd += ["--val-images", str(self.args.val_images)]
         self.wait({"sample": self.start("sample", cmd, self.env())}, 600)

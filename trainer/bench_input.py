@@ -25,7 +25,7 @@ from PIL import Image
 
 from trainer import data
 from trainer.cli import OneLineErrorParser, fail
-from trainer.make_sample import make_image
+from trainer.preprocess.sample import make_image
 
 REQUIRED_PER_CORE = 110
 

@@ -33,7 +33,7 @@ import tensorflow as tf
 from trainer import affinity, data
 from trainer.cli import OneLineErrorParser, fail
 from trainer.config import ConfigError, parse_config
-from trainer.train import RunError, Trainer, resolve_input, setup_devices
+from trainer.train import RunError, Trainer, rank_train_batches, resolve_input, setup_devices
 
 INPUTS = ("host", "device", "data")
 RESULT_PREFIX = "benchmark result: "
@@ -118,21 +118,13 @@ def run(argv: list[str]) -> dict | None:
             batch = data.synthetic_batch(config.batch_size, config.image_size, num_classes)
         batches = iter(lambda: batch, None)
     else:
-        batches = iter(
-            data.train_dataset(
-                shard.files,
-                batch_size=config.batch_size,
-                image_size=config.image_size,
-                num_classes=num_classes,
-                label_base=info.label_base,
-                shuffle_buffer=config.shuffle_buffer,
-                min_crop_area=config.min_crop_area,
-                seed=hvd.rank() * 7919,
-                threads=max(1, len(os.sched_getaffinity(0)) // hvd.local_size()),
-                ways=shard.ways,
-                index=shard.index,
-                device=device,
-            )
+        batches = rank_train_batches(
+            config,
+            info,
+            shard,
+            seed=hvd.rank() * 7919,
+            threads=max(1, len(os.sched_getaffinity(0)) // hvd.local_size()),
+            device=device,
         )
     flags = tf.constant([0.0, 0.0])
     seconds = []

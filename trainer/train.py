@@ -162,6 +162,34 @@ def resolve_input(config: TrainConfig, global_batch: int):
     return info, train_shard, val_shard, steps
 
 
+def rank_train_batches(
+    config: TrainConfig,
+    info: data.DatasetInfo,
+    shard: data.RankShard,
+    *,
+    seed: int,
+    threads: int,
+    device: str | None,
+):
+    """This rank's endless training batches from its shard, augmented as the flags say."""
+    return iter(
+        data.train_dataset(
+            shard.files,
+            batch_size=config.batch_size,
+            image_size=config.image_size,
+            num_classes=info.num_classes,
+            label_base=info.label_base,
+            shuffle_buffer=config.shuffle_buffer,
+            min_crop_area=config.min_crop_area,
+            seed=seed,
+            threads=threads,
+            ways=shard.ways,
+            index=shard.index,
+            device=device,
+        )
+    )
+
+
 def checkpoint_variables(checkpoint: tf.train.Checkpoint) -> list[tf.Variable]:
     """Every variable the checkpoint saves, in its object graph's order (the same on every rank):
     the model, the optimizer's slots and iterations, the loss scale and its good-step counter
@@ -471,21 +499,13 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
             )
 
         def train_batches():
-            return iter(
-                data.train_dataset(
-                    train_shard.files,
-                    batch_size=config.batch_size,
-                    image_size=config.image_size,
-                    num_classes=num_classes,
-                    label_base=info.label_base,
-                    shuffle_buffer=config.shuffle_buffer,
-                    min_crop_area=config.min_crop_area,
-                    seed=hvd.rank() * 7919 + start_epoch * 104729 + skip_steps,
-                    threads=input_threads,
-                    ways=train_shard.ways,
-                    index=train_shard.index,
-                    device=device,
-                )
+            return rank_train_batches(
+                config,
+                info,
+                train_shard,
+                seed=hvd.rank() * 7919 + start_epoch * 104729 + skip_steps,
+                threads=input_threads,
+                device=device,
             )
 
     def evaluate_and_record() -> dict:

@@ -14,8 +14,9 @@ import pytest
 from conftest import as_text, statements
 from moto import mock_aws
 
-import trainer.preprocess as preprocess
-from trainer.make_sample import make_sample
+from trainer.preprocess import convert
+from trainer.preprocess.__main__ import parse_config
+from trainer.preprocess.sample import make_sample
 
 BUCKET = "horovod-fleet-123456789012-us-east-1"
 ACTIONS = {
@@ -86,7 +87,7 @@ def s3_calls(tmp_path, monkeypatch):
             "provide-client-params.s3.*",
             lambda params, model, **_: calls.append((model.name, dict(params))),
         )
-        monkeypatch.setattr(preprocess, "s3_client", lambda: client)
+        monkeypatch.setattr(convert, "s3_client", lambda: client)
         raw = f"s3://{BUCKET}/raw/"
         args = [
             *("--train-tar", raw + os.path.basename(sample.train_tar)),
@@ -95,7 +96,7 @@ def s3_calls(tmp_path, monkeypatch):
             *("--output", f"s3://{BUCKET}/tfrecords"),
             *("--train-shards", "2", "--val-shards", "1", "--short-side", "64", "--workers", "1"),
         ]
-        preprocess.run(preprocess.parse_config(args))
+        convert.run(parse_config(args))
     return calls
 
 

@@ -8,9 +8,9 @@ import pytest
 COMMANDS = [
     ["trainer.preprocess", "--output", "/tmp/x", "--quality", "high"],
     ["trainer.train", "--epochs", "ten"],
-    ["trainer.make_sample", "--classes", "many"],
+    ["trainer.preprocess.sample", "--classes", "many"],
     ["trainer.bench_input", "--no-such-flag"],
-    ["trainer.bench_preprocess", "--images", "lots"],
+    ["trainer.preprocess.bench", "--images", "lots"],
 ]
 
 

@@ -1,4 +1,4 @@
-"""trainer.preprocess_jpeg, the libjpeg-turbo fast path, and how trainer.preprocess_image routes to it.
+"""trainer.preprocess.jpeg, the libjpeg-turbo fast path, and how trainer.preprocess.images routes to it.
 
 .venv/bin/python -m pytest tests/trainer/test_preprocess_jpeg.py
 """
@@ -11,9 +11,9 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from trainer import preprocess_jpeg
-from trainer.make_sample import make_image
-from trainer.preprocess_image import SkippedImage, convert_image, target_size
+from trainer.preprocess import jpeg as fast_path
+from trainer.preprocess.images import SkippedImage, convert_image, target_size
+from trainer.preprocess.sample import make_image
 
 SHORT_SIDE = 256
 
@@ -44,7 +44,7 @@ SIZES = [(500, 375), (375, 500), (500, 333), (300, 260), (900, 600), (1600, 1200
 @pytest.mark.parametrize(("width", "height"), [*SIZES, (4400, 4200)])
 def test_decodes_at_the_smallest_simd_scale_covering_the_target(width, height, monkeypatch):
     target = target_size(width, height, SHORT_SIDE)
-    m = preprocess_jpeg.scale_eighths(width, height, target)
+    m = fast_path.scale_eighths(width, height, target)
 
     def covers(k: int) -> bool:
         return math.ceil(width * k / 8) >= target[0] and math.ceil(height * k / 8) >= target[1]
@@ -59,9 +59,9 @@ def test_decodes_at_the_smallest_simd_scale_covering_the_target(width, height, m
         decoded.append(pixels.shape[:2])
         return pixels
 
-    monkeypatch.setattr(preprocess_jpeg.simplejpeg, "decode_jpeg", recording_decode)
+    monkeypatch.setattr(fast_path.simplejpeg, "decode_jpeg", recording_decode)
     data = jpeg(noisy_photo(width, height))
-    pixels = preprocess_jpeg.decode_resized(data, (width, height), target)
+    pixels = fast_path.decode_resized(data, (width, height), target)
     assert decoded == [(math.ceil(height * m / 8), math.ceil(width * m / 8))]
     assert pixels.shape == (target[1], target[0], 3)
 
@@ -69,7 +69,7 @@ def test_decodes_at_the_smallest_simd_scale_covering_the_target(width, height, m
 @pytest.mark.parametrize(("width", "height"), [*SIZES, (200, 150), (256, 400), (257, 257)])
 def test_output_has_the_exact_short_side_and_is_never_upscaled(width, height):
     data = jpeg(noisy_photo(width, height))
-    assert preprocess_jpeg.fast_path_size(data) == (width, height)
+    assert fast_path.fast_path_size(data) == (width, height)
     encoded, out_height, out_width = convert_image(data, SHORT_SIDE, 90)
     with Image.open(io.BytesIO(encoded)) as image:
         assert image.format == "JPEG" and image.mode == "RGB"
@@ -93,13 +93,13 @@ def test_at_least_as_faithful_as_the_recipe_it_replaces():
     images += [jpeg(noisy_photo(w, h, seed)) for seed, (w, h) in enumerate(SIZES)]
     fast, recipe = [], []
     for data in images:
-        original = preprocess_jpeg.fast_path_size(data)
+        original = fast_path.fast_path_size(data)
         target = target_size(*original, SHORT_SIDE)
         if target == original:
             continue
         with Image.open(io.BytesIO(data)) as image:
             exact = np.asarray(image.convert("RGB").resize(target, Image.Resampling.BILINEAR))
-        fast.append(psnr(preprocess_jpeg.decode_resized(data, original, target), exact))
+        fast.append(psnr(fast_path.decode_resized(data, original, target), exact))
         recipe.append(psnr(recipe_resize(data, target), exact))
     assert len(fast) >= 30
     assert np.mean(fast) >= np.mean(recipe), (np.mean(fast), np.mean(recipe))
@@ -124,7 +124,7 @@ def quirk(kind: str) -> bytes:
 @pytest.mark.parametrize("kind", ["png", "cmyk", "grayscale", "progressive"])
 def test_other_images_take_pillows_path(kind):
     data = quirk(kind)
-    assert preprocess_jpeg.fast_path_size(data) is None
+    assert fast_path.fast_path_size(data) is None
     encoded, height, width = convert_image(data, SHORT_SIDE, 90)
     with Image.open(io.BytesIO(encoded)) as image:
         assert (image.format, image.mode, image.size) == ("JPEG", "RGB", (341, 256))
@@ -135,16 +135,16 @@ def test_frame_markers_are_found_past_other_segments():
     plain = noisy_photo(64, 48)
     exif = Image.Exif()
     exif[0x010E] = "a description long enough to make a real APP1 segment"
-    assert preprocess_jpeg.frame_marker(jpeg(plain, exif=exif.tobytes())) == 0xC0
-    assert preprocess_jpeg.frame_marker(jpeg(plain, progressive=True)) == 0xC2
-    assert preprocess_jpeg.frame_marker(b"\x89PNG\r\n\x1a\n") is None
-    assert preprocess_jpeg.frame_marker(b"\xff\xd8\xff") is None
+    assert fast_path.frame_marker(jpeg(plain, exif=exif.tobytes())) == 0xC0
+    assert fast_path.frame_marker(jpeg(plain, progressive=True)) == 0xC2
+    assert fast_path.frame_marker(b"\x89PNG\r\n\x1a\n") is None
+    assert fast_path.frame_marker(b"\xff\xd8\xff") is None
 
 
 def test_a_truncated_jpeg_is_left_to_pillow_which_skips_it():
     data = jpeg(noisy_photo(500, 375))
     truncated = data[: len(data) // 2]
-    assert preprocess_jpeg.fast_path_size(truncated) == (500, 375)
-    assert preprocess_jpeg.decode_resized(truncated, (500, 375), (341, 256)) is None
+    assert fast_path.fast_path_size(truncated) == (500, 375)
+    assert fast_path.decode_resized(truncated, (500, 375), (341, 256)) is None
     with pytest.raises(SkippedImage, match="truncated image"):
         convert_image(truncated, SHORT_SIDE, 90)

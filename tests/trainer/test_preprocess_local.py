@@ -18,7 +18,7 @@ import pytest
 from ilsvrc_samples import REPO, read_records, run_preprocess, sample_args
 from PIL import Image
 
-from trainer.make_sample import make_image, make_sample
+from trainer.preprocess.sample import make_image, make_sample
 
 SHORT_SIDE = 64
 FLAGS = ["--train-shards", "4", "--val-shards", "2", "--short-side", str(SHORT_SIDE),

@@ -16,7 +16,7 @@ import boto3
 import pytest
 from ilsvrc_samples import read_records, run_preprocess
 
-from trainer.make_sample import make_sample
+from trainer.preprocess.sample import make_sample
 
 BUCKET = "dataset"
 FLAGS = [

@@ -1,8 +1,10 @@
-"""Where trainer.preprocess puts finished shards: a local directory or an s3:// prefix.
+"""What trainer.preprocess writes, and where: shards with their sidecars, then the manifest, in a
+local directory or under an s3:// prefix.
 
 A shard becomes visible only whole (local: written under _progress/, fsynced, renamed; S3: staged
 locally and uploaded once finished), and then its sidecar _progress/<shard>.json records its
 record count, size and sha256; a restart trusts a shard only if it still matches its sidecar.
+The manifest (docs/contracts.md) is built from the sidecars.
 Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_local.py tests/trainer/test_preprocess_s3.py
 """
 
@@ -12,11 +14,14 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
 
-from trainer.imagenet_archives import split_s3_url
+from trainer.preprocess.archives import split_s3_url
 
 PROGRESS_DIR = "_progress"
 MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "horovod-fleet/imagenet-tfrecords/1"
+LABEL_BASE = 1
 
 
 def file_sha256(path: str) -> str:
@@ -49,6 +54,29 @@ class ShardWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         return self._digest.hexdigest()
+
+
+def build_manifest(
+    label_map: dict[str, int], splits: dict[str, list[dict]], short_side: int, quality: int
+) -> dict:
+    """The manifest of every split's shards, from their sidecars, in shard order."""
+    shards = [sidecar for sidecars in splits.values() for sidecar in sidecars]
+    return {
+        "format": MANIFEST_FORMAT,
+        "num_classes": len(label_map),
+        "label_base": LABEL_BASE,
+        "splits": {
+            split: {"shards": len(sidecars), "records": sum(s["records"] for s in sidecars)}
+            for split, sidecars in splits.items()
+        },
+        "shards": [
+            {key: s[key] for key in ("file", "split", "records", "bytes", "sha256")} for s in shards
+        ],
+        "label_map": label_map,
+        "image": {"short_side": short_side, "quality": quality},
+        "skipped": [entry for s in shards for entry in s["skipped"]],
+        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
 
 
 def _write_atomically(path: str, data: bytes) -> None:

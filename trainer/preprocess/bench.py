@@ -1,8 +1,8 @@
 """Preprocessing speed against the hand-run TensorFlow recipe, in images/s per core.
 
-    python -m trainer.bench_preprocess [--images 2000] [--workers N]
+    python -m trainer.preprocess.bench [--images 2000] [--workers N]
 
-Generates an ImageNet-like sample (trainer.make_sample), converts it with trainer.preprocess in a
+Generates an ImageNet-like sample (sample.py), converts it with trainer.preprocess in a
 subprocess, then runs the reference on the same images in this process with TensorFlow limited to
 one thread (its import and start-up not counted): what build_imagenet_data.py does (a TensorFlow
 decode of every image to learn its shape, the original bytes into TFRecords), then what the Deep
@@ -15,6 +15,8 @@ included, and in steady state, what each further image costs (the difference to 
 100-image sample): that is the rate over ImageNet's 1.33 M images, and like the reference it
 leaves start-up out. Also printed: CPU ms per image by stage for both, the ratio the fast path's
 codec work alone would allow, and its PSNR against an exact Pillow decode + antialiased resize.
+TensorFlow is imported only by the reference's function, so the package imports without it.
+Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_bench.py
 """
 
 import io
@@ -31,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from trainer import preprocess_jpeg
 from trainer.cli import OneLineErrorParser, fail
-from trainer.make_sample import make_sample
-from trainer.preprocess_image import target_size
+from trainer.preprocess import jpeg
+from trainer.preprocess.images import target_size
+from trainer.preprocess.sample import make_sample
 
 GOAL_RATIO = 4.0
 GOAL_PER_CORE = 150.0
@@ -171,16 +173,16 @@ def tool_stages(images, short_side: int, quality: int) -> tuple[dict, list[float
     stages, psnrs, taken = {"decode + resize": 0.0, "encode": 0.0}, [], 0
     for _, data, _ in images:
         before = time.process_time()
-        original = preprocess_jpeg.fast_path_size(data)
+        original = jpeg.fast_path_size(data)
         pixels = None
         if original is not None:
             size = target_size(*original, short_side)
-            pixels = preprocess_jpeg.decode_resized(data, original, size)
+            pixels = jpeg.decode_resized(data, original, size)
         middle = time.process_time()
         stages["decode + resize"] += middle - before
         if pixels is None:
             continue
-        preprocess_jpeg.encode(pixels, quality)
+        jpeg.encode(pixels, quality)
         stages["encode"] += time.process_time() - middle
         taken += 1
         with Image.open(io.BytesIO(data)) as image:
@@ -225,7 +227,7 @@ def image_size(data: bytes) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineErrorParser(
-        prog="python -m trainer.bench_preprocess", description=__doc__.split("\n")[0]
+        prog="python -m trainer.preprocess.bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--images", type=int, default=2000, help="images in the sample (2000)")
     cores = len(os.sched_getaffinity(0))

@@ -1,6 +1,6 @@
 """ILSVRC-shaped sample archives with photographic-looking content, deterministic for a seed.
 
-    python -m trainer.make_sample --output DIR --classes 10 --train-per-class 20 --val-images 50 [--quirks]
+    python -m trainer.preprocess.sample --output DIR --classes 10 --train-per-class 20 --val-images 50 [--quirks]
 
 Writes DIR/ILSVRC2012_img_train.tar (one <synset>.tar per class inside), DIR/ILSVRC2012_img_val.tar
 (flat ILSVRC2012_val_%08d.JPEG) and DIR/ILSVRC2012_validation_ground_truth.txt (one synset per
@@ -167,7 +167,7 @@ def make_sample(
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineErrorParser(
-        prog="python -m trainer.make_sample", description=__doc__.split("\n")[0]
+        prog="python -m trainer.preprocess.sample", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--output", required=True, help="directory for the three ILSVRC files")
     parser.add_argument("--classes", type=int, default=10, help="synsets (default 10)")

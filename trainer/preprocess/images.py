@@ -2,8 +2,8 @@
 
 Formats and colour modes are detected from the bytes, never from the file name, so the CMYK
 JPEGs, the PNG named .JPEG and the grayscale images in ImageNet all come out as RGB JPEGs.
-Sequential YCbCr JPEGs, nearly all of ImageNet, take the fast path of trainer/preprocess_jpeg.py;
-Pillow converts the rest.
+Sequential YCbCr JPEGs, nearly all of ImageNet, take the fast path of jpeg.py; Pillow converts
+the rest.
 Tested by: .venv/bin/python -m pytest tests/trainer/test_preprocess_local.py tests/trainer/test_preprocess_jpeg.py
 """
 
@@ -15,7 +15,7 @@ import time
 
 from PIL import Image, UnidentifiedImageError
 
-from trainer.tfrecord_writer import encode_example, frame_record
+from trainer.preprocess.records import encode_example, frame_record
 
 # The modes convert("RGB") maps faithfully; 16-bit and float images are rejected, not guessed.
 _CONVERTIBLE_MODES = {"RGB", "L", "CMYK", "YCbCr", "P", "RGBA", "LA", "1"}
@@ -52,14 +52,14 @@ def convert_image(data: bytes, short_side: int, quality: int) -> tuple[bytes, in
     """RGB JPEG bytes of the image with its shorter side at most short_side, and its height, width."""
     # Imported here: the main process imports this module but never converts, and OpenCV with
     # NumPy would add a quarter of a CPU-second to its start-up.
-    from trainer import preprocess_jpeg
+    from trainer.preprocess import jpeg
 
-    original = preprocess_jpeg.fast_path_size(data)
+    original = jpeg.fast_path_size(data)
     if original is not None:
         size = target_size(*original, short_side)
-        pixels = preprocess_jpeg.decode_resized(data, original, size)
+        pixels = jpeg.decode_resized(data, original, size)
         if pixels is not None:
-            return preprocess_jpeg.encode(pixels, quality), size[1], size[0]
+            return jpeg.encode(pixels, quality), size[1], size[0]
     try:
         with Image.open(io.BytesIO(data)) as image:
             size = target_size(*image.size, short_side)

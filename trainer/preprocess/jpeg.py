@@ -1,10 +1,10 @@
-"""The fast path of trainer.preprocess_image: libjpeg-turbo scaling while it decodes, then OpenCV.
+"""The fast path of trainer.preprocess.images: libjpeg-turbo scaling while it decodes, then OpenCV.
 
 Nearly every ImageNet image is a sequential YCbCr JPEG. For those, libjpeg-turbo (bundled in
 simplejpeg) decodes straight to the smallest of 1/8, 1/4, 1/2 and 1 whose size still covers the
 target, an OpenCV bilinear resize covers the remaining ratio (over 1/2), and libjpeg-turbo
 re-encodes. libjpeg-turbo can also scale by 3/8, 5/8, 6/8 and 7/8, but those IDCTs are plain C
-where the four above are SIMD: on trainer.make_sample's ImageNet-like images a 6/8 or 7/8 decode
+where the four above are SIMD: on sample.py's ImageNet-like images a 6/8 or 7/8 decode
 cost 0.2-0.35 ms more than a full decode plus the bilinear resize, and landed further from an
 antialiased resize of the full image (PSNR down to 33 dB instead of 37: ringing at sharp edges).
 Anything else (PNG, CMYK, grayscale, progressive or arithmetic-coded JPEGs, and any JPEG that

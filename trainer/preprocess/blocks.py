@@ -18,7 +18,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from trainer.imagenet_archives import (
+from trainer.preprocess.archives import (
     InputError,
     TarMember,
     list_tar,

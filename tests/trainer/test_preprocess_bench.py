@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer.bench_preprocess import SMALL_IMAGES, Timing
+from trainer.preprocess.bench import SMALL_IMAGES, Timing
 
 FIXED_CPU_S, FIXED_WALL_S, PER_IMAGE_S = 0.5, 0.4, 0.002
 
@@ -35,7 +35,7 @@ def test_steady_state_needs_the_larger_run_on_the_same_cores():
 
 def test_too_small_a_sample_is_one_line_and_exit_2():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.bench_preprocess", "--images", "150"],
+        [sys.executable, "-m", "trainer.preprocess.bench", "--images", "150"],
         capture_output=True,
         text=True,
     )
@@ -49,7 +49,7 @@ def test_too_small_a_sample_is_one_line_and_exit_2():
 
 def test_too_many_workers_is_one_line_before_any_work():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.bench_preprocess", "--workers", "600"],
+        [sys.executable, "-m", "trainer.preprocess.bench", "--workers", "600"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -64,7 +64,7 @@ def test_too_many_workers_is_one_line_before_any_work():
 @pytest.mark.slow
 def test_benchmark_prints_every_figure():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.bench_preprocess", "--images", str(2 * SMALL_IMAGES)],
+        [sys.executable, "-m", "trainer.preprocess.bench", "--images", str(2 * SMALL_IMAGES)],
         capture_output=True,
         text=True,
         timeout=600,
