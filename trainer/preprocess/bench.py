@@ -129,7 +129,7 @@ def reference_timing(images, short_side: int, quality: int, workdir: str) -> tup
         shape = tf.cast(tf.shape(pixels)[:2], tf.float32)
         size = tf.cast(tf.minimum(short_side / tf.reduce_min(shape), 1.0) * shape, tf.int32)
         resized = tf.cast(tf.compat.v1.image.resize(pixels, size, align_corners=False), tf.uint8)
-        jpeg = tf.io.encode_jpeg(
+        reencoded = tf.io.encode_jpeg(
             resized, format="rgb", quality=quality, progressive=False, optimize_size=True,
             chroma_downsampling=True,
         )  # fmt: skip
@@ -148,12 +148,12 @@ def reference_timing(images, short_side: int, quality: int, workdir: str) -> tup
     with tf.io.TFRecordWriter(small) as writer:
         records = tf.data.TFRecordDataset(full).as_numpy_iterator()
         for (name, _, label), serialized in zip(images, records, strict=True):
-            out, (height, width) = session.run([jpeg, size], {record: serialized})
+            out, (height, width) = session.run([reencoded, size], {record: serialized})
             writer.write(example(out, label, height, width, name))
     timing = Timing(len(images), time.perf_counter() - start, time.process_time() - cpu_start, 1)
     quarter = [data for _, data, _ in images[::4]]
     cumulative = []
-    for fetch in (pixels, resized, jpeg):  # each stage's cost is the difference to the last
+    for fetch in (pixels, resized, reencoded):  # each stage's cost is the difference to the last
         before = time.process_time()
         for data in quarter:
             session.run(fetch, {encoded: data})

@@ -1,12 +1,14 @@
 """ILSVRC-shaped sample archives with photographic-looking content, deterministic for a seed.
 
-    python -m trainer.preprocess.sample --output DIR --classes 10 --train-per-class 20 --val-images 50 [--quirks]
+    python -m trainer.preprocess.sample --output DIR --classes 10 --train-per-class 20 \
+        --val-images 50 [--quirks]
 
-Writes DIR/ILSVRC2012_img_train.tar (one <synset>.tar per class inside), DIR/ILSVRC2012_img_val.tar
-(flat ILSVRC2012_val_%08d.JPEG) and DIR/ILSVRC2012_validation_ground_truth.txt (one synset per
-line, in file-name order). Sizes follow ImageNet's spread (mostly 500 on the long side, mean about
-400x350) and JPEG quality is about 90. Each class has its own hue, so a model can learn the sample
-and the rehearsal's accuracy means something (chance is 1/classes). --quirks replaces the first four train images with ImageNet's
+Writes DIR/ILSVRC2012_img_train.tar (one <synset>.tar per class inside),
+DIR/ILSVRC2012_img_val.tar (flat ILSVRC2012_val_%08d.JPEG) and
+DIR/ILSVRC2012_validation_ground_truth.txt (one synset per line, in file-name order). Sizes follow
+ImageNet's spread (mostly 500 on the long side, mean about 400x350) and JPEG quality is about 90.
+Each class has its own hue, so a model can learn the sample and the rehearsal's accuracy means
+something (chance is 1/classes). --quirks replaces the first four train images with ImageNet's
 oddities: a CMYK JPEG, a PNG named .JPEG, a grayscale JPEG and a truncated JPEG.
 """
 
