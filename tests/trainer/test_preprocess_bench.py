@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer.preprocess.bench import SMALL_IMAGES, Timing
+from trainer.preprocess.bench import MIN_IMAGES, SMALL_IMAGES, MeasurementError, Timing
 
 FIXED_CPU_S, FIXED_WALL_S, PER_IMAGE_S = 0.5, 0.4, 0.002
 
@@ -33,17 +33,27 @@ def test_steady_state_needs_the_larger_run_on_the_same_cores():
         linear_run(2000).minus(Timing(SMALL_IMAGES, 1.0, 1.0, 1))
 
 
+def test_a_steady_state_drowned_in_noise_is_refused():
+    """A larger run that cost no more than the small one (a busy machine) gives no figure."""
+    small = Timing(SMALL_IMAGES, 1.0, 0.9, 2)
+    with pytest.raises(MeasurementError, match="too busy to measure"):
+        Timing(MIN_IMAGES, 0.9, 1.5, 2).steady_state(small)
+    with pytest.raises(MeasurementError, match="too busy to measure"):
+        Timing(MIN_IMAGES, 1.5, 0.8, 2).steady_state(small)
+    assert Timing(MIN_IMAGES, 1.5, 1.4, 2).steady_state(small).images == MIN_IMAGES - SMALL_IMAGES
+
+
 def test_too_small_a_sample_is_one_line_and_exit_2():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.preprocess.bench", "--images", "150"],
+        [sys.executable, "-m", "trainer.preprocess.bench", "--images", str(MIN_IMAGES - 1)],
         capture_output=True,
         text=True,
     )
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
-        f"error: --images must be at least {2 * SMALL_IMAGES} (steady state is measured "
-        f"against a {SMALL_IMAGES}-image run), got 150"
+        f"error: --images must be at least {MIN_IMAGES} (steady state is measured "
+        f"against a {SMALL_IMAGES}-image run), got {MIN_IMAGES - 1}"
     ]
 
 
@@ -64,7 +74,7 @@ def test_too_many_workers_is_one_line_before_any_work():
 @pytest.mark.slow
 def test_benchmark_prints_every_figure():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.preprocess.bench", "--images", str(2 * SMALL_IMAGES)],
+        [sys.executable, "-m", "trainer.preprocess.bench", "--images", str(MIN_IMAGES)],
         capture_output=True,
         text=True,
         timeout=600,

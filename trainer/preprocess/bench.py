@@ -42,8 +42,16 @@ GOAL_RATIO = 4.0
 GOAL_PER_CORE = 150.0
 SMALL_SAMPLE = (10, 8, 20)  # classes, train images per class, validation images
 SMALL_IMAGES = SMALL_SAMPLE[0] * SMALL_SAMPLE[1] + SMALL_SAMPLE[2]
+# The steady state is the difference of two runs that each pay a start-up of about half a
+# CPU-second; at 200 images the difference (about 0.15 CPU-s) drowned in its noise and came out
+# negative on a busy machine. 900 images beyond the small run cost well over a CPU-second.
+MIN_IMAGES = 10 * SMALL_IMAGES
 MAX_WORKERS = 512  # trainer.preprocess's own bound
 SHORT_SIDE, QUALITY = 256, 90  # trainer.preprocess's defaults
+
+
+class MeasurementError(Exception):
+    """The machine was too noisy for a figure to mean anything."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,18 @@ class Timing:
             self.cpu_s - smaller.cpu_s,
             self.cores,
         )
+
+    def steady_state(self, smaller: "Timing") -> "Timing":
+        """minus(), refusing a difference that noise made meaningless (no cost, or negative)."""
+        steady = self.minus(smaller)
+        if steady.cpu_s <= 0 or steady.wall_s <= 0:
+            raise MeasurementError(
+                f"the {self.images}-image run cost no more than the {smaller.images}-image run "
+                f"({self.cpu_s:.2f} vs {smaller.cpu_s:.2f} CPU-s, {self.wall_s:.2f} vs "
+                f"{smaller.wall_s:.2f} s): the machine is too busy to measure a steady state; "
+                "run again with more --images or when it is quieter"
+            )
+        return steady
 
     def describe(self) -> str:
         return (
@@ -233,9 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     cores = len(os.sched_getaffinity(0))
     parser.add_argument("--workers", type=int, default=cores, help="tool processes (all cores)")
     args = parser.parse_args(argv)
-    if args.images < 2 * SMALL_IMAGES:
+    if args.images < MIN_IMAGES:
         fail(
-            f"--images must be at least {2 * SMALL_IMAGES} (steady state is measured against a "
+            f"--images must be at least {MIN_IMAGES} (steady state is measured against a "
             f"{SMALL_IMAGES}-image run), got {args.images}"
         )
     if not 1 <= args.workers <= MAX_WORKERS:
@@ -258,7 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         small_run = tool_timing(
             small, SMALL_IMAGES, args.workers, os.path.join(workdir, "small-tfrecords")
         )
-        tool = as_run.minus(small_run)
+        try:
+            tool = as_run.steady_state(small_run)
+        except MeasurementError as error:
+            fail(str(error), code=1)
         startup_cpu_s = small_run.cpu_s - SMALL_IMAGES * tool.cpu_s / tool.images
         print(
             f"trainer.preprocess, steady state: {tool.describe()}; start-up "
