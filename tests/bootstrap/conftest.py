@@ -1,9 +1,12 @@
-"""Fixtures for the bootstrap tests: a moto S3 bucket and node.json documents."""
+"""Fixtures for the bootstrap tests: moto S3 (in process or as a server) and node.json documents."""
+
+import urllib.request
 
 import boto3
 import pytest
 from bootstrap_helpers import BUCKET, train_doc
 from moto import mock_aws
+from moto.server import ThreadedMotoServer
 
 from bootstrap.node_config import parse
 
@@ -32,3 +35,16 @@ def s3(monkeypatch):
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
         yield client
+
+
+@pytest.fixture
+def moto_endpoint():
+    """A moto server for processes the test starts (s5cmd, node scripts), on an empty account:
+    moto keeps its state per process, across servers and mock_aws."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
+    yield url
+    server.stop()

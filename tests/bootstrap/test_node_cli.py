@@ -13,28 +13,18 @@ from pathlib import Path
 import boto3
 import pytest
 from bootstrap_helpers import cpu_image_json, train_doc, write_tfrecord
-from moto.server import ThreadedMotoServer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def node(tmp_path, endpoint):
+def node(tmp_path, moto_endpoint):
     """A bucket with a one-shard dataset, and a way to run a node script on a node.json."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="t", AWS_SECRET_ACCESS_KEY="t",
+    env.update(AWS_ENDPOINT_URL=moto_endpoint, AWS_ACCESS_KEY_ID="t", AWS_SECRET_ACCESS_KEY="t",
                AWS_DEFAULT_REGION="us-east-1",
                PATH=f"{Path(sys.executable).parent}:{env['PATH']}")  # fmt: skip
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
                       aws_access_key_id="t", aws_secret_access_key="t")  # fmt: skip
     s3.create_bucket(Bucket="fleet-data")
     shard = tmp_path / "train-00000-of-00001"

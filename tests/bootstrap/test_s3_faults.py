@@ -18,14 +18,12 @@ import stat
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
 from bootstrap_helpers import BUCKET, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
-from moto.server import ThreadedMotoServer
 
 from bootstrap import aws, data_pull, launch, rendezvous
 
@@ -185,13 +183,8 @@ def test_s5cmd_refusal_is_not_retried(fake_s5cmd):
 
 
 @pytest.fixture
-def endpoint(monkeypatch):
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    # moto keeps its state per process, across servers: start from an empty account.
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
+def endpoint(monkeypatch, moto_endpoint):
+    url = moto_endpoint
     for name, value in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "t",
                         "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1",
                         "AWS_REGION": "us-east-1"}.items():  # fmt: skip
@@ -200,8 +193,7 @@ def endpoint(monkeypatch):
     monkeypatch.setattr(aws, "STEP_POLICY", QUICK)
     s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
     s3.create_bucket(Bucket=BUCKET)
-    yield s3
-    server.stop()
+    return s3
 
 
 def checkpoint_in_s3(s3, epoch=3, state=True):
