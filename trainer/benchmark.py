@@ -33,7 +33,14 @@ import tensorflow as tf
 from trainer import affinity, data
 from trainer.cli import OneLineErrorParser, fail
 from trainer.config import ConfigError, parse_config
-from trainer.train import RunError, Trainer, rank_train_batches, resolve_input, setup_devices
+from trainer.train import (
+    RunError,
+    Trainer,
+    input_threads,
+    rank_train_batches,
+    resolve_input,
+    setup_devices,
+)
 
 INPUTS = ("host", "device", "data")
 RESULT_PREFIX = "benchmark result: "
@@ -69,9 +76,7 @@ def host_batches(batch_size: int, image_size: int, num_classes: int, device: str
     labels = rng.integers(0, num_classes, size=(HOST_POOL, batch_size), dtype=np.int32)
     with tf.device("/cpu:0"):
         dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat()
-    if device is None:
-        return iter(dataset.prefetch(2))
-    return iter(dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2)))
+    return iter(data.to_device(dataset, device) if device else dataset.prefetch(2))
 
 
 def summarise(step_seconds: list[float], global_batch: int, ranks: int) -> dict:
@@ -88,7 +93,7 @@ def summarise(step_seconds: list[float], global_batch: int, ranks: int) -> dict:
     }
 
 
-def run(argv: list[str]) -> dict | None:
+def run(argv: list[str], node_cpus: int) -> dict | None:
     options, trainer_argv = build_parser().parse_known_args(argv)
     if options.warmup_steps < 1 or options.timed_steps < 2:
         raise ConfigError(
@@ -123,7 +128,7 @@ def run(argv: list[str]) -> dict | None:
             info,
             shard,
             seed=hvd.rank() * 7919,
-            threads=max(1, len(os.sched_getaffinity(0)) // hvd.local_size()),
+            threads=input_threads(node_cpus),
             device=device,
         )
     flags = tf.constant([0.0, 0.0])
@@ -160,13 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return 0
+    node_cpus = len(os.sched_getaffinity(0))  # before binding, as trainer.train counts them
     bound = affinity.bind_to_gpu_socket()
     hvd.init()
     try:
-        result = run(argv)
-    except ConfigError as exc:
-        fail(str(exc))
-    except RunError as exc:
+        result = run(argv, node_cpus)
+    except (ConfigError, RunError) as exc:
         fail(str(exc))
     if bound and hvd.rank() == 0:
         print(bound, flush=True)

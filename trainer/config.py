@@ -16,6 +16,16 @@ DEFAULT_EVAL_EVERY = 10
 # A checkpoint at an epoch end once this long has passed since the last (and at the end, and on
 # SIGTERM): a 200 MB save every 16 s epoch would cost a fleet several percent.
 DEFAULT_CHECKPOINT_EVERY_S = 600
+# The large-batch recipe (README "Large batches"). Goyal et al. (2017,
+# https://arxiv.org/abs/1706.02677) validate the linear scaling rule with a 5-epoch warmup up to
+# a global batch of 8k. At 16k (64 GPUs x 256) the one published recipe for this model, AWS's
+# 64-GPU Horovod script, keeps momentum SGD at LR 6.4 and warms up for 10 epochs
+# (https://github.com/aws-samples/deep-learning-models/blob/master/models/resnet/tensorflow/dlami_scripts/train_64gpus.sh):
+# from 16k on, inclusive, the default warmup is 10 epochs. Above 16k LARS (You et al. 2017,
+# https://arxiv.org/abs/1708.03888) takes over from Nesterov SGD.
+LARGE_BATCH = 16384
+WARMUP_EPOCHS = 5.0
+LARGE_BATCH_WARMUP_EPOCHS = 10.0
 
 
 class ConfigError(ValueError):
@@ -112,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warmup-epochs",
         type=float,
-        help="linear LR warmup before cosine decay (default: 5, or 10 from a global batch of "
-        "16384 on; LARS takes over above 16384)",
+        help=f"linear LR warmup before cosine decay (default: {WARMUP_EPOCHS:g}, or "
+        f"{LARGE_BATCH_WARMUP_EPOCHS:g} from a global batch of {LARGE_BATCH} on; LARS takes over "
+        f"above {LARGE_BATCH})",
     )
     parser.add_argument("--momentum", type=float, default=0.9, help="Nesterov momentum")
     parser.add_argument(

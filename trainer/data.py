@@ -75,7 +75,7 @@ def _check_label_map(path: Path, label_map, manifest: Manifest) -> None:
         raise DataError(
             f"manifest {path}: label_map must be a non-empty JSON object, got {_shown(label_map)}"
         )
-    base = DEFAULT_LABEL_BASE if manifest.label_base is None else manifest.label_base
+    base = _first_given(manifest.label_base, DEFAULT_LABEL_BASE)
     classes = manifest.num_classes or len(label_map)
     if classes != len(label_map):
         raise DataError(
@@ -291,7 +291,7 @@ def train_dataset(
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return _to_device(dataset.with_options(_fast_options(threads)), device)
+    return to_device(dataset.with_options(_fast_options(threads)), device)
 
 
 def eval_dataset(
@@ -320,10 +320,10 @@ def eval_dataset(
     )
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    return _to_device(dataset.with_options(_fast_options(threads)), device)
+    return to_device(dataset.with_options(_fast_options(threads)), device)
 
 
-def _to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
+def to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
     """Copy batches to the device ahead of the step that needs them (it must come last)."""
     if device is None:
         return dataset

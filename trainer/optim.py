@@ -6,18 +6,10 @@ import math
 
 import tensorflow as tf
 
+from trainer.config import LARGE_BATCH, LARGE_BATCH_WARMUP_EPOCHS, WARMUP_EPOCHS
+
 # LARS trust coefficient (You et al., 2017: "Large Batch Training of Convolutional Networks").
 LARS_ETA = 0.001
-# The large-batch recipe (README "Large batches"). Goyal et al. (2017,
-# https://arxiv.org/abs/1706.02677) validate the linear scaling rule with a 5-epoch warmup up to
-# a global batch of 8k. At 16k (64 GPUs x 256) the one published recipe for this model, AWS's
-# 64-GPU Horovod script, keeps momentum SGD at LR 6.4 and warms up for 10 epochs
-# (https://github.com/aws-samples/deep-learning-models/blob/master/models/resnet/tensorflow/dlami_scripts/train_64gpus.sh):
-# from 16k on, inclusive, the default warmup is 10 epochs. Above 16k LARS (You et al. 2017,
-# https://arxiv.org/abs/1708.03888) takes over from Nesterov SGD.
-LARGE_BATCH = 16384
-WARMUP_EPOCHS = 5.0
-LARGE_BATCH_WARMUP_EPOCHS = 10.0
 
 
 def uses_lars(global_batch: int) -> bool:

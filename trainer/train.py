@@ -162,6 +162,11 @@ def resolve_input(config: TrainConfig, global_batch: int):
     return info, train_shard, val_shard, steps
 
 
+def input_threads(node_cpus: int) -> int:
+    """This rank's share of the node's CPUs (counted before it was bound to its GPU's socket)."""
+    return max(1, node_cpus // hvd.local_size())
+
+
 def rank_train_batches(
     config: TrainConfig,
     info: data.DatasetInfo,
@@ -345,7 +350,7 @@ def resume_step(epoch_step: int, saved_steps_per_epoch: int, steps_per_epoch: in
     return min(round(epoch_step * steps_per_epoch / saved_steps_per_epoch), steps_per_epoch)
 
 
-def evaluate(trainer: Trainer, batches, shard: data.RankShard | None) -> dict:
+def evaluate(trainer: Trainer, batches, shard: data.RankShard) -> dict:
     """Top-1/top-5 over this rank's batches, summed over all ranks."""
     counts = np.zeros(3, np.int64)
     local_error = None
@@ -354,8 +359,7 @@ def evaluate(trainer: Trainer, batches, shard: data.RankShard | None) -> dict:
             top1, top5 = trainer.eval_step(images, labels)
             counts += (int(top1), int(top5), int(labels.shape[0]))
     except tf.errors.OpError as exc:
-        files = shard.files if shard else []
-        local_error = data.describe_input_error(exc, files, trainer.config.image_size)
+        local_error = data.describe_input_error(exc, shard.files, trainer.config.image_size)
     agree(local_error)
     # Horovod: sum the counts from every rank's share of the validation records.
     top1, top5, images = hvd.allreduce(tf.constant(counts), op=hvd.Sum, name="eval").numpy()
@@ -384,7 +388,6 @@ class Timings:
     def __init__(self, started: float):
         self.started = started
         self.train_start = None  # set when the first step is about to run
-        self.images = 0  # images trained by this invocation
         self.timed_images, self.timed_seconds = 0, 0.0  # steady state: the first interval left out
         self.all_images, self.all_seconds = 0, 0.0
         self.first_interval = True
@@ -413,7 +416,7 @@ class Timings:
         return {
             "images_per_s": self.steady_images_per_s(),
             # Everything included: start-up, compilation, evaluation, checkpoints.
-            "end_to_end_images_per_s": round(self.images / duration, 1) if duration else None,
+            "end_to_end_images_per_s": round(self.all_images / duration, 1) if duration else None,
             "duration_s": round(duration, 3),
             "startup_s": round((self.train_start or now) - self.started, 3),
             "evaluation_s": round(self.evaluation_s, 3),
@@ -429,7 +432,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     if config.synthetic:
         num_classes = config.num_classes or data.DEFAULT_NUM_CLASSES
         steps_per_epoch = config.steps_per_epoch or SYNTHETIC_STEPS_PER_EPOCH
-        train_shard = val_shard = None
+        train_shard = val_shard = data.RankShard([])
     else:
         info, train_shard, val_shard, steps_per_epoch = resolve_input(config, global_batch)
         num_classes = info.num_classes
@@ -483,7 +486,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
             while True:
                 yield batch
     else:
-        input_threads = max(1, node_cpus // hvd.local_size())
+        threads = input_threads(node_cpus)
 
         def eval_batches():
             return data.eval_dataset(
@@ -492,7 +495,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                 image_size=config.image_size,
                 num_classes=num_classes,
                 label_base=info.label_base,
-                threads=input_threads,
+                threads=threads,
                 ways=val_shard.ways,
                 index=val_shard.index,
                 device=device,
@@ -504,7 +507,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                 info,
                 train_shard,
                 seed=hvd.rank() * 7919 + start_epoch * 104729 + skip_steps,
-                threads=input_threads,
+                threads=threads,
                 device=device,
             )
 
@@ -564,7 +567,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                     images, labels = next(batches)
                 except tf.errors.OpError as exc:
                     local_error = data.describe_input_error(
-                        exc, train_shard.files if train_shard else [], config.image_size
+                        exc, train_shard.files, config.image_size
                     )
             if local_error is not None:
                 # Keep this rank in the step's collectives until the ranks next read the flags.
@@ -574,7 +577,6 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
             interval_steps += 1
             steps_since_read += 1
             step += 1
-            timings.images += global_batch
             last_in_epoch = step_in_epoch == steps_per_epoch - 1
             log_step = step % config.log_every == 0 or last_in_epoch
             if not (log_step or step % STOP_CHECK_STEPS == 0):
