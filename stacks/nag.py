@@ -64,14 +64,22 @@ def acknowledge_metric_data(policy: iam.Policy) -> None:
     )
 
 
-def acknowledge_ssm_policy(role: iam.Role) -> None:
+def acknowledge_managed_policy(role: iam.Role, policy_name: str, reason: str) -> None:
+    """cdk-nag's IAM4 for one AWS managed policy (`policy_name` as from_aws_managed_policy_name)."""
     Validations.of(role).acknowledge(
         Acknowledgment(
-            id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-            f"{SSM_MANAGED_POLICY}]",
-            reason="Session Manager replaces SSH keys and open ports; AWS maintains this policy "
-            "as the agent's needs change.",
+            id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{policy_name}]",
+            reason=reason,
         )
+    )
+
+
+def acknowledge_ssm_policy(role: iam.Role) -> None:
+    acknowledge_managed_policy(
+        role,
+        SSM_MANAGED_POLICY,
+        "Session Manager replaces SSH keys and open ports; AWS maintains this policy as the "
+        "agent's needs change.",
     )
 
 

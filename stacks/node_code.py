@@ -21,6 +21,11 @@ INSTALL_DIR = "/opt/horovod-fleet"
 NODE_JSON = "/etc/horovod-fleet/node.json"
 LOG_DIR = "/var/log/horovod-fleet"
 MOUNT_POINT = "/data"
+# Canonical's Ubuntu 22.04 on the AWS kernel, moved by Canonical to each new image; 22.04 has gp2
+# parameters only. https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/find-ubuntu-images/
+UBUNTU_AMI_PARAMETER = (
+    "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+)
 
 
 class NodeCode(Construct):

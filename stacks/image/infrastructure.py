@@ -3,16 +3,19 @@
 from collections.abc import Iterable
 
 from aws_cdk import (
-    Acknowledgment,
     Stack,
-    Validations,
 )
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_imagebuilder as imagebuilder
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from stacks.nag import SSM_MANAGED_POLICY, acknowledge_ssm_policy, acknowledge_wildcard_resources
+from stacks.nag import (
+    SSM_MANAGED_POLICY,
+    acknowledge_managed_policy,
+    acknowledge_ssm_policy,
+    acknowledge_wildcard_resources,
+)
 from stacks.network import SingleZoneNetwork, web_egress_security_group
 from stacks.node_code import PROJECT
 
@@ -54,13 +57,11 @@ class BakeInfrastructure(Construct):
             ],
         )
         acknowledge_ssm_policy(self.role)
-        Validations.of(self.role).acknowledge(
-            Acknowledgment(
-                id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-                "EC2InstanceProfileForImageBuilder]",
-                reason="What Image Builder requires of its build instances (components, logs "
-                "under /aws/imagebuilder/); AWS keeps it in step with the service.",
-            )
+        acknowledge_managed_policy(
+            self.role,
+            "EC2InstanceProfileForImageBuilder",
+            "What Image Builder requires of its build instances (components, logs under "
+            "/aws/imagebuilder/); AWS keeps it in step with the service.",
         )
         image_arn = Stack.of(self).format_arn(
             service="ec2", account="", resource="image", resource_name="*"

@@ -11,18 +11,15 @@ from typing import Any
 from aws_cdk import aws_s3_assets as s3_assets
 
 from stacks.instance_types import GpuType
-from stacks.node_code import CODE_ROOT, PROJECT
+from stacks.node_code import CODE_ROOT, PROJECT, UBUNTU_AMI_PARAMETER
 
 RECIPE_DIR = CODE_ROOT / "bootstrap" / "image"
 PROOF_DIR = CODE_ROOT / "bootstrap" / "image_proof"
 TRAINER_DIR = CODE_ROOT / "trainer"
-# Canonical's Ubuntu 22.04 on the AWS kernel, resolved by Image Builder when it builds (a recipe
-# parent may be "ssm:" + a parameter), so a new Canonical release never changes the template.
-# 22.04 has gp2 parameters only. https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/find-ubuntu-images/
+# Ubuntu, resolved by Image Builder when it builds (a recipe parent may be "ssm:" + a
+# parameter), so a new Canonical release never changes the template.
 # https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/aws-resource-imagebuilder-imagerecipe.html
-UBUNTU_PARENT = (
-    "ssm:/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-)
+UBUNTU_PARENT = f"ssm:{UBUNTU_AMI_PARAMETER}"
 # Where the recipe, the proof and the trainer they run live inside the image (the image keeps
 # the recipe that made it); /opt/horovod-fleet/{bootstrap,trainer} stay the nodes' own code.
 SOURCE_DIR = "/opt/horovod-fleet/src"

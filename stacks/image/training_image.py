@@ -5,13 +5,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aws_cdk import (
-    Acknowledgment,
     CrossStackReferences,
     IgnoreMode,
     ReferenceStrength,
     RemovalPolicy,
     Stack,
-    Validations,
 )
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_imagebuilder as imagebuilder
@@ -38,14 +36,15 @@ from stacks.image.recipe import (
     tree_sha256,
 )
 from stacks.instance_types import GpuType
+from stacks.nag import acknowledge_managed_policy
 from stacks.node_code import CODE_EXCLUDE, PROJECT
 
 KEEP_IMAGES = 2
+LIFECYCLE_POLICY = "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 
 
 class TrainingImage(Construct):
-    """The two-stage bake. `image_id` is the proven AMI; `recipe_sha256` and `proof_sha256` are
-    the content hashes its versions follow."""
+    """The two-stage bake. `image_id` is the proven AMI."""
 
     def __init__(
         self,
@@ -68,21 +67,15 @@ class TrainingImage(Construct):
             if revision
             else self.recipe_sha256
         )
+        proof_tree, trainer_tree = tree_sha256(PROOF_DIR), tree_sha256(TRAINER_DIR)
         # The proof's content: its scripts, the trainer it runs, the type it runs on, and the
         # base image it starts from (a new base means a new proof).
-        self.proof_sha256 = hashlib.sha256(
-            "\n".join(
-                [
-                    base_sha256,
-                    tree_sha256(PROOF_DIR),
-                    tree_sha256(TRAINER_DIR),
-                    test_type.name,
-                ]
-            ).encode()
+        proof_sha256 = hashlib.sha256(
+            "\n".join([base_sha256, proof_tree, trainer_tree, test_type.name]).encode()
         ).hexdigest()
         recipe_asset = self._asset("Recipe", RECIPE_DIR, self.recipe_sha256)
-        proof_asset = self._asset("Proof", PROOF_DIR, tree_sha256(PROOF_DIR))
-        trainer_asset = self._asset("Trainer", TRAINER_DIR, tree_sha256(TRAINER_DIR))
+        proof_asset = self._asset("Proof", PROOF_DIR, proof_tree)
+        trainer_asset = self._asset("Trainer", TRAINER_DIR, trainer_tree)
         bake = BakeInfrastructure(
             self,
             "Bake",
@@ -92,7 +85,7 @@ class TrainingImage(Construct):
             assets=[recipe_asset, proof_asset, trainer_asset],
         )
         base_version = semantic_version(base_sha256)
-        self.components = [
+        components = [
             self._component(
                 step.script,
                 base_version,
@@ -110,9 +103,9 @@ class TrainingImage(Construct):
             for step in RECIPE
         ]
         proof_script = f"{SOURCE_DIR}/bootstrap/image_proof/gpu_proof.sh"
-        self.proof_component = self._component(
+        proof_component = self._component(
             "gpu-proof",
-            semantic_version(self.proof_sha256),
+            semantic_version(proof_sha256),
             component_document(
                 name=f"{PROJECT}-gpu-proof",
                 description=f"GPU proof on {test_type.name}: driver, TensorFlow, Horovod, "
@@ -125,30 +118,30 @@ class TrainingImage(Construct):
                 timeout_s=PROOF_TIMEOUT_S,
             ),
         )
-        self.base = self._image(
+        base = self._image(
             "Base",
             name=BASE_NAME,
             version=base_version,
             parent=UBUNTU_PARENT,
-            components=self.components,
+            components=components,
             infrastructure=bake.configuration(
                 "BuildInfrastructure", BASE_NAME, BUILD_INSTANCE_TYPE
             ),
             content_sha256=base_sha256,
         )
-        self.proven = self._image(
+        proven = self._image(
             "Proven",
             name=PROVEN_NAME,
-            version=semantic_version(self.proof_sha256),
-            parent=self.base.attr_image_id,
-            components=[self.proof_component],
+            version=semantic_version(proof_sha256),
+            parent=base.attr_image_id,
+            components=[proof_component],
             infrastructure=bake.configuration("GpuInfrastructure", PROVEN_NAME, test_type.name),
-            content_sha256=self.proof_sha256,
+            content_sha256=proof_sha256,
         )
         # Weak whatever the app's default: a fleet reads the AMI id when it deploys, so ImageStack
         # can bake a new image while a fleet runs (a strong export in use could not change).
-        CrossStackReferences.of(self.proven).produce(ReferenceStrength.WEAK)
-        self.image_id = self.proven.attr_image_id
+        CrossStackReferences.of(proven).produce(ReferenceStrength.WEAK)
+        self.image_id = proven.attr_image_id
         self._lifecycle()
 
     def _asset(self, construct_id: str, path: Path, digest: str) -> s3_assets.Asset:
@@ -277,19 +270,13 @@ class TrainingImage(Construct):
             "LifecycleRole",
             assumed_by=iam.ServicePrincipal("imagebuilder.amazonaws.com"),
             description="horovod-fleet: deregisters training images beyond the newest two",
-            managed_policies=[
-                iam.ManagedPolicy.from_aws_managed_policy_name(
-                    "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
-                )
-            ],
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(LIFECYCLE_POLICY)],
         )
-        Validations.of(role).acknowledge(
-            Acknowledgment(
-                id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
-                "EC2ImageBuilderLifecycleExecutionPolicy]",
-                reason="The policy Image Builder's lifecycle management is documented with; its "
-                "EC2 actions apply only to resources tagged CreatedBy=EC2 Image Builder.",
-            )
+        acknowledge_managed_policy(
+            role,
+            LIFECYCLE_POLICY,
+            "The policy Image Builder's lifecycle management is documented with; its EC2 "
+            "actions apply only to resources tagged CreatedBy=EC2 Image Builder.",
         )
         imagebuilder.CfnLifecyclePolicy(
             self,

@@ -23,14 +23,15 @@ from stacks.nag import (
     allow_fixed_zone,
 )
 from stacks.network import web_egress_security_group
-from stacks.node_code import NodeCode, common_document, log_statements, root_volume
+from stacks.node_code import (
+    UBUNTU_AMI_PARAMETER,
+    NodeCode,
+    common_document,
+    log_statements,
+    root_volume,
+)
 from stacks.preprocess.pinned import Pinned
 
-# Canonical moves this parameter to each new image. It is read once, on the stack's first deploy
-# (Pinned): resolved at every deploy, a new image would replace the node mid-conversion.
-UBUNTU_AMI_PARAMETER = (
-    "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-)
 # Pinned: a new logical ID would mean a new, empty volume.
 DATA_VOLUME_LOGICAL_ID = "DataVolume"
 DATA_DEVICE = "/dev/sdf"
@@ -67,6 +68,8 @@ class Preprocessor(Construct):
             self,
             "Pinned",
             reaper=reaper,
+            # Read once, on the stack's first deploy: resolved at every deploy, a new Canonical
+            # image would replace the node mid-conversion.
             image_parameter=UBUNTU_AMI_PARAMETER,
             code={name: asset.s3_object_url for name, asset in code.assets.items()},
         )
@@ -186,14 +189,14 @@ class Preprocessor(Construct):
         # carries a reason, and CloudFormation shows a FAILURE's reason in the deploy output.
         # https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-waitcondition.html
         ready_handle = cloudformation.CfnWaitConditionHandle(self, "ReadyHandle")
-        self.ready = cloudformation.CfnWaitCondition(
+        ready = cloudformation.CfnWaitCondition(
             self,
             "Ready",
             handle=ready_handle.ref,
             timeout=str(READY_TIMEOUT_S),
             count=1,
         )
-        self.ready.add_resource_dependency(self.instance)
+        ready.add_resource_dependency(self.instance)
         document = common_document(
             role="preprocess",
             region=stack.region,

@@ -16,4 +16,4 @@ PINNED_TYPE = "Custom::HorovodFleetPinned"
 METRIC_NAMESPACE = "HorovodFleet"
 IDLE_PERIOD = Duration.minutes(5)
 IDLE_EVALUATION_PERIODS = 6  # 6 x 5 min = 30 minutes below the threshold
-IDLE_MINUTES = 30  # IDLE_PERIOD x IDLE_EVALUATION_PERIODS: quiet this long is idle
+IDLE_MINUTES = int(IDLE_PERIOD.to_minutes()) * IDLE_EVALUATION_PERIODS  # quiet this long is idle

@@ -15,6 +15,7 @@ from stacks.node_code import PROJECT
 from stacks.teardown.names import (
     IDLE_ALARM_PREFIX,
     IDLE_EVALUATION_PERIODS,
+    IDLE_MINUTES,
     IDLE_PERIOD,
     METRIC_NAMESPACE,
     RUN_OUTPUT_KEY,
@@ -107,7 +108,7 @@ class RunGuard(Construct):
             "IdleAlarm",
             alarm_name=f"{IDLE_ALARM_PREFIX}{run_name}",
             alarm_description=f"Fleet {run_name}: average GPU utilisation below "
-            f"{IDLE_THRESHOLD_PERCENT}% for 30 minutes; the reaper deletes TrainStack",
+            f"{IDLE_THRESHOLD_PERCENT}% for {IDLE_MINUTES} minutes; the reaper deletes TrainStack",
             metric=cloudwatch.Metric(
                 namespace=METRIC_NAMESPACE,
                 metric_name=GPU_METRIC,

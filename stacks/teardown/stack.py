@@ -107,6 +107,7 @@ class TeardownStack(Stack):
                 reason="This queue is the reaper's dead-letter queue; its alarm is the next step.",
             )
         )
+        manifest_key = f"{dataset_prefix}manifest.json"
         function = aws_lambda.Function(
             self,
             "Reaper",
@@ -133,7 +134,7 @@ class TeardownStack(Stack):
                 "RECHECK_MINUTES": str(RECHECK_MINUTES),
                 "RECHECK_ROLE_ARN": recheck_role.role_arn,
                 "DEAD_LETTER_ARN": dead_letters.queue_arn,
-                "MANIFEST_KEY": f"{dataset_prefix}manifest.json",
+                "MANIFEST_KEY": manifest_key,
                 "IDLE_MINUTES": str(IDLE_MINUTES),
                 "LAUNCH_GRACE_MINUTES": str(LAUNCH_GRACE_MINUTES),
             },
@@ -147,7 +148,6 @@ class TeardownStack(Stack):
         function.node.default_child.add_deletion_override("DependsOn")
         self._checkov_reasons(function.node.default_child, dead_letters.node.default_child)
         self.reaper = function
-        self.dead_letters = dead_letters
         recheck_role.add_to_policy(
             iam.PolicyStatement(
                 actions=["lambda:InvokeFunction"], resources=[function.function_arn]
@@ -156,7 +156,6 @@ class TeardownStack(Stack):
         dead_letters.grant_send_messages(recheck_role)
         self._grant_reaper(role, log_group, bucket, recheck_role)
 
-        manifest_key = f"{dataset_prefix}manifest.json"
         for rule_id, key_filter, description in (
             ("RunDoneRule", events.Match.wildcard("runs/*/DONE.json"), "a run wrote DONE.json"),
             ("ManifestRule", [manifest_key], "preprocessing wrote the manifest"),
