@@ -99,10 +99,6 @@ def shutdown_within(seconds: float, clock: Callable[[], float] = time.monotonic)
     _shutdown_deadline[:] = [clock() + seconds]
 
 
-def shutting_down() -> bool:
-    return bool(_shutdown_deadline)
-
-
 class S3Unavailable(RuntimeError):
     """S3 stayed unreachable for a step's whole budget."""
 
@@ -208,7 +204,7 @@ class RetryingS3:
 
     def __getattr__(self, name: str):
         method = getattr(self.raw, name)
-        if name in ("get_paginator", "meta", "exceptions") or not callable(method):
+        if name in ("meta", "exceptions") or not callable(method):
             return method
 
         def call(**kwargs):

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws, launch
+from bootstrap import allreduce_check, aws, launch, rendezvous
 from bootstrap.node_config import Benchmark, BenchmarkSize, TrainConfig
 from bootstrap.rendezvous import utc_stamp
 
@@ -57,14 +57,10 @@ def parse_result(output: str) -> dict | None:
 
 def hostfile_for(hosts: list[str], size: BenchmarkSize) -> str:
     """The first `size.nodes` hosts (node addresses in index order), each with its share of the
-    ranks; nodes sharing an address (the rehearsal without namespaces) become one line, as in
-    rendezvous.write_hostfile."""
+    ranks."""
     if size.nodes > len(hosts):
         raise BenchmarkError(f"{size.nodes} node(s) asked for, the fleet has {len(hosts)}")
-    slots: dict[str, int] = {}
-    for ip in hosts[: size.nodes]:
-        slots[ip] = slots.get(ip, 0) + size.ranks // size.nodes
-    return "".join(f"{ip} slots={count}\n" for ip, count in slots.items())
+    return rendezvous.hostfile_text([(ip, size.ranks // size.nodes) for ip in hosts[: size.nodes]])
 
 
 def make_row(size: BenchmarkSize, result: dict, busbw: float | None, floor: float) -> dict:
@@ -298,7 +294,7 @@ def benchmark_node(
     env = launch.launcher_env(cfg, dict(os.environ))
     # The check reports at every size here instead of failing below the floor: a benchmark
     # that stopped at its first slow size would not show where the scaling breaks.
-    env.pop(launch.ALLREDUCE_FLOOR_ENV, None)
+    env.pop(allreduce_check.FLOOR_ENV, None)
 
     def horovod(size: BenchmarkSize, sized_hostfile: Path, program: list[str], name: str) -> str:
         command = launch.horovodrun_command(cfg, sized_hostfile, key, size.ranks, program)

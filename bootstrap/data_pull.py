@@ -75,8 +75,12 @@ def check_shard(data_dir: Path, shard: dict) -> str | None:
     return None
 
 
-def verify_data_dir(data_dir: str | Path, workers: int | None = None) -> dict:
-    """Raise VerificationError listing the first problems; returns the manifest."""
+def verify_data_dir(
+    data_dir: str | Path, workers: int | None = None, only: set[str] | None = None
+) -> dict:
+    """Raise VerificationError listing the first problems; returns the manifest. `only` limits
+    the shard checks (the split totals are always checked) to the files named, such as those
+    just downloaded beside ones checked moments before."""
     data_dir = Path(data_dir)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     shards = manifest.get("shards") or []
@@ -91,7 +95,8 @@ def verify_data_dir(data_dir: str | Path, workers: int | None = None) -> dict:
                 f"split {split}: manifest lists {len(in_split)} shards / {records} records, "
                 f"its totals say {totals['shards']} / {totals['records']}"
             )
-    problems += check_shards(data_dir, shards, workers)
+    checked = [s for s in shards if only is None or s["file"] in only]
+    problems += check_shards(data_dir, checked, workers)
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise VerificationError("; ".join(problems[:5]) + more)
@@ -152,7 +157,7 @@ def pull_dataset(
     aws.download(bucket, prefix, wanted, data_dir, f"pulling s3://{bucket}/{prefix}")
     new_manifest.replace(data_dir / "manifest.json")
     try:
-        manifest = verify_data_dir(data_dir, workers)
+        manifest = verify_data_dir(data_dir, workers, only=set(wanted))
     except VerificationError as exc:
         raise VerificationError(
             f"{exc} (the copy in s3://{bucket}/{prefix} differs from its manifest: fix it there "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bootstrap import allreduce_check, aws
 from bootstrap.node_config import TrainConfig
+from bootstrap.rank import MARK as RANK_MARK
 from bootstrap.rendezvous import utc_stamp
 
 # Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
@@ -49,8 +50,6 @@ EFA_ENV = {"FI_PROVIDER": "efa"}
 # efa_rdma_read): on p3dn's first-generation EFA this makes libfabric abort.
 EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}
 # What bootstrap.allreduce_check reads: the bus bandwidth below which it fails, and the type.
-ALLREDUCE_FLOOR_ENV = allreduce_check.FLOOR_ENV
-INSTANCE_TYPE_ENV = allreduce_check.TYPE_ENV
 
 
 # Where the EFA installer puts libfabric and the aws-ofi-nccl plugin (the directory moved
@@ -66,9 +65,9 @@ def launcher_env(
     env = dict(base)
     if cfg.gpus_per_node:
         env.update(GPU_ENV)
-        env[INSTANCE_TYPE_ENV] = cfg.instance_type
+        env[allreduce_check.TYPE_ENV] = cfg.instance_type
         if cfg.allreduce_floor_gbps:
-            env[ALLREDUCE_FLOOR_ENV] = f"{cfg.allreduce_floor_gbps:g}"
+            env[allreduce_check.FLOOR_ENV] = f"{cfg.allreduce_floor_gbps:g}"
         if cfg.efa:
             env.update(EFA_ENV)
             if cfg.efa_rdma_read:
@@ -380,7 +379,7 @@ FIRST_FAILED_RANK = re.compile(
 RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 # bootstrap.rank's line for a rank a signal killed (over ssh, horovodrun itself only sees 255).
-RANK_SIGNAL = re.compile(r"horovod-fleet rank exit: rank (\d+) killed by (SIG[A-Z0-9]+)")
+RANK_SIGNAL = re.compile(re.escape(RANK_MARK) + r" rank (\d+) killed by (SIG[A-Z0-9]+)")
 SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native code)"}
 
 

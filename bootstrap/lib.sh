@@ -37,6 +37,10 @@ on_error() {
 		log "could not report the failure (python3 -m bootstrap fail)"
 	exit "$code"
 }
+# The ERR trap (this one, or a script's own) also fires inside functions (ensure_venv,
+# start_cloudwatch_agent, install_boot_service): without errtrace a failure there exits through
+# set -e and reports nothing.
+set -o errtrace
 trap 'on_error $? $LINENO' ERR
 
 # One validated node.json value; a bad node.json stops here with the key named.

@@ -6,9 +6,6 @@
 # checks the manifest and stops the instance.
 #   NODE_JSON=/etc/horovod-fleet/node.json /opt/horovod-fleet/bootstrap/preprocess_node.sh
 set -euo pipefail
-# The ERR trap also fires inside functions (ensure_venv, start_cloudwatch_agent): without errtrace
-# a failure there exits through set -e and reports nothing.
-set -o errtrace
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

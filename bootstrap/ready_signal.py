@@ -18,8 +18,8 @@ import urllib.request
 from pathlib import Path
 
 from bootstrap.cli import OneLineErrorParser, usage_error
+from bootstrap.node_config import DEFAULT_PATH
 
-DEFAULT_PATH = "/etc/horovod-fleet/node.json"
 # One node signals once, so any fixed id is unique; CloudFormation prints it with the reason.
 UNIQUE_ID = "preprocessing-node"
 # The Reason CloudFormation keeps is short: the step and the exit say what broke.

@@ -162,13 +162,18 @@ def wait_for_nodes(
     )
 
 
-def write_hostfile(s3, cfg: TrainConfig, nodes: list[dict], path: str | Path) -> str:
-    """`<ip> slots=<G>` per node in index order (rank 0 on the leader), locally and in S3.
-    Nodes sharing an address (the rehearsal without namespaces) become one line."""
+def hostfile_text(slots_per_node: list[tuple[str, int]]) -> str:
+    """`<ip> slots=<n>` per (ip, n) in order (rank 0 on the first); nodes sharing an address
+    (the rehearsal without namespaces) become one line."""
     slots: dict[str, int] = {}
-    for node in nodes:
-        slots[node["ip"]] = slots.get(node["ip"], 0) + (node["gpus"] or 1)
-    text = "".join(f"{ip} slots={count}\n" for ip, count in slots.items())
+    for ip, count in slots_per_node:
+        slots[ip] = slots.get(ip, 0) + count
+    return "".join(f"{ip} slots={count}\n" for ip, count in slots.items())
+
+
+def write_hostfile(s3, cfg: TrainConfig, nodes: list[dict], path: str | Path) -> str:
+    """The hostfile of `nodes` (index order, one slot per GPU), locally and in S3."""
+    text = hostfile_text([(node["ip"], node["gpus"] or 1) for node in nodes])
     Path(path).write_text(text)
     s3.put_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}hostfile", Body=text.encode())
     return text

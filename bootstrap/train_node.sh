@@ -8,9 +8,6 @@
 # starts (seconds since boot) and how long it took.
 #   NODE_JSON=/etc/horovod-fleet/node.json /opt/horovod-fleet/bootstrap/train_node.sh
 set -euo pipefail
-# The ERR trap also fires inside functions (start_cloudwatch_agent, install_boot_service): without
-# errtrace a failure there exits through set -e and reports nothing.
-set -o errtrace
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

@@ -10,7 +10,6 @@ minute or two: the figures show the machinery works, they say nothing about GPUs
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rehearsal.__main__ import BUCKET, RUN, Rehearsal, StepFailed, say
@@ -62,10 +61,8 @@ class BenchmarkRehearsal(Rehearsal):
 
     def report_benchmark(self) -> None:
         prefix = f"runs/{RUN}/"
-        done = json.loads(
-            self.s3.get_object(Bucket=BUCKET, Key=f"{prefix}DONE.json")["Body"].read()
-        )
-        if done["status"] != "succeeded" or done.get("benchmark") != "synthetic":
+        done = self.done_json()
+        if done is None or done["status"] != "succeeded" or done.get("benchmark") != "synthetic":
             raise StepFailed(f"DONE.json: {done}")
         out = self.workdir / "s3" / "runs" / RUN
         out.mkdir(parents=True, exist_ok=True)

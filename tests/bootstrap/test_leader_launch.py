@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap import launch
+from bootstrap import allreduce_check, launch
 from bootstrap.node_config import parse
 from stacks.instance_types import GPU_TYPES, GpuType
 
@@ -53,16 +53,16 @@ def test_launch_environment_per_instance_type_comes_from_the_one_table(name):
     assert "NCCL_PROTO" not in env
     assert env.get("FI_PROVIDER") == ("efa" if gpu.efa else None)
     assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if gpu.efa_rdma_read else None)
-    floor = env.get(launch.ALLREDUCE_FLOOR_ENV)
+    floor = env.get(allreduce_check.FLOOR_ENV)
     assert floor == (f"{gpu.allreduce_floor_gbps:g}" if gpu.allreduce_floor_gbps else None)
-    assert env[launch.INSTANCE_TYPE_ENV] == name
+    assert env[allreduce_check.TYPE_ENV] == name
 
 
 def test_p3dn_gets_no_rdma_and_no_hierarchical_allreduce_and_a_bandwidth_floor():
     """p3dn's first-generation EFA has no RDMA read: FI_EFA_USE_DEVICE_RDMA=1 aborts libfabric."""
     env = launch.launcher_env(parse(node_doc_for(GPU_TYPES["p3dn.24xlarge"])), {})
     assert "FI_EFA_USE_DEVICE_RDMA" not in env and "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env
-    assert env["FI_PROVIDER"] == "efa" and float(env[launch.ALLREDUCE_FLOOR_ENV]) == 3
+    assert env["FI_PROVIDER"] == "efa" and float(env[allreduce_check.FLOOR_ENV]) == 3
     p4d = launch.launcher_env(parse(node_doc_for(GPU_TYPES["p4d.24xlarge"])), {})
     assert p4d["FI_EFA_USE_DEVICE_RDMA"] == "1"
 
