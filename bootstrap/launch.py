@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws
+from bootstrap import allreduce_check, aws, checkpoints
 from bootstrap.node_config import TrainConfig
 from bootstrap.rank import MARK as RANK_MARK
 from bootstrap.rendezvous import utc_stamp
@@ -225,12 +226,27 @@ class ModelStore:
         checkpoint; returns whether S3 held anything. An S3 that cannot be listed, a copy that
         does not arrive, or checkpoints the trainer could not resume from stop the step."""
         self.model_dir.mkdir(parents=True, exist_ok=True)
-        remote = aws.list_sizes(self.s3, self.cfg.bucket, self.prefix)
+        listed = aws.list_sizes(self.s3, self.cfg.bucket, self.prefix)
+        # The sha256 sidecars are read from S3, not copied into the trainer's model dir.
+        sidecars = {n for n in listed if checkpoints.is_sidecar(n)}
+        remote = {n: size for n, size in listed.items() if n not in sidecars}
         for name in remote:  # S3 is the truth: a stale local file of the same size is not
             (self.model_dir / name).unlink(missing_ok=True)
         aws.download(
             self.cfg.bucket, self.prefix, remote, self.model_dir,
             f"restoring {model_prefix(self.cfg)}", note=self.log,
+        )  # fmt: skip
+
+        def recorded(name: str) -> str | None:
+            if name + checkpoints.SIDECAR not in sidecars:
+                return None
+            key = f"{self.prefix}{name}{checkpoints.SIDECAR}"
+            body = self.s3.get_object(Bucket=self.cfg.bucket, Key=key)["Body"].read()
+            return body.decode().split()[0] if body.strip() else ""
+
+        checkpoints.choose_intact(
+            self.model_dir, remote, recorded, f"{model_prefix(self.cfg)}checkpoints/",
+            self.cfg.run, self.log,
         )  # fmt: skip
         check_resumable(self.cfg, self.model_dir, remote)
         self.uploaded = {k: v for k, v in self.local_files().items() if k in remote}
@@ -247,6 +263,14 @@ class ModelStore:
             return 0
         current = self.local_files()
         changed = [n for n, stamp in current.items() if self.uploaded.get(n) != stamp]
+        s3 = self.s3.with_policy(policy) if policy else self.s3
+        checkpoints.record_digests(
+            lambda key, body: s3.put_object(
+                Bucket=self.cfg.bucket, Key=f"{self.prefix}{key}", Body=body
+            ),
+            self.model_dir,
+            changed,
+        )
         aws.upload(
             self.s3, self.cfg.bucket, self.prefix, self.model_dir, changed,
             f"uploading {self.model_dir} to {model_prefix(self.cfg)}", policy, self.log,
@@ -256,20 +280,43 @@ class ModelStore:
 
 
 class CheckpointSync(threading.Thread):
-    """Copies the model dir to S3 every checkpoint_sync_s while training runs: the instance
-    store does not survive a stop, so S3 holds what a rerun resumes from."""
+    """Copies the model dir to S3 while training runs, as soon as the trainer has written a
+    checkpoint (TensorFlow's CheckpointManager rewrites checkpoints/checkpoint once the
+    checkpoint's files are in place; looked at every WATCH_S) and at least every interval_s:
+    the instance store does not survive a stop, and a restarted bootstrap resumes from S3."""
+
+    WATCH_S = 2.0
 
     def __init__(self, store: ModelStore, interval_s: float, log):
         super().__init__(daemon=True)
         self.store, self.interval_s, self.log = store, interval_s, log
         self.stopped = threading.Event()
 
+    def state_stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = (self.store.model_dir / checkpoints.STATE).stat()
+        except OSError:
+            return None
+        return stat.st_size, stat.st_mtime_ns
+
     def run(self) -> None:
-        while not self.stopped.wait(self.interval_s):
+        seen, synced_at = self.state_stamp(), time.monotonic()
+        while not self.stopped.wait(min(self.WATCH_S, self.interval_s)):
+            stamp = self.state_stamp()
+            if stamp == seen and time.monotonic() - synced_at < self.interval_s:
+                continue
             try:
                 self.store.upload()
             except Exception as exc:  # the next round or the final upload retries
                 self.log(f"checkpoint sync to S3 failed, retrying later: {aws.one_line(exc)}")
+                continue
+            synced_at = time.monotonic()
+            if stamp != seen and (newest := checkpoints.newest_named(self.store.model_dir)):
+                self.log(
+                    f"checkpoint {newest} is in {model_prefix(self.store.cfg)}checkpoints/ "
+                    "(a restarted or rerun attempt resumes from it)"
+                )
+            seen = stamp
 
     def stop(self) -> None:
         self.stopped.set()
@@ -403,10 +450,118 @@ def describe_exit(code: int) -> str:
     return f"killed by {name}{SIGNAL_HINTS.get(name, '')}" if name else f"exited {code}"
 
 
-def failure_reason(tail: str, hostfile: str = "") -> str:
-    """The most telling line of a failed run: the trainer's `error: ...` line if any, else which
-    rank died where and how, else the last line. Tracebacks stay in the log file."""
+# Causes that a rank's own failure line names better than which rank died of it; the first
+# line that matches is the cause (what follows are its consequences on the other ranks).
+ENOSPC = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]")
+ENOSPC_PATHS = (
+    re.compile(r"\[Errno 28\] No space left on device: '([^']+)'"),  # Python's OSError
+    re.compile(r"(/[^\s;'\"]+?)[;:]?\s+No space left on device"),  # TensorFlow's file errors
+)
+# TensorFlow's tensor_bundle reader on a damaged checkpoint file.
+CORRUPT = re.compile(r"[Cc]hecksum does not match|DataLossError")
+# Gloo's transport timeouts as Horovod 0.28.1's library spells them (gloo/transport/tcp), and
+# NCCL's.
+COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting|(?:Read|Write|Connect) timeout|Application timeout caused pair closure"
+    r"|NCCL.*(?:timeout|timed out)"
+)
+RANK_PREFIX = re.compile(r"^(?:\S*)?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+
+
+def size_text(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def describe_filesystem(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """'filesystem SOURCE (TYPE) mounted on DIR: FREE free of TOTAL' for the filesystem that
+    holds path on this node (None: no part of path is here)."""
+    target = Path(path)
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    if not target.exists():
+        return None
+    resolved = str(target.resolve())
+    best = None
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        mount_point = fields.split()[4].replace("\\040", " ")
+        inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best is None or len(mount_point) >= len(best[0])):
+            fstype, source = [*rest.split(), "?", "?"][:2]
+            best = (mount_point, fstype, source)
+    if best is None:
+        return None
+    stat = os.statvfs(resolved)
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    return (
+        f"filesystem {best[2]} ({best[1]}) mounted on {best[0]}: {size_text(free)} free of "
+        f"{size_text(total)}"
+    )
+
+
+def rank_of(line: str) -> int | None:
+    found = RANK_PREFIX.match(line)
+    return int(found.group(1)) if found else None
+
+
+def known_cause(
+    lines: list[str], hosts: list[str], filesystem: Callable[[str], str | None]
+) -> str | None:
+    """A reason naming a known cause (full disk, corrupt checkpoint, collective timeout) and
+    the rank that hit it first, or None."""
+
+    def where(line: str) -> str:
+        rank = rank_of(line)
+        if rank is None:
+            return ""
+        return f" on rank {rank}" + (f" ({hosts[rank]})" if rank < len(hosts) else "")
+
+    def words(line: str) -> str:
+        return RANK_PREFIX.sub("", line).strip()
+
+    for line in lines:
+        if ENOSPC.search(line):
+            path = next((m.group(1) for p in ENOSPC_PATHS if (m := p.search(line))), None)
+            if path is None:
+                return trim_reason(f"no space left on device (ENOSPC){where(line)}: {words(line)}")
+            # Only a rank on this node (the leader, the hostfile's first host) wrote where this
+            # node can look.
+            rank = rank_of(line)
+            local = not hosts or rank is None or (rank < len(hosts) and hosts[rank] == hosts[0])
+            disk = filesystem(path) if local else None
+            return trim_reason(
+                f"no space left on device (ENOSPC) writing {path}{where(line)}"
+                + (f"; {disk}" if disk else "")
+            )
+    for line in lines:
+        if CORRUPT.search(line):
+            return trim_reason(
+                f"corrupt checkpoint (checksum does not match){where(line)}: {words(line)}"
+            )
+    for line in lines:
+        if COLLECTIVE_TIMEOUT.search(line):
+            return trim_reason(f"collective timeout{where(line)}: {words(line)}")
+    return None
+
+
+def failure_reason(
+    tail: str, hostfile: str = "", filesystem: Callable[[str], str | None] = describe_filesystem
+) -> str:
+    """The most telling line of a failed run: a known cause (full disk, corrupt checkpoint,
+    collective timeout) where the rank that hit it first says so, else the trainer's
+    `error: ...` line, else which rank died where and how, else the last line. Tracebacks stay
+    in the log file."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if cause := known_cause(lines, rank_hosts(hostfile), filesystem):
+        return cause
     # The trainer's lowercase `error:` (after horovodrun's `[1]<stderr>:` prefix), not the
     # `RuntimeError: Horovod detected that one or more processes exited` horovodrun adds last.
     errors = [line for line in lines if TRAINER_ERROR.search(line)]

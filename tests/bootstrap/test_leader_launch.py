@@ -241,3 +241,74 @@ def test_rank_wrapper_names_the_signal_and_passes_the_code_on(capfd):
     assert rank.main(["bash", "-c", "exit 3"]) == 3
     assert rank.main(["bash", "-c", "kill -KILL $$"]) == 137
     assert "horovod-fleet rank exit: rank ? killed by SIGKILL" in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------- known causes before ranks
+
+HOSTS = "10.0.1.5 slots=1\n10.0.1.23 slots=1\n"
+HOROVOD_SHUT_DOWN = (
+    "[1]<stderr>:tensorflow.python.framework.errors_impl.FailedPreconditionError: Horovod has "
+    "been shut down. This was caused by an exception on one of the ranks\n"
+    "Process name: 1\nExit code: 1\n"
+)
+
+
+def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
+    """Before: 'rank 1 on 10.0.1.23 exited 1; its last words: ... Horovod has been shut down'."""
+    tail = (
+        "[0]<stdout>:Epoch 3/10\n"
+        "[0]<stderr>:tensorflow.python.framework.errors_impl.ResourceExhaustedError: "
+        "/data/model/checkpoints/ckpt-40_temp/part-00000-of-00001.data-00000-of-00001.tempstate1"
+        "; No space left on device [Op:SaveV2]\n" + HOROVOD_SHUT_DOWN
+    )
+    looked = []
+
+    def filesystem(path):
+        looked.append(path)
+        return "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
+
+    reason = launch.failure_reason(tail, HOSTS, filesystem)
+    assert reason == (
+        "no space left on device (ENOSPC) writing /data/model/checkpoints/ckpt-40_temp/"
+        "part-00000-of-00001.data-00000-of-00001.tempstate1 on rank 0 (10.0.1.5); "
+        "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
+    )
+    assert looked == [
+        "/data/model/checkpoints/ckpt-40_temp/part-00000-of-00001.data-00000-of-00001.tempstate1"
+    ]
+
+
+def test_a_full_disk_on_another_node_is_not_described_by_the_leader_s_filesystem():
+    tail = "[1]<stderr>:OSError: [Errno 28] No space left on device: '/data/model/x.json'\n"
+    reason = launch.failure_reason(tail, HOSTS, lambda path: "the leader's disk")
+    assert reason == (
+        "no space left on device (ENOSPC) writing /data/model/x.json on rank 1 (10.0.1.23)"
+    )
+
+
+def test_the_filesystem_of_a_path_is_read_from_this_node_s_mount_table(tmp_path):
+    described = launch.describe_filesystem(str(tmp_path / "not" / "yet" / "there"))
+    assert described.startswith("filesystem ") and " mounted on /" in described
+    assert " free of " in described
+
+
+def test_a_checksum_mismatch_is_called_a_corrupt_checkpoint_not_a_flag_mismatch():
+    tail = (
+        "[0]<stderr>:error: checkpoint /data/model/checkpoints/ckpt-40 does not fit this "
+        "model/flags: Checksum does not match: stored 2155375837 vs. calculated on the "
+        "restored bytes 4069357345\n" + HOROVOD_SHUT_DOWN
+    )
+    reason = launch.failure_reason(tail, HOSTS)
+    assert reason.startswith("corrupt checkpoint (checksum does not match) on rank 0 (10.0.1.5): ")
+    assert "ckpt-40" in reason
+
+
+def test_a_collective_timeout_is_named_before_the_rank_that_died_of_it():
+    tail = (
+        "[1]<stderr>:[/tmp/pip/gloo/transport/tcp/pair.cc:598] Read timeout [10.0.1.5]:4242\n"
+        + HOROVOD_SHUT_DOWN
+    )
+    assert launch.failure_reason(tail, HOSTS).startswith(
+        "collective timeout on rank 1 (10.0.1.23): [/tmp/pip/gloo/transport/tcp/pair.cc:598] "
+        "Read timeout"
+    )

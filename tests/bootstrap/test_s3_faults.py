@@ -25,7 +25,7 @@ import pytest
 from bootstrap_helpers import BUCKET, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from bootstrap import aws, data_pull, launch, rendezvous
+from bootstrap import aws, checkpoints, data_pull, launch, rendezvous
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = aws.RetryPolicy(budget_s=2, first_delay_s=0.01, max_delay_s=0.05, note_every_s=0.5)
@@ -235,13 +235,90 @@ def test_a_restore_whose_copy_does_not_arrive_stops_the_run(
 def test_checkpoints_the_trainer_cannot_resume_from_refuse_a_fresh_start(
     endpoint, train_config, tmp_path
 ):
-    checkpoint_in_s3(endpoint, state=False)
+    prefix = "runs/r1/model/checkpoints/"
+    endpoint.put_object(Bucket=BUCKET, Key=f"{prefix}ckpt-3.data-00000-of-00001", Body=b"w")
     store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    with pytest.raises(launch.RefusedFreshStart) as refusal:
+    with pytest.raises(checkpoints.NoIntactCheckpoint) as refusal:
         store.restore()
     message = str(refusal.value)
     assert "\n" not in message and "refusing to start run r1 over" in message
+    assert "ckpt-3 (its .index is missing)" in message
     assert "deploy with another -c run=NAME" in message
+
+
+def test_without_a_state_file_the_newest_intact_checkpoint_is_named_for_the_trainer(
+    endpoint, train_config, tmp_path
+):
+    checkpoint_in_s3(endpoint, epoch=3, state=False)
+    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    assert store.restore() is True
+    state = (tmp_path / "m" / "checkpoints" / "checkpoint").read_text()
+    assert state.startswith('model_checkpoint_path: "ckpt-3"\n')
+
+
+def uploaded_checkpoint(store, model_dir, step):
+    """What the trainer writes at a step, uploaded by the store (with its sha256 sidecars)."""
+    folder = model_dir / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"ckpt-{step}.index").write_bytes(b"index %d" % step)
+    (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights %d " % step * 50)
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+    store.upload()
+
+
+def test_uploads_record_a_sha256_beside_each_checkpoint_file(endpoint, train_config, tmp_path):
+    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store.restore()
+    uploaded_checkpoint(store, tmp_path / "m", 10)
+    data = (tmp_path / "m" / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes()
+    key = "runs/r1/model/checkpoints/ckpt-10.data-00000-of-00001.sha256"
+    recorded = endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
+    assert recorded.split()[0] == hashlib.sha256(data).hexdigest()
+    names = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/checkpoints/")
+    assert "checkpoint.sha256" not in names  # the state file is rewritten, not verified
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(
+    endpoint, train_config, tmp_path
+):
+    """Before: the trainer was pointed at the corrupt checkpoint and every rerun failed with
+    'does not fit this model/flags ... Checksum does not match'."""
+    first = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
+    first.restore()
+    for step in (10, 20):
+        uploaded_checkpoint(first, tmp_path / "a", step)
+    key = "runs/r1/model/checkpoints/ckpt-20.data-00000-of-00001"
+    good = endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    endpoint.put_object(Bucket=BUCKET, Key=key, Body=good[:-1] + bytes([good[-1] ^ 1]))
+    lines = []
+    store = launch.ModelStore(
+        aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b", lines.append
+    )
+    assert store.restore() is True
+    state = (tmp_path / "b" / "checkpoints" / "checkpoint").read_text()
+    assert state.startswith('model_checkpoint_path: "ckpt-10"\n')
+    said = [line for line in lines if "corrupt" in line]
+    assert len(said) == 1 and "ckpt-20 (sha256 of ckpt-20.data-00000-of-00001 is " in said[0]
+    assert said[0].endswith("resuming from ckpt-10, the newest intact checkpoint")
+    # Nothing in S3 is deleted or overwritten by the restore, the corrupt copy included.
+    assert endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read() != good
+    assert store.upload() == 0  # S3 stays as it was until the trainer writes a checkpoint
+    names = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/checkpoints/")
+    assert {"ckpt-10.index", "ckpt-20.index", "ckpt-20.data-00000-of-00001"} <= set(names)
+
+
+def test_when_every_checkpoint_is_corrupt_the_run_is_never_started_over(
+    endpoint, train_config, tmp_path
+):
+    first = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
+    first.restore()
+    uploaded_checkpoint(first, tmp_path / "a", 10)
+    key = "runs/r1/model/checkpoints/ckpt-10.index"
+    endpoint.put_object(Bucket=BUCKET, Key=key, Body=b"index 11")
+    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b")
+    with pytest.raises(checkpoints.NoIntactCheckpoint, match="no intact checkpoint in s3://"):
+        store.restore()
+    assert store.upload() == 0
 
 
 def test_uploads_only_what_changed_and_verifies_it(endpoint, train_config, tmp_path):
@@ -255,7 +332,8 @@ def test_uploads_only_what_changed_and_verifies_it(endpoint, train_config, tmp_p
     assert store.upload() == 2
     assert store.upload() == 0
     keys = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/")
-    assert keys == {"checkpoints/ckpt-1.index": 10, "eval.json": 2}
+    assert keys == {"checkpoints/ckpt-1.index": 10, "checkpoints/ckpt-1.index.sha256": 79,
+                    "eval.json": 2}  # fmt: skip
 
 
 # ---------------------------------------------------------------- data pull repair
