@@ -24,7 +24,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import aws, benchmark, data_pull, health, launch, rendezvous
+from bootstrap import aws, benchmark, data_pull, health, launch, rendezvous, supervision
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 
@@ -181,6 +181,7 @@ class Attempt:
         self.started = time.time()
         self.store: launch.ModelStore | None = None
         self.outputs_since: float | None = None
+        self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
 
 
 def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
@@ -196,15 +197,21 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "healthy, data verified")))
     ip, instance_id = step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
     if not cfg.is_leader:
+        watch = supervision.LeaderWatch(cfg, time.time())
         step(
             "rendezvous",
-            lambda: rendezvous.serve_as_member(s3, cfg, ip, instance_id, log),
-        )
+            lambda: rendezvous.serve_as_member(
+                s3, cfg, ip, instance_id, log,
+                leader_lost=lambda now: watch.lost(supervision.read_entry(s3, cfg, 0), now),
+            ),
+        )  # fmt: skip
         step("upload logs", lambda: launch.upload_logs(s3, cfg))
         return
     hostfile = Path(cfg.state_dir) / "hostfile"
 
     def meet() -> list[dict]:
+        # A restarted bootstrap (systemd, after this one died) first ends what it left running.
+        supervision.end_leftovers(cfg, log)
         launch.clear_done(s3, cfg)
         key = rendezvous.ensure_leader_key(s3, cfg)
         # The leader is a host in the hostfile too: a launcher that ssh-es to it must get in.
@@ -212,6 +219,12 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
             cfg.authorized_keys_file, key.with_suffix(".pub").read_text()
         )
         rendezvous.register_node(s3, cfg, ip, instance_id, time.time())
+        attempt.heartbeat = supervision.Heartbeat(
+            lambda: rendezvous.register_node(s3, cfg, ip, instance_id, time.time()),
+            supervision.heartbeat_interval(cfg),
+            log,
+        )
+        attempt.heartbeat.start()
         log(f"registered as node 0 ({ip}); waiting for {cfg.nodes} node(s)")
         nodes = rendezvous.wait_for_nodes(s3, cfg)
         text = rendezvous.write_hostfile(s3, cfg, nodes, hostfile)
@@ -225,16 +238,28 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         benchmark.lead(cfg, s3, nodes, key, data_dir, attempt.started, log, step)
         return
     env = launch.launcher_env(cfg, dict(os.environ))
+    # What marks this run's training processes, for a restarted bootstrap to end them.
+    env[supervision.JOB_ENV] = supervision.job_id(cfg)
 
-    def run_horovod(program: list[str], log_name: str, keep: int = 200) -> str:
+    def run_horovod(program: list[str], log_name: str, keep: int = 1000) -> str:
         # Each rank under bootstrap.rank, which names the signal that kills it.
         ranked = ["python3", "-m", "bootstrap.rank", *program]
         command = launch.horovodrun_command(cfg, hostfile, key, ranks, ranked)
         log("running: " + " ".join(command))
-        code, tail = launch.stream(command, env, Path(cfg.log_dir) / log_name, keep)
+        # horovodrun dies with this process (supervision.guarded): no run goes on unsupervised.
+        code, tail = launch.stream(
+            supervision.guarded(command), env, Path(cfg.log_dir) / log_name, keep
+        )
         if code:
+            failed_at = time.time()
             reason = launch.failure_reason(tail, hostfile.read_text())
-            raise RuntimeError(f"horovodrun exited {code}: {reason} (details in {log_name})")
+            lost: list[str] = []
+            attempt_to(
+                "read the members' heartbeats",
+                lambda: lost.extend(supervision.lost_nodes(s3, cfg, failed_at)),
+            )
+            cause = "; ".join([*lost, f"horovodrun exited {code}: {reason}"])
+            raise RuntimeError(f"{cause} (details in {log_name})")
         return tail
 
     if cfg.gpus_per_node:
@@ -270,6 +295,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
     step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
     step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
+    attempt.heartbeat.stop()
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
 
 
@@ -314,6 +340,8 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
         )  # fmt: skip
         if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")
+    if attempt.heartbeat is not None:
+        attempt.heartbeat.stop()
 
 
 def interrupt_on_sigterm() -> None:
@@ -371,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except StepFailed as failure:
         report_failure(cfg, failure, attempt)
+        return 1
+    except Exception as exc:  # a bug between steps: still reported, never a silent death
+        report_failure(cfg, StepFailed("bootstrap", one_line(exc)), attempt)
         return 1
     return 0
 

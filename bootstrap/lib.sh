@@ -102,8 +102,16 @@ start_cloudwatch_agent() {
 # User-data runs once per instance; this unit runs the node script again at every later boot,
 # which is how a rebooted node resumes (each step skips what is already done). Scripts always run
 # through bash: user-data unpacks the code with `python3 -m zipfile`, which keeps no file modes.
+# Restart=on-abnormal: a bootstrap killed by a signal (SIGKILL, SIGSEGV; not SIGTERM, which is a
+# stop) reported nothing, so systemd starts it again and it resumes the run from S3; a failure it
+# reported (exit status 1, DONE.json written) is final. At most 5 restarts an hour, so a crash
+# loop ends and the members' heartbeat watch and the reaper take over.
+# https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html (Restart=,
+# RestartSec=), https://www.freedesktop.org/software/systemd/man/latest/systemd.unit.html
+# (StartLimitIntervalSec=, StartLimitBurst=)
+BOOT_SERVICE=horovod-fleet-node.service
 install_boot_service() {
-	local script=$1 unit=/etc/systemd/system/horovod-fleet-node.service
+	local script=$1 unit=${SYSTEMD_UNIT_DIR:-/etc/systemd/system}/$BOOT_SERVICE
 	command -v systemctl >/dev/null || return 0
 	[[ -f $unit ]] && return 0
 	cat >"$unit" <<UNIT
@@ -111,16 +119,35 @@ install_boot_service() {
 Description=horovod-fleet node bootstrap ($script)
 Wants=network-online.target
 After=network-online.target cloud-final.service
+StartLimitIntervalSec=3600
+StartLimitBurst=5
 
 [Service]
 Type=simple
 Environment=NODE_JSON=$NODE_JSON
+Environment=HOROVOD_FLEET_SERVICE=1
 ExecStart=/bin/bash $script
+Restart=on-abnormal
+RestartSec=5
 
 [Install]
 WantedBy=multi-user.target
 UNIT
 	systemctl daemon-reload
-	systemctl enable horovod-fleet-node.service
-	log "enabled horovod-fleet-node.service: the bootstrap reruns at every boot"
+	systemctl enable "$BOOT_SERVICE"
+	log "enabled $BOOT_SERVICE: the bootstrap reruns at every boot and restarts if it is killed"
+}
+
+# At the first boot user-data (cloud-final.service) runs the node script, where nothing would
+# restart a killed bootstrap: it hands over to the unit instead and returns 0 (the unit then runs
+# the script from the top once cloud-final has finished: --no-block, as the unit is ordered after
+# it). Returns 1 when the script is already running under the unit, or there is no systemd.
+hand_over_to_boot_service() {
+	command -v systemctl >/dev/null || return 1
+	[[ -z ${HOROVOD_FLEET_SERVICE:-} ]] || return 1
+	if ! systemctl start --no-block "$BOOT_SERVICE"; then
+		log "could not start $BOOT_SERVICE: the bootstrap runs here, and nothing restarts it if it is killed"
+		return 1
+	fi
+	log "handed over to $BOOT_SERVICE (systemd restarts a killed bootstrap); its log continues in $(config log_dir)/bootstrap.log and journalctl -u $BOOT_SERVICE"
 }

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -188,9 +189,17 @@ def run_finished_since(s3, cfg: TrainConfig, since: float) -> bool:
 
 
 def serve_as_member(
-    s3, cfg: TrainConfig, ip: str, instance_id: str, log, clock=time.time, sleep=time.sleep
+    s3,
+    cfg: TrainConfig,
+    ip: str,
+    instance_id: str,
+    log,
+    clock=time.time,
+    sleep=time.sleep,
+    leader_lost: Callable[[float], str | None] = lambda now: None,
 ) -> None:
-    """Install the leader's key, register, then heartbeat until the run's DONE.json appears.
+    """Install the leader's key, register, then heartbeat until the run's DONE.json appears, or
+    until leader_lost(now) says why the leader is gone (bootstrap.supervision.LeaderWatch).
 
     The key goes in before the registration, so the leader never ssh-es to a node that would
     refuse it; a key the leader replaced (a redeployed leader) is picked up on the next beat.
@@ -201,5 +210,7 @@ def serve_as_member(
         if install_authorized_key(cfg.authorized_keys_file, public_key):
             log(f"installed the run's public key in {cfg.authorized_keys_file}")
         register_node(s3, cfg, ip, instance_id, clock())
+        if why := leader_lost(clock()):
+            raise RendezvousError(why)
         sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))
     log("the leader wrote DONE.json: this member's part is over")

@@ -24,6 +24,7 @@ python3 -m bootstrap.image.manifest check-node --node-json "$NODE_JSON"
 if [[ $(config install) == true ]]; then
 	step "boot service"
 	install_boot_service "$APP_DIR/bootstrap/train_node.sh"
+	hand_over_to_boot_service && exit 0
 	use_venv
 	# The EFA installer's Open MPI and libfabric and its aws-ofi-nccl plugin, which NCCL loads
 	# from LD_LIBRARY_PATH; horovodrun exports this environment to every rank.
