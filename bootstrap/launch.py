@@ -305,13 +305,15 @@ class CheckpointSync(threading.Thread):
             stamp = self.state_stamp()
             if stamp == seen and time.monotonic() - synced_at < self.interval_s:
                 continue
+            # Read before the upload: the trainer may name a newer one while it runs.
+            newest = checkpoints.newest_named(self.store.model_dir)
             try:
                 self.store.upload()
             except Exception as exc:  # the next round or the final upload retries
                 self.log(f"checkpoint sync to S3 failed, retrying later: {aws.one_line(exc)}")
                 continue
             synced_at = time.monotonic()
-            if stamp != seen and (newest := checkpoints.newest_named(self.store.model_dir)):
+            if stamp != seen and newest:
                 self.log(
                     f"checkpoint {newest} is in {model_prefix(self.store.cfg)}checkpoints/ "
                     "(a restarted or rerun attempt resumes from it)"

@@ -62,6 +62,11 @@ class StepFailed(RuntimeError):
 
 
 REPORT_GRACE_S = 60  # after one node fails, how long the others get to report theirs
+# The node unit's Restart=on-abnormal (bootstrap/lib.sh): a bootstrap killed by any signal but
+# these is started again after RestartSec, at most StartLimitBurst times.
+CLEAN_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE}
+RESTART_SEC = 5
+RESTART_LIMIT = 5
 
 
 class Rehearsal:
@@ -78,6 +83,11 @@ class Rehearsal:
         # (the fault rehearsal injects its faults this way).
         self.watches: list[tuple[str, str, Callable[[], None]]] = []
         self.output: dict[str, list[str]] = {}
+        # node name -> (command, env) that systemd's restart of its bootstrap runs, and how
+        # often it did.
+        self.services: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self.restarts: dict[str, int] = {}
+        self.node_groups: list[int] = []  # every node process group, restarted ones included
 
     # ------------------------------------------------------------ processes
 
@@ -138,6 +148,7 @@ class Rehearsal:
         one blamed, not the one that noticed."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
+            self.restart_killed(procs)
             codes = {name: p.poll() for name, p in procs.items()}
             if any(c not in (None, 0) for c in codes.values()):
                 grace = time.time() + REPORT_GRACE_S
@@ -150,6 +161,28 @@ class Rehearsal:
                 return codes
             time.sleep(0.5)
         raise StepFailed(f"{', '.join(procs)} still running after {timeout_s:.0f} s")
+
+    def restart_killed(self, procs: dict[str, subprocess.Popen]) -> None:
+        """Play systemd's part for the simulated nodes: a node bootstrap killed by a signal
+        (Restart=on-abnormal) is started again after RESTART_SEC, in place in procs."""
+        for name, proc in list(procs.items()):
+            code = proc.poll()
+            if code is None or code >= 0 or name not in self.services:
+                continue
+            if signal.Signals(-code) in CLEAN_SIGNALS:
+                continue
+            if self.restarts.get(name, 0) >= RESTART_LIMIT:
+                continue
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            say(
+                f"{name}'s bootstrap was killed by {signal.Signals(-code).name}: restarting it "
+                f"in {RESTART_SEC} s, as its unit's Restart=on-abnormal does"
+            )
+            time.sleep(RESTART_SEC)
+            command, env = self.services[name]
+            procs[name] = self.start(name, command, env)
+            self.node_processes = list(procs.values())
+            self.node_groups.append(procs[name].pid)
 
     def close(self) -> None:
         """End every process, then let their output drain: nothing prints after the verdict."""
@@ -348,9 +381,9 @@ class Rehearsal:
         """Start every node's train_node.sh and wait for all. A second call is the rerun after a
         reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
         S3 prefix are not, so the pull is skipped and training resumes from S3."""
-        for proc in self.node_processes:
+        for group in self.node_groups:  # the sshd of a node whose bootstrap restarted too
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(group, signal.SIGKILL)
         if self.node_processes:
             # Only S3 may hold the checkpoint a rerun resumes from.
             shutil.rmtree(self.workdir / "node0" / "data" / "model", ignore_errors=True)
@@ -402,12 +435,18 @@ class Rehearsal:
                 "heartbeat_timeout_s": 60,
                 "checkpoint_sync_s": 30,
             }
-            doc.update(overrides)
+            doc["trainer"].update(overrides.get("trainer", {}))
+            doc.update({k: v for k, v in overrides.items() if k != "trainer"})
             env = {**self.env(), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
             script = [str(REPO / "bootstrap" / "train_node.sh")]
             cmd = self.fleet.node_command(node, data_mount, script) if node else script
             procs[f"node{index}"] = self.start(f"node{index}", cmd, env)
+            # A restarted unit reruns the script on the same host, whose sshd still runs.
+            again = self.fleet.node_command(node, data_mount, script, sshd=False) if node else cmd
+            self.services[f"node{index}"] = (again, env)
         self.node_processes = list(procs.values())
+        self.node_groups = [proc.pid for proc in self.node_processes]
+        self.restarts.clear()
         self.wait(procs, self.args.timeout)
 
     def report(self, epochs: int) -> None:
@@ -465,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the fault rehearsal instead: one fault per training attempt (S3 outages, a killed "
         "rank, a stopped node, a corrupted shard), then a table of expected and observed outcomes",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        metavar="TEXT",
+        help="with --faults: only the rows whose name contains TEXT (repeatable; in order)",
     )
     parser.add_argument(
         "--benchmark",

@@ -13,9 +13,19 @@ injected, in order (each attempt starts from what the previous one left in S3):
     rerun after the S3 fix       the good shard put back; the same nodes run again
     node never boots             node 1 is not started: the leader names it every 30 s, then
                                  gives up
+    leader's bootstrap killed    SIGKILL of node 0's bootstrap process only, after the attempt's
+                                 first epoch: the rehearsal restarts it as systemd does
+                                 (Restart=on-abnormal), and the run resumes and finishes
+    newest checkpoint corrupt    a byte of the newest checkpoint's data flipped in S3 (same
+                                 size): the restore falls back to the newest intact one
+    disk full at a checkpoint    node 0's model dir on a tmpfs that the restored files fill
+                                 (namespaces only): the reason names ENOSPC, the path, the
+                                 filesystem
 
 and prints a table: fault, expected outcome, observed outcome, pass or fail. Exit 0 only if every
-row passes.
+row passes. `--fault TEXT` (repeatable) keeps only the rows whose name contains TEXT, in order;
+a row builds on what the rows before it left in S3 (the corrupt checkpoint needs a run with
+checkpoints: `--fault "bootstrap killed" --fault "newest checkpoint"`).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +51,8 @@ from rehearsal.__main__ import BUCKET, RUN, Rehearsal, say
 OUTAGE_S = 40
 SHARD = "train-00001-of-00004"
 MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
+# A checkpoint at every epoch's end (the trainer's default: the last epoch and after 600 s).
+EVERY_EPOCH = {"trainer": {"checkpoint_every_s": 1}}
 
 
 @dataclass
@@ -148,6 +161,76 @@ def forget_node(index: int) -> Callable[[Rehearsal], None]:
         say(f"FAULT: node {index} will not boot")
 
     return forget
+
+
+def kill_leader_bootstrap(rehearsal: Rehearsal) -> Callable[[], None]:
+    def kill() -> None:
+        pid = rehearsal.node_processes[0].pid  # train_node.sh exec'd the bootstrap: same pid
+        say(f"FAULT: SIGKILL to node 0's bootstrap process only (pid {pid})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    return kill
+
+
+def checkpoints_in_s3(rehearsal: Rehearsal) -> dict[str, int]:
+    prefix = f"runs/{RUN}/model/checkpoints/"
+    listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+    return {o["Key"]: o["Size"] for o in listing.get("Contents", [])}
+
+
+def corrupt_newest_checkpoint(rehearsal: Rehearsal) -> None:
+    keys = checkpoints_in_s3(rehearsal)
+    data = [k for k in keys if ".data-" in k and not k.endswith(".sha256")]
+    if len(data) < 2:
+        raise RuntimeError(
+            "the corrupt-checkpoint row needs two checkpoints in S3 from a row before"
+        )
+    newest = max(data, key=lambda k: int(re.search(r"ckpt-(\d+)\.", k).group(1)))
+    good = s3_object(rehearsal, newest)
+    flipped = good[:-100] + bytes([good[-100] ^ 0xFF]) + good[-99:]
+    rehearsal.s3.put_object(Bucket=BUCKET, Key=newest, Body=flipped)
+    rehearsal.corrupted = newest.rsplit("/", 1)[1].split(".")[0]
+    say(f"FAULT: s3://{BUCKET}/{newest} replaced by a same-size copy with a flipped byte")
+
+
+def fill_model_dir(rehearsal: Rehearsal) -> None:
+    """Node 0's model dir becomes a tmpfs the size of what the restore brings, plus less than
+    one checkpoint: the first checkpoint of the attempt finds the disk full."""
+    if rehearsal.fleet is None:
+        raise RuntimeError("the full-disk row needs the namespaces (root): a tmpfs per node")
+    model = f"runs/{RUN}/model/"
+    listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=model)
+    objects = listing.get("Contents", [])
+    restored = sum(o["Size"] for o in objects if not o["Key"].endswith(".sha256"))
+    checkpoint = max(o["Size"] for o in objects if ".data-" in o["Key"])
+    size = restored + checkpoint // 2
+    target = rehearsal.workdir / "data" / "model"
+
+    def mount() -> None:
+        pid = rehearsal.node_processes[0].pid
+        (rehearsal.node_home(0) / "data" / "model").mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", f"size={size}",
+             "tmpfs", str(target)],
+            check=True,
+        )  # fmt: skip
+        say(f"FAULT: node 0's {target} is a tmpfs of {size} bytes ({restored} restored)")
+
+    rehearsal.watches.append(("node0", "step 'rendezvous': start", mount))
+
+
+def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
+    reason = done["reason"] or ""
+    return (
+        "ENOSPC" in reason
+        and f"{rehearsal.workdir / 'data' / 'model'}/checkpoints/" in reason
+        and "filesystem tmpfs (tmpfs)" in reason
+    )
+
+
+def restarted_once(node: str):
+    return lambda r, done: r.restarts.get(node) == 1
 
 
 def node_said(rehearsal: Rehearsal, index: int, text: str) -> bool:
@@ -268,6 +351,41 @@ def faults(nodes: int) -> list[Fault]:
             ),
             {"absent": (1,), "rendezvous_timeout_s": MISSING_NODE_TIMEOUT_S},
         ),
+        Fault(
+            "leader's bootstrap killed (SIGKILL) after the first epoch",
+            "succeeded, 7 epochs: restarted once, resumed from S3, the member waited",
+            7,
+            lambda r: r.watches.append(("node0", "is in s3://", kill_leader_bootstrap(r))),
+            expect(
+                "succeeded",
+                7,
+                restarted_once=restarted_once("node0"),
+                resumed=lambda r, d: node_said(r, 0, "Resuming from"),
+                member_saw_done=lambda r, d: node_said(r, 1, "the leader wrote DONE.json"),
+            ),
+            EVERY_EPOCH,
+        ),
+        Fault(
+            "newest checkpoint corrupt in S3 (same size)",
+            "succeeded, 8 epochs: the restore fell back to the newest intact one and said so",
+            8,
+            corrupt_newest_checkpoint,
+            expect(
+                "succeeded",
+                8,
+                said_so=lambda r, d: node_said(r, 0, f"{r.corrupted} (sha256 of"),
+                fell_back=lambda r, d: node_said(r, 0, "the newest intact checkpoint"),
+            ),
+            EVERY_EPOCH,
+        ),
+        Fault(
+            "disk full at a checkpoint (ENOSPC)",
+            "failed: no space left on device (ENOSPC) writing <path>; filesystem tmpfs ...",
+            9,
+            fill_model_dir,
+            expect("failed", names_the_path_and_filesystem=names_the_full_disk),
+            EVERY_EPOCH,
+        ),
     ]
 
 
@@ -283,7 +401,10 @@ def run_faults(rehearsal: Rehearsal) -> int:
             rehearsal.step = step
             say(f"--- {step}")
             action()
+        chosen = rehearsal.args.fault or [""]
         for fault in faults(rehearsal.args.nodes):
+            if not any(text in fault.name for text in chosen):
+                continue
             rehearsal.step = f"fault: {fault.name}"
             say(f"--- {rehearsal.step} (expected: {fault.expected})")
             rehearsal.watches.clear()

@@ -137,15 +137,16 @@ class Fleet:
         (etc / "hosts").write_text(f"127.0.0.1 localhost\n{node.ip} {socket.gethostname()}\n")
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
 
-    def node_command(self, node: Node, data_mount: Path, command: list[str]) -> list[str]:
+    def node_command(
+        self, node: Node, data_mount: Path, command: list[str], sshd: bool = True
+    ) -> list[str]:
         """Run `command` as the node: inside its namespace, with its data dir mounted at
         data_mount (the same path on every node, as /data is) and its sshd running alongside in
-        the same mount namespace, so ranks launched over ssh see this node's data."""
+        the same mount namespace, so ranks launched over ssh see this node's data. sshd=False:
+        the node's sshd runs already (a restarted bootstrap)."""
         (node.home / "data").mkdir(parents=True, exist_ok=True)
-        script = (
-            'mount --bind "$1" "$2" && { /usr/sbin/sshd -D -e -f "$3" 2>>"$4" & } && shift 4 '
-            '&& exec "$@"'
-        )
+        start_sshd = '{ /usr/sbin/sshd -D -e -f "$3" 2>>"$4" & } && ' if sshd else ""
+        script = f'mount --bind "$1" "$2" && {start_sshd}shift 4 && exec "$@"'
         return ["ip", "netns", "exec", node.namespace, "bash", "-c", script, "node",
                 str(node.home / "data"), str(data_mount), str(node.home / "ssh" / "sshd_config"),
                 str(node.home / "sshd.log"), *command]  # fmt: skip

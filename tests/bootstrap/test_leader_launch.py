@@ -312,3 +312,33 @@ def test_a_collective_timeout_is_named_before_the_rank_that_died_of_it():
         "collective timeout on rank 1 (10.0.1.23): [/tmp/pip/gloo/transport/tcp/pair.cc:598] "
         "Read timeout"
     )
+
+
+def test_the_model_dir_is_synced_as_soon_as_a_checkpoint_is_written(tmp_path, monkeypatch):
+    """Before: only every checkpoint_sync_s (60 s), so a killed bootstrap lost up to a minute
+    of checkpoints; now a new checkpoints/checkpoint is uploaded within CheckpointSync.WATCH_S."""
+    monkeypatch.setattr(launch.CheckpointSync, "WATCH_S", 0.05)
+    uploads, lines = [], []
+
+    class Store:
+        model_dir = tmp_path
+        cfg = parse(train_doc())
+
+        def upload(self):
+            uploads.append(time.monotonic())
+
+    sync = launch.CheckpointSync(Store(), 3600, lines.append)
+    sync.start()
+    time.sleep(0.3)
+    assert uploads == []  # nothing written, and the interval is an hour
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
+    deadline = time.time() + 5
+    while not lines and time.time() < deadline:
+        time.sleep(0.05)
+    sync.stop()
+    assert len(uploads) == 1
+    assert lines == [
+        "checkpoint ckpt-7 is in s3://fleet-data/runs/r1/model/checkpoints/ (a restarted or "
+        "rerun attempt resumes from it)"
+    ]

@@ -5,6 +5,7 @@
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,3 +67,27 @@ def test_fault_table_has_a_row_per_fault(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split(" | ")[0].strip() == "fault" and len(lines) == 4
     assert lines[3].rstrip().endswith("FAIL") and "..." in lines[3]
+
+
+def test_the_rehearsal_restarts_a_killed_node_bootstrap_as_systemd_would(monkeypatch, tmp_path):
+    """Restart=on-abnormal: SIGKILL restarts; a reported failure (exit 1) or SIGTERM does not."""
+    from rehearsal import __main__ as rehearsal_main
+
+    monkeypatch.setattr(rehearsal_main, "RESTART_SEC", 0)
+    rehearsal = rehearsal_main.Rehearsal(argparse.Namespace(workdir=tmp_path))
+    again = ["bash", "-c", "echo restarted"]
+    procs = {name: subprocess.Popen(["sleep", "60"]) for name in ("node0", "node1", "node2")}
+    rehearsal.services = {name: (again, dict(os.environ)) for name in procs}
+    procs["node0"].kill()
+    procs["node1"].terminate()
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.wait()
+    procs["node2"] = subprocess.Popen(["bash", "-c", "exit 1"])
+    procs["node2"].wait()
+    rehearsal.restart_killed(procs)
+    assert rehearsal.restarts == {"node0": 1}
+    assert procs["node0"].wait(10) == 0
+    assert procs["node1"].returncode == -15 and procs["node2"].returncode == 1
+    rehearsal.close()
+    assert rehearsal.output["node0"] == ["restarted\n"]
