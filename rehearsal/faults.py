@@ -21,6 +21,8 @@ injected, in order (each attempt starts from what the previous one left in S3):
     disk full at a checkpoint    node 0's model dir on a tmpfs that the restored files fill
                                  (namespaces only): the reason names ENOSPC, the path, the
                                  filesystem
+    network of node 1 cut        node 1's link goes down mid-training (namespaces only): the
+                                 reason names node 1 from its stale heartbeat, not rank 0
 
 and prints a table: fault, expected outcome, observed outcome, pass or fail. Exit 0 only if every
 row passes. `--fault TEXT` (repeatable) keeps only the rows whose name contains TEXT, in order;
@@ -45,6 +47,7 @@ from pathlib import Path
 # `python -m rehearsal` runs __main__ as a module of its own: only its constants and helpers
 # are shared, and its StepFailed is caught as the RuntimeError it is.
 from rehearsal.__main__ import BUCKET, RUN, Rehearsal, say
+from rehearsal.hosts import NODE_INTERFACE
 
 # Longer than boto3's read timeout (20 s), so every kind of S3 call sees it time out and retry;
 # short enough for CI.
@@ -63,6 +66,7 @@ class Fault:
     prepare: Callable[[Rehearsal], None]
     judge: Callable[[Rehearsal, dict | None], tuple[bool, str]]
     overrides: dict | None = None
+    cleanup: Callable[[Rehearsal], None] | None = None
 
 
 def freeze_s3(rehearsal: Rehearsal, seconds: float) -> Callable[[], None]:
@@ -229,6 +233,39 @@ def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
     )
 
 
+def set_link(rehearsal: Rehearsal, index: int, state: str) -> None:
+    node = rehearsal.fleet.nodes[index]
+    subprocess.run(
+        ["ip", "netns", "exec", node.namespace, "ip", "link", "set", NODE_INTERFACE, state],
+        check=True,
+    )
+
+
+def cut_network(index: int) -> Callable[[Rehearsal], None]:
+    def prepare(rehearsal: Rehearsal) -> None:
+        if rehearsal.fleet is None:
+            raise RuntimeError("the network-cut row needs the namespaces (root): a link per node")
+
+        def cut() -> None:
+            set_link(rehearsal, index, "down")
+            say(f"FAULT: node {index}'s network is cut ({NODE_INTERFACE} down)")
+
+        rehearsal.watches.append(("node0", "<stdout>:Epoch ", cut))
+
+    return prepare
+
+
+def names_the_lost_node(index: int):
+    def check(rehearsal: Rehearsal, done: dict) -> bool:
+        node = rehearsal.fleet.nodes[index]
+        return (done["reason"] or "").startswith(
+            f"step 'training' failed: RuntimeError: node {index} (rehearsal-node-{index}, "
+            f"{node.ip}) lost: no heartbeat for "
+        )
+
+    return check
+
+
 def restarted_once(node: str):
     return lambda r, done: r.restarts.get(node) == 1
 
@@ -386,6 +423,14 @@ def faults(nodes: int) -> list[Fault]:
             expect("failed", names_the_path_and_filesystem=names_the_full_disk),
             EVERY_EPOCH,
         ),
+        Fault(
+            "network of node 1 cut mid-training",
+            "failed: node 1 (rehearsal-node-1, <its ip>) lost: no heartbeat for ... s",
+            10,
+            cut_network(1),
+            expect("failed", names_node_1_not_rank_0=names_the_lost_node(1)),
+            cleanup=lambda r: set_link(r, 1, "up"),
+        ),
     ]
 
 
@@ -414,6 +459,8 @@ def run_faults(rehearsal: Rehearsal) -> int:
             except RuntimeError as exc:  # a node failed, as the fault may want
                 say(f"the nodes: {exc}")
             ok, observed = fault.judge(rehearsal, rehearsal.done_json())
+            if fault.cleanup:
+                fault.cleanup(rehearsal)
             rows.append((fault.name, fault.expected, observed, "pass" if ok else "FAIL"))
             if rehearsal.watches:
                 rows[-1] = (*rows[-1][:2], "the fault was never injected", "FAIL")
