@@ -27,6 +27,7 @@ from botocore.exceptions import ClientError
 from bootstrap import aws, benchmark, data_pull, health, launch, rendezvous
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
+from bootstrap.status import RunStatus
 
 RAW_FILES = {
     "train": "ILSVRC2012_img_train.tar",
@@ -181,14 +182,18 @@ class Attempt:
         self.started = time.time()
         self.store: launch.ModelStore | None = None
         self.outputs_since: float | None = None
+        self.status: RunStatus | None = None  # the leader's status.json (bootstrap/status.py)
 
 
 def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     s3 = aws.s3_client(cfg.region)
     data_dir = Path(cfg.mount_point) / "tfrecords"
     model_dir = Path(cfg.mount_point) / "model"
+    attempt.status = status = RunStatus(cfg, s3, model_dir, attempt_started=attempt.started)
+    status.phase("booting")
     step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
     if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
+        status.phase("pulling_data")
         step(
             "data pull",
             lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log),
@@ -223,6 +228,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     key = rendezvous.private_key_path(cfg)
     if cfg.benchmark:
         benchmark.lead(cfg, s3, nodes, key, data_dir, attempt.started, log, step)
+        status.end("done", None)
         return
     env = launch.launcher_env(cfg, dict(os.environ))
 
@@ -239,6 +245,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
 
     if cfg.gpus_per_node:
         check = ["python3", "-m", "bootstrap.allreduce_check"]
+        status.phase("allreduce_check")
         step(
             "allreduce check",
             lambda: log("NCCL transport: " + health.check_transport(
@@ -255,6 +262,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     )
     sync = launch.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()
+    status.phase("training")
     try:
         step(
             "training",
@@ -263,6 +271,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     finally:
         sync.stop()
     # Results are retried until they are in S3: the hard cap bounds the wait (README).
+    status.phase("uploading")
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
     doc = launch.done_document(
         cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since
@@ -271,6 +280,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
     step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
+    status.end("done", None)
 
 
 def attempt_to(what: str, action: Callable[[], object]) -> bool:
@@ -314,6 +324,8 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
         )  # fmt: skip
         if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")
+    if attempt.status is not None:
+        attempt.status.end(failure.status, str(failure))
 
 
 def interrupt_on_sigterm() -> None:
