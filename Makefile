@@ -34,7 +34,7 @@ help:
 
 setup: $(VENV)/.ready node_modules/.ready
 
-$(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt bootstrap/requirements.txt
+$(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt bootstrap/requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "error: $(PYTHON) is Python %d.%d; TensorFlow 2.15.1 needs 3.9 to 3.11: run make PYTHON=python3.11 ..." % v)'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
@@ -47,6 +47,7 @@ $(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt b
 	fi
 	$(PY) -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION)
 	$(PY) -c "import horovod.tensorflow as hvd; assert hvd.gloo_built(), 'Horovod was built without Gloo'"
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .   # .venv/bin/horovod-fleet
 	touch $@
 
 node_modules/.ready: package.json package-lock.json

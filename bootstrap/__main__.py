@@ -27,6 +27,7 @@ from botocore.exceptions import ClientError
 from bootstrap import aws, benchmark, data_pull, health, launch, rendezvous, supervision
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
+from bootstrap.status import RunStatus
 
 RAW_FILES = {
     "train": "ILSVRC2012_img_train.tar",
@@ -182,14 +183,18 @@ class Attempt:
         self.store: launch.ModelStore | None = None
         self.outputs_since: float | None = None
         self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
+        self.status: RunStatus | None = None  # the leader's status.json (bootstrap/status.py)
 
 
 def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     s3 = aws.s3_client(cfg.region)
     data_dir = Path(cfg.mount_point) / "tfrecords"
     model_dir = Path(cfg.mount_point) / "model"
+    attempt.status = status = RunStatus(cfg, s3, model_dir, attempt_started=attempt.started)
+    status.phase("booting")
     step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
     if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
+        status.phase("pulling_data")
         step(
             "data pull",
             lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log),
@@ -236,6 +241,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     key = rendezvous.private_key_path(cfg)
     if cfg.benchmark:
         benchmark.lead(cfg, s3, nodes, key, data_dir, attempt.started, log, step)
+        status.end("done", None)
         return
     env = launch.launcher_env(cfg, dict(os.environ))
     # What marks this run's training processes, for a restarted bootstrap to end them.
@@ -264,6 +270,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
 
     if cfg.gpus_per_node:
         check = ["python3", "-m", "bootstrap.allreduce_check"]
+        status.phase("allreduce_check")
         step(
             "allreduce check",
             lambda: log("NCCL transport: " + health.check_transport(
@@ -280,6 +287,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     )
     sync = launch.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()
+    status.phase("training")
     try:
         step(
             "training",
@@ -288,6 +296,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     finally:
         sync.stop()
     # Results are retried until they are in S3: the hard cap bounds the wait (README).
+    status.phase("uploading")
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
     doc = launch.done_document(
         cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since
@@ -297,6 +306,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
     attempt.heartbeat.stop()
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
+    status.end("done", None)
 
 
 def attempt_to(what: str, action: Callable[[], object]) -> bool:
@@ -342,6 +352,8 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
             log(f"wrote {done} (status {failure.status})")
     if attempt.heartbeat is not None:
         attempt.heartbeat.stop()
+    if attempt.status is not None:
+        attempt.status.end(failure.status, str(failure))
 
 
 def interrupt_on_sigterm() -> None:

@@ -12,7 +12,10 @@ from bootstrap import allreduce_check
 from bootstrap.node_config import Common, TrainConfig
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
-LOG_FILES = ("bootstrap.log", "preprocess.log", "allreduce-check.log", "train.log")
+LOG_FILES = (
+    "bootstrap.log", "preprocess.log", "allreduce-check.log", "train.log",
+    "metrics.log",  # the leader's EMF lines (bootstrap/status.py): CloudWatch Logs makes them metrics
+)  # fmt: skip
 
 
 class HealthError(RuntimeError):

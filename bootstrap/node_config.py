@@ -14,7 +14,8 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   heartbeat_timeout_s (120), checkpoint_sync_s (60: what a crash can lose on top of the epoch
   in progress, see the README),
   efa_rdma_read (false: never set FI_EFA_USE_DEVICE_RDMA), allreduce_floor_gbps (0: no floor),
-  benchmark (null: train; docs/contracts.md).
+  benchmark (null: train; docs/contracts.md), cost and notify_topic_arn (null: status.json
+  without prices, no notifications).
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ class TrainConfig(Common):
     efa_rdma_read: bool
     allreduce_floor_gbps: float
     benchmark: Benchmark | None
+    # What status.json carries for the `horovod-fleet` command (docs/contracts.md): the price
+    # and hard cap {"usd_per_hour", "prices_as_of", "max_hours"}, and the run's SNS topic.
+    cost: dict[str, Any] | None = field(default=None, hash=False)
+    notify_topic_arn: str | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -308,7 +313,20 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         efa_rdma_read=r.get("efa_rdma_read", bool, False),
         allreduce_floor_gbps=r.number("allreduce_floor_gbps", 0, minimum=0),
         benchmark=_benchmark(r, nodes, r.integer("gpus_per_node")),
+        cost=_cost(r),
+        notify_topic_arn=r.text("notify_topic_arn", None, nullable=True),
     )
+
+
+def _cost(r: _Reader) -> dict[str, Any] | None:
+    cost = r.child("cost", nullable=True)
+    if cost is None:
+        return None
+    return {
+        "usd_per_hour": cost.number("usd_per_hour", minimum=0),
+        "prices_as_of": cost.text("prices_as_of"),
+        "max_hours": cost.number("max_hours", minimum=0),
+    }
 
 
 def _benchmark(r: _Reader, nodes: int, gpus_per_node: int) -> Benchmark | None:

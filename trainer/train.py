@@ -8,7 +8,8 @@ Run (one process, or under horovodrun for several ranks; every rank gets the sam
 
 Outputs (rank 0): <model-dir>/checkpoints/ (at epoch ends every --checkpoint-every-s, at the end,
 and on SIGTERM; a restart resumes from the newest, mid-epoch included), <model-dir>/tensorboard/,
-<model-dir>/eval.json, <model-dir>/train.json, and <model-dir>/interrupted.json after a SIGTERM.
+<model-dir>/eval.json, <model-dir>/train.json, <model-dir>/progress.json (trainer/progress.py), and
+<model-dir>/interrupted.json after a SIGTERM.
 Bad input ends every rank with one `error: ...` line and exit status 2: ranks agree on failures
 through a collective before going on, so none is left waiting on a rank that stopped.
 SIGTERM to any rank: every rank stops at the same step within STOP_CHECK_STEPS steps, rank 0
@@ -42,6 +43,7 @@ from trainer.optim import (
     uses_lars,
     warmup_epochs_for,
 )
+from trainer.progress import ProgressFile
 
 SYNTHETIC_STEPS_PER_EPOCH = 100
 # Test hook: when set, every rank writes rank-<r>.sha256 of every variable of its checkpoint
@@ -406,6 +408,10 @@ class Timings:
             self.timed_seconds += seconds
         self.first_interval = False
 
+    def steady_rate(self) -> float | None:
+        """The rate without the compiling first interval; None while there is only that one."""
+        return self.timed_images / self.timed_seconds if self.timed_seconds else None
+
     def steady_images_per_s(self) -> float | None:
         if self.timed_seconds:
             return round(self.timed_images / self.timed_seconds, 1)
@@ -452,6 +458,13 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
             trainer.checkpoint, str(model_dir / "checkpoints"), config.keep_checkpoints
         )
         writer = tf.summary.create_file_writer(str(model_dir / "tensorboard"))
+    progress_file = ProgressFile(
+        model_dir,
+        enabled=hvd.rank() == 0,
+        epochs=config.epochs,
+        steps_per_epoch=steps_per_epoch,
+        global_batch=global_batch,
+    )
     log(
         f"{config.arch}: {num_classes} classes, {hvd.size()} ranks x {config.batch_size} = "
         f"global batch {global_batch}, {steps_per_epoch} steps/epoch, peak LR {trainer.peak_lr:g}"
@@ -513,7 +526,9 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
 
     def evaluate_and_record() -> dict:
         began = time.perf_counter()
+        progress_file.evaluating()
         result = evaluate(trainer, eval_batches(), val_shard)
+        progress_file.evaluated(result["top1"])
         timings.evaluation_s += time.perf_counter() - began
         log(
             f"Eval epoch {result['epoch']}: top1 {result['top1']:.4f} top5 {result['top5']:.4f} "
@@ -601,6 +616,14 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                         tf.summary.scalar("train/total_loss", total)
                         tf.summary.scalar("train/learning_rate", lr)
                         tf.summary.scalar("train/images_per_s", speed)
+                    progress_file.log_step(
+                        epoch=epoch,
+                        step=step_in_epoch + 1,
+                        global_step=step,
+                        images_per_s=speed,
+                        loss=loss,
+                        steady_images_per_s=timings.steady_rate(),
+                    )
                 interval_start, interval_steps = time.perf_counter(), 0
             if sums[STOP]:
                 trainer.average_batchnorm_statistics()

@@ -111,6 +111,15 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
     assert train["startup_s"] + train["evaluation_s"] + train["checkpoint_s"] < train["duration_s"]
     assert (model_dir / "checkpoints" / "ckpt-3.index").exists()  # numbered by global step
     assert list((model_dir / "tensorboard").glob("events.out.tfevents.*"))
+    progress = json.loads((model_dir / "progress.json").read_text())
+    assert set(progress) == {
+        "phase", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "images_per_s",
+        "loss", "top1", "eta_s", "updated_at",
+    }  # fmt: skip
+    # Written last by the evaluation after the last log step (step 3 of 3, nothing left).
+    assert (progress["phase"], progress["epoch"], progress["step"]) == ("evaluating", 1, 3)
+    assert (progress["global_step"], progress["eta_s"]) == (3, 0.0)
+    assert 0 <= progress["top1"] <= 1 and progress["images_per_s"] > 0
 
     result = run_trainer([*args, "--eval-only"])
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,186 @@
+"""horovod-fleet: watch a run from your terminal.
+
+    horovod-fleet status [--run NAME] [--watch]    one screen: phase, progress, ETA, dollars, cap
+    horovod-fleet logs [--run NAME] [--node N] [-f] the leader's training table, or node N's
+                                                    bootstrap log, from CloudWatch Logs
+    horovod-fleet runs                              every run in the bucket
+
+The run is --run, else TrainStack's; the bucket --bucket, else TrainStack's, else
+horovod-fleet-<account>-<region>. AWS_ENDPOINT_URL points every call at a local endpoint (the
+rehearsal's). Anything missing ends in one `error:` line and exit status 1 within seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from typing import NoReturn
+
+from watch.aws import Fleet, RunStore, WatchError, explain
+from watch.screen import RunFacts, parse_time, runs_table, status_screen
+
+RUN_OUTPUT = "HorovodFleetRun"  # TrainStack's output naming its run (docs/contracts.md)
+REFRESH_S = 10
+FOLLOW_POLL_S = 2
+IN_PROGRESS = ("CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see horovod-fleet --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--run", help="run name (default: the run TrainStack deployed)")
+    common.add_argument("--bucket", help="dataset bucket (default: TrainStack's, or "
+                        "horovod-fleet-<account>-<region>)")  # fmt: skip
+    common.add_argument("--region", help="AWS region (default: AWS_REGION, else us-east-1)")
+    parser = OneLineParser(
+        prog="horovod-fleet",
+        description="Watch a horovod-fleet run: status, logs, runs.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    status = sub.add_parser("status", parents=[common], help="one screen about a run")
+    status.add_argument("--watch", action="store_true", help=f"refresh every {REFRESH_S} s")
+    logs = sub.add_parser("logs", parents=[common], help="a node's log from CloudWatch Logs")
+    logs.add_argument("--node", type=int, help="node index: its bootstrap log (default: the "
+                      "leader's training table)")  # fmt: skip
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("--log-group", help="log group (default: TrainStack's LogGroup output)")
+    sub.add_parser("runs", parents=[common], help="every run in the bucket")
+    return parser
+
+
+class Watcher:
+    """One command's view of the account: TrainStack, the bucket, the run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.fleet = Fleet.connect(args.region)
+        self.fleet.read_train_stack()
+        self.store = RunStore(self.fleet.client("s3"), self.fleet.bucket(args.bucket))
+
+    def deployed_run(self) -> str | None:
+        return self.fleet.outputs.get(RUN_OUTPUT)
+
+    def run_name(self) -> str:
+        run = self.args.run or self.deployed_run()
+        if not run:
+            raise WatchError(
+                f"no run: pass --run NAME (no TrainStack in {self.fleet.region}; "
+                f"`horovod-fleet runs` lists the runs in s3://{self.store.bucket}/runs/)"
+            )
+        return run
+
+    def facts(self, run: str, now: datetime | None = None) -> RunFacts:
+        prefix = f"runs/{run}/"
+        facts = RunFacts(
+            run=run,
+            bucket=self.store.bucket,
+            now=now or datetime.now(timezone.utc),
+            status=self.store.read_json(f"{prefix}status.json"),
+            done=self.store.read_json(f"{prefix}DONE.json"),
+        )
+        facts.nodes_up = len(self.store.nodes(run))
+        if run == self.deployed_run():
+            facts.stack_created = self.fleet.stack_created
+            facts.hard_cap_at = parse_time(self.fleet.outputs.get("HardCapAt"))
+            if self.fleet.stack_status == "CREATE_IN_PROGRESS":
+                facts.stack_phase = "booting"
+        nothing_yet = facts.status is None and facts.stack_phase is None and facts.done is None
+        if nothing_yet and self.fleet.image_stack_status() in IN_PROGRESS:
+            facts.stack_phase = "image_bake"
+        return facts
+
+    def require(self, facts: RunFacts) -> RunFacts:
+        if facts.status or facts.done or facts.stack_phase or facts.nodes_up:
+            return facts
+        known = self.store.runs()
+        listed = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "") if known else "none"
+        raise WatchError(
+            f"run {facts.run!r} not found: nothing in s3://{facts.bucket}/runs/{facts.run}/ and "
+            f"TrainStack is not deploying it (runs in the bucket: {listed})"
+        )
+
+
+def status(watcher: Watcher) -> int:
+    run = watcher.run_name()
+    while True:
+        screen = status_screen(watcher.require(watcher.facts(run)))
+        if not watcher.args.watch:
+            print(screen, end="")
+            return 0
+        print("\033[2J\033[H" + screen, end="", flush=True)  # clear, then draw
+        time.sleep(REFRESH_S)
+
+
+def runs(watcher: Watcher) -> int:
+    rows = [watcher.facts(run) for run in watcher.store.runs()]
+    if not rows:
+        print(f"no runs in s3://{watcher.store.bucket}/runs/")
+        return 0
+    print(runs_table(rows), end="")
+    return 0
+
+
+def logs(watcher: Watcher) -> int:
+    args = watcher.args
+    run = watcher.run_name()
+    group = args.log_group or watcher.fleet.outputs.get("LogGroup")
+    if not group:
+        raise WatchError("no log group: pass --log-group (TrainStack has no LogGroup output)")
+    index = 0 if args.node is None else args.node
+    node = watcher.store.nodes(run).get(index)
+    if node is None:
+        raise WatchError(
+            f"node {index} of run {run!r} has not registered in "
+            f"s3://{watcher.store.bucket}/runs/{run}/nodes/: no instance to read the log of"
+        )
+    name = "train.log" if args.node is None else "bootstrap.log"
+    stream = f"{node['instance_id']}/{name}"
+    client = watcher.fleet.client("logs")
+    kwargs = {"logGroupName": group, "logStreamNames": [stream]}
+    seen: set[str] = set()
+    while True:
+        token = None
+        while True:
+            page = client.filter_log_events(**kwargs, **({"nextToken": token} if token else {}))
+            for event in page.get("events", []):
+                if event["eventId"] not in seen:
+                    seen.add(event["eventId"])
+                    print(event["message"].rstrip("\n"), flush=True)
+                    kwargs["startTime"] = event["timestamp"]
+            token = page.get("nextToken")
+            if not token:
+                break
+        if not args.follow:
+            return 0
+        time.sleep(FOLLOW_POLL_S)
+
+
+COMMANDS = {"status": status, "runs": runs, "logs": logs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        try:
+            return COMMANDS[args.command](Watcher(args))
+        except WatchError:
+            raise
+        except Exception as exc:  # AWS said no, or could not be reached: one line
+            raise explain(exc) from None
+    except WatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The `horovod-fleet status` screen and the `runs` table, from the run's documents alone.
+
+Pure functions of what S3 and CloudFormation said, so each phase is tested from recorded states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+DONE_PHASE = {"succeeded": "done", "failed": "failed", "interrupted": "interrupted"}
+ENDED = ("done", "failed", "interrupted")
+LABELS = {
+    "image_bake": "image bake", "booting": "booting", "pulling_data": "pulling data",
+    "allreduce_check": "allreduce check", "training": "training", "evaluating": "evaluating",
+    "uploading": "uploading", "done": "done", "failed": "failed", "interrupted": "interrupted",
+    "relaunching": "relaunching",
+}  # fmt: skip
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc)
+
+
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS."""
+    minutes, secs = divmod(max(round(seconds), 0), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+@dataclass
+class RunFacts:
+    """What the command found about one run."""
+
+    run: str
+    bucket: str
+    now: datetime
+    status: dict | None = None  # runs/<run>/status.json
+    done: dict | None = None  # runs/<run>/DONE.json
+    nodes_up: int | None = None  # registrations in runs/<run>/nodes/
+    stack_phase: str | None = None  # from CloudFormation, before the leader writes anything
+    stack_created: datetime | None = None  # TrainStack's creation: the bill's start
+    hard_cap_at: datetime | None = None  # TrainStack's HardCapAt output
+
+    @property
+    def phase(self) -> str:
+        status_phase = (self.status or {}).get("phase")
+        if self.done and status_phase not in ENDED:
+            return DONE_PHASE.get(self.done.get("status"), "done")
+        return status_phase or self.stack_phase or "unknown"
+
+    @property
+    def started(self) -> datetime | None:
+        """When the bill started: TrainStack's creation, else the first attempt's start."""
+        if self.stack_created:
+            return self.stack_created
+        return parse_time((self.status or {}).get("attempt_started_at"))
+
+    @property
+    def ended(self) -> datetime | None:
+        if self.phase not in ENDED:
+            return None
+        return parse_time((self.done or {}).get("finished_at")) or parse_time(
+            (self.status or {}).get("updated_at")
+        )
+
+    def hourly(self) -> tuple[float, dict] | None:
+        """The fleet's price per hour and the price record, when status.json carries one."""
+        status = self.status or {}
+        cost = status.get("cost")
+        if not cost or not status.get("nodes"):
+            return None
+        return cost["usd_per_hour"] * status["nodes"], cost
+
+    def spent(self) -> float | None:
+        rate, started = self.hourly(), self.started
+        if rate is None or started is None:
+            return None
+        end = self.ended or self.now
+        return rate[0] * max((end - started).total_seconds(), 0) / 3600
+
+    def cap(self) -> tuple[datetime, bool] | None:
+        """The hard cap's time, and whether it is exact (TrainStack's output) or estimated."""
+        if self.hard_cap_at:
+            return self.hard_cap_at, True
+        cost, started = (self.status or {}).get("cost"), self.started
+        if not cost or started is None:
+            return None
+        return started + timedelta(hours=cost["max_hours"]), False
+
+
+def status_screen(facts: RunFacts) -> str:
+    """One screen: the first line starts with `horovod-fleet status`, the last is blank."""
+    status = facts.status or {}
+    progress = status.get("progress") or {}
+    phase = facts.phase
+    lines = [f"horovod-fleet status: run {facts.run}  (s3://{facts.bucket}/runs/{facts.run}/)"]
+    updated = parse_time(status.get("updated_at"))
+    age = f", updated {clock((facts.now - updated).total_seconds())} ago" if updated else ""
+    attempt = f", attempt {status['attempt']}" if status.get("attempt") else ""
+    lines.append(f"  phase       {LABELS.get(phase, phase)}{attempt}{age}")
+    if status:
+        up = "?" if facts.nodes_up is None else facts.nodes_up
+        gpus = status.get("gpus_per_node") or 0
+        lines.append(
+            f"  nodes       {up} up, {status.get('nodes_healthy')} healthy of "
+            f"{status['nodes']} x {status['instance_type']}"
+            + (f" ({gpus} GPUs each)" if gpus else " (CPU)")
+        )
+    if progress:
+        lines.append(
+            f"  progress    epoch {progress['epoch']}/{progress['epochs']}, step "
+            f"{progress['step']}/{progress['steps_per_epoch']} (global step "
+            f"{progress['global_step']})"
+        )
+        rate = progress.get("images_per_s")
+        if rate is not None:
+            ranks = max(status.get("nodes", 1) * (status.get("gpus_per_node") or 1), 1)
+            lines.append(
+                f"  throughput  {rate:,.1f} img/s global, {rate / ranks:,.1f} img/s per GPU"
+            )
+        top1 = progress.get("top1")
+        lines.append(
+            f"  loss        {progress.get('loss')}   top-1 "
+            + ("not evaluated yet" if top1 is None else f"{top1:.4f}")
+        )
+        eta = progress.get("eta_s")
+        if phase not in ENDED:
+            lines.append(f"  ETA         {'measuring' if eta is None else clock(eta)}")
+    lines.append(f"  cost        {cost_line(facts, progress.get('eta_s'))}")
+    lines.append(f"  hard cap    {cap_line(facts)}")
+    checkpoint = status.get("checkpoint")
+    lines.append(
+        "  checkpoint  "
+        + (
+            f"{checkpoint['key']} (step {checkpoint['step']}, {checkpoint['at']})"
+            if checkpoint
+            else "none in S3 yet"
+        )
+    )
+    if facts.done:
+        done = facts.done
+        figures = f", top-1 {done['top1']}" if done.get("top1") is not None else ""
+        lines.append(
+            f"  DONE.json   {done.get('status')}{figures}: {done.get('reason') or 'no reason'}"
+        )
+    elif status.get("reason"):
+        lines.append(f"  reason      {status['reason']}")
+    return "\n".join(lines) + "\n\n"
+
+
+def cost_line(facts: RunFacts, eta_s: float | None) -> str:
+    rate = facts.hourly()
+    spent = facts.spent()
+    if rate is None or spent is None:
+        return "unknown (status.json holds no price yet)"
+    hourly, cost = rate
+    nodes = (facts.status or {}).get("nodes")
+    text = f"${spent:,.2f} so far"
+    if facts.phase not in ENDED and eta_s is not None:
+        text += f", ~${spent + hourly * eta_s / 3600:,.2f} projected to the end of training"
+    return (
+        f"{text}\n              {nodes} x {(facts.status or {}).get('instance_type')} at "
+        f"${cost['usd_per_hour']:g}/h = ${hourly:,.2f}/h (list prices {cost['prices_as_of']})"
+    )
+
+
+def cap_line(facts: RunFacts) -> str:
+    if facts.phase in ENDED:
+        return "not reached: the run has ended"
+    cap = facts.cap()
+    if cap is None:
+        return "unknown (no TrainStack output HardCapAt, no max_hours in status.json)"
+    at, exact = cap
+    left = (at - facts.now).total_seconds()
+    how = "" if exact else " (estimated from the leader's start)"
+    return f"{clock(left)} left, at {at.strftime(TIME_FORMAT)}{how}"
+
+
+def runs_table(rows: list[RunFacts]) -> str:
+    """`horovod-fleet runs`: one line per run."""
+    lines = [f"{'run':<24} {'status':<16} {'top-1':>7} {'duration':>9} {'cost':>10}"]
+    for facts in rows:
+        top1 = (facts.done or {}).get("top1")
+        if top1 is None:
+            top1 = ((facts.status or {}).get("progress") or {}).get("top1")
+        duration = (facts.done or {}).get("duration_s")
+        if duration is None and facts.started:
+            duration = ((facts.ended or facts.now) - facts.started).total_seconds()
+        spent = facts.spent()
+        lines.append(
+            f"{facts.run:<24} {LABELS.get(facts.phase, facts.phase):<16} "
+            f"{'-' if top1 is None else f'{top1:.4f}':>7} "
+            f"{'-' if duration is None else clock(duration):>9} "
+            f"{'-' if spent is None else f'${spent:,.2f}':>10}"
+        )
+    return "\n".join(lines) + "\n"
