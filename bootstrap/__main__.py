@@ -303,10 +303,10 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     )
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
     step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
+    status.end("done", None)
     step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
     attempt.heartbeat.stop()
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
-    status.end("done", None)
 
 
 def attempt_to(what: str, action: Callable[[], object]) -> bool:
@@ -342,6 +342,9 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
     if attempt.store is not None:
         attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
     attempt_to("upload the logs", lambda: launch.upload_logs(s3, cfg, policy))
+    # status.json before DONE.json: DONE.json starts the teardown, so it is the last word.
+    if attempt.status is not None:
+        attempt.status.end(failure.status, str(failure))
     if cfg.is_leader:
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = launch.done_document(
@@ -352,8 +355,6 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
             log(f"wrote {done} (status {failure.status})")
     if attempt.heartbeat is not None:
         attempt.heartbeat.stop()
-    if attempt.status is not None:
-        attempt.status.end(failure.status, str(failure))
 
 
 def interrupt_on_sigterm() -> None:
