@@ -274,7 +274,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         step(
             "allreduce check",
             lambda: log("NCCL transport: " + health.check_transport(
-                run_horovod(check, "allreduce-check.log", keep=1_000_000), cfg.efa
+                run_horovod(check, "allreduce-check.log", keep=1_000_000),
+                cfg.efa,
+                cfg.gpudirect,
             )),
         )  # fmt: skip
     store = launch.ModelStore(s3, cfg, model_dir, log)

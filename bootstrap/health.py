@@ -65,6 +65,9 @@ def check_node(cfg: TrainConfig, gpus: int, efa: bool) -> str:
 # where the bytes went; the init line "Using network X" only says what NCCL loaded. A plugin that
 # loads but finds no provider also logs "NET/OFI ...", so a bare NET/OFI mention proves nothing.
 _CHANNEL = re.compile(r"\bvia NET/([A-Za-z][A-Za-z ]*?)/\d")
+# One inter-node connection with what follows its device number: "/GDRDMA" when NCCL moves the
+# bytes between the GPU and the EFA device directly, "/Shared" and others besides.
+_NET_CONNECTION = re.compile(r"\bvia NET/[A-Za-z][A-Za-z ]*?/\d+(\S*)")
 _CHOSEN = re.compile(r"NCCL INFO Using network (.+)")
 _OFI_SELECTED = re.compile(r"NET/OFI Selected Provider is efa", re.IGNORECASE)
 _SOCKET = re.compile(r"NET/Socket")
@@ -91,9 +94,10 @@ def nccl_transport(nccl_debug_log: str) -> str:
     return "ofi" if _OFI_SELECTED.search(nccl_debug_log) else "unknown"
 
 
-def check_transport(nccl_debug_log: str, efa_expected: bool) -> str:
+def check_transport(nccl_debug_log: str, efa_expected: bool, gpudirect_expected: bool) -> str:
     """The allreduce check's log -> "ofi, 8.12 GB/s bus bandwidth over 8 nodes"; HealthError when
-    EFA is expected and the collective did not cross the nodes through aws-ofi-nccl."""
+    EFA is expected and the collective did not cross the nodes through aws-ofi-nccl, or when
+    GPUDirect RDMA is expected (p4d, p5) and any network connection went through host memory."""
     transport = nccl_transport(nccl_debug_log)
     summary = allreduce_check.parse_summary(nccl_debug_log)
     if efa_expected and transport != "ofi":
@@ -108,6 +112,16 @@ def check_transport(nccl_debug_log: str, efa_expected: bool) -> str:
             f"the allreduce crossed {summary['nodes']} nodes but NCCL logged no network "
             "connection for it ('via NET/...'): run the check with NCCL_DEBUG=INFO"
         )
+    connections = _NET_CONNECTION.findall(nccl_debug_log)
+    bounced = [suffix for suffix in connections if "GDRDMA" not in suffix.split("/")]
+    if gpudirect_expected and crossed and bounced:
+        raise HealthError(
+            f"GPUDirect RDMA expected but {len(bounced)} of {len(connections)} network connections "
+            "went through host memory (no '/GDRDMA' after 'via NET/...'): check that the "
+            "efa_nv_peermem module is loaded (lsmod) and the driver's open kernel modules"
+        )
+    if gpudirect_expected and crossed:
+        transport += " with GPUDirect RDMA"
     if summary is None:
         return transport
     return (

@@ -44,11 +44,11 @@ GPU_ENV = {
 # libfabric's EFA provider for aws-ofi-nccl. No NCCL_PROTO: the image's plugin sets "simple"
 # itself where EFA cannot order bytes for NCCL's LL protocols and leaves them on where it can
 # (https://github.com/aws/aws-ofi-nccl/pull/850, https://github.com/aws/aws-ofi-nccl/pull/280;
-# forcing it was needed only up to aws-ofi-nccl 1.5). No NCCL_NET_GDR_LEVEL: GPUDirect RDMA is
-# detected by the plugin where the type has it, and p3dn has none.
+# forcing it was needed only up to aws-ofi-nccl 1.5). No NCCL_NET_GDR_LEVEL: the plugin detects
+# GPUDirect RDMA where the type has it, and the allreduce check proves it was used.
 EFA_ENV = {"FI_PROVIDER": "efa"}
-# Only types whose EFA has RDMA read (stacks/instance_types.py efa_rdma_read, node.json
-# efa_rdma_read): on p3dn's first-generation EFA this makes libfabric abort.
+# Only GPUDirect types (node.json gpudirect), whose EFA has RDMA read: on first-generation EFA
+# without it this makes libfabric abort (https://github.com/ofiwg/libfabric/pull/8661).
 EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}
 # What bootstrap.allreduce_check reads: the bus bandwidth below which it fails, and the type.
 
@@ -71,7 +71,7 @@ def launcher_env(
             env[allreduce_check.FLOOR_ENV] = f"{cfg.allreduce_floor_gbps:g}"
         if cfg.efa:
             env.update(EFA_ENV)
-            if cfg.efa_rdma_read:
+            if cfg.gpudirect:
                 env.update(EFA_RDMA_ENV)
             found = [d for d in EFA_LIBRARY_DIRS if is_dir(d)]
             env["LD_LIBRARY_PATH"] = ":".join(filter(None, [*found, base.get("LD_LIBRARY_PATH")]))

@@ -13,7 +13,8 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
   heartbeat_timeout_s (120), checkpoint_sync_s (60: what a crash can lose on top of the epoch
   in progress, see the README),
-  efa_rdma_read (false: never set FI_EFA_USE_DEVICE_RDMA), allreduce_floor_gbps (0: no floor),
+  gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
+  check requires GDRDMA connections), allreduce_floor_gbps (0: no floor),
   benchmark (null: train; docs/contracts.md), cost and notify_topic_arn (null: status.json
   without prices, no notifications).
 """
@@ -118,7 +119,7 @@ class TrainConfig(Common):
     network_interface: str | None
     heartbeat_timeout_s: float
     checkpoint_sync_s: float
-    efa_rdma_read: bool
+    gpudirect: bool
     allreduce_floor_gbps: float
     benchmark: Benchmark | None
     # What status.json carries for the `horovod-fleet` command (docs/contracts.md): the price
@@ -310,7 +311,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         network_interface=r.text("network_interface", None, nullable=True),
         heartbeat_timeout_s=r.number("heartbeat_timeout_s", 120, minimum=1),
         checkpoint_sync_s=r.number("checkpoint_sync_s", 60, minimum=1),
-        efa_rdma_read=r.get("efa_rdma_read", bool, False),
+        gpudirect=r.get("gpudirect", bool, False),
         allreduce_floor_gbps=r.number("allreduce_floor_gbps", 0, minimum=0),
         benchmark=_benchmark(r, nodes, r.integer("gpus_per_node")),
         cost=_cost(r),

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from stacks import benchmark
-from stacks.instance_types import BURSTABLE_TYPES, GPU_TYPES, BurstableType, GpuType
+from stacks.instance_types import (
+    BURSTABLE_TYPES,
+    DEFAULT_FLEET_TYPE,
+    DEFAULT_PROOF_TYPE,
+    GPU_TYPES,
+    RETIRED_FAMILIES,
+    UNDRIVABLE_FAMILIES,
+    BurstableType,
+    GpuType,
+)
 
 # key -> meaning; the README's table and the unknown-key check both come from here.
 KEYS: dict[str, str] = {
@@ -62,10 +71,15 @@ _SUBNET_ID = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SECRET_ARN = re.compile(
     r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}"
 )
-_INSTANCE_TYPE = re.compile(r"([a-z]+)(\d+)([a-z-]*)\.([a-z0-9]+)")
+_INSTANCE_TYPE = re.compile(r"([a-z]+)(\d+)([a-z0-9-]*)\.([a-z0-9]+)")
 # An On-Demand Capacity Reservation, or with "block:" a Capacity Block for ML (market type
 # capacity-block): the id alone does not say which.
 _CAPACITY_RESERVATION = re.compile(r"(block:)?cr-[0-9a-f]{17}")
+
+
+def max_batch_per_gpu(gpu: GpuType, image_size: int) -> int:
+    """The GPU's batch limit at 224 px, scaled by the pixels per image."""
+    return max(1, gpu.max_batch_per_gpu * 224 * 224 // (image_size * image_size))
 
 
 class ConfigError(ValueError):
@@ -143,11 +157,11 @@ class FleetConfig:
         if (vpc_id is None) != (subnet_id is None):
             key, value = ("subnetId", subnet_id) if vpc_id is None else ("vpcId", vpc_id)
             raise ConfigError(key, value, "vpcId and subnetId are given together or not at all")
-        return cls(
+        config = cls(
             region=region,
             az=get("az", _zone_of(region)),
             nodes=get("nodes", _integer(1, MAX_NODES)),
-            gpu=get("instanceType", _gpu_type),
+            gpu=get("instanceType", _gpu_type(DEFAULT_FLEET_TYPE)),
             vpc_id=vpc_id,
             subnet_id=subnet_id,
             ami=get(
@@ -158,7 +172,7 @@ class FleetConfig:
                     )
                 ),
             ),
-            image_test=get("imageTestInstanceType", _gpu_type),
+            image_test=get("imageTestInstanceType", _gpu_type(DEFAULT_PROOF_TYPE)),
             image_revision=get("imageRevision", _integer(0, 100000)),
             dataset_bucket=get("datasetBucket", _optional(_matching(_BUCKET, "an S3 bucket name"))),
             dataset_prefix=get(
@@ -198,6 +212,15 @@ class FleetConfig:
             capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
             benchmark=mode,
         )
+        fits = max_batch_per_gpu(config.gpu, config.image_size)
+        if config.batch_per_gpu > fits:
+            raise ConfigError(
+                "batchPerGpu",
+                context.get("batchPerGpu"),
+                f"at most {fits} on {config.gpu.name} ({config.gpu.gpu_model}) at "
+                f"imageSize={config.image_size}: a larger batch does not fit the GPU's memory",
+            )
+        return config
 
 
 Parser = Callable[[Any], Any]
@@ -316,14 +339,24 @@ def _zone_of(region: str) -> Parser:
     return parse
 
 
-def _gpu_type(value: Any) -> GpuType:
-    known = ", ".join(GPU_TYPES)
-    if isinstance(value, str) and value in GPU_TYPES:
-        return GPU_TYPES[value]
-    shape = _INSTANCE_TYPE.fullmatch(value) if isinstance(value, str) else None
-    if shape and shape.group(1) not in ("p", "g"):
-        raise _Invalid(f"a GPU instance type ({value} has no GPU): {known}")
-    raise _Invalid(f"a known GPU instance type: {known}")
+def _gpu_type(successor: str) -> Parser:
+    """A type of GPU_TYPES; a retired or undrivable one is named as such, with what to use."""
+
+    def parse(value: Any) -> GpuType:
+        if isinstance(value, str) and value in GPU_TYPES:
+            return GPU_TYPES[value]
+        shape = _INSTANCE_TYPE.fullmatch(value) if isinstance(value, str) else None
+        family = shape and shape.group(1) + shape.group(2)
+        if family in RETIRED_FAMILIES:
+            raise _Invalid(f"a type AWS still sells: {RETIRED_FAMILIES[family]}; use {successor}")
+        if family in UNDRIVABLE_FAMILIES:
+            raise _Invalid(f"a type this image can drive: {UNDRIVABLE_FAMILIES[family]}")
+        known = ", ".join(GPU_TYPES)
+        if shape and shape.group(1) not in ("p", "g"):
+            raise _Invalid(f"a GPU instance type ({value} has no GPU): {known}")
+        raise _Invalid(f"a known GPU instance type: {known}")
+
+    return parse
 
 
 def _burstable_type(value: Any) -> BurstableType:

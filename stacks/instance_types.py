@@ -15,33 +15,41 @@ SURPLUS_CREDIT_USD_PER_VCPU_HOUR = 0.05
 
 @dataclass(frozen=True)
 class GpuType:
-    """A GPU instance type a training node can be."""
+    """A GPU instance type a training node can be: one row of GPU_TYPES, every figure sourced."""
 
     name: str
     gpus: int
     gpu_model: str
+    gpu_memory_gib: int
+    compute_capability: int  # 80 for sm_80: the image's NCCL is built for each row's
     efa_interfaces: int  # 0: no EFA; p4d and p5 spread EFA over several network cards
     nvme_drives: int  # instance-store NVMe SSDs; 0 means the dataset lives on the root volume
     vcpus: int
     usd_per_hour: float
-    # Network settings the training nodes get through node.json (bootstrap/launch.py turns them
-    # into the launch environment). efa_rdma_read: the EFA device has RDMA read, so libfabric
-    # may be told FI_EFA_USE_DEVICE_RDMA=1; on first-generation EFA (p3dn) that setting makes
-    # libfabric abort (https://github.com/ofiwg/libfabric/pull/8661), and its default is off on
-    # device ids 0xefa0/0xefa1 (https://github.com/ofiwg/libfabric/pull/8573). Only the P
-    # types from p4d on have GPUDirect RDMA over EFA
-    # (https://github.com/aws/aws-ofi-nccl/issues/547, https://github.com/aws/aws-ofi-nccl/issues/104).
-    efa_rdma_read: bool = False
+    # GPUDirect RDMA over EFA: NCCL reads and writes GPU memory straight from the EFA device.
+    # aws-ofi-nccl's platform table requires it on p4d and p5 and stops NCCL without it, so the
+    # allreduce check fails unless NCCL's inter-node connections say GDRDMA; these types also get
+    # FI_EFA_USE_DEVICE_RDMA=1 (their EFA has RDMA read).
+    gpudirect: bool = False
+    # NVSwitch types (HGX A100 and H100 boards) bring their GPUs up only with NVIDIA's fabric
+    # manager running, of exactly the driver's version.
+    fabric_manager: bool = False
     # The pre-training allreduce check fails below this NCCL bus bandwidth (GB/s) over all
     # nodes; 0: not enforced (no published figure). About half the lowest published multi-node
-    # figure, so a healthy fleet passes and TCP or a misconfigured plugin does not:
-    # p3dn 6-8 GB/s busbw on 8-32 nodes, 10 GB/s on 2 (https://github.com/NVIDIA/nccl/issues/235);
-    # p4d 57 GB/s on 2 nodes, 30 GB/s on 3-4 (https://github.com/NVIDIA/nccl/issues/527).
+    # figure, so a healthy fleet passes and TCP or a misconfigured plugin does not.
     allreduce_floor_gbps: float = 0.0
 
     @property
     def efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def max_batch_per_gpu(self) -> int:
+        """The largest ResNet-50 batch per GPU at 224 px that fits this GPU's memory in mixed
+        precision: NVIDIA trains 256 per 16 GB V100 (DeepLearningExamples' ResNet-50 v1.5 for
+        TensorFlow, https://github.com/NVIDIA/DeepLearningExamples/tree/master/TensorFlow/Classification/ConvNets/resnet50v1.5),
+        and activations grow with the batch, so 16 images per GiB."""
+        return 16 * self.gpu_memory_gib
 
     @property
     def quota(self) -> tuple[str, str]:
@@ -66,22 +74,49 @@ class BurstableType:
         return self.vcpus * (1 - self.baseline_per_vcpu) * SURPLUS_CREDIT_USD_PER_VCPU_HOUR
 
 
+# The training fleet's default, and the GPU proof's: the cheapest single-GPU type the image's
+# driver, CUDA and NCCL serve (sm_86), so a broken image fails for about a dollar.
+DEFAULT_FLEET_TYPE = "p4d.24xlarge"
+DEFAULT_PROOF_TYPE = "g5.xlarge"
+
+# Specifications: https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html (GPUs, memory,
+# vCPUs, instance store) and https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html
+# (EFA interfaces per network card). Compute capabilities: https://developer.nvidia.com/cuda-gpus.
+# Prices: PRICES_AS_OF, https://aws.amazon.com/ec2/pricing/on-demand/; P4 and P5 after AWS's
+# June 2025 reduction (https://aws.amazon.com/about-aws/whats-new/2025/06/pricing-usage-model-ec2-instances-nvidia-gpus/).
 GPU_TYPES: dict[str, GpuType] = {
     t.name: t
     for t in (
-        GpuType("p3.2xlarge", 1, "V100 16 GB", 0, 0, 8, 3.06),
-        GpuType("p3.8xlarge", 4, "V100 16 GB", 0, 0, 32, 12.24),
-        GpuType("p3.16xlarge", 8, "V100 16 GB", 0, 0, 64, 24.48),
-        GpuType("p3dn.24xlarge", 8, "V100 32 GB", 1, 2, 96, 31.212, False, 3.0),
-        GpuType("p4d.24xlarge", 8, "A100 40 GB", 4, 8, 96, 21.96, True, 15.0),
-        GpuType("p5.48xlarge", 8, "H100 80 GB", 32, 8, 192, 55.04, True),
-        GpuType("g4dn.xlarge", 1, "T4 16 GB", 0, 1, 4, 0.526),
-        GpuType("g4dn.12xlarge", 4, "T4 16 GB", 1, 1, 48, 3.912),
-        GpuType("g4dn.metal", 8, "T4 16 GB", 1, 2, 96, 7.824),
-        GpuType("g5.xlarge", 1, "A10G 24 GB", 0, 1, 4, 1.006),
-        GpuType("g5.12xlarge", 4, "A10G 24 GB", 1, 1, 48, 5.672),
-        GpuType("g5.48xlarge", 8, "A10G 24 GB", 1, 2, 192, 16.288),
+        # name, GPUs, model, GiB, sm, EFA interfaces, NVMe drives, vCPUs, USD/h
+        GpuType("p4d.24xlarge", 8, "A100 40 GB", 40, 80, 4, 8, 96, 21.958, True, True, 15.0),
+        GpuType("p4de.24xlarge", 8, "A100 80 GB", 80, 80, 4, 8, 96, 27.447, True, True, 15.0),
+        GpuType("p5.48xlarge", 8, "H100 80 GB", 80, 90, 32, 8, 192, 55.04, True, True, 100.0),
+        GpuType("p5e.48xlarge", 8, "H200 141 GB", 141, 90, 32, 8, 192, 0.0, True, True, 100.0),
+        GpuType("p5en.48xlarge", 8, "H200 141 GB", 141, 90, 16, 8, 192, 0.0, True, True, 100.0),
+        GpuType("g4dn.xlarge", 1, "T4 16 GB", 16, 75, 0, 1, 4, 0.526),
+        GpuType("g4dn.12xlarge", 4, "T4 16 GB", 16, 75, 1, 1, 48, 3.912),
+        GpuType("g5.xlarge", 1, "A10G 24 GB", 24, 86, 0, 1, 4, 1.006),
+        GpuType("g5.12xlarge", 4, "A10G 24 GB", 24, 86, 1, 1, 48, 5.672),
+        GpuType("g5.48xlarge", 8, "A10G 24 GB", 24, 86, 1, 2, 192, 16.288),
+        GpuType("g6.xlarge", 1, "L4 24 GB", 24, 89, 0, 1, 4, 0.8048),
     )
+}
+
+# Families AWS no longer sells, with the source; config refuses them in one line with a successor.
+RETIRED_FAMILIES: dict[str, str] = {
+    "p2": "AWS retired P2 (K80)",
+    "p3": (
+        "AWS retired P3 (V100), telling customers to migrate by 2025-12-20 "
+        "(https://github.com/zalando-incubator/kubernetes-on-aws/issues/8685)"
+    ),
+}
+# Families AWS sells that this image cannot drive.
+UNDRIVABLE_FAMILIES: dict[str, str] = {
+    "p6": (
+        "Blackwell GPUs (p6) need CUDA 12.8 or later and the image runs TensorFlow 2.15.1 on "
+        "CUDA 12.2 (https://www.tensorflow.org/install/source#gpu); use p5en.48xlarge, "
+        "p5e.48xlarge or p5.48xlarge"
+    ),
 }
 
 BURSTABLE_TYPES: dict[str, BurstableType] = {

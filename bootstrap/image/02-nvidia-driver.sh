@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Step 2: the NVIDIA R580 driver with closed kernel modules, from Ubuntu's archive: the prebuilt,
+# Step 2: the NVIDIA R580 driver with its open kernel modules, from Ubuntu's archive: the prebuilt,
 # signed modules for the running AWS kernel (no DKMS, no compiler on the node) and the headless
-# server userspace. The open modules do not drive Volta; the closed ones drive every GPU in
-# stacks/instance_types.py (V100, T4, A10G, A100, H100). Then the kernel and the driver are held.
+# server userspace. The open modules drive every GPU in stacks/instance_types.py (T4, A10G, L4,
+# A100, H100, H200: Turing and later) and carry GPUDirect RDMA over EFA on p4d and p5, through
+# efa_nv_peermem (step 3) or DMA-BUF. Then the kernel and the driver are held.
 #   https://documentation.ubuntu.com/server/how-to/graphics/install-nvidia-drivers/
-# shellcheck source=step.sh
+#   https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/kernel-modules.html
+#   https://packages.ubuntu.com/jammy/nvidia-headless (nvidia-headless-no-dkms-580-server-open)
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 step_mode "$@"
 branch=${NVIDIA_DRIVER_BRANCH}-server
@@ -12,9 +14,9 @@ kernel=$(uname -r)
 # NVSwitch systems (p4d, p5) need the fabric manager of exactly the driver's version to bring
 # their GPUs up; it is part of the branch in Ubuntu's archive.
 packages=(
-	"linux-modules-nvidia-$branch-aws"
-	"linux-modules-nvidia-$branch-$kernel"
-	"nvidia-headless-no-dkms-$branch"
+	"linux-modules-nvidia-$branch-open-aws"
+	"linux-modules-nvidia-$branch-open-$kernel"
+	"nvidia-headless-no-dkms-$branch-open"
 	"nvidia-utils-$branch"
 	"nvidia-fabricmanager-$NVIDIA_DRIVER_BRANCH"
 )
@@ -36,8 +38,8 @@ utils_version=$(dpkg-query -W -f '${Version}' "nvidia-utils-$branch")
 [[ $utils_version == "$modules_version"-* ]] ||
 	fail "nvidia-utils $utils_version does not match the kernel module $modules_version"
 license=$(modinfo -k "$kernel" -F license nvidia)
-[[ $license != "Dual MIT/GPL" ]] ||
-	fail "the nvidia module for $kernel is the open one (license $license), which cannot drive Volta"
+[[ $license == "Dual MIT/GPL" ]] ||
+	fail "the nvidia module for $kernel is the closed one (license $license): GPUDirect RDMA over EFA needs the open one"
 not_held=$(comm -23 <(printf '%s\n' "${held[@]}" | sort) <(apt-mark showhold | sort))
 [[ -z $not_held ]] || fail "not held: $not_held"
-log "driver $modules_version (closed modules) for kernel $kernel; kernel and driver held"
+log "driver $modules_version (open modules) for kernel $kernel; kernel and driver held"

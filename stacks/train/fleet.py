@@ -25,12 +25,7 @@ from stacks.nag import (
 from stacks.node_code import NodeCode, common_document, log_statements
 from stacks.teardown.names import METRIC_NAMESPACE
 
-ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs
-# Types without instance-store NVMe keep the ~150 GB dataset on the root volume and read it
-# every epoch: room for it, and gp3 at its fastest (the default 125 MB/s would starve the GPUs).
-ROOT_VOLUME_WITH_DATA_GIB = 400
-ROOT_VOLUME_WITH_DATA_IOPS = 16000
-ROOT_VOLUME_WITH_DATA_MBPS = 1000
+ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs; the dataset is on the NVMe drives
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
 RENDEZVOUS_TIMEOUT_S = 1800
@@ -87,7 +82,7 @@ class GpuFleet(Construct):
             "gpus_per_node": gpu.gpus,
             "instance_type": gpu.name,
             "efa": gpu.efa,
-            "efa_rdma_read": gpu.efa_rdma_read,
+            "gpudirect": gpu.gpudirect,
             "allreduce_floor_gbps": gpu.allreduce_floor_gbps,
             "instance_store": gpu.nvme_drives > 0,
             "dataset_prefix": dataset_prefix,
@@ -312,16 +307,13 @@ def _capacity(reservation: CapacityReservation | None) -> dict:
 
 
 def _root_volume(gpu: GpuType) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
-    """Encrypted gp3 root at Ubuntu's device name, sized for the dataset when it must hold it."""
-    data = gpu.nvme_drives == 0
+    """Encrypted gp3 root at Ubuntu's device name."""
     return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
         device_name="/dev/sda1",
         ebs=ec2.CfnLaunchTemplate.EbsProperty(
-            volume_size=ROOT_VOLUME_WITH_DATA_GIB if data else ROOT_VOLUME_GIB,
+            volume_size=ROOT_VOLUME_GIB,
             volume_type="gp3",
             encrypted=True,
             delete_on_termination=True,
-            iops=ROOT_VOLUME_WITH_DATA_IOPS if data else None,
-            throughput=ROOT_VOLUME_WITH_DATA_MBPS if data else None,
         ),
     )

@@ -19,7 +19,7 @@ def train_doc(**overrides) -> dict:
         "node_index": 0,
         "nodes": 2,
         "gpus_per_node": 8,
-        "instance_type": "p3dn.24xlarge",
+        "instance_type": "p4d.24xlarge",
         "efa": True,
         "dataset_prefix": "tfrecords/",
         "runs_prefix": "runs/r1/",

@@ -93,7 +93,7 @@ def test_nccl_using_the_plugin_passes():
 
 
 def test_without_efa_a_loaded_plugin_may_fall_back_to_sockets():
-    # aws-ofi-nccl loads, finds no efa provider, and NCCL uses its sockets (a p3.2xlarge).
+    # aws-ofi-nccl loads, finds no efa provider, and NCCL uses its sockets (a g5.xlarge).
     fallback = OFI_LOG.splitlines()[0] + "\n" + SOCKET_LOG.splitlines()[-1] + "\n"
     assert proof.net_plugin(fallback, efa=False) == "loaded; NCCL network Socket"
     with pytest.raises(ProofError, match="has EFA but NCCL used Socket, not Libfabric"):
@@ -123,11 +123,11 @@ def test_the_proof_is_recorded_in_image_json_and_becomes_ami_tags(tmp_path):
     with pytest.raises(ProofError, match="no passed GPU proof"):
         proof.ami_tags(image_json)
     record = {"passed": True, "gpu_name": "Tesla V100-SXM2-16GB", "resnet50_images_per_s": 1301.4}
-    proof.record_proof(image_json, record, "p3.2xlarge")
+    proof.record_proof(image_json, record, "g5.xlarge")
     assert json.loads(image_json.read_text())["format"] == "horovod-fleet/image/1"
     assert proof.ami_tags(image_json) == {
         "horovod-fleet:proof": "passed",
-        "horovod-fleet:proof-instance-type": "p3.2xlarge",
+        "horovod-fleet:proof-instance-type": "g5.xlarge",
         "horovod-fleet:proof-resnet50-img-per-s": "1301",
         "horovod-fleet:proof-gpu": "Tesla V100-SXM2-16GB",
     }
@@ -144,7 +144,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_proof_refuses_fewer_than_200_steps():
-    result = run_cli("run", "--gpus", "1", "--instance-type", "p3.2xlarge", "--steps", "50")
+    result = run_cli("run", "--gpus", "1", "--instance-type", "g5.xlarge", "--steps", "50")
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "error: GPU proof failed: --steps 50: the proof runs at least 200"

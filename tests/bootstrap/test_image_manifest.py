@@ -153,13 +153,13 @@ def baked(tmp_path: Path, proof: dict | None = None, **versions: str) -> dict:
     return {"manifest": str(path), "ami": "ami-0abc", "tensorflow": "2.15.1", "horovod": "0.28.1"}
 
 
-PROVEN = {"passed": True, "resnet50_images_per_s": 1234.5, "instance_type": "p3.2xlarge"}
+PROVEN = {"passed": True, "resnet50_images_per_s": 1234.5, "instance_type": "g5.xlarge"}
 
 
 def test_a_proven_image_passes_with_its_figures(tmp_path):
     line = check_node(baked(tmp_path, PROVEN), gpus_per_node=8)
     assert line.startswith("AMI ami-0abc: horovod-fleet image, recipe bbbbbbbbbbbb")
-    assert "GPU proof 1234 img/s on p3.2xlarge" in line
+    assert "GPU proof 1234 img/s on g5.xlarge" in line
 
 
 def test_a_foreign_ami_gets_the_one_line_the_issue_names(tmp_path):

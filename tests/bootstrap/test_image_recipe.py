@@ -130,7 +130,9 @@ def test_system_step_switches_off_unattended_upgrades_before_the_full_upgrade(ba
     assert 'APT::Periodic::Unattended-Upgrade "0";' in conf.read_text()
 
 
-def driver_stubs(bake: Bake, license_: str = "NVIDIA", modules: str = "580.95.05") -> None:
+def driver_stubs(
+    bake: Bake, license_: str = "Dual MIT/GPL", modules: str = "580.95.05"
+) -> None:
     bake.stub(
         "modinfo",
         f"""#!/usr/bin/env bash
@@ -144,41 +146,43 @@ case "$*" in *license*) echo "{license_}";; *) echo "{modules}";; esac
         "linux-image-aws",
         "linux-headers-aws",
         f"linux-image-{KERNEL}",
-        "linux-modules-nvidia-580-server-aws",
-        f"linux-modules-nvidia-580-server-{KERNEL}",
-        "nvidia-headless-no-dkms-580-server",
+        "linux-modules-nvidia-580-server-open-aws",
+        f"linux-modules-nvidia-580-server-open-{KERNEL}",
+        "nvidia-headless-no-dkms-580-server-open",
         "nvidia-utils-580-server",
         "nvidia-fabricmanager-580",
     ]
     bake.output("apt-mark", "\n".join(held))
 
 
-def test_driver_step_installs_r580_closed_modules_for_the_running_kernel_and_holds_them(bake):
+def test_driver_step_installs_r580_open_modules_for_the_running_kernel_and_holds_them(bake):
     driver_stubs(bake)
     result = bake.run("02-nvidia-driver")
     assert result.returncode == 0, result.stdout + result.stderr
     [install] = [c for c in bake.calls("apt-get") if " install " in c]
     for package in (
-        "linux-modules-nvidia-580-server-aws",
-        f"linux-modules-nvidia-580-server-{KERNEL}",
-        "nvidia-headless-no-dkms-580-server",
+        "linux-modules-nvidia-580-server-open-aws",
+        f"linux-modules-nvidia-580-server-open-{KERNEL}",
+        "nvidia-headless-no-dkms-580-server-open",
         "nvidia-utils-580-server",
         "nvidia-fabricmanager-580",
     ):
         assert f" {package}" in install
     assert "dkms" not in install.replace("no-dkms", "")
-    assert "-open" not in install
+    assert "-server-aws" not in install and "no-dkms-580-server " not in install + " "
     [hold] = [c for c in bake.calls("apt-mark") if c.startswith("apt-mark hold")]
     assert f"linux-image-{KERNEL}" in hold and "nvidia-utils-580-server" in hold
     assert bake.calls().index(install) < bake.calls().index(hold)
 
 
-def test_driver_step_refuses_the_open_modules_that_cannot_drive_volta(bake):
-    driver_stubs(bake, license_="Dual MIT/GPL")
+def test_driver_step_refuses_the_closed_modules_that_cannot_carry_gpudirect(bake):
+    driver_stubs(bake, license_="NVIDIA")
     result = bake.run("02-nvidia-driver", "validate")
     assert result.returncode != 0
     assert "FAILED: image step '02-nvidia-driver'" in result.stdout
-    assert "open one" in result.stdout
+    assert "is the closed one (license NVIDIA): GPUDirect RDMA over EFA needs the open one" in (
+        result.stdout
+    )
 
 
 def test_driver_step_refuses_a_userspace_that_does_not_match_the_module(bake):
@@ -188,7 +192,13 @@ def test_driver_step_refuses_a_userspace_that_does_not_match_the_module(bake):
     assert "does not match the kernel module 580.82.07" in result.stdout
 
 
-def efa_stubs(bake: Bake, fingerprint: str = EFA_FPR, signed_by: str = EFA_FPR) -> None:
+def efa_stubs(
+    bake: Bake, fingerprint: str = EFA_FPR, signed_by: str = EFA_FPR, peermem: bool = True
+) -> None:
+    if peermem:
+        bake.output("modinfo", "/lib/modules/6.8.0-1040-aws/updates/dkms/efa_nv_peermem.ko")
+    else:
+        bake.exit_code("modinfo", 1)
     bake.stub(
         "gpg",
         f"""#!/usr/bin/env bash
@@ -225,6 +235,23 @@ def test_efa_step_verifies_the_installers_signature_then_installs_open_mpi_4(bak
     calls = bake.calls()
     assert index(calls, "gpg") < index(calls, "--verify") < index(calls, "efa_installer.sh")
     assert "efa_installer.sh -y --mpi=openmpi4 --no-verify" in calls
+
+
+def test_efa_step_loads_efa_nv_peermem_at_boot_where_the_installer_built_it(bake):
+    efa_stubs(bake)
+    result = bake.run("03-efa")
+    assert result.returncode == 0, result.stdout + result.stderr
+    conf = bake.root / "etc/modules-load.d/horovod-fleet-gpudirect.conf"
+    assert conf.read_text() == "efa_nv_peermem\n"
+    assert "GPUDirect RDMA: efa_nv_peermem for" in result.stdout
+
+
+def test_efa_step_without_efa_nv_peermem_says_only_dma_buf_is_left(bake):
+    efa_stubs(bake, peermem=False)
+    result = bake.run("03-efa")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (bake.root / "etc/modules-load.d/horovod-fleet-gpudirect.conf").exists()
+    assert "no efa_nv_peermem" in result.stdout and "only DMA-BUF can carry it" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -301,7 +328,7 @@ def test_nccl_step_builds_the_pinned_commit_for_every_fleet_architecture(bake):
     [clone] = [c for c in bake.calls("git") if " clone " in c]
     assert f"--branch v{PINS['NCCL_VERSION']}" in clone
     [build] = bake.calls("make")
-    for arch in ("70", "75", "80", "90"):
+    for arch in ("75", "80", "86", "89", "90"):
         assert f"-gencode=arch=compute_{arch},code=sm_{arch}" in build
     assert (bake.root / "opt/nccl/lib/libnccl_static.a").exists()
 

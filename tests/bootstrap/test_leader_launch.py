@@ -36,7 +36,7 @@ def node_doc_for(gpu: GpuType) -> dict:
         instance_type=gpu.name,
         gpus_per_node=gpu.gpus,
         efa=gpu.efa,
-        efa_rdma_read=gpu.efa_rdma_read,
+        gpudirect=gpu.gpudirect,
         allreduce_floor_gbps=gpu.allreduce_floor_gbps,
     )
 
@@ -52,19 +52,20 @@ def test_launch_environment_per_instance_type_comes_from_the_one_table(name):
     # The plugin picks NCCL's protocol per platform; forcing "simple" would slow p5.
     assert "NCCL_PROTO" not in env
     assert env.get("FI_PROVIDER") == ("efa" if gpu.efa else None)
-    assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if gpu.efa_rdma_read else None)
+    assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if gpu.gpudirect else None)
     floor = env.get(allreduce_check.FLOOR_ENV)
     assert floor == (f"{gpu.allreduce_floor_gbps:g}" if gpu.allreduce_floor_gbps else None)
     assert env[allreduce_check.TYPE_ENV] == name
 
 
-def test_p3dn_gets_no_rdma_and_no_hierarchical_allreduce_and_a_bandwidth_floor():
-    """p3dn's first-generation EFA has no RDMA read: FI_EFA_USE_DEVICE_RDMA=1 aborts libfabric."""
-    env = launch.launcher_env(parse(node_doc_for(GPU_TYPES["p3dn.24xlarge"])), {})
+def test_efa_without_gpudirect_gets_no_device_rdma_and_gpudirect_types_a_floor():
+    """g5's EFA has no GPUDirect RDMA; p4d's has, and a bus bandwidth floor from a published
+    multi-node figure."""
+    env = launch.launcher_env(parse(node_doc_for(GPU_TYPES["g5.48xlarge"])), {})
     assert "FI_EFA_USE_DEVICE_RDMA" not in env and "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env
-    assert env["FI_PROVIDER"] == "efa" and float(env[allreduce_check.FLOOR_ENV]) == 3
+    assert env["FI_PROVIDER"] == "efa"
     p4d = launch.launcher_env(parse(node_doc_for(GPU_TYPES["p4d.24xlarge"])), {})
-    assert p4d["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert p4d["FI_EFA_USE_DEVICE_RDMA"] == "1" and float(p4d[allreduce_check.FLOOR_ENV]) > 0
 
 
 def test_efa_nodes_find_the_aws_ofi_nccl_plugin_where_this_ami_has_it():

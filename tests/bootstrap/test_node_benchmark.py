@@ -119,7 +119,7 @@ def test_efficiency_is_computed_from_the_timed_steps(tmp_path):
     # The allreduce check runs where there is something to reduce, and its figure is parsed.
     assert checked == [8, 16]
     assert [r["allreduce_busbw_gbps"] for r in rows] == [None, 90.0, 2.5]
-    # 2.5 GB/s across nodes is below p3dn's 3 GB/s floor: marked, not fatal.
+    # 2.5 GB/s across nodes is below the node document's 3 GB/s floor: marked, not fatal.
     assert [r["allreduce_below_floor"] for r in rows] == [False, False, True]
     assert [text for _, text in measured] == [
         "10.0.0.5 slots=1\n",
@@ -158,7 +158,7 @@ def test_outputs_json_markdown_and_png(tmp_path):
     assert [f.name for f in files] == ["benchmark.json", "benchmark.md", "benchmark.png"]
     written = json.loads(files[0].read_text())
     assert written["format"] == "horovod-fleet/benchmark/1"
-    assert written["instance_type"] == "p3dn.24xlarge"
+    assert written["instance_type"] == "p4d.24xlarge"
     assert written["image"] == {"tensorflow": "2.15.1", "nccl": "2.23.4"}
     assert written["settings"]["precision"] == "fp16" and written["rows"] == rows
     table = files[1].read_text()

@@ -33,12 +33,12 @@ def test_parser_tells_efa_from_socket_fallback():
 
 
 def test_fallback_to_tcp_fails_loudly_when_efa_is_expected():
-    assert health.check_transport(OFI_LOG, efa_expected=True) == "ofi"
+    assert health.check_transport(OFI_LOG, efa_expected=True, gpudirect_expected=False) == "ofi"
     with pytest.raises(health.HealthError, match="EFA expected but NCCL used transport 'socket' "):
-        health.check_transport(SOCKET_LOG, efa_expected=True)
+        health.check_transport(SOCKET_LOG, efa_expected=True, gpudirect_expected=False)
     with pytest.raises(health.HealthError, match="'unknown'"):
-        health.check_transport("no NCCL output at all", efa_expected=True)
-    assert health.check_transport(SOCKET_LOG, efa_expected=False) == "socket"
+        health.check_transport("no NCCL output at all", efa_expected=True, gpudirect_expected=False)
+    assert health.check_transport(SOCKET_LOG, efa_expected=False, gpudirect_expected=False) == "socket"
 
 
 # Excerpts in the formats of public NCCL logs: the collective's connections over aws-ofi-nccl
@@ -79,17 +79,17 @@ def test_the_collective_s_connections_decide_the_transport():
     tcp_after_ofi_init = OFI_LOG + SOCKET_COLLECTIVE.split("Using network Socket\n")[1]
     assert health.nccl_transport(tcp_after_ofi_init) == "socket"
     with pytest.raises(health.HealthError, match="'socket' for the allreduce"):
-        health.check_transport(tcp_after_ofi_init + CHECK_SUMMARY, efa_expected=True)
+        health.check_transport(tcp_after_ofi_init + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False)
 
 
 def test_check_reports_the_bandwidth_and_needs_network_connections_across_nodes():
-    result = health.check_transport(OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True)
+    result = health.check_transport(OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False)
     assert result == "ofi, 8.40 GB/s bus bandwidth over 2 node(s), 16 ranks"
     # Init says Libfabric, but no connection of the collective was logged: not proof enough.
     with pytest.raises(health.HealthError, match="crossed 2 nodes but NCCL logged no network"):
-        health.check_transport(OFI_LOG + CHECK_SUMMARY, efa_expected=True)
+        health.check_transport(OFI_LOG + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False)
     one_node = CHECK_SUMMARY.replace("16 ranks on 2 nodes", "8 ranks on 1 node")
-    assert health.check_transport(OFI_LOG + one_node, efa_expected=True).startswith("ofi, 8.40")
+    assert health.check_transport(OFI_LOG + one_node, efa_expected=True, gpudirect_expected=False).startswith("ofi, 8.40")
 
 
 def test_allreduce_summary_and_floor():
@@ -101,11 +101,11 @@ def test_allreduce_summary_and_floor():
     # 256 MiB in 0.1 s on 16 ranks: 2.68 GB/s algorithm bandwidth, x 2 x 15/16 on the bus.
     bus = allreduce_check.bus_bandwidth_gbps(16, 256 << 20, 0.1)
     assert bus == pytest.approx(2.684 * 2 * 15 / 16, rel=1e-3)
-    assert allreduce_check.floor_error(8.4, 3.0, 2, "p3dn.24xlarge") is None
+    assert allreduce_check.floor_error(8.4, 3.0, 2, "p4d.24xlarge") is None
     assert allreduce_check.floor_error(1.2, 0.0, 2, "g5.48xlarge") is None  # no floor
-    error = allreduce_check.floor_error(1.2, 3.0, 8, "p3dn.24xlarge")
+    error = allreduce_check.floor_error(1.2, 3.0, 8, "p4d.24xlarge")
     assert error.startswith("allreduce bus bandwidth 1.20 GB/s over 8 node(s) is below the floor")
-    assert "3 GB/s for p3dn.24xlarge" in error
+    assert "3 GB/s for p4d.24xlarge" in error
 
 
 def test_node_health_compares_gpus_and_efa():
@@ -135,3 +135,35 @@ def test_cloudwatch_config_ships_logs_and_gpu_utilisation_per_run():
     assert "utilization_gpu" in gpu["measurement"]  # published as nvidia_smi_utilization_gpu
     assert gpu["append_dimensions"] == {"Run": "r1"}
     assert "metrics" not in health.cloudwatch_agent_config(parse(train_doc(gpus_per_node=0)))
+
+
+# p4d and p5: the same collective, once with GPUDirect RDMA on every network connection (NCCL
+# appends "/GDRDMA" to the connection, e.g. "via NET/Libfabric/0/GDRDMA" in
+# https://github.com/aws/aws-ofi-nccl/issues/{ISSUE}), once with the bytes bounced through host
+# memory on one rank, as when efa_nv_peermem is not loaded.
+GDRDMA_COLLECTIVE = """\
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO NET/OFI Selected Provider is efa (found 4 nics)
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Using network Libfabric
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Channel 00/0 : 15[7] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA
+[1,7]<stdout>:ip-10-0-0-5:194:1177 [7] NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/Libfabric/3/GDRDMA/Shared
+[1,1]<stdout>:ip-10-0-0-5:192:1178 [1] NCCL INFO Channel 00 : 1[1] -> 2[2] via P2P/IPC
+"""
+
+
+def test_a_gpudirect_type_fails_without_gdrdma_connections():
+    with pytest.raises(health.HealthError, match="GPUDirect RDMA expected but 2 of 2 network"):
+        health.check_transport(OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True)
+    one_bounced = GDRDMA_COLLECTIVE.replace("/3/GDRDMA/Shared", "/3/Shared")
+    with pytest.raises(health.HealthError, match="1 of 2 network connections went through host"):
+        health.check_transport(one_bounced + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True)
+
+
+def test_a_gpudirect_type_passes_with_gdrdma_connections():
+    result = health.check_transport(
+        GDRDMA_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True
+    )
+    assert result == "ofi with GPUDirect RDMA, 8.40 GB/s bus bandwidth over 2 node(s), 16 ranks"
+    # Types without GPUDirect (g5.48xlarge) pass through host memory.
+    assert health.check_transport(
+        OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False
+    ).startswith("ofi, 8.40")

@@ -60,11 +60,11 @@ def run_app(tmp_path: Path, cwd: Path = ROOT, **context) -> subprocess.Completed
         ("nodes", "abc", "an integer from 1 to 64"),
         ("nodes", 2.5, "an integer from 1 to 64"),
         ("nodes", 100000, "an integer from 1 to 64"),
-        ("instanceType", "p7.mega", "a known GPU instance type: p3.2xlarge"),
+        ("instanceType", "p7.mega", "a known GPU instance type: p4d.24xlarge"),
         ("instanceType", "c5.large", "c5.large has no GPU"),
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
         ("az", "eu-west-1a", "a zone of region us-east-1"),
-        ("imageTestInstanceType", "p9.huge", "a known GPU instance type: p3.2xlarge"),
+        ("imageTestInstanceType", "p9.huge", "a known GPU instance type: p4d.24xlarge"),
         ("imageTestInstanceType", "c6i.4xlarge", "c6i.4xlarge has no GPU"),
         ("ami", "ami-xyz", "empty (the image ImageStack bakes) or an AMI id like ami-0abc1234"),
         ("ami", "/aws/service/deeplearning/ami/id", "or an AMI id like ami-0abc1234"),
@@ -134,20 +134,20 @@ def test_cdk_synth_needs_no_lookups(cli_synth):
 def test_synthesis_prints_the_cost_estimate(cli_synth):
     result, _, _ = cli_synth
     assert (
-        "TrainStack: 8 x p3dn.24xlarge at $31.212/h = $249.70/h; capped at 4 h -> at most $998.78"
+        "TrainStack: 8 x p4d.24xlarge at $21.958/h = $175.66/h; capped at 4 h -> at most $702.66"
         in result.stderr
     )
     assert "TrainStack needs 768 vCPUs of the EC2 quota 'Running On-Demand P instances'" in (
         result.stderr
     )
-    assert "TrainStack runs in us-east-1a; check it offers p3dn.24xlarge" in result.stderr
+    assert "TrainStack runs in us-east-1a; check it offers p4d.24xlarge" in result.stderr
     assert "PreprocessStack: t2.large at $0.0928/h" in result.stderr
     assert "1000 GiB sc1 at $15.00/month" in result.stderr
     assert (
         "ImageStack: bakes only when bootstrap/image, bootstrap/image_proof or trainer/ change"
         in (result.stderr)
     )
-    assert "p3.2xlarge at $3.06/h for the GPU proof" in result.stderr
+    assert "g5.xlarge at $1.006/h for the GPU proof" in result.stderr
 
 
 def test_dataset_stack_is_termination_protected(cli_synth):

@@ -60,7 +60,7 @@ def test_the_cap_is_one_hour_in_benchmark_mode_and_four_otherwise():
 
 
 @pytest.mark.parametrize("nodes", range(1, 65))
-@pytest.mark.parametrize("gpu", ["p3dn.24xlarge", "p3.2xlarge", "g5.12xlarge"])
+@pytest.mark.parametrize("gpu", ["p4d.24xlarge", "g5.xlarge", "g5.12xlarge"])
 def test_the_schedule_never_asks_for_more_than_the_fleet(nodes, gpu):
     per_node = GPU_TYPES[gpu].gpus
     sizes = schedule(nodes, per_node)
@@ -82,7 +82,7 @@ def test_the_cost_line_is_expected_duration_times_the_fleet_price():
     seconds = expected_seconds("synthetic", 8, 8)
     assert seconds == BOOT_S + 5 * PER_SIZE_S + TEARDOWN_S
     line = benchmark_estimate("synthetic", c.gpu, 8, c.max_hours)
-    hourly = 8 * GPU_TYPES["p3dn.24xlarge"].usd_per_hour
+    hourly = 8 * GPU_TYPES["p4d.24xlarge"].usd_per_hour
     assert f"~${hourly * seconds / 3600:,.2f}" in line
     assert f"capped at 1 h -> at most ${hourly:,.2f}" in line
     assert "1 GPU, 8 GPUs, 16 GPUs, 32 GPUs, 64 GPUs" in line

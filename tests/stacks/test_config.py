@@ -21,7 +21,7 @@ def test_every_key_has_a_default_in_cdk_json():
 
 def test_defaults():
     c = config()
-    assert (c.nodes, c.gpu.name, c.gpu.gpus, c.gpu.efa) == (8, "p3dn.24xlarge", 8, True)
+    assert (c.nodes, c.gpu.name, c.gpu.gpus, c.gpu.efa) == (8, "p4d.24xlarge", 8, True)
     assert (c.region, c.az, c.max_hours, c.data_volume_gib) == ("us-east-1", "us-east-1a", 4, 1000)
     assert c.preprocess.name == "t2.large"
     assert c.budget_email is None and c.snapshot_data_volume is False and c.vpc_id is None
@@ -74,7 +74,7 @@ def test_imported_network_needs_both_ids():
             "arn:aws:secretsmanager:us-east-1:123456789012:secret:imagenet",
             "ending in the 6 random characters",
         ),
-        ("preprocessInstanceType", "p3.2xlarge", "a t2/t3 instance type"),
+        ("preprocessInstanceType", "g5.xlarge", "a t2/t3 instance type"),
         ("arch", "vgg16", "resnet50 or resnet18"),
         ("node", 8, "did you mean nodes?"),
     ],
@@ -97,15 +97,15 @@ def test_budget_covers_the_capped_fleet_and_a_day_of_preprocessing():
 
 
 def test_estimate_line():
-    line = fleet_estimate(GPU_TYPES["p3dn.24xlarge"], 8, 4)
+    line = fleet_estimate(GPU_TYPES["p4d.24xlarge"], 8, 4)
     assert line == (
-        "TrainStack: 8 x p3dn.24xlarge at $31.212/h = $249.70/h; capped at 4 h -> at most $998.78"
+        "TrainStack: 8 x p4d.24xlarge at $21.958/h = $175.66/h; capped at 4 h -> at most $702.66"
     )
 
 
 def test_quota_note_counts_the_fleet_vcpus():
-    assert "768 vCPUs" in quota_note(GPU_TYPES["p3dn.24xlarge"], 8)
-    assert "(L-417A185B)" in quota_note(GPU_TYPES["p3dn.24xlarge"], 8)
+    assert "768 vCPUs" in quota_note(GPU_TYPES["p4d.24xlarge"], 8)
+    assert "(L-417A185B)" in quota_note(GPU_TYPES["p4d.24xlarge"], 8)
     assert "(L-DB2E81BA)" in quota_note(GPU_TYPES["g5.xlarge"], 1)
 
 

@@ -12,6 +12,7 @@ from conftest import resources, statements, synthesize
 from test_app import copy_sources, run_app
 
 import stacks.image.training_image as image_module
+from stacks.config import ConfigError
 from stacks.image.recipe import (
     BUILD_INSTANCE_TYPE,
     PROOF_DIR,
@@ -134,7 +135,7 @@ def test_the_proof_stage_starts_from_the_base_image_on_the_gpu_type(image):
     document = yaml.safe_load(text(components(image)["horovod-fleet-gpu-proof"]["Data"]))
     phases = {phase["name"]: phase["steps"] for phase in document["phases"]}
     assert phases["build"][2]["inputs"]["commands"] == [
-        "bash /opt/horovod-fleet/src/bootstrap/image_proof/gpu_proof.sh run 1 p3.2xlarge no-efa"
+        "bash /opt/horovod-fleet/src/bootstrap/image_proof/gpu_proof.sh run 1 g5.xlarge no-efa"
     ]
     assert phases["test"][0]["inputs"]["commands"][0].endswith("gpu_proof.sh tag")
     targets = [source["destination"] for source in phases["build"][0]["inputs"]]
@@ -152,19 +153,22 @@ def infrastructure_types(template) -> dict[str, list[str]]:
 def test_build_on_cpu_prove_on_the_gpu_test_type(image, synth):
     assert infrastructure_types(image) == {
         "horovod-fleet-training-base": [BUILD_INSTANCE_TYPE],
-        "horovod-fleet-training": ["p3.2xlarge"],
+        "horovod-fleet-training": ["g5.xlarge"],
     }
-    other = synth(imageTestInstanceType="p3.8xlarge")["ImageStack"]
-    assert infrastructure_types(other)["horovod-fleet-training"] == ["p3.8xlarge"]
+    other = synth(imageTestInstanceType="g5.12xlarge")["ImageStack"]
+    assert infrastructure_types(other)["horovod-fleet-training"] == ["g5.12xlarge"]
     proof = yaml.safe_load(text(components(other)["horovod-fleet-gpu-proof"]["Data"]))
     assert proof["phases"][0]["steps"][2]["inputs"]["commands"][0].endswith(
-        "gpu_proof.sh run 4 p3.8xlarge no-efa"
+        "gpu_proof.sh run 4 g5.12xlarge efa"
     )
-    p3dn = synth(imageTestInstanceType="p3dn.24xlarge")["ImageStack"]
-    proof = yaml.safe_load(text(components(p3dn)["horovod-fleet-gpu-proof"]["Data"]))
+    p4d = synth(imageTestInstanceType="p4d.24xlarge")["ImageStack"]
+    proof = yaml.safe_load(text(components(p4d)["horovod-fleet-gpu-proof"]["Data"]))
     assert proof["phases"][0]["steps"][2]["inputs"]["commands"][0].endswith(
-        "gpu_proof.sh run 8 p3dn.24xlarge efa"
+        "gpu_proof.sh run 8 p4d.24xlarge efa"
     )
+    for retired in ("p3.2xlarge", "p3.8xlarge", "p3dn.24xlarge"):
+        with pytest.raises(ConfigError, match=f"{retired}.*AWS retired P3"):
+            synth(imageTestInstanceType=retired)
 
 
 def test_instances_terminate_on_failure_use_imdsv2_and_no_ingress(image):

@@ -38,9 +38,9 @@ def instances(template) -> list[dict]:
         ("nodes", "3"),
         ("gpus_per_node", "8"),
         ("efa", "true"),
-        # p3dn's per-type network settings from stacks/instance_types.py reach the node.
-        ("efa_rdma_read", "false"),
-        ("allreduce_floor_gbps", "3.0"),
+        # p4d's per-type network settings from stacks/instance_types.py reach the node.
+        ("gpudirect", "true"),
+        ("allreduce_floor_gbps", "15.0"),
     ],
 )
 def test_every_train_node_document_is_valid_for_bootstrap(synth, tmp_path, key, expected):

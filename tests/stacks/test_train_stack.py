@@ -60,10 +60,6 @@ def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
     assert subnet["MapPublicIpOnLaunch"] is False
 
 
-def test_efa_interface_on_p3dn(template):
-    [interface] = interfaces(template)
-    assert interface["InterfaceType"] == "efa"
-    assert (interface["DeviceIndex"], interface["NetworkCardIndex"]) == (0, 0)
 
 
 def test_p4d_gets_an_efa_interface_per_network_card(synth):
@@ -145,12 +141,6 @@ def test_imdsv2_encrypted_gp3_root_of_at_least_200_gib(template):
     assert root["Ebs"]["Encrypted"] is True
     assert root["Ebs"]["VolumeType"] == "gp3"
     assert root["Ebs"]["VolumeSize"] >= 200
-
-
-def test_types_without_instance_store_get_a_bigger_faster_root(synth):
-    template = synth(instanceType="p3.16xlarge", nodes=2)["TrainStack"]
-    root = root_volume(template)
-    assert (root["Ebs"]["VolumeSize"], root["Ebs"]["Throughput"]) == (400, 1000)
 
 
 def baked_image_output(image_id) -> str:
