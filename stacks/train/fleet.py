@@ -203,7 +203,7 @@ class GpuFleet(Construct):
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 network_interfaces=self._interfaces(gpu, subnet),
-                block_device_mappings=[_root_volume(gpu)],
+                block_device_mappings=[_root_volume()],
                 # The instances require IMDSv2 themselves; the template says so too (checkov).
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                     http_endpoint="enabled", http_tokens="required"
@@ -270,7 +270,10 @@ class GpuFleet(Construct):
     def _interfaces(
         self, gpu: GpuType, subnet: ec2.ISubnet
     ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
-        """One interface per EFA network card (p4d has 4, p5 32), or one plain interface."""
+        """One EFA (with ENA) per network card, p4d 4 and p5 32, or one plain interface: the
+        primary at card 0 device 0, the others at device 1 of their card, as AWS documents for
+        types with several network cards (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html)
+        and ParallelCluster launches them (cli/src/pcluster/templates/queues_stack.py)."""
         return [
             ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
                 device_index=0 if card == 0 else 1,
@@ -306,7 +309,7 @@ def _capacity(reservation: CapacityReservation | None) -> dict:
     return settings
 
 
-def _root_volume(gpu: GpuType) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+def _root_volume() -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
     """Encrypted gp3 root at Ubuntu's device name."""
     return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
         device_name="/dev/sda1",

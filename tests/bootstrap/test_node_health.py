@@ -138,13 +138,14 @@ def test_cloudwatch_config_ships_logs_and_gpu_utilisation_per_run():
 
 
 # p4d and p5: the same collective, once with GPUDirect RDMA on every network connection (NCCL
-# appends "/GDRDMA" to the connection, e.g. "via NET/Libfabric/0/GDRDMA" in
-# https://github.com/aws/aws-ofi-nccl/issues/{ISSUE}), once with the bytes bounced through host
-# memory on one rank, as when efa_nv_peermem is not loaded.
+# appends "/GDRDMA" to the connection: "[send] via NET/AWS Libfabric/0/GDRDMA" in the two-node
+# p4d nccl-tests log of https://github.com/aws-samples/aws-efa-eks/blob/main/README.md, whose
+# test script greps for exactly that), once with the bytes bounced through host memory on one
+# rank, as when efa_nv_peermem is not loaded. Newer plugins name the network "Libfabric".
 GDRDMA_COLLECTIVE = """\
 [1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO NET/OFI Selected Provider is efa (found 4 nics)
 [1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Using network Libfabric
-[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Channel 00/0 : 15[7] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA
+[1,0]<stdout>:ip-10-0-0-5:191:1175 [0] NCCL INFO Channel 00/0 : 15[7] -> 0[0] [receive] via NET/AWS Libfabric/0/GDRDMA
 [1,7]<stdout>:ip-10-0-0-5:194:1177 [7] NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/Libfabric/3/GDRDMA/Shared
 [1,1]<stdout>:ip-10-0-0-5:192:1178 [1] NCCL INFO Channel 00 : 1[1] -> 2[2] via P2P/IPC
 """

@@ -97,7 +97,7 @@ def test_synthesis_prints_the_benchmark_cost(tmp_path):
     assert result.returncode == 0, result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("Benchmark (")]
     assert "1 GPU, 8 GPUs, 16 GPUs" in line and "capped at 1 h" in line
-    assert "capped at 1 h -> at most $62.42" in result.stderr  # the TrainStack line too
+    assert "capped at 1 h -> at most $43.92" in result.stderr  # the TrainStack line too
 
 
 def nodes_of(template) -> list[dict]:

@@ -91,9 +91,9 @@ def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
 def test_budget_covers_the_capped_fleet_and_a_day_of_preprocessing():
     from stacks.composition import budget_limit_usd
 
-    # 8 x 31.212 x 4 h = 998.78; t2.large flat out for 24 h = (0.0928 + 0.07) x 24 = 3.91
-    assert budget_limit_usd(config()) == 1003
-    assert budget_limit_usd(config(nodes=1, maxHours=1)) == 36
+    # 8 x 21.958 x 4 h = 702.66; t2.large flat out for 24 h = (0.0928 + 0.07) x 24 = 3.91
+    assert budget_limit_usd(config()) == 707
+    assert budget_limit_usd(config(nodes=1, maxHours=1)) == 26
 
 
 def test_estimate_line():

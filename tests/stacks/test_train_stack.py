@@ -53,8 +53,7 @@ def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
     for instance in instances(template).values():
         assert instance["Properties"]["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": template_id}
         assert "SubnetId" not in instance["Properties"]
-    [interface] = interfaces(template)
-    subnet_id = interface["SubnetId"]["Ref"]
+    [subnet_id] = {interface["SubnetId"]["Ref"] for interface in interfaces(template)}
     subnet = template.to_json()["Resources"][subnet_id]["Properties"]
     assert subnet["AvailabilityZone"] == "us-east-1a"
     assert subnet["MapPublicIpOnLaunch"] is False
@@ -62,14 +61,23 @@ def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
 
 
 
-def test_p4d_gets_an_efa_interface_per_network_card(synth):
-    found = interfaces(synth(**P4D)["TrainStack"])
+def test_the_default_p4d_gets_an_efa_interface_per_network_card(template):
+    found = interfaces(template)
     assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in found] == [
         (0, 0),
         (1, 1),
         (2, 1),
         (3, 1),
     ]
+    assert {i["InterfaceType"] for i in found} == {"efa"}
+    document = node_document(next(iter(instances(template).values())))
+    assert (document["instance_type"], document["gpudirect"]) == ("p4d.24xlarge", True)
+
+
+def test_p5_gets_32_efa_interfaces_one_per_network_card(synth):
+    found = interfaces(synth(instanceType="p5.48xlarge", nodes=2)["TrainStack"])
+    assert [i["NetworkCardIndex"] for i in found] == list(range(32))
+    assert [i["DeviceIndex"] for i in found] == [0] + [1] * 31
     assert {i["InterfaceType"] for i in found} == {"efa"}
 
 
@@ -278,8 +286,7 @@ def test_an_existing_vpc_is_used_without_creating_one(synth):
     template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2)["TrainStack"]
     assert not template.find_resources("AWS::EC2::VPC")
     assert not template.find_resources("AWS::EC2::NatGateway")
-    [interface] = interfaces(template)
-    assert interface["SubnetId"] == "subnet-0123abcd"
+    assert {i["SubnetId"] for i in interfaces(template)} == {"subnet-0123abcd"}
     [group] = template.find_resources("AWS::EC2::SecurityGroup").values()
     assert group["Properties"]["VpcId"] == "vpc-0123abcd"
 
