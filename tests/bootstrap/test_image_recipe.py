@@ -130,9 +130,7 @@ def test_system_step_switches_off_unattended_upgrades_before_the_full_upgrade(ba
     assert 'APT::Periodic::Unattended-Upgrade "0";' in conf.read_text()
 
 
-def driver_stubs(
-    bake: Bake, license_: str = "Dual MIT/GPL", modules: str = "580.95.05"
-) -> None:
+def driver_stubs(bake: Bake, license_: str = "Dual MIT/GPL", modules: str = "580.95.05") -> None:
     bake.stub(
         "modinfo",
         f"""#!/usr/bin/env bash

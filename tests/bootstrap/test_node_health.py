@@ -38,7 +38,9 @@ def test_fallback_to_tcp_fails_loudly_when_efa_is_expected():
         health.check_transport(SOCKET_LOG, efa_expected=True, gpudirect_expected=False)
     with pytest.raises(health.HealthError, match="'unknown'"):
         health.check_transport("no NCCL output at all", efa_expected=True, gpudirect_expected=False)
-    assert health.check_transport(SOCKET_LOG, efa_expected=False, gpudirect_expected=False) == "socket"
+    assert (
+        health.check_transport(SOCKET_LOG, efa_expected=False, gpudirect_expected=False) == "socket"
+    )
 
 
 # Excerpts in the formats of public NCCL logs: the collective's connections over aws-ofi-nccl
@@ -79,17 +81,23 @@ def test_the_collective_s_connections_decide_the_transport():
     tcp_after_ofi_init = OFI_LOG + SOCKET_COLLECTIVE.split("Using network Socket\n")[1]
     assert health.nccl_transport(tcp_after_ofi_init) == "socket"
     with pytest.raises(health.HealthError, match="'socket' for the allreduce"):
-        health.check_transport(tcp_after_ofi_init + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False)
+        health.check_transport(
+            tcp_after_ofi_init + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False
+        )
 
 
 def test_check_reports_the_bandwidth_and_needs_network_connections_across_nodes():
-    result = health.check_transport(OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False)
+    result = health.check_transport(
+        OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False
+    )
     assert result == "ofi, 8.40 GB/s bus bandwidth over 2 node(s), 16 ranks"
     # Init says Libfabric, but no connection of the collective was logged: not proof enough.
     with pytest.raises(health.HealthError, match="crossed 2 nodes but NCCL logged no network"):
         health.check_transport(OFI_LOG + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False)
     one_node = CHECK_SUMMARY.replace("16 ranks on 2 nodes", "8 ranks on 1 node")
-    assert health.check_transport(OFI_LOG + one_node, efa_expected=True, gpudirect_expected=False).startswith("ofi, 8.40")
+    assert health.check_transport(
+        OFI_LOG + one_node, efa_expected=True, gpudirect_expected=False
+    ).startswith("ofi, 8.40")
 
 
 def test_allreduce_summary_and_floor():
@@ -153,10 +161,14 @@ GDRDMA_COLLECTIVE = """\
 
 def test_a_gpudirect_type_fails_without_gdrdma_connections():
     with pytest.raises(health.HealthError, match="GPUDirect RDMA expected but 2 of 2 network"):
-        health.check_transport(OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True)
+        health.check_transport(
+            OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True
+        )
     one_bounced = GDRDMA_COLLECTIVE.replace("/3/GDRDMA/Shared", "/3/Shared")
     with pytest.raises(health.HealthError, match="1 of 2 network connections went through host"):
-        health.check_transport(one_bounced + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True)
+        health.check_transport(
+            one_bounced + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True
+        )
 
 
 def test_a_gpudirect_type_passes_with_gdrdma_connections():

@@ -59,8 +59,6 @@ def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
     assert subnet["MapPublicIpOnLaunch"] is False
 
 
-
-
 def test_the_default_p4d_gets_an_efa_interface_per_network_card(template):
     found = interfaces(template)
     assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in found] == [
