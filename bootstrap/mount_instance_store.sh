@@ -12,7 +12,8 @@ if mountpoint -q "$mount_point"; then
 	log "$mount_point already mounted"
 	exit 0
 fi
-mapfile -t drives < <(lsblk -dpnro NAME,MODEL | awk '/Amazon EC2 NVMe Instance Storage/ {print $1}')
+# Not `lsblk -r`: raw output escapes the model's spaces (Amazon\x20EC2\x20NVMe...).
+mapfile -t drives < <(lsblk -dpn -o NAME,MODEL | awk '/Amazon EC2 NVMe Instance Storage/ {print $1}')
 if [[ ${#drives[@]} -eq 0 ]]; then
 	log "no NVMe instance store on this instance type"
 	exit 1
