@@ -38,11 +38,19 @@ def parse_stamp(text: str) -> float:
     return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc).timestamp()
 
 
+# How S3 answers a GET of a missing key: 404 to a caller that may list the bucket, 403 to one
+# that may not. The node role may list only its prefixes (an s3:prefix condition), which does
+# not count, so inside runs/<run>/, where it may read every key, 403 means "not there yet".
+# https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html ("Permissions")
+ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
+
+
 def read_object(s3, bucket: str, key: str) -> bytes | None:
+    """The object's bytes, or None while it does not exist."""
     try:
         return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
-        if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+        if exc.response["Error"]["Code"] in ABSENT_KEY_CODES:
             return None
         raise
 

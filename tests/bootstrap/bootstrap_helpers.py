@@ -58,3 +58,19 @@ def cpu_image_json(path: Path) -> str:
         )
     )
     return str(path)
+
+
+def deny_missing_keys(s3) -> None:
+    """Make a moto client answer as S3 answers a node: a GET or HEAD of a missing key is 403
+    AccessDenied, not 404, because the node role's s3:ListBucket is conditioned on s3:prefix
+    (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html, "Permissions": without
+    s3:ListBucket, a missing key is 403)."""
+
+    def deny(parsed, **_):
+        error = parsed.get("Error", {})
+        if error.get("Code") in ("NoSuchKey", "404"):
+            error["Code"], error["Message"] = ("AccessDenied", "Access Denied")
+            parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = 403
+
+    for operation in ("GetObject", "HeadObject"):
+        s3.meta.events.register(f"after-call.s3.{operation}", deny)

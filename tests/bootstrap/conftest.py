@@ -4,7 +4,7 @@ import urllib.request
 
 import boto3
 import pytest
-from bootstrap_helpers import BUCKET, train_doc
+from bootstrap_helpers import BUCKET, deny_missing_keys, train_doc
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
@@ -34,6 +34,7 @@ def s3(monkeypatch):
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
+        deny_missing_keys(client)  # every node-side test sees S3 as the node role does
         yield client
 
 

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+from botocore.exceptions import ClientError
 from bootstrap_helpers import BUCKET
 
 from bootstrap import rendezvous
@@ -105,6 +106,20 @@ def test_leader_key_is_made_once_published_and_reused(s3, train_config):
     assert rendezvous.ensure_leader_key(s3, cfg) == key
     assert key.with_suffix(".pub").read_bytes() == public
     assert s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub")["Body"].read() == public
+
+
+def test_a_missing_key_that_s3_answers_with_403_counts_as_absent(s3):
+    # The s3 fixture answers as S3 answers the node role (prefix-conditioned ListBucket).
+    with pytest.raises(ClientError, match="AccessDenied"):
+        s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub")
+    assert rendezvous.read_object(s3, BUCKET, "runs/r1/ssh/leader.pub") is None
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"key")
+    assert rendezvous.read_object(s3, BUCKET, "runs/r1/ssh/leader.pub") == b"key"
+
+
+def test_other_errors_are_not_absence(s3):
+    with pytest.raises(ClientError, match="NoSuchBucket"):
+        rendezvous.read_object(s3, "no-such-bucket", "runs/r1/DONE.json")
 
 
 def test_install_authorized_key_is_idempotent(tmp_path):

@@ -6,6 +6,7 @@ import urllib.request
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.cloudformation.models import CloudFormationBackend, cloudformation_backends
 from moto.cloudwatch.models import cloudwatch_backends
@@ -270,15 +271,32 @@ def test_recheck_is_idempotent_and_deletes_once_results_arrive(reaper, capsys):
     ]
 
 
-def test_hard_cap_deletes_even_without_results(reaper, capsys):
+def deny_every_read(reaper) -> None:
+    """S3 as the reaper's role sees it when a key is missing (prefix-conditioned ListBucket:
+    403, not 404), and here for every key, so nothing can be read at all."""
+
+    def denied(**_):
+        raise ClientError(
+            {"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject"
+        )
+
+    reaper.s3.get_object = denied
+
+
+def test_hard_cap_deletes_without_reading_results(reaper, capsys):
+    deny_every_read(reaper)
     reaper.handle({"trigger": "hard-cap", "run": RUN})
     assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
     decision, _ = decisions(capsys)
     assert decision["decision"] == "delete-stack"
     assert decision["reason"] == "hard-cap"
-    assert decision["missing_results"]
     [follow_up] = schedules()
     assert json.loads(follow_up["Target"]["Input"])["reason"] == "deleting"
+
+
+def test_a_done_json_s3_denies_is_not_there_yet(reaper):
+    deny_every_read(reaper)
+    assert reaper.done_document(RUN) == {}
 
 
 def test_second_trigger_after_delete_is_a_noop(reaper, capsys):

@@ -235,7 +235,9 @@ class Reaper:
         try:
             body = self.s3.get_object(Bucket=self.bucket, Key=f"runs/{run}/DONE.json")["Body"]
         except ClientError as error:
-            if error.response["Error"].get("Code") in ("NoSuchKey", "404"):
+            # S3 answers 403 for a missing key to a role whose ListBucket is prefix-conditioned,
+            # as this one's is (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
+            if error.response["Error"].get("Code") in ("NoSuchKey", "404", "AccessDenied", "403"):
                 return {}
             raise
         try:
@@ -278,8 +280,13 @@ class Reaper:
         if reason == "idle":
             self.retire_idle(run, stack)
             return
+        if reason == "hard-cap":
+            # The cap reads nothing first: a read that fails must not keep a fleet billing.
+            self.delete_stack(TRAIN_STACK, run=run, reason=reason)
+            self.follow_later(run, stack["id"], check=1, status="delete requested")
+            return
         missing, _ = self.results(run)
-        if missing and reason != "hard-cap":
+        if missing:
             name, at = self.schedule_recheck(run, reason)
             log("wait-for-results", run=run, reason=reason, missing=missing, recheck=name, at=at)
             return
