@@ -330,10 +330,22 @@ def _one_of(choices: tuple[str, ...]) -> Parser:
     return parse
 
 
+# The zones of the regions that sell p4d and p5, by their letters: as many as the region has AZ
+# IDs (use1-az1 to use1-az6 in us-east-1), from AWS's list of Availability Zones,
+# https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-availability-zones.html.
+# Other regions are checked by shape only; CloudFormation names a zone they lack at deploy.
+ZONE_LETTERS: dict[str, str] = {"us-east-1": "abcdef", "us-east-2": "abc", "us-west-2": "abcd"}
+
+
 def _zone_of(region: str) -> Parser:
+    letters = ZONE_LETTERS.get(region, "abcdefghijklmnopqrstuvwxyz")
+
     def parse(value: Any) -> str:
+        zones = f"{region}{letters[0]} to {region}{letters[-1]}"
         if not isinstance(value, str) or not re.fullmatch(re.escape(region) + r"[a-z]", value):
             raise _Invalid(f"a zone of region {region}, like {region}a")
+        if value[-1] not in letters:
+            raise _Invalid(f"a zone region {region} has: {zones}")
         return value
 
     return parse

@@ -61,10 +61,12 @@ class NodeCode(Construct):
         assets' URLs (PreprocessStack pins them, so a code change does not restart its node)."""
         stack = Stack.of(self)
         region = stack.region
+        # Before IMDS answers there is no instance id: any unique id fails the resource. Without
+        # a signal (no credentials either) the node halts, which stops its compute bill.
         on_failure = (
             f"aws cloudformation signal-resource --region {region} --stack-name "
-            f'{stack.stack_name} --logical-resource-id {signal_resource} --unique-id "$instance_id"'
-            " --status FAILURE || true"
+            f"{stack.stack_name} --logical-resource-id {signal_resource} "
+            '--unique-id "${instance_id:-$(hostname)}" --status FAILURE || shutdown -h +1'
             if signal_resource
             else "shutdown -h +1"
         )
@@ -91,9 +93,9 @@ class NodeCode(Construct):
             '  curl -sSf -H "X-aws-ec2-metadata-token: $token" '
             '"http://169.254.169.254/latest/meta-data/$1"',
             "}",
-            "instance_id=$(imds instance-id)",
             f"on_failure() {{ {on_failure}; }}",
             "trap on_failure ERR",
+            "instance_id=$(imds instance-id)",
             # Canonical's Ubuntu image has no AWS CLI; the Deep Learning AMI has one.
             # snapd refuses installs until it has seeded, which a fresh boot may not have done.
             "command -v aws >/dev/null || { snap wait system seed.loaded && "

@@ -68,6 +68,7 @@ def run_app(tmp_path: Path, cwd: Path = ROOT, **context) -> subprocess.Completed
         ("batchPerGpu", 1024, "at most 640 on p4d.24xlarge (A100 40 GB)"),
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
         ("az", "eu-west-1a", "a zone of region us-east-1"),
+        ("az", "us-east-1z", "a zone region us-east-1 has: us-east-1a to us-east-1f"),
         ("imageTestInstanceType", "p9.huge", "a known GPU instance type: p4d.24xlarge"),
         ("imageTestInstanceType", "c6i.4xlarge", "c6i.4xlarge has no GPU"),
         ("imageTestInstanceType", "p3.2xlarge", "issues/8685); use g5.xlarge"),

@@ -59,6 +59,7 @@ def test_imported_network_needs_both_ids():
         ("instanceType", "c5.large", "c5.large has no GPU"),
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
         ("az", "us-west-2a", "a zone of region us-east-1"),
+        ("az", "us-east-1g", "a zone region us-east-1 has: us-east-1a to us-east-1f"),
         ("maxHours", "nan", "a number of hours from 1 to 168"),
         ("maxHours", 0, "a number of hours from 1 to 168"),
         ("budgetEmail", "not-an-address", "an e-mail address"),
@@ -113,3 +114,11 @@ def test_instance_table_is_consistent():
     for gpu in GPU_TYPES.values():
         assert gpu.gpus in (1, 4, 8) and gpu.vcpus >= 4 * gpu.gpus and gpu.usd_per_hour > 0
         assert gpu.name[0] in "pg"
+
+
+def test_every_zone_of_a_known_region_is_accepted_and_others_by_shape():
+    assert config(az="us-east-1f").az == "us-east-1f"
+    assert config(region="us-west-2", az="us-west-2d").az == "us-west-2d"
+    assert config(region="eu-north-1", az="eu-north-1c").az == "eu-north-1c"
+    with pytest.raises(ConfigError, match="us-west-2a to us-west-2d"):
+        config(region="us-west-2", az="us-west-2e")

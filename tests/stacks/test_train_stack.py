@@ -1,6 +1,9 @@
 """TrainStack: exactly `nodes` GPU instances in one cluster placement group and one subnet."""
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import node_document, resources, statements, user_data
@@ -199,6 +202,51 @@ def test_each_node_waits_for_its_signal(template):
     assert SIGNAL_TIMEOUT == "PT60M"
 
 
+def run_user_data(instance: dict, tmp_path: Path, stubs: dict[str, str]) -> tuple[int, str]:
+    """Run an instance's user-data with its directories under tmp_path and `stubs` (name ->
+    bash body) first on PATH; every stub logs its arguments. Returns (exit status, calls)."""
+    text = user_data(instance)
+    for directory in ("/var/log/horovod-fleet", "/opt/horovod-fleet", "/etc/horovod-fleet"):
+        text = text.replace(directory, f"{tmp_path}{directory}")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    calls.touch()
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f'#!/bin/bash\necho "{name} $*" >>{calls}\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "user-data.sh"
+    script.write_text(text)
+    result = subprocess.run(
+        ["bash", str(script)],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode, calls.read_text()
+
+
+def test_an_imds_failure_signals_failure_at_once(template, tmp_path):
+    """The first thing user-data does can fail: it must fail the node, not wait out the
+    creation timeout."""
+    logical_id, instance = next(iter(instances(template).items()))
+    status, calls = run_user_data(
+        instance, tmp_path, {"curl": "exit 7", "aws": "exit 0", "shutdown": "exit 0"}
+    )
+    assert status != 0
+    assert "--status FAILURE" in calls and f"--logical-resource-id {logical_id}" in calls
+    assert "shutdown" not in calls  # the signal went through
+
+
+def test_a_node_that_cannot_signal_halts(template, tmp_path):
+    _, instance = next(iter(instances(template).items()))
+    status, calls = run_user_data(
+        instance, tmp_path, {"curl": "exit 7", "aws": "exit 255", "shutdown": "exit 0"}
+    )
+    assert status != 0
+    assert "shutdown -h +1" in calls
+
+
 def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
     indexes = []
     for logical_id, instance in instances(template).items():
@@ -208,7 +256,7 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
             "train_node.sh /etc/horovod-fleet/node.json" in text
         )
         assert f"--logical-resource-id {logical_id} " in text
-        assert "--status FAILURE || true; }\ntrap on_failure ERR\n" in text
+        assert "--status FAILURE || shutdown -h +1; }\ntrap on_failure ERR\n" in text
         document = node_document(instance)
         indexes.append(document["node_index"])
         assert document["signal"] == {"stack": "TrainStack", "resource": logical_id}
