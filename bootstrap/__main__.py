@@ -199,7 +199,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
             "data pull",
             lambda: data_pull.pull_dataset(cfg.bucket, cfg.dataset_prefix, data_dir, log),
         )
-    step("signal", lambda: log(aws.signal_cloudformation(cfg, True, "healthy, data verified")))
+    # No SUCCESS yet: CloudFormation counts a node as created only once the whole fleet has met
+    # and passed the allreduce check (the leader's fleet-check.json), so a broken network
+    # rolls the deployment back instead of reaching CREATE_COMPLETE.
     ip, instance_id = step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
     if not cfg.is_leader:
         watch = supervision.LeaderWatch(cfg, time.time())
@@ -208,6 +210,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
             lambda: rendezvous.serve_as_member(
                 s3, cfg, ip, instance_id, log,
                 leader_lost=lambda now: watch.lost(supervision.read_entry(s3, cfg, 0), now),
+                fleet_ready=lambda check: log(aws.signal_cloudformation(
+                    cfg, True, f"healthy, data verified; fleet check: {check['detail']}"
+                )),
             ),
         )  # fmt: skip
         step("upload logs", lambda: launch.upload_logs(s3, cfg))
@@ -239,7 +244,14 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     nodes = step("rendezvous", meet)
     ranks = sum(n["gpus"] or 1 for n in nodes)
     key = rendezvous.private_key_path(cfg)
+
+    def fleet_ready(detail: str) -> None:
+        rendezvous.write_fleet_check(s3, cfg, detail, time.time())
+        log(aws.signal_cloudformation(cfg, True, f"healthy, data verified; fleet check: {detail}"))
+
     if cfg.benchmark:
+        # The benchmark runs the allreduce check at every size itself, and reports it.
+        step("signal", lambda: fleet_ready(f"{len(nodes)} node(s) met"))
         benchmark.lead(cfg, s3, nodes, key, data_dir, attempt.started, log, step)
         status.end("done", None)
         return
@@ -268,17 +280,20 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
             raise RuntimeError(f"{cause} (details in {log_name})")
         return tail
 
+    fleet = f"{len(nodes)} node(s) met, no GPUs: no allreduce check"
     if cfg.gpus_per_node:
         check = ["python3", "-m", "bootstrap.allreduce_check"]
         status.phase("allreduce_check")
-        step(
+        fleet = step(
             "allreduce check",
-            lambda: log("NCCL transport: " + health.check_transport(
+            lambda: "NCCL transport: " + health.check_transport(
                 run_horovod(check, "allreduce-check.log", keep=1_000_000),
                 cfg.efa,
                 cfg.gpudirect,
-            )),
+            ),
         )  # fmt: skip
+        log(fleet)
+    step("signal", lambda: fleet_ready(fleet))
     store = launch.ModelStore(s3, cfg, model_dir, log)
     restored = step("restore checkpoints", store.restore)
     attempt.store, attempt.outputs_since = store, time.time()

@@ -196,6 +196,28 @@ def run_finished_since(s3, cfg: TrainConfig, since: float) -> bool:
     return head["LastModified"].timestamp() >= since
 
 
+FLEET_CHECK = "fleet-check.json"
+
+
+def write_fleet_check(s3, cfg: TrainConfig, detail: str, now: float) -> None:
+    """The leader's word that the fleet passed its checks (every node met, the allreduce crossed
+    the nodes as the type requires): each member signals CloudFormation SUCCESS on it."""
+    document = {"passed": True, "detail": detail, "at": utc_stamp(now)}
+    s3.put_object(
+        Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{FLEET_CHECK}", Body=json.dumps(document).encode()
+    )
+
+
+def read_fleet_check(s3, cfg: TrainConfig, since: float) -> dict | None:
+    """This deployment's fleet check (written at or after `since`), or None."""
+    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}{FLEET_CHECK}")
+    if body is None:
+        return None
+    document = json.loads(body)
+    # Stamps have whole seconds: a check written in the second this node started counts.
+    return document if parse_stamp(document["at"]) >= int(since) else None
+
+
 def serve_as_member(
     s3,
     cfg: TrainConfig,
@@ -205,15 +227,21 @@ def serve_as_member(
     clock=time.time,
     sleep=time.sleep,
     leader_lost: Callable[[float], str | None] = lambda now: None,
+    fleet_ready: Callable[[dict], None] = lambda check: None,
 ) -> None:
     """Install the leader's key, register, then heartbeat until the run's DONE.json appears, or
     until leader_lost(now) says why the leader is gone (bootstrap.supervision.LeaderWatch).
+    fleet_ready(check) is called once, when the leader's fleet check of this deployment appears.
 
     The key goes in before the registration, so the leader never ssh-es to a node that would
     refuse it; a key the leader replaced (a redeployed leader) is picked up on the next beat.
     """
     started = clock()
+    ready = False
     while not run_finished_since(s3, cfg, started):
+        if not ready and (check := read_fleet_check(s3, cfg, started)):
+            fleet_ready(check)
+            ready = True
         public_key = wait_for_leader_key(s3, cfg, clock, sleep)
         if install_authorized_key(cfg.authorized_keys_file, public_key):
             log(f"installed the run's public key in {cfg.authorized_keys_file}")

@@ -5,6 +5,7 @@ whose own AWS calls fail still names the original failure, in one line each, and
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +137,73 @@ def test_children_get_the_nodes_region(node_json, tmp_path, monkeypatch):
     )
     region = json.loads(Path(node_json).read_text())["region"]
     assert bootstrap_main.os.environ["AWS_REGION"] == region
+
+
+@pytest.fixture
+def leader_up_to_the_check(s3, train_config, monkeypatch):
+    """A one-node GPU leader whose health, data pull and identity pass, with signals and
+    horovodrun recorded instead of sent: what runs is the real order of train_node's steps."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen (openssh-client) not installed")
+    cfg = train_config(
+        nodes=1, signal={"stack": "TrainStack", "resource": "Node0"}, heartbeat_timeout_s=60
+    )
+    events: list[str] = []
+    aws.client.cache_clear()  # clients made before moto started would reach for AWS
+    monkeypatch.setattr(bootstrap_main.health, "count_gpus", lambda: 8)
+    monkeypatch.setattr(bootstrap_main.health, "efa_present", lambda: True)
+    monkeypatch.setattr(bootstrap_main.data_pull, "pull_dataset", lambda *a: events.append("pull"))
+    monkeypatch.setattr(aws, "private_ip", lambda cfg: "10.0.0.5")
+    monkeypatch.setattr(aws, "instance_id", lambda cfg: "i-0")
+    monkeypatch.setattr(
+        aws,
+        "signal_cloudformation",
+        lambda cfg, success, reason: events.append(f"signal {success}: {reason}") or "recorded",
+    )
+    attempt = bootstrap_main.Attempt()
+    yield cfg, events, monkeypatch, attempt
+    # What report_failure ends on a node: the status thread and the heartbeat.
+    if attempt.status is not None:
+        attempt.status.end("failed", "test over", wait_s=5)
+    if attempt.heartbeat is not None:
+        attempt.heartbeat.stop()
+    aws.client.cache_clear()
+
+
+def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_the_check):
+    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+
+    def horovodrun(command, env, log_path, keep):
+        events.append("allreduce check")
+        return 0, tcp
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    with pytest.raises(bootstrap_main.StepFailed, match="EFA expected but NCCL used transport"):
+        bootstrap_main.train_node(cfg, attempt)
+    assert events == ["pull", "allreduce check"]  # no SUCCESS: the deployment rolls back
+
+
+def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_the_check, s3):
+    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+
+    def horovodrun(command, env, log_path, keep):
+        events.append("allreduce check" if "bootstrap.allreduce_check" in command else "train")
+        if len(events) > 2:
+            raise RuntimeError("stop after the check")
+        return 0, ofi
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(launch.ModelStore, "restore", lambda store: events.append("restore"))
+    with pytest.raises(bootstrap_main.StepFailed, match="stop after the check"):
+        bootstrap_main.train_node(cfg, attempt)
+    assert events[:3] == [
+        "pull",
+        "allreduce check",
+        "signal True: healthy, data verified; fleet check: NCCL transport: ofi",
+    ]
+    check = json.loads(
+        s3.get_object(Bucket=cfg.bucket, Key="runs/r1/fleet-check.json")["Body"].read()
+    )
+    assert check["passed"] and check["detail"] == "NCCL transport: ofi"

@@ -157,6 +157,31 @@ def test_member_installs_key_registers_and_stops_at_done(s3, train_config, tmp_p
     assert entry["ip"] == "10.0.0.3"
 
 
+def test_member_signals_once_on_this_deployments_fleet_check_only(s3, train_config):
+    """CloudFormation counts a member as created only on the leader's fleet check of this
+    deployment: a check left by an earlier deployment is not this fleet's."""
+    # S3's LastModified is real time: the member started "long ago" for DONE.json to count.
+    clock = FakeClock(now=10_000)
+    leader, member = train_config(), train_config(node_index=1)
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"ssh-ed25519 KEY hvd-r1\n")
+    rendezvous.write_fleet_check(s3, leader, "from the last deployment", 5_000)
+    ready, beats = [], []
+
+    def sleep(seconds):
+        beats.append(seconds)
+        clock.sleep(seconds)
+        if len(beats) == 2:
+            rendezvous.write_fleet_check(s3, leader, "NCCL transport: ofi", clock())
+        if len(beats) == 5:
+            s3.put_object(Bucket=BUCKET, Key="runs/r1/DONE.json", Body=b"{}")
+
+    rendezvous.serve_as_member(
+        s3, member, "10.0.0.3", "i-1", lambda m: None, clock, sleep, fleet_ready=ready.append
+    )
+    assert len(beats) == 5
+    assert [c["detail"] for c in ready] == ["NCCL transport: ofi"]
+
+
 def test_registration_is_idempotent_on_rerun(s3, train_config):
     cfg = train_config(node_index=1)
     rendezvous.register_node(s3, cfg, "10.0.0.3", "i-1", T0)
