@@ -12,6 +12,8 @@ IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 # The reaper also answers this custom resource: an AMI id and code URLs as they were on the
 # first deploy, kept by every update (reaper/handler.py).
 PINNED_TYPE = "Custom::HorovodFleetPinned"
+# ... and this one: SUCCESS only when the fleet's dataset manifest exists in S3.
+DATASET_TYPE = "Custom::HorovodFleetDataset"
 # The nodes' CloudWatch agent publishes GPU utilisation here; the idle alarm watches it.
 METRIC_NAMESPACE = "HorovodFleet"
 IDLE_PERIOD = Duration.minutes(5)

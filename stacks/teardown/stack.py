@@ -154,7 +154,7 @@ class TeardownStack(Stack):
             )
         )
         dead_letters.grant_send_messages(recheck_role)
-        self._grant_reaper(role, log_group, bucket, recheck_role)
+        self._grant_reaper(role, log_group, bucket, manifest_key, recheck_role)
 
         for rule_id, key_filter, description in (
             ("RunDoneRule", events.Match.wildcard("runs/*/DONE.json"), "a run wrote DONE.json"),
@@ -276,7 +276,12 @@ class TeardownStack(Stack):
             alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
 
     def _grant_reaper(
-        self, role: iam.Role, log_group: logs.LogGroup, bucket: s3.IBucket, recheck_role: iam.Role
+        self,
+        role: iam.Role,
+        log_group: logs.LogGroup,
+        bucket: s3.IBucket,
+        manifest_key: str,
+        recheck_role: iam.Role,
     ) -> None:
         """Everything the reaper may do from this stack; per-instance rights come from guards."""
         train_stack_arn = self.format_arn(
@@ -315,7 +320,10 @@ class TeardownStack(Stack):
                 resources=[bucket.bucket_arn],
                 conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
             ),
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[done_objects_arn]),
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[done_objects_arn, bucket.arn_for_objects(manifest_key)],
+            ),
             iam.PolicyStatement(
                 actions=["cloudwatch:DescribeAlarms"],
                 resources=[alarms_arn],

@@ -1,12 +1,13 @@
 """TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
 
-from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, CustomResource, Duration, Stack, Tags, aws_lambda
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.config import FleetConfig
 from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
+from stacks.teardown.names import DATASET_TYPE
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.fleet import GpuFleet
 
@@ -51,6 +52,22 @@ class TrainStack(Stack):
             capacity_reservation=config.capacity_reservation,
             benchmark=config.benchmark_plan,
         )
+        if config.benchmark in (None, "data"):
+            # The nodes pull the dataset at boot: without its manifest none of them could
+            # train, so the deploy fails before the first instance launches (the reaper answers).
+            dataset = CustomResource(
+                self,
+                "Dataset",
+                service_token=reaper.function_arn,
+                resource_type=DATASET_TYPE,
+                properties={
+                    "Bucket": bucket.bucket_name,
+                    "Key": f"{config.dataset_prefix}manifest.json",
+                },
+                service_timeout=Duration.minutes(5),
+            )
+            for instance in fleet.instances:
+                instance.node.add_dependency(dataset)
         RunGuard(
             self,
             "Guard",

@@ -7,8 +7,8 @@ import json
 import shutil
 
 import pytest
-from botocore.exceptions import ClientError
 from bootstrap_helpers import BUCKET
+from botocore.exceptions import ClientError
 
 from bootstrap import rendezvous
 

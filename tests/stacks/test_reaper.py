@@ -883,3 +883,61 @@ def test_pinned_image_with_a_missing_parameter_fails_the_deploy_cleanly(reaper, 
     reaper.handle(pin_request("Create", parameter="/no/such/parameter"))
     assert replies.bodies[-1]["Status"] == "FAILED"
     assert "/no/such/parameter" in replies.bodies[-1]["Reason"]
+
+
+# --- dataset present before the fleet launches -------------------------------------------------
+
+
+def dataset_request(request_type: str, key: str = "tfrecords/manifest.json") -> dict:
+    return {
+        "RequestType": request_type,
+        "ResponseURL": "https://cloudformation-response.example/abc",
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/TrainStack/guid",
+        "RequestId": "req-3",
+        "ResourceType": "Custom::HorovodFleetDataset",
+        "LogicalResourceId": "Dataset",
+        "ResourceProperties": {"ServiceToken": FUNCTION_ARN, "Bucket": BUCKET, "Key": key},
+    }
+
+
+def test_a_missing_manifest_fails_the_deploy_in_one_line(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    assert parse_event(dataset_request("Create")) == {"trigger": "dataset"}
+    reaper.handle(dataset_request("Create"))
+    [reply] = replies.bodies
+    assert reply["Status"] == "FAILED"
+    assert reply["Reason"].startswith(f"no s3://{BUCKET}/tfrecords/manifest.json: the fleet has")
+    assert "Deploy PreprocessStack" in reply["Reason"] and "\n" not in reply["Reason"]
+
+
+def test_a_missing_manifest_s3_answers_with_403_is_missing_too(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+
+    def denied(**_):
+        raise ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadObject")
+
+    reaper.s3.head_object = denied
+    reaper.handle(dataset_request("Create"))
+    assert replies.bodies[-1]["Reason"].startswith(f"no s3://{BUCKET}/tfrecords/manifest.json")
+
+
+def test_a_present_manifest_lets_the_fleet_launch_and_delete_always_succeeds(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key="tfrecords/manifest.json", Body=b"{}"
+    )
+    reaper.handle(dataset_request("Create"))
+    reaper.handle(dataset_request("Delete", key="gone/manifest.json"))
+    assert [r["Status"] for r in replies.bodies] == ["SUCCESS", "SUCCESS"]
+
+
+def test_the_reaper_and_the_stacks_name_the_custom_resources_alike():
+    from stacks.teardown import names
+
+    assert (reaper_module.PINNED_TYPE, reaper_module.DATASET_TYPE) == (
+        names.PINNED_TYPE,
+        names.DATASET_TYPE,
+    )

@@ -340,3 +340,16 @@ def test_an_existing_vpc_is_used_without_creating_one(synth):
 def test_nodes_start_after_their_route_out_exists(template):
     for instance in instances(template).values():
         assert any("DefaultRoute" in d for d in instance["DependsOn"])
+
+
+def test_no_node_launches_before_the_reaper_finds_the_manifest(template):
+    [(check_id, check)] = template.find_resources("Custom::HorovodFleetDataset").items()
+    assert check["Properties"]["Key"] == "tfrecords/manifest.json"
+    assert "Bucket" in check["Properties"] and "ServiceToken" in check["Properties"]
+    for instance in instances(template).values():
+        assert check_id in instance["DependsOn"]
+
+
+def test_a_synthetic_benchmark_needs_no_dataset(synth):
+    template = synth(benchmark="true", nodes=2)["TrainStack"]
+    assert not template.find_resources("Custom::HorovodFleetDataset")

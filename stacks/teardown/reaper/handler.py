@@ -29,6 +29,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 PINNED_TYPE = "Custom::HorovodFleetPinned"
+DATASET_TYPE = "Custom::HorovodFleetDataset"
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
@@ -63,6 +64,8 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
     if "RequestType" in event and "ResponseURL" in event:
         if event.get("ResourceType") == PINNED_TYPE:
             return {"trigger": "pinned"}
+        if event.get("ResourceType") == DATASET_TYPE:
+            return {"trigger": "dataset"}
         return {"trigger": "deadline"}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
@@ -155,6 +158,8 @@ class Reaper:
             self.answer_deadline(event)
         elif trigger == "pinned":
             self.answer_pinned(event)
+        elif trigger == "dataset":
+            self.answer_dataset(event)
         elif trigger in ("done", "idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
         elif trigger == "recheck" and parsed["reason"] == "deleting":
@@ -537,6 +542,36 @@ class Reaper:
             if image:
                 response.update(PhysicalResourceId=image, Data={"ImageId": image, **code})
         log("pinned", request=request, parameter=parameter, **response)
+        respond(event, response)
+
+    # --- Dataset present (CloudFormation custom resource) --------------------------------------
+
+    def answer_dataset(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetDataset: SUCCESS when the manifest its `Bucket` and `Key`
+        name exists, FAILED with one line saying what to do when it does not. The fleet's
+        instances depend on it, so a missing dataset fails the deploy before any of them
+        launches. A Delete always succeeds."""
+        props = event.get("ResourceProperties", {})
+        bucket, key = props.get("Bucket", ""), props.get("Key", "")
+        url = f"s3://{bucket}/{key}"
+        response = {"Status": "SUCCESS", "PhysicalResourceId": url}
+        if event["RequestType"] != "Delete":
+            try:
+                self.s3.head_object(Bucket=bucket, Key=key)
+            except ClientError as error:
+                code = error.response.get("Error", {}).get("Code", "")
+                # 403, not 404, to a role without bucket-wide ListBucket (as this one is).
+                absent = code in ("NoSuchKey", "404", "AccessDenied", "403")
+                reason = (
+                    f"no {url}: the fleet has no dataset to train on. Deploy PreprocessStack and "
+                    "wait until its node writes the manifest (it does so last), or point "
+                    "-c datasetBucket= and -c datasetPrefix= at your TFRecords; "
+                    "-c benchmark=true needs no dataset"
+                    if absent
+                    else f"cannot read {url}: {error}"
+                )
+                response.update(Status="FAILED", Reason=reason[:1000])
+        log("dataset", request=event["RequestType"], **response)
         respond(event, response)
 
 
