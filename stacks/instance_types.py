@@ -82,23 +82,27 @@ DEFAULT_PROOF_TYPE = "g5.xlarge"
 # Specifications: https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html (GPUs, memory,
 # vCPUs, instance store) and https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html
 # (EFA interfaces per network card). Compute capabilities: https://developer.nvidia.com/cuda-gpus.
-# Prices: PRICES_AS_OF, https://aws.amazon.com/ec2/pricing/on-demand/; P4 and P5 after AWS's
-# June 2025 reduction (https://aws.amazon.com/about-aws/whats-new/2025/06/pricing-usage-model-ec2-instances-nvidia-gpus/).
+# Prices: PRICES_AS_OF, https://aws.amazon.com/ec2/pricing/on-demand/; P4d and P5 after AWS's
+# June 2025 reduction of up to 45% (https://aws.amazon.com/about-aws/whats-new/2025/06/pricing-usage-model-ec2-instances-nvidia-gpus/).
+# p5en: 192 vCPUs, 8 x H200 141 GB and $63.296/h on demand in us-east-1 as dstack's catalogue
+# listed it (https://github.com/dstackai/dstack/pull/4110, 2026-08), 16 EFA devices as torchx
+# declares them (https://github.com/meta-pytorch/torchx/pull/995). p4de and p5e are left out: no
+# on-demand price could be checked against a source.
+# Allreduce floors: about half the lowest published multi-node bus bandwidth; p4d: 57 GB/s on 2
+# nodes, about 30 on 3-4 (https://github.com/NVIDIA/nccl/issues/527). No multi-node figure for
+# p5 or p5en was found, so only their GPUDirect RDMA is enforced (floor 0).
 GPU_TYPES: dict[str, GpuType] = {
     t.name: t
     for t in (
         # name, GPUs, model, GiB, sm, EFA interfaces, NVMe drives, vCPUs, USD/h
         GpuType("p4d.24xlarge", 8, "A100 40 GB", 40, 80, 4, 8, 96, 21.958, True, True, 15.0),
-        GpuType("p4de.24xlarge", 8, "A100 80 GB", 80, 80, 4, 8, 96, 27.447, True, True, 15.0),
-        GpuType("p5.48xlarge", 8, "H100 80 GB", 80, 90, 32, 8, 192, 55.04, True, True, 100.0),
-        GpuType("p5e.48xlarge", 8, "H200 141 GB", 141, 90, 32, 8, 192, 0.0, True, True, 100.0),
-        GpuType("p5en.48xlarge", 8, "H200 141 GB", 141, 90, 16, 8, 192, 0.0, True, True, 100.0),
+        GpuType("p5.48xlarge", 8, "H100 80 GB", 80, 90, 32, 8, 192, 55.04, True, True),
+        GpuType("p5en.48xlarge", 8, "H200 141 GB", 141, 90, 16, 8, 192, 63.296, True, True),
         GpuType("g4dn.xlarge", 1, "T4 16 GB", 16, 75, 0, 1, 4, 0.526),
         GpuType("g4dn.12xlarge", 4, "T4 16 GB", 16, 75, 1, 1, 48, 3.912),
         GpuType("g5.xlarge", 1, "A10G 24 GB", 24, 86, 0, 1, 4, 1.006),
         GpuType("g5.12xlarge", 4, "A10G 24 GB", 24, 86, 1, 1, 48, 5.672),
         GpuType("g5.48xlarge", 8, "A10G 24 GB", 24, 86, 1, 2, 192, 16.288),
-        GpuType("g6.xlarge", 1, "L4 24 GB", 24, 89, 0, 1, 4, 0.8048),
     )
 }
 
@@ -114,8 +118,8 @@ RETIRED_FAMILIES: dict[str, str] = {
 UNDRIVABLE_FAMILIES: dict[str, str] = {
     "p6": (
         "Blackwell GPUs (p6) need CUDA 12.8 or later and the image runs TensorFlow 2.15.1 on "
-        "CUDA 12.2 (https://www.tensorflow.org/install/source#gpu); use p5en.48xlarge, "
-        "p5e.48xlarge or p5.48xlarge"
+        "CUDA 12.2 (https://www.tensorflow.org/install/source#gpu); use p5en.48xlarge or "
+        "p5.48xlarge"
     ),
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step 2: the NVIDIA R580 driver with its open kernel modules, from Ubuntu's archive: the prebuilt,
 # signed modules for the running AWS kernel (no DKMS, no compiler on the node) and the headless
-# server userspace. The open modules drive every GPU in stacks/instance_types.py (T4, A10G, L4,
+# server userspace. The open modules drive every GPU in stacks/instance_types.py (T4, A10G,
 # A100, H100, H200: Turing and later) and carry GPUDirect RDMA over EFA on p4d and p5, through
 # efa_nv_peermem (step 3) or DMA-BUF. Then the kernel and the driver are held.
 #   https://documentation.ubuntu.com/server/how-to/graphics/install-nvidia-drivers/

@@ -122,3 +122,10 @@ def test_every_zone_of_a_known_region_is_accepted_and_others_by_shape():
     assert config(region="eu-north-1", az="eu-north-1c").az == "eu-north-1c"
     with pytest.raises(ConfigError, match="us-west-2a to us-west-2d"):
         config(region="us-west-2", az="us-west-2e")
+
+
+def test_the_image_builds_nccl_and_horovod_for_every_gpu_of_the_table():
+    pins = (ROOT / "bootstrap/image/pins.env").read_text()
+    [archs] = [line for line in pins.splitlines() if line.startswith("CUDA_ARCHITECTURES=")]
+    built = {int(a) for a in archs.split("=", 1)[1].strip('"').split()}
+    assert built == {gpu.compute_capability for gpu in GPU_TYPES.values()}
