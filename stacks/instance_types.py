@@ -159,9 +159,11 @@ def quota_note(gpu: GpuType, nodes: int) -> str:
 
 
 def zone_note(gpu: GpuType, region: str, az: str) -> str:
-    """Not every zone offers every GPU type, and zone names differ between accounts."""
+    """Not every zone offers every GPU type, and zone names differ between accounts: the zone is
+    picked at deploy time (TrainStack's Zone resource)."""
     return (
-        f"TrainStack runs in {az}; check it offers {gpu.name}: aws ec2 "
+        f"TrainStack prefers {az}; at deploy it takes a zone of {region} that offers {gpu.name} "
+        f"in your account, or fails in one line. The zones: aws ec2 "
         f"describe-instance-type-offerings --region {region} --location-type availability-zone "
         f"--filters Name=instance-type,Values={gpu.name} --query 'InstanceTypeOfferings[].Location'"
     )

@@ -28,7 +28,10 @@ class SingleZoneNetwork(Construct):
         private: bool,
         vpc_id: str | None,
         subnet_id: str | None,
+        deploy_time_zone: str | None = None,
     ) -> None:
+        """`deploy_time_zone` (a token) replaces `az` in the new VPC's subnets: the zone found
+        at deploy time; `az` still names the zone at synthesis."""
         super().__init__(scope, construct_id)
         if vpc_id and subnet_id:
             # Imported as given, without lookups: synthesis stays offline and deterministic.
@@ -81,6 +84,10 @@ class SingleZoneNetwork(Construct):
         )
         for subnet in [*self.vpc.public_subnets, *self.vpc.private_subnets]:
             allow_fixed_zone(subnet.node.default_child)
+            if deploy_time_zone is not None:
+                subnet.node.default_child.add_property_override(
+                    "AvailabilityZone", deploy_time_zone
+                )
         subnet_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if private else ec2.SubnetType.PUBLIC
         self.subnet = self.vpc.select_subnets(subnet_type=subnet_type).subnets[0]
 

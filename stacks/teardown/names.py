@@ -14,6 +14,8 @@ IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 PINNED_TYPE = "Custom::HorovodFleetPinned"
 # ... and this one: SUCCESS only when the fleet's dataset manifest exists in S3.
 DATASET_TYPE = "Custom::HorovodFleetDataset"
+# ... and this one: a zone of the region that offers the fleet's instance type.
+ZONE_TYPE = "Custom::HorovodFleetZone"
 # The nodes' CloudWatch agent publishes GPU utilisation here; the idle alarm watches it.
 METRIC_NAMESPACE = "HorovodFleet"
 IDLE_PERIOD = Duration.minutes(5)

@@ -343,7 +343,12 @@ class TeardownStack(Stack):
             ),
             # Describe calls support no resource-level permissions; they are read-only.
             iam.PolicyStatement(
-                actions=["ec2:DescribeInstances", "ec2:DescribeSnapshots"], resources=["*"]
+                actions=[
+                    "ec2:DescribeInstances",
+                    "ec2:DescribeSnapshots",
+                    "ec2:DescribeInstanceTypeOfferings",
+                ],
+                resources=["*"],
             ),
             # After a failed delete of TrainStack, its leftover instances; CloudFormation's own
             # tag names the stack, and no one else can set an aws: tag.

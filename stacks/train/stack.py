@@ -7,7 +7,7 @@ from constructs import Construct
 from stacks.config import FleetConfig
 from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
-from stacks.teardown.names import DATASET_TYPE
+from stacks.teardown.names import DATASET_TYPE, ZONE_TYPE
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.fleet import GpuFleet
 
@@ -29,6 +29,22 @@ class TrainStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", config.run)
+        # Not every zone offers every GPU type, and zone names differ between accounts: the
+        # reaper picks, at deploy time, config.az if it offers the type, else one that does.
+        # A given subnet or capacity reservation fixes the zone; then the type must be there.
+        fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
+        zone = CustomResource(
+            self,
+            "Zone",
+            service_token=reaper.function_arn,
+            resource_type=ZONE_TYPE,
+            properties={
+                "InstanceType": config.gpu.name,
+                "PreferredZone": config.az,
+                "Fixed": str(fixed_zone).lower(),
+            },
+            service_timeout=Duration.minutes(5),
+        )
         network = SingleZoneNetwork(
             self,
             "Network",
@@ -36,6 +52,7 @@ class TrainStack(Stack):
             private=True,
             vpc_id=config.vpc_id,
             subnet_id=config.subnet_id,
+            deploy_time_zone=None if fixed_zone else zone.get_att_string("Zone"),
         )
         fleet = GpuFleet(
             self,
@@ -68,6 +85,8 @@ class TrainStack(Stack):
             )
             for instance in fleet.instances:
                 instance.node.add_dependency(dataset)
+        for instance in fleet.instances:
+            instance.node.add_dependency(zone)
         RunGuard(
             self,
             "Guard",

@@ -146,7 +146,10 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
     assert "TrainStack needs 768 vCPUs of the EC2 quota 'Running On-Demand P instances'" in (
         result.stderr
     )
-    assert "TrainStack runs in us-east-1a; check it offers p4d.24xlarge" in result.stderr
+    assert (
+        "TrainStack prefers us-east-1a; at deploy it takes a zone of us-east-1 that offers "
+        "p4d.24xlarge in your account" in result.stderr
+    )
     assert "PreprocessStack: t2.large at $0.0928/h" in result.stderr
     assert "1000 GiB sc1 at $15.00/month" in result.stderr
     assert (

@@ -937,7 +937,82 @@ def test_a_present_manifest_lets_the_fleet_launch_and_delete_always_succeeds(rea
 def test_the_reaper_and_the_stacks_name_the_custom_resources_alike():
     from stacks.teardown import names
 
-    assert (reaper_module.PINNED_TYPE, reaper_module.DATASET_TYPE) == (
+    assert (reaper_module.PINNED_TYPE, reaper_module.DATASET_TYPE, reaper_module.ZONE_TYPE) == (
         names.PINNED_TYPE,
         names.DATASET_TYPE,
+        names.ZONE_TYPE,
+    )
+
+
+# --- the fleet's zone, picked at deploy time ----------------------------------------------------
+
+
+def zone_request(request_type: str, preferred: str, fixed: bool = False, **extra) -> dict:
+    return {
+        "RequestType": request_type,
+        "ResponseURL": "https://cloudformation-response.example/abc",
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/TrainStack/guid",
+        "RequestId": "req-4",
+        "ResourceType": "Custom::HorovodFleetZone",
+        "LogicalResourceId": "Zone",
+        "ResourceProperties": {
+            "ServiceToken": FUNCTION_ARN,
+            "InstanceType": extra.pop("instance_type", "p4d.24xlarge"),
+            "PreferredZone": preferred,
+            "Fixed": str(fixed).lower(),
+        },
+        **extra,
+    }
+
+
+# moto's offerings (its copy of AWS's data): p4d.24xlarge in us-east-1a to 1d, not 1e or 1f.
+def test_the_preferred_zone_is_kept_when_it_offers_the_type(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    assert parse_event(zone_request("Create", "us-east-1b")) == {"trigger": "zone"}
+    reaper.handle(zone_request("Create", "us-east-1b"))
+    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1b"}
+
+
+def test_a_zone_without_the_type_gives_way_to_one_that_has_it(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "us-east-1e"))
+    [reply] = replies.bodies
+    assert (reply["Status"], reply["Data"], reply["PhysicalResourceId"]) == (
+        "SUCCESS",
+        {"Zone": "us-east-1a"},
+        "us-east-1a",
+    )
+    # A redeploy of the same type keeps the subnet where it is.
+    update = zone_request(
+        "Update",
+        "us-east-1e",
+        PhysicalResourceId="us-east-1a",
+        OldResourceProperties=zone_request("Create", "us-east-1e")["ResourceProperties"],
+    )
+    reaper.handle(update)
+    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1a"}
+
+
+def test_a_fixed_zone_without_the_type_fails_the_deploy_in_one_line(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "us-east-1e", fixed=True))
+    [reply] = replies.bodies
+    assert reply["Status"] == "FAILED"
+    assert reply["Reason"] == (
+        "p4d.24xlarge is not offered in zone us-east-1e for this account: try a subnet in a zone "
+        "that does (us-east-1a, us-east-1b, us-east-1c, us-east-1d), a capacity reservation "
+        "(-c capacityReservationId=...) or a Capacity Block"
+    )
+
+
+def test_a_type_no_zone_offers_fails_naming_the_region(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "us-east-1a", instance_type="p9.mega"))
+    [reply] = replies.bodies
+    assert reply["Reason"].startswith(
+        "p9.mega is not offered in any zone of us-east-1 for this account: try another region"
     )

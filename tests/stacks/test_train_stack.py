@@ -58,7 +58,7 @@ def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
         assert "SubnetId" not in instance["Properties"]
     [subnet_id] = {interface["SubnetId"]["Ref"] for interface in interfaces(template)}
     subnet = template.to_json()["Resources"][subnet_id]["Properties"]
-    assert subnet["AvailabilityZone"] == "us-east-1a"
+    assert "Fn::GetAtt" in subnet["AvailabilityZone"]  # picked at deploy, see below
     assert subnet["MapPublicIpOnLaunch"] is False
 
 
@@ -353,3 +353,26 @@ def test_no_node_launches_before_the_reaper_finds_the_manifest(template):
 def test_a_synthetic_benchmark_needs_no_dataset(synth):
     template = synth(benchmark="true", nodes=2)["TrainStack"]
     assert not template.find_resources("Custom::HorovodFleetDataset")
+
+
+def test_the_fleets_subnets_go_in_the_zone_the_reaper_picks_at_deploy(template):
+    [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
+    assert zone["Properties"]["InstanceType"] == "p4d.24xlarge"
+    assert (zone["Properties"]["PreferredZone"], zone["Properties"]["Fixed"]) == (
+        "us-east-1a",
+        "false",
+    )
+    subnets = template.find_resources("AWS::EC2::Subnet").values()
+    assert subnets and all(
+        s["Properties"]["AvailabilityZone"] == {"Fn::GetAtt": [zone_id, "Zone"]} for s in subnets
+    )
+    for instance in instances(template).values():
+        assert zone_id in instance["DependsOn"]
+
+
+def test_a_given_subnet_fixes_the_zone_which_must_offer_the_type(synth):
+    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2)["TrainStack"]
+    [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
+    assert zone["Properties"]["Fixed"] == "true"
+    for instance in instances(template).values():
+        assert zone_id in instance["DependsOn"]

@@ -30,6 +30,7 @@ from botocore.exceptions import ClientError
 
 PINNED_TYPE = "Custom::HorovodFleetPinned"
 DATASET_TYPE = "Custom::HorovodFleetDataset"
+ZONE_TYPE = "Custom::HorovodFleetZone"
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
@@ -66,6 +67,8 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
             return {"trigger": "pinned"}
         if event.get("ResourceType") == DATASET_TYPE:
             return {"trigger": "dataset"}
+        if event.get("ResourceType") == ZONE_TYPE:
+            return {"trigger": "zone"}
         return {"trigger": "deadline"}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
@@ -160,6 +163,8 @@ class Reaper:
             self.answer_pinned(event)
         elif trigger == "dataset":
             self.answer_dataset(event)
+        elif trigger == "zone":
+            self.answer_zone(event)
         elif trigger in ("done", "idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
         elif trigger == "recheck" and parsed["reason"] == "deleting":
@@ -572,6 +577,55 @@ class Reaper:
                 )
                 response.update(Status="FAILED", Reason=reason[:1000])
         log("dataset", request=event["RequestType"], **response)
+        respond(event, response)
+
+    # --- A zone that offers the instance type (CloudFormation custom resource) -----------------
+
+    def answer_zone(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetZone with the zone the fleet's subnet goes in: its
+        `PreferredZone` when that zone offers `InstanceType`, else (unless `Fixed` is "true":
+        the user's subnet or capacity reservation decides) the first zone that does. No zone
+        fails the deploy in one line before anything is created. The zone keeps its answer
+        across updates of the same type, so a redeploy never moves the subnet. Zone names differ
+        between accounts, so only this account's answer can say (DescribeInstanceTypeOfferings,
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypeOfferings.html)."""
+        props = event.get("ResourceProperties", {})
+        instance_type = props.get("InstanceType", "")
+        preferred = props.get("PreferredZone", "")
+        physical_id = event.get("PhysicalResourceId") or ""
+        request = event["RequestType"]
+        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or preferred}
+        old = event.get("OldResourceProperties") or {}
+        unchanged = all(old.get(k) == props.get(k) for k in ("InstanceType", "PreferredZone"))
+        if request == "Update" and physical_id and unchanged:
+            response["Data"] = {"Zone": physical_id}
+        elif request != "Delete":
+            pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+            )
+            offered = sorted(o["Location"] for p in pages for o in p["InstanceTypeOfferings"])
+            fixed = props.get("Fixed") == "true"
+            if preferred in offered or (offered and not fixed):
+                zone = preferred if preferred in offered else offered[0]
+                response.update(PhysicalResourceId=zone, Data={"Zone": zone})
+            else:
+                region = self.ec2.meta.region_name
+                where = f"zone {preferred}" if fixed else f"any zone of {region}"
+                elsewhere = (
+                    f"a subnet in a zone that does ({', '.join(offered)})"
+                    if offered
+                    else "another region (-c region=...)"
+                )
+                response.update(
+                    Status="FAILED",
+                    Reason=(
+                        f"{instance_type} is not offered in {where} for this account: try "
+                        f"{elsewhere}, a capacity reservation (-c capacityReservationId=...) "
+                        "or a Capacity Block"
+                    ),
+                )
+        log("zone", request=request, instance_type=instance_type, **response)
         respond(event, response)
 
 
