@@ -39,7 +39,12 @@ ENDED = ("done", "failed", "interrupted")
 METRICS_LOG = "metrics.log"
 # The EMF metrics (namespace and Run dimension from node.json `metrics`); the dashboard in
 # stacks/train/dashboard.py graphs the same names.
-METRIC_UNITS = {"images_per_s": "Count/Second", "loss": "None", "top1": "None"}
+METRIC_UNITS = {
+    "images_per_s": "Count/Second",
+    "loss": "None",
+    "top1": "None",
+    "usd_so_far": "None",
+}
 # One try, quickly: a status that misses a beat is rewritten 15 s later.
 QUICK = aws.RetryPolicy(budget_s=0)
 _CHECKPOINT = re.compile(r"ckpt-(\d+)\.index$")
@@ -148,6 +153,10 @@ class RunStatus:
         values = {k: progress.get(k) for k in METRIC_UNITS if progress.get(k) is not None}
         if not values:
             return
+        if self.cfg.cost:
+            # This attempt's fleet time at the table's price: the dashboard's spend.
+            hours = (self.clock() - self.attempt_started) / 3600
+            values["usd_so_far"] = round(self.cfg.cost["usd_per_hour"] * hours, 2)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as out:
             out.write(json.dumps(emf_line(self.cfg, values, self.clock())) + "\n")

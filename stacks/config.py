@@ -46,6 +46,7 @@ KEYS: dict[str, str] = {
     "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
     "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",
     "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
+    "notifyEmail": "e-mail address told when training starts and when a run ends (optional)",
     "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
     "evalEvery": "evaluate every N epochs (and after the last one)",
@@ -113,6 +114,7 @@ class FleetConfig:
     preprocess: BurstableType
     data_volume_gib: int
     budget_email: str | None
+    notify_email: str | None
     snapshot_data_volume: bool
     download_secret_arn: str | None
     eval_every: int
@@ -195,6 +197,9 @@ class FleetConfig:
             ),
             budget_email=get(
                 "budgetEmail", _optional(_matching(_EMAIL, "empty or an e-mail address"))
+            ),
+            notify_email=get(
+                "notifyEmail", _optional(_matching(_EMAIL, "empty or an e-mail address"))
             ),
             snapshot_data_volume=get("snapshotDataVolume", _boolean),
             download_secret_arn=get(

@@ -10,11 +10,12 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from stacks.config import CapacityReservation
 from stacks.image.recipe import read_pins
-from stacks.instance_types import GpuType
+from stacks.instance_types import PRICES_AS_OF, GpuType, fleet_usd_per_hour
 from stacks.nag import (
     SSM_MANAGED_POLICY,
     acknowledge_metric_data,
@@ -53,8 +54,10 @@ class GpuFleet(Construct):
         dataset_prefix: str,
         run: str,
         trainer: dict,
+        max_hours: float,
         benchmark: dict | None = None,
         capacity_reservation: CapacityReservation | None = None,
+        notify_topic: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         runs_prefix = f"runs/{run}/"
@@ -73,6 +76,11 @@ class GpuFleet(Construct):
         self.role, self.policy = self._role_and_policy(
             code, bucket, dataset_prefix=dataset_prefix, runs_prefix=runs_prefix, run=run
         )
+        if notify_topic is not None:
+            # The leader's two e-mails: training started, the run ended (bootstrap/status.py).
+            self.policy.add_statements(
+                iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
+            )
         profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
         launch_template = self._launch_template(gpu, subnet, capacity_reservation)
         pins = read_pins()
@@ -97,6 +105,13 @@ class GpuFleet(Construct):
                 "horovod": pins["HOROVOD_VERSION"],
             },
             "benchmark": benchmark,
+            # What the leader's status.json and `horovod-fleet status` price the run with.
+            "cost": {
+                "usd_per_hour": round(fleet_usd_per_hour(gpu, nodes), 4),
+                "prices_as_of": PRICES_AS_OF,
+                "max_hours": max_hours,
+            },
+            "notify_topic_arn": notify_topic.topic_arn if notify_topic else None,
         }
         self.instances = [
             self._node(

@@ -1,7 +1,10 @@
 """TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
 
 from aws_cdk import CfnOutput, CustomResource, Duration, Stack, Tags, aws_lambda
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks.config import FleetConfig
@@ -9,6 +12,7 @@ from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
 from stacks.teardown.names import DATASET_TYPE, ZONE_TYPE
 from stacks.teardown.run_guard import RunGuard
+from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import GpuFleet
 
 
@@ -68,6 +72,8 @@ class TrainStack(Stack):
             trainer=config.trainer,
             capacity_reservation=config.capacity_reservation,
             benchmark=config.benchmark_plan,
+            max_hours=config.max_hours,
+            notify_topic=self._notifications(config.notify_email),
         )
         if config.benchmark in (None, "data"):
             # The nodes pull the dataset at boot: without its manifest none of them could
@@ -87,7 +93,7 @@ class TrainStack(Stack):
                 instance.node.add_dependency(dataset)
         for instance in fleet.instances:
             instance.node.add_dependency(zone)
-        RunGuard(
+        guard = RunGuard(
             self,
             "Guard",
             reaper=reaper,
@@ -95,6 +101,18 @@ class TrainStack(Stack):
             max_hours=config.max_hours,
             instances=fleet.instances,
         )
+        dashboard = RunDashboard(
+            self,
+            "Watch",
+            run=config.run,
+            gpu=config.gpu,
+            nodes=config.nodes,
+            max_hours=config.max_hours,
+            instances=fleet.instances,
+            idle_alarm=guard.idle_alarm,
+        )
+        CfnOutput(self, "Dashboard", value=dashboard.url)
+        CfnOutput(self, "WatchCommand", value=dashboard.watch_command)
         CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
         if config.benchmark:
             results = f"s3://{bucket.bucket_name}/runs/{config.run}/"
@@ -111,3 +129,18 @@ class TrainStack(Stack):
             description="Open a shell on node 0, which runs horovodrun",
             value=f"aws ssm start-session --region {self.region} --target {fleet.instances[0].ref}",
         )
+
+    def _notifications(self, email: str | None) -> sns.Topic | None:
+        """With notifyEmail: a topic the leader publishes its start and end mails to, and the
+        address subscribed (AWS mails a confirmation link first)."""
+        if email is None:
+            return None
+        topic = sns.Topic(
+            self,
+            "Notifications",
+            display_name="horovod-fleet",
+            enforce_ssl=True,
+            master_key=kms.Alias.from_alias_name(self, "SnsKey", "alias/aws/sns"),
+        )
+        topic.add_subscription(subscriptions.EmailSubscription(email))
+        return topic

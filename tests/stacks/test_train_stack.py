@@ -376,3 +376,44 @@ def test_a_given_subnet_fixes_the_zone_which_must_offer_the_type(synth):
     assert zone["Properties"]["Fixed"] == "true"
     for instance in instances(template).values():
         assert zone_id in instance["DependsOn"]
+
+
+def test_the_run_has_a_dashboard_and_outputs_the_watch_command(template):
+    [dashboard] = template.find_resources("AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for shown in (
+        "images_per_s",
+        "top1",
+        "nvidia_smi_utilization_gpu",
+        "nvidia_smi_memory_used",
+        "NetworkOut",
+        "usd_so_far",
+        "horovod-fleet status --run resnet50-1 --watch",
+    ):
+        assert shown in body, shown
+    assert "alarm" in body  # the idle alarm's status widget
+    outputs = template.to_json()["Outputs"]
+    assert outputs["WatchCommand"]["Value"] == "horovod-fleet status --run resnet50-1 --watch"
+    assert "dashboards/dashboard/horovod-fleet-resnet50-1" in json.dumps(outputs["Dashboard"])
+
+
+def test_notify_email_subscribes_to_a_topic_the_nodes_may_publish_to(synth):
+    template = synth(notifyEmail="ml@example.com", nodes=1)["TrainStack"]
+    [(topic_id, topic)] = template.find_resources("AWS::SNS::Topic").items()
+    [subscription] = template.find_resources("AWS::SNS::Subscription").values()
+    assert subscription["Properties"]["Endpoint"] == "ml@example.com"
+    document = node_document(next(iter(instances(template).values())))
+    assert document["notify_topic_arn"] == "<token>"
+    assert document["cost"] == {
+        "usd_per_hour": 21.958,
+        "prices_as_of": "2025-06 (us-east-1, Linux, on-demand)",
+        "max_hours": 4.0,
+    }
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert '"sns:Publish"' in policies and topic_id in policies
+
+
+def test_without_notify_email_no_topic(template):
+    assert not template.find_resources("AWS::SNS::Topic")
+    document = node_document(next(iter(instances(template).values())))
+    assert document["notify_topic_arn"] is None
