@@ -12,7 +12,8 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   train only: instance_store (true: RAID0 the NVMe instance store at mount_point),
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
   heartbeat_timeout_s (120), checkpoint_sync_s (60: what a crash can lose on top of the epoch
-  in progress, see the README),
+  in progress, see the README), status_every_s (15: how often the leader rewrites status.json
+  while the trainer runs),
   gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
   check requires GDRDMA connections), allreduce_floor_gbps (0: no floor),
   benchmark (null: train; docs/contracts.md), cost and notify_topic_arn (null: status.json
@@ -126,6 +127,7 @@ class TrainConfig(Common):
     # and hard cap {"usd_per_hour", "prices_as_of", "max_hours"}, and the run's SNS topic.
     cost: dict[str, Any] | None = field(default=None, hash=False)
     notify_topic_arn: str | None = None
+    status_every_s: float = 15.0
 
     @property
     def is_leader(self) -> bool:
@@ -316,6 +318,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         benchmark=_benchmark(r, nodes, r.integer("gpus_per_node")),
         cost=_cost(r),
         notify_topic_arn=r.text("notify_topic_arn", None, nullable=True),
+        status_every_s=r.number("status_every_s", 15, minimum=1),
     )
 
 

@@ -2,7 +2,7 @@
 "A run as it goes").
 
 The leader says which phase it is in; a thread rewrites status.json at each phase change and, while
-the trainer runs, at most every FOLLOW_EVERY_S from the trainer's progress.json, with the nodes
+the trainer runs, every node.json status_every_s (15 s) from the trainer's progress.json, with the nodes
 whose heartbeat is fresh and the newest checkpoint in S3. Each new progress.json also becomes one
 line of CloudWatch embedded metric format (EMF) in <log_dir>/metrics.log, which the baked
 CloudWatch agent ships to the run's log group like every other log file; CloudWatch Logs then
@@ -30,7 +30,6 @@ from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import TIME_FORMAT, parse_stamp, utc_stamp
 
 FORMAT = "horovod-fleet/status/1"
-FOLLOW_EVERY_S = 15  # the contract's "at most every 15 s" while the trainer runs
 PHASES = (
     "booting", "pulling_data", "allreduce_check", "training", "evaluating", "uploading",
     "done", "failed", "interrupted",
@@ -100,7 +99,7 @@ class RunStatus:
 
     def _follow(self) -> None:
         while True:
-            self.wake.wait(FOLLOW_EVERY_S)
+            self.wake.wait(self.cfg.status_every_s)
             self.wake.clear()
             stopping = self.stopping
             self.publish()

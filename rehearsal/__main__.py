@@ -147,8 +147,10 @@ class Rehearsal:
         leader writes DONE.json after a member fails), so the node that failed first is the
         one blamed, not the one that noticed."""
         deadline = time.time() + timeout_s
+        shown_epoch = 0
         while time.time() < deadline:
             self.restart_killed(procs)
+            shown_epoch = self.show_status_after_each_epoch(shown_epoch)
             codes = {name: p.poll() for name, p in procs.items()}
             if any(c not in (None, 0) for c in codes.values()):
                 grace = time.time() + REPORT_GRACE_S
@@ -158,9 +160,32 @@ class Rehearsal:
                 failed = [f"{n} exited {c}" for n, c in codes.items() if c not in (None, 0)]
                 raise StepFailed(", ".join(failed) + " (the log is above)")
             if all(c == 0 for c in codes.values()):
+                if shown_epoch:  # a training run: its last screen
+                    self.show_status()
                 return codes
             time.sleep(0.5)
         raise StepFailed(f"{', '.join(procs)} still running after {timeout_s:.0f} s")
+
+    def show_status_after_each_epoch(self, shown_epoch: int) -> int:
+        """Print `horovod-fleet status` each time the leader's status.json is in a new epoch
+        (the previous one is over); returns the newest epoch shown."""
+        try:
+            body = self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/status.json")["Body"]
+            status = json.loads(body.read())
+        except Exception:  # not written yet (or half-way through a rewrite): next time
+            return shown_epoch
+        if status.get("phase") not in ("training", "evaluating"):  # or the last run's
+            return shown_epoch
+        epoch = (status.get("progress") or {}).get("epoch") or 0
+        if epoch > shown_epoch:
+            self.show_status()
+        return max(epoch, shown_epoch)
+
+    def show_status(self) -> None:
+        """The real command against the local endpoint, as a user would run it."""
+        watch = [sys.executable, "-m", "watch.cli", "status", "--run", RUN, "--bucket", BUCKET]
+        result = subprocess.run(watch, env=self.env(), capture_output=True, text=True, timeout=60)
+        print(result.stdout + result.stderr, end="", flush=True)
 
     def restart_killed(self, procs: dict[str, subprocess.Popen]) -> None:
         """Play systemd's part for the simulated nodes: a node bootstrap killed by a signal
@@ -434,6 +459,9 @@ class Rehearsal:
                 "network_interface": NODE_INTERFACE if node else None,
                 "heartbeat_timeout_s": 60,
                 "checkpoint_sync_s": 30,
+                # CPU processes cost nothing; the status screen still shows the dollars line.
+                "cost": {"usd_per_hour": 0.0, "prices_as_of": "rehearsal", "max_hours": 1},
+                "status_every_s": 1,  # epochs last seconds here: a screen for each
             }
             doc["trainer"].update(overrides.get("trainer", {}))
             doc.update({k: v for k, v in overrides.items() if k != "trainer"})

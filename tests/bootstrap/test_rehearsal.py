@@ -33,6 +33,12 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     assert "data already pulled and verified" in out  # the rerun skipped the pull
     assert "Resuming from" in out and "2 epochs done" in out  # and resumed from S3
     assert re.search(r"final accuracy: top-1 [01]\.\d{3}", out)
+    # The real `horovod-fleet status` against the local endpoint, mid-run and at the end.
+    screens = out.split("horovod-fleet status: run rehearsal")[1:]
+    mid_run = [s for s in screens if re.search(r"progress    epoch 1/2|phase       training", s)]
+    assert mid_run, out[-5000:]
+    assert all(k in mid_run[0] for k in ("ETA", "$0.00 so far", "hard cap    0:"))
+    assert any("DONE.json   succeeded" in s for s in screens)
     run = workdir / "s3" / "runs" / "rehearsal"  # the rehearsal's copy of what the run wrote
     done = json.loads((run / "DONE.json").read_text())
     assert list((run / "model" / "checkpoints").glob("*.index"))
