@@ -8,6 +8,9 @@ TRAIN_STACK_NAME = "TrainStack"
 PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
 # The reaper reads the deployed fleet's run from this TrainStack output before deleting it.
 RUN_OUTPUT_KEY = "HorovodFleetRun"
+# ... and the run's notification topic (-c notifyEmail), mailed when the guard ends a fleet.
+NOTIFY_OUTPUT_KEY = "NotifyTopic"
+NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 # The reaper also answers this custom resource: an AMI id and code URLs as they were on the
 # first deploy, kept by every update (reaper/handler.py).

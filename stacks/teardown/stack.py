@@ -33,6 +33,7 @@ from stacks.node_code import PROJECT
 from stacks.teardown.names import (
     IDLE_ALARM_PREFIX,
     IDLE_MINUTES,
+    NOTIFY_TOPIC_PREFIX,
     PREPROCESS_PARAMETER,
     RUN_OUTPUT_KEY,
     TRAIN_STACK_NAME,
@@ -302,6 +303,9 @@ class TeardownStack(Stack):
         )
         done_objects_arn = bucket.arn_for_objects("runs/*/DONE.json")
         train_instances_arn = self.format_arn(service="ec2", resource="instance", resource_name="*")
+        notify_topics_arn = self.format_arn(
+            service="sns", resource=f"{NOTIFY_TOPIC_PREFIX}*", arn_format=ArnFormat.NO_RESOURCE_NAME
+        )
         statements = [
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
@@ -333,6 +337,8 @@ class TeardownStack(Stack):
                 resources=[recheck_schedules_arn],
             ),
             iam.PolicyStatement(actions=["iam:PassRole"], resources=[recheck_role.role_arn]),
+            # The run's -c notifyEmail topic, told when the guard ends a fleet.
+            iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topics_arn]),
             iam.PolicyStatement(
                 actions=["ssm:GetParameter"],
                 resources=[
@@ -372,13 +378,14 @@ class TeardownStack(Stack):
                 recheck_schedules_arn,
                 done_objects_arn,
                 train_instances_arn,
+                notify_topics_arn,
                 "*",
             ],
             "The wildcards are the stack-id suffix of TrainStack, the reaper's own re-check "
             "schedules by name prefix, the run name in runs/<run>/DONE.json (read to learn "
             "whether a run failed), TrainStack's instances (terminated only with "
             "CloudFormation's stack-name tag TrainStack and Project=horovod-fleet, after a "
-            "failed delete), read-only DescribeAlarms on the region's alarms (CloudWatch may "
+            "failed delete), the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
             "authorise it against alarm:*), and the read-only EC2 Describe calls, which "
             "support no resource-level permissions.",
         )

@@ -10,7 +10,12 @@ from constructs import Construct
 from stacks.config import FleetConfig
 from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
-from stacks.teardown.names import DATASET_TYPE, ZONE_TYPE
+from stacks.teardown.names import (
+    DATASET_TYPE,
+    NOTIFY_OUTPUT_KEY,
+    NOTIFY_TOPIC_PREFIX,
+    ZONE_TYPE,
+)
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import GpuFleet
@@ -31,6 +36,7 @@ class TrainStack(Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        self.run_name = config.run
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", config.run)
         # Not every zone offers every GPU type, and zone names differ between accounts: the
@@ -138,9 +144,12 @@ class TrainStack(Stack):
         topic = sns.Topic(
             self,
             "Notifications",
+            # The reaper may publish to topics of this prefix only (TeardownStack).
+            topic_name=f"{NOTIFY_TOPIC_PREFIX}{self.run_name}",
             display_name="horovod-fleet",
             enforce_ssl=True,
             master_key=kms.Alias.from_alias_name(self, "SnsKey", "alias/aws/sns"),
         )
         topic.add_subscription(subscriptions.EmailSubscription(email))
+        CfnOutput(self, NOTIFY_OUTPUT_KEY, value=topic.topic_arn)
         return topic

@@ -1016,3 +1016,51 @@ def test_a_type_no_zone_offers_fails_naming_the_region(reaper, monkeypatch):
     assert reply["Reason"].startswith(
         "p9.mega is not offered in any zone of us-east-1 for this account: try another region"
     )
+
+
+# --- the guard's mail ---------------------------------------------------------------------------
+
+
+class RecordingSns:
+    def __init__(self, fails: bool = False):
+        self.published, self.fails = [], fails
+
+    def publish(self, **kwargs):
+        if self.fails:
+            raise ClientError({"Error": {"Code": "AuthorizationError", "Message": "no"}}, "Publish")
+        self.published.append(kwargs)
+
+
+def deploy_with_topic(topic: str) -> None:
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    cloudformation.delete_stack(StackName="TrainStack")
+    template = json.loads(stack_template(RUN))
+    template["Outputs"]["NotifyTopic"] = {"Value": topic}
+    cloudformation.create_stack(StackName="TrainStack", TemplateBody=json.dumps(template))
+
+
+TOPIC = f"arn:aws:sns:{REGION}:123456789012:horovod-fleet-notify-{RUN}"
+
+
+def test_the_guard_mails_the_notify_address_when_it_ends_a_fleet(reaper, capsys):
+    deploy_with_topic(TOPIC)
+    reaper.sns = RecordingSns()
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    [mail] = reaper.sns.published
+    assert mail["TopicArn"] == TOPIC
+    assert mail["Subject"] == f"horovod-fleet: run {RUN} stopped by its guard"
+    assert "hard cap" in mail["Message"] and f"runs/{RUN}/" in mail["Message"]
+
+
+def test_a_mail_that_fails_never_stops_the_teardown(reaper, capsys):
+    deploy_with_topic(TOPIC)
+    reaper.sns = RecordingSns(fails=True)
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    assert "notify-failed" in [d["decision"] for d in decisions(capsys)]
+
+
+def test_without_a_topic_no_mail(reaper):
+    reaper.sns = RecordingSns()
+    reaper.handle({"trigger": "hard-cap", "run": RUN})
+    assert reaper.sns.published == []

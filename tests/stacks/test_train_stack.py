@@ -400,6 +400,9 @@ def test_the_run_has_a_dashboard_and_outputs_the_watch_command(template):
 def test_notify_email_subscribes_to_a_topic_the_nodes_may_publish_to(synth):
     template = synth(notifyEmail="ml@example.com", nodes=1)["TrainStack"]
     [(topic_id, topic)] = template.find_resources("AWS::SNS::Topic").items()
+    # The reaper may publish only to this prefix, and finds the topic through the output.
+    assert topic["Properties"]["TopicName"] == "horovod-fleet-notify-resnet50-1"
+    assert template.to_json()["Outputs"]["NotifyTopic"]["Value"] == {"Ref": topic_id}
     [subscription] = template.find_resources("AWS::SNS::Subscription").values()
     assert subscription["Properties"]["Endpoint"] == "ml@example.com"
     document = node_document(next(iter(instances(template).values())))

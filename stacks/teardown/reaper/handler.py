@@ -31,6 +31,8 @@ from botocore.exceptions import ClientError
 PINNED_TYPE = "Custom::HorovodFleetPinned"
 DATASET_TYPE = "Custom::HorovodFleetDataset"
 ZONE_TYPE = "Custom::HorovodFleetZone"
+# TrainStack's output naming the run's notification topic (-c notifyEmail), when there is one.
+NOTIFY_OUTPUT_KEY = "NotifyTopic"
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
@@ -152,6 +154,7 @@ class Reaper:
         self.ssm = session.client("ssm")
         self.cloudwatch = session.client("cloudwatch")
         self.scheduler = session.client("scheduler")
+        self.sns = session.client("sns")
 
     def handle(self, event: Mapping) -> dict:
         """Dispatch one event; returns the parsed trigger (for the log and tests)."""
@@ -195,6 +198,7 @@ class Reaper:
             "status": stack["StackStatus"],
             "status_reason": stack.get("StackStatusReason", ""),
             "run": outputs.get(self.run_output_key, ""),
+            "notify_topic": outputs.get(NOTIFY_OUTPUT_KEY, ""),
         }
 
     def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
@@ -293,6 +297,7 @@ class Reaper:
         if reason == "hard-cap":
             # The cap reads nothing first: a read that fails must not keep a fleet billing.
             self.delete_stack(TRAIN_STACK, run=run, reason=reason)
+            self.notify(stack, run, "reached its hard cap: the reaper is deleting its fleet")
             self.follow_later(run, stack["id"], check=1, status="delete requested")
             return
         missing, _ = self.results(run)
@@ -328,6 +333,7 @@ class Reaper:
             log("idle-wait", run=run, due=due, recheck=name, at=at, **facts)
             return
         self.delete_stack(TRAIN_STACK, run=run, reason="idle", **facts)
+        self.notify(stack, run, f"sat idle since {idle_since}: the reaper is deleting its fleet")
         self.follow_later(run, stack["id"], check=1, status="delete requested")
 
     def follow_delete(self, run: str, stack_id: str, check: int) -> None:
@@ -382,6 +388,21 @@ class Reaper:
                 log("terminate-failed", instances=ids, error=error.response["Error"]["Code"])
                 return []
         return ids
+
+    def notify(self, stack: dict, run: str, what: str) -> None:
+        """Mail the run's -c notifyEmail address that the guard ended its fleet; a mail that
+        cannot be sent never stops the teardown."""
+        if not stack.get("notify_topic"):
+            return
+        try:
+            self.sns.publish(
+                TopicArn=stack["notify_topic"],
+                Subject=f"horovod-fleet: run {run} stopped by its guard"[:100],
+                Message=f"Run {run} {what}. Its checkpoints and logs are in S3 under runs/{run}/.",
+            )
+            log("notified", run=run, topic=stack["notify_topic"])
+        except ClientError as error:
+            log("notify-failed", run=run, error=str(error))
 
     def delete_stack(self, stack_name: str, **fields) -> None:
         """DeleteStack, refusing every name but TrainStack; CloudFormation uses the stack's role."""
