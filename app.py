@@ -30,6 +30,7 @@ from stacks.instance_types import (
     zone_note,
 )
 from stacks.nag import LogGroupReasons
+from stacks.run_estimate import training_estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -78,6 +79,16 @@ def main() -> int:
     print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
     if config.benchmark:
         estimate = benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
+        print(estimate, file=sys.stderr)
+    else:
+        estimate = training_estimate(
+            config.gpu,
+            config.nodes,
+            epochs=config.epochs,
+            eval_every=config.eval_every,
+            arch=config.arch,
+            image_size=config.image_size,
+        )
         print(estimate, file=sys.stderr)
     print(quota_note(config.gpu, config.nodes), file=sys.stderr)
     print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)

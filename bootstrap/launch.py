@@ -379,6 +379,9 @@ def done_document(
         "images_per_s": training.get("images_per_s") if succeeded else None,
         "end_to_end_images_per_s": training.get("end_to_end_images_per_s") if succeeded else None,
         "allreduce_busbw_gbps": allreduce_busbw_gbps(Path(cfg.log_dir) / "allreduce-check.log"),
+        "target_top1": training.get("target_top1"),
+        "reached_target_at_epoch": training.get("reached_target_at_epoch"),
+        "time_to_target_s": training.get("time_to_target_s"),
         "finished_at": utc_stamp(now),
     }
 

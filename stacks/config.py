@@ -50,6 +50,7 @@ KEYS: dict[str, str] = {
     "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
     "evalEvery": "evaluate every N epochs (and after the last one)",
+    "targetTop1": "stop the run at the first evaluation that reaches this top-1 (optional)",
     "capacityReservationId": "launch the fleet into this capacity reservation (optional)",
     "benchmark": "measure the fleet instead of training: false, true/synthetic or data",
 }
@@ -118,6 +119,7 @@ class FleetConfig:
     snapshot_data_volume: bool
     download_secret_arn: str | None
     eval_every: int
+    target_top1: float | None
     benchmark: str | None  # None: train; "synthetic" or "data": benchmark mode
     capacity_reservation: "CapacityReservation | None" = None
 
@@ -141,6 +143,7 @@ class FleetConfig:
             "arch": self.arch,
             "image_size": self.image_size,
             "eval_every": self.eval_every,
+            "target_top1": self.target_top1,
         }
 
     @classmethod
@@ -214,6 +217,7 @@ class FleetConfig:
                 ),
             ),
             eval_every=get("evalEvery", _integer(1, 1000)),
+            target_top1=get("targetTop1", _optional(_top1)),
             capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
             benchmark=mode,
         )
@@ -289,6 +293,17 @@ def _number(low: float, high: float) -> Parser:
         return number
 
     return parse
+
+
+def _top1(value: Any) -> float:
+    allowed = "empty (train every epoch) or a top-1 accuracy in (0, 1], like 0.759"
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        raise _Invalid(allowed) from None
+    if not 0 < number <= 1:  # nan fails too
+        raise _Invalid(allowed)
+    return number
 
 
 def _boolean(value: Any) -> bool:

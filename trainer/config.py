@@ -58,6 +58,7 @@ class TrainConfig:
     keep_checkpoints: int
     min_crop_area: float
     checkpoint_every_s: float
+    target_top1: float | None
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -171,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(0: every epoch); always at the end and on SIGTERM",
     )
     parser.add_argument(
+        "--target-top1",
+        type=float,
+        default=None,
+        help="stop once an evaluation (every --eval-every epochs) reaches this top-1, in (0, 1], "
+        "as MLPerf's time-to-accuracy does; off: train every epoch",
+    )
+    parser.add_argument(
         "--min-crop-area",
         type=float,
         default=0.08,
@@ -234,6 +242,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     )
     _require(
         0 < args.min_crop_area <= 1, f"--min-crop-area must be in (0, 1], got {args.min_crop_area}"
+    )
+    _require(
+        args.target_top1 is None or 0 < args.target_top1 <= 1,
+        f"--target-top1 must be a top-1 accuracy in (0, 1], like 0.759, got {args.target_top1}",
     )
     args.data_dir = _path("--data-dir", args.data_dir)
     args.model_dir = _path("--model-dir", args.model_dir)

@@ -567,6 +567,8 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     placeholder = (tf.zeros(images_shape, tf.uint8), tf.zeros([config.batch_size], tf.int32))
     step = int(trainer.optimizer.iterations.numpy())
     evaluated_epoch = -1
+    trained_epoch = start_epoch
+    reached: dict | None = None  # the evaluation that reached --target-top1
     local_error = None
     steps_since_read = 0
     log(HEADER)
@@ -644,21 +646,51 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
         last_epoch = epoch == config.epochs
         if last_epoch or time.perf_counter() - last_saved >= config.checkpoint_every_s:
             save_checkpoint(0)
+        trained_epoch = epoch
+        result = None
         if epoch % config.eval_every == 0 or last_epoch:
-            evaluate_and_record()
+            result = evaluate_and_record()
             evaluated_epoch = epoch
         epoch_s = time.perf_counter() - epoch_began
         timings.epochs_done += 1
         timings.epochs_s += epoch_s
         log(epoch_line(trainer, timings, epoch, config.epochs, epoch_s, global_batch))
-    if evaluated_epoch != config.epochs:
+        # Every rank has the same allreduced top-1, so every rank stops here together.
+        if config.target_top1 is not None and result and result["top1"] >= config.target_top1:
+            reached = {
+                "epoch": epoch,
+                "time_to_target_s": round(time.perf_counter() - timings.train_start, 1),
+            }
+            if not last_epoch:
+                save_checkpoint(0)
+            log(
+                f"Reached the target top-1 {config.target_top1:.4f} at epoch {epoch} "
+                f"({result['top1']:.4f}) in {clock(reached['time_to_target_s'])}: stopping"
+            )
+            break
+    if evaluated_epoch != trained_epoch:
         evaluate_and_record()
 
     now = time.perf_counter()
     if hvd.rank() == 0:
+        target = (
+            {}
+            if config.target_top1 is None
+            else {
+                "target_top1": config.target_top1,
+                "reached_target_at_epoch": reached and reached["epoch"],
+                "time_to_target_s": reached and reached["time_to_target_s"],
+            }
+        )
         write_json(
             model_dir / "train.json",
-            {"epochs": config.epochs, "global_batch": global_batch, **timings.summary(now)},
+            {
+                "epochs": trained_epoch,
+                "epochs_planned": config.epochs,
+                "global_batch": global_batch,
+                **target,
+                **timings.summary(now),
+            },
         )
         writer.flush()
     write_digest(trainer)

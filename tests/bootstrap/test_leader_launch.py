@@ -118,6 +118,7 @@ def test_done_document_on_success_and_failure(tmp_path):
     ok = launch.done_document(cfg, "succeeded", None, tmp_path, started + 10, started)
     assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
                       "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
+                      "target_top1", "reached_target_at_epoch", "time_to_target_s",
                       "finished_at"}  # fmt: skip
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,

@@ -60,6 +60,9 @@ def test_imported_network_needs_both_ids():
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
         ("az", "us-west-2a", "a zone of region us-east-1"),
         ("az", "us-east-1g", "a zone region us-east-1 has: us-east-1a to us-east-1f"),
+        ("targetTop1", "75.9", "a top-1 accuracy in (0, 1], like 0.759"),
+        ("targetTop1", 0, "a top-1 accuracy in (0, 1], like 0.759"),
+        ("targetTop1", "nan", "a top-1 accuracy in (0, 1], like 0.759"),
         ("maxHours", "nan", "a number of hours from 1 to 168"),
         ("maxHours", 0, "a number of hours from 1 to 168"),
         ("budgetEmail", "not-an-address", "an e-mail address"),
@@ -129,3 +132,8 @@ def test_the_image_builds_nccl_and_horovod_for_every_gpu_of_the_table():
     [archs] = [line for line in pins.splitlines() if line.startswith("CUDA_ARCHITECTURES=")]
     built = {int(a) for a in archs.split("=", 1)[1].strip('"').split()}
     assert built == {gpu.compute_capability for gpu in GPU_TYPES.values()}
+
+
+def test_a_target_top1_reaches_the_trainer_as_a_flag():
+    assert config().trainer["target_top1"] is None
+    assert config(targetTop1="0.759").trainer["target_top1"] == 0.759

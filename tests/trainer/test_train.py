@@ -102,7 +102,7 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
     assert lines[-1].startswith("Finished in ")
     train = json.loads((model_dir / "train.json").read_text())
     assert set(train) == {
-        "epochs", "global_batch", "images_per_s", "end_to_end_images_per_s", "duration_s",
+        "epochs", "epochs_planned", "global_batch", "images_per_s", "end_to_end_images_per_s", "duration_s",
         "startup_s", "evaluation_s", "checkpoint_s",
     }  # fmt: skip
     assert (train["epochs"], train["global_batch"]) == (1, 4)

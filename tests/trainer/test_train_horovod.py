@@ -38,6 +38,28 @@ def test_two_ranks_learn_digits_with_identical_weights(digits_data, tmp_path, ru
     assert first == second, "ranks ended with different weights"
 
 
+def test_two_ranks_stop_together_once_the_target_top1_is_reached(
+    digits_data, tmp_path, run_trainer
+):
+    """MLPerf's time to accuracy: evaluate every epoch, stop at the first that reaches the
+    target, and say when; a target is reached here within a few epochs of 8."""
+    model_dir = tmp_path / "model"
+    args = ["--data-dir", str(digits_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
+    args += ["--image-size", "32", "--batch-size", "32", "--epochs", "8", "--warmup-epochs", "1"]
+    args += ["--base-lr", "0.8", "--min-crop-area", "0.5", "--log-every", "10", "--eval-every", "1"]
+    args += ["--target-top1", "0.5"]
+    result = run_trainer(args, ranks=2, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    train = json.loads((model_dir / "train.json").read_text())
+    evaluation = json.loads((model_dir / "eval.json").read_text())
+    reached = train["reached_target_at_epoch"]
+    assert reached is not None and reached < 8, train
+    assert (train["epochs"], train["epochs_planned"], evaluation["epoch"]) == (reached, 8, reached)
+    assert evaluation["top1"] >= 0.5 and train["time_to_target_s"] > 0
+    assert f"Reached the target top-1 0.5000 at epoch {reached}" in result.stdout
+    assert f"Epoch {reached + 1}/8" not in result.stdout
+
+
 def wait_for_checkpoint(process, checkpoint_dir, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not (checkpoint_dir / "checkpoint").exists():

@@ -83,6 +83,9 @@ def test_empty_model_dir_is_one_error_line(tmp_path, run_trainer):
         ("--base-lr", "inf", "a finite number > 0"),
         ("--warmup-epochs", "inf", "a finite number >= 0"),
         ("--weight-decay", "inf", "a finite number >= 0"),
+        ("--target-top1", "75.9", r"a top-1 accuracy in \(0, 1\], like 0.759"),
+        ("--target-top1", "0.0", r"a top-1 accuracy in \(0, 1\], like 0.759"),
+        ("--target-top1", "nan", r"a top-1 accuracy in \(0, 1\], like 0.759"),
     ],
 )
 def test_non_finite_float_flag_is_rejected(flag, value, allowed):

@@ -1,0 +1,58 @@
+"""A training run's time and cost before deploy: the synthesis line
+
+    TrainStack training estimate: 90 epochs x 1,281,167 images at ~136,800 img/s ... ~$...
+
+Throughput is a published per-GPU figure times the GPUs times a scaling efficiency; boot and the
+data pull are stacks/benchmark.py's estimates. Nothing here has been measured on AWS by this
+project: the benchmark mode (-c benchmark=true) measures the fleet itself.
+"""
+
+import math
+
+from stacks.benchmark import BOOT_S, DATA_PULL_S
+from stacks.instance_types import GpuType, fleet_usd_per_hour
+
+IMAGENET_TRAIN_IMAGES = 1_281_167
+IMAGENET_VAL_IMAGES = 50_000
+# ResNet-50 v1.5 training in TensorFlow, batch 256 per GPU, mixed precision + XLA, per GPU:
+# NVIDIA's DeepLearningExamples, TensorFlow/Classification/ConvNets/resnet50v1.5/README.md
+# ("Training performance: NVIDIA DGX A100 (8x A100 40GB)": 2,375 img/s on 1 GPU, 17,400 on 8).
+# No published TensorFlow figure was found for the other GPUs of the table.
+PER_GPU_IMAGES_PER_S = {"A100 40 GB": 2375}
+# The same table's 8-GPU weak scaling is 7.32x (91.5%); across EFA nodes the README assumes 90%.
+SCALING = 0.9
+
+
+def training_estimate(
+    gpu: GpuType,
+    nodes: int,
+    *,
+    epochs: int,
+    eval_every: int,
+    arch: str,
+    image_size: int,
+) -> str:
+    """The synthesis line: minutes and dollars for `epochs` at the published per-GPU rate."""
+    per_gpu = PER_GPU_IMAGES_PER_S.get(gpu.gpu_model)
+    if per_gpu is None or arch != "resnet50":
+        what = f"{arch} on {gpu.gpu_model}"
+        return (
+            f"TrainStack training estimate: none, no published TensorFlow figure for {what}; "
+            "measure the fleet with -c benchmark=true"
+        )
+    gpus = nodes * gpu.gpus
+    # Fewer pixels, proportionally more images a second (a first-order estimate).
+    rate = gpus * per_gpu * (1.0 if gpus == 1 else SCALING) * (224 / image_size) ** 2
+    training_s = epochs * IMAGENET_TRAIN_IMAGES / rate
+    # Every eval_every epochs and after the last; taken as no faster than training.
+    evaluation_s = math.ceil(epochs / eval_every) * IMAGENET_VAL_IMAGES / rate
+    startup_s = BOOT_S + DATA_PULL_S
+    total_s = training_s + evaluation_s + startup_s
+    usd = fleet_usd_per_hour(gpu, nodes) * total_s / 3600
+    return (
+        f"TrainStack training estimate: {epochs} epochs x {IMAGENET_TRAIN_IMAGES:,} images at "
+        f"~{rate:,.0f} img/s ({gpus} x {per_gpu:,} per GPU, NVIDIA's published {gpu.gpu_model} "
+        f"figure, x {SCALING:.0%} scaling) = {training_s / 60:.1f} min training + "
+        f"{evaluation_s / 60:.1f} min evaluation + {startup_s / 60:.0f} min boot and data pull "
+        f"= ~{total_s / 60:.0f} min, ~${usd:,.2f}"
+    )

@@ -1,0 +1,59 @@
+"""The training estimate synthesis prints: the published per-GPU rate through the formula."""
+
+import re
+
+import pytest
+
+from stacks.benchmark import BOOT_S, DATA_PULL_S
+from stacks.instance_types import GPU_TYPES
+from stacks.run_estimate import training_estimate
+
+P4D = GPU_TYPES["p4d.24xlarge"]
+
+
+def estimate(gpu=P4D, nodes=8, epochs=90, eval_every=10, arch="resnet50", image_size=224) -> str:
+    return training_estimate(
+        gpu, nodes, epochs=epochs, eval_every=eval_every, arch=arch, image_size=image_size
+    )
+
+
+def figures(line: str) -> tuple[float, float, float]:
+    training = float(re.search(r"= ([\d.]+) min training", line)[1])
+    total = float(re.search(r"= ~(\d+) min", line)[1])
+    dollars = float(re.search(r"~\$([\d,.]+)$", line)[1].replace(",", ""))
+    return training, total, dollars
+
+
+def test_the_estimate_follows_the_formula():
+    line = estimate()
+    # 64 A100 x 2,375 img/s x 90% = 136,800 img/s; 90 x 1,281,167 / 136,800 = 842.9 s.
+    rate = 64 * 2375 * 0.9
+    training_s = 90 * 1_281_167 / rate
+    evaluation_s = 9 * 50_000 / rate
+    total_s = training_s + evaluation_s + BOOT_S + DATA_PULL_S
+    assert "estimate" in line and "~136,800 img/s" in line
+    training, total, dollars = figures(line)
+    assert training == pytest.approx(training_s / 60, abs=0.05)
+    assert total == pytest.approx(total_s / 60, abs=0.5)
+    assert dollars == pytest.approx(8 * 21.958 * total_s / 3600, abs=0.01)
+
+
+def test_half_the_epochs_half_the_training_minutes():
+    full, _, _ = figures(estimate(epochs=90))
+    half, _, _ = figures(estimate(epochs=45))
+    assert full / half == pytest.approx(2, rel=0.02)
+
+
+def test_fewer_pixels_more_images_a_second():
+    assert figures(estimate(image_size=160))[0] == pytest.approx(
+        figures(estimate())[0] * (160 / 224) ** 2, rel=0.02
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "arch"), [("p5.48xlarge", "resnet50"), ("p4d.24xlarge", "resnet18")]
+)
+def test_no_published_figure_says_so_and_points_at_the_benchmark(gpu, arch):
+    line = estimate(gpu=GPU_TYPES[gpu], arch=arch)
+    assert line.startswith("TrainStack training estimate: none, no published TensorFlow figure")
+    assert line.endswith("measure the fleet with -c benchmark=true")
