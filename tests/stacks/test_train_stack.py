@@ -271,6 +271,7 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
             "arch": "resnet50",
             "image_size": 224,
             "eval_every": 10,
+            "target_top1": None,
         }
         assert document["metrics"] == {
             "namespace": "HorovodFleet",
@@ -280,7 +281,7 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
 
 
 def test_hyperparameters_reach_node_json(synth):
-    template = synth(**SMALL_G5, evalEvery=5)["TrainStack"]
+    template = synth(**SMALL_G5, evalEvery=5, targetTop1="0.759")["TrainStack"]
     document = node_document(next(iter(instances(template).values())))
     assert document["trainer"] == {
         "epochs": 5,
@@ -288,6 +289,7 @@ def test_hyperparameters_reach_node_json(synth):
         "arch": "resnet18",
         "image_size": 128,
         "eval_every": 5,
+        "target_top1": 0.759,
     }
 
 
