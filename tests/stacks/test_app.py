@@ -205,7 +205,13 @@ def test_cfn_lint_finds_no_errors(cli_synth):
     [
         {"instanceType": "p5.48xlarge", "nodes": 2, "snapshotDataVolume": True},
         {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "datasetBucket": "my-imagenet"},
-        {"instanceType": "g5.xlarge", "nodes": 1, "budgetEmail": "ml@example.com"},
+        {
+            "instanceType": "g5.xlarge",
+            "nodes": 1,
+            "budgetEmail": "ml@example.com",
+            "notifyEmail": "ml@example.com",
+            "targetTop1": 0.759,
+        },
     ],
 )
 def test_other_configurations_pass_cdk_nag_and_cfn_lint(tmp_path, context):
