@@ -84,18 +84,24 @@ DEFAULT_PROOF_TYPE = "g5.xlarge"
 # (EFA interfaces per network card). Compute capabilities: https://developer.nvidia.com/cuda-gpus.
 # Prices: PRICES_AS_OF, https://aws.amazon.com/ec2/pricing/on-demand/; P4d and P5 after AWS's
 # June 2025 reduction of up to 45% (https://aws.amazon.com/about-aws/whats-new/2025/06/pricing-usage-model-ec2-instances-nvidia-gpus/).
-# p5en: 192 vCPUs, 8 x H200 141 GB and $63.296/h on demand in us-east-1 as dstack's catalogue
-# listed it (https://github.com/dstackai/dstack/pull/4110, 2026-08), 16 EFA devices as torchx
-# declares them (https://github.com/meta-pytorch/torchx/pull/995). p4de and p5e are left out: no
-# on-demand price could be checked against a source.
+# The on-demand prices as SkyPilot's AWS catalogue lists them (skypilot-org/skypilot-catalog,
+# catalogs/v8/aws/vms.csv: p4d.24xlarge 21.957642, p4de.24xlarge 27.44705, p5.48xlarge 55.04,
+# p5en.48xlarge 63.296, g5.xlarge 1.006, g4dn.xlarge 0.526); p5en also as dstack's catalogue
+# lists it (https://github.com/dstackai/dstack/pull/4110, 2026-08), with 192 vCPUs and 8 x H200
+# 141 GB. EFA: p5 32 network cards (efa-acc-inst-types.html above); p5en 16 as torchx declares
+# them (https://github.com/meta-pytorch/torchx/pull/995); p4d and p4de 4 x 100 Gbps
+# (https://github.com/aws-samples/aws-efa-eks). p5e is left out: it has no on-demand price in
+# either catalogue.
 # Allreduce floors: about half the lowest published multi-node bus bandwidth; p4d: 57 GB/s on 2
-# nodes, about 30 on 3-4 (https://github.com/NVIDIA/nccl/issues/527). No multi-node figure for
-# p5 or p5en was found, so only their GPUDirect RDMA is enforced (floor 0).
+# nodes, about 30 on 3-4 (https://github.com/NVIDIA/nccl/issues/527); p4de shares p4d's network.
+# p5's published figures (nccl-tests, 321-478 GB/s on 2-32 nodes) are for 8 GiB messages, far
+# above what the check's 256 MiB reaches, so p5 and p5en enforce only GPUDirect RDMA (floor 0).
 GPU_TYPES: dict[str, GpuType] = {
     t.name: t
     for t in (
         # name, GPUs, model, GiB, sm, EFA interfaces, NVMe drives, vCPUs, USD/h
         GpuType("p4d.24xlarge", 8, "A100 40 GB", 40, 80, 4, 8, 96, 21.958, True, True, 15.0),
+        GpuType("p4de.24xlarge", 8, "A100 80 GB", 80, 80, 4, 8, 96, 27.447, True, True, 15.0),
         GpuType("p5.48xlarge", 8, "H100 80 GB", 80, 90, 32, 8, 192, 55.04, True, True),
         GpuType("p5en.48xlarge", 8, "H200 141 GB", 141, 90, 16, 8, 192, 63.296, True, True),
         GpuType("g4dn.xlarge", 1, "T4 16 GB", 16, 75, 0, 1, 4, 0.526),
