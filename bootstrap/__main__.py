@@ -24,7 +24,16 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import aws, benchmark, data_pull, health, launch, rendezvous, supervision
+from bootstrap import (
+    aws,
+    benchmark,
+    data_pull,
+    health,
+    launch,
+    rendezvous,
+    supervision,
+    watchdog,
+)
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 from bootstrap.status import RunStatus
@@ -259,15 +268,35 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     # What marks this run's training processes, for a restarted bootstrap to end them.
     env[supervision.JOB_ENV] = supervision.job_id(cfg)
 
-    def run_horovod(program: list[str], log_name: str, keep: int = 1000) -> str:
+    def run_horovod(
+        program: list[str], log_name: str, keep: int = 1000, watch_progress: bool = False
+    ) -> str:
         # Each rank under bootstrap.rank, which names the signal that kills it.
         ranked = ["python3", "-m", "bootstrap.rank", *program]
         command = launch.horovodrun_command(cfg, hostfile, key, ranks, ranked)
         log("running: " + " ".join(command))
+        running: list[subprocess.Popen] = []
+
+        def end_stalled(reason: str) -> None:
+            log(reason)
+            launch.end_process(running[0])
+
+        def watch(proc: subprocess.Popen) -> None:
+            running.append(proc)
+            stall.start()
+
+        # A hung collective keeps the GPUs busy: only the trainer's own progress tells.
+        stall = watchdog.ProgressWatchdog(model_dir / "progress.json", end_stalled)
+        on_start = watch if watch_progress else None
         # horovodrun dies with this process (supervision.guarded): no run goes on unsupervised.
-        code, tail = launch.stream(
-            supervision.guarded(command), env, Path(cfg.log_dir) / log_name, keep
-        )
+        try:
+            code, tail = launch.stream(
+                supervision.guarded(command), env, Path(cfg.log_dir) / log_name, keep, on_start
+            )
+        finally:
+            stall.stop()
+        if code and stall.reason:
+            raise RuntimeError(f"{stall.reason} (details in {log_name})")
         if code:
             failed_at = time.time()
             reason = launch.failure_reason(tail, hostfile.read_text())
@@ -308,7 +337,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     try:
         step(
             "training",
-            lambda: run_horovod(launch.trainer_command(cfg, data_dir, model_dir), "train.log"),
+            lambda: run_horovod(
+                launch.trainer_command(cfg, data_dir, model_dir), "train.log", watch_progress=True
+            ),
         )
     finally:
         sync.stop()

@@ -125,10 +125,17 @@ def trainer_command(cfg: TrainConfig, data_dir: Path, model_dir: Path) -> list[s
 STOP_GRACE_S = 30  # what a stopped horovodrun gets to end its ranks (and their last checkpoint)
 
 
-def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200) -> tuple[int, str]:
+def stream(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    keep: int = 200,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+) -> tuple[int, str]:
     """Run cmd, copying its output line by line to log_path and stdout; returns the exit code
     and the last `keep` lines (for the failure reason and transport checks). Interrupted (the
-    node's SIGTERM), it passes the SIGTERM on and gives cmd STOP_GRACE_S to end."""
+    node's SIGTERM), it passes the SIGTERM on and gives cmd STOP_GRACE_S to end. on_start gets
+    the process (the progress watchdog ends it with end_process)."""
     tail: deque[str] = deque(maxlen=keep)
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -147,6 +154,8 @@ def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200)
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
         ) as proc,
     ):
+        if on_start is not None:
+            on_start(proc)
         try:
             copy(proc.stdout, log)
         except BaseException:
@@ -161,6 +170,20 @@ def stream(cmd: list[str], env: dict[str, str], log_path: Path, keep: int = 200)
             rest.join(5)
             raise
     return proc.returncode, "".join(tail)
+
+
+def end_process(proc: subprocess.Popen) -> None:
+    """SIGTERM now (horovodrun passes it to its ranks), SIGKILL if still alive STOP_GRACE_S
+    later: a rank hung in a collective may not answer the first."""
+    proc.terminate()
+
+    def kill_if_alive() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    killer = threading.Timer(STOP_GRACE_S, kill_if_alive)
+    killer.daemon = True
+    killer.start()
 
 
 def model_prefix(cfg: TrainConfig) -> str:

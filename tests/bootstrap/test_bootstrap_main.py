@@ -174,7 +174,7 @@ def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_th
     cfg, events, monkeypatch, attempt = leader_up_to_the_check
     tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
 
-    def horovodrun(command, env, log_path, keep):
+    def horovodrun(command, env, log_path, keep, on_start=None):
         events.append("allreduce check")
         return 0, tcp
 
@@ -188,7 +188,7 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
     cfg, events, monkeypatch, attempt = leader_up_to_the_check
     ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
 
-    def horovodrun(command, env, log_path, keep):
+    def horovodrun(command, env, log_path, keep, on_start=None):
         events.append("allreduce check" if "bootstrap.allreduce_check" in command else "train")
         if len(events) > 2:
             raise RuntimeError("stop after the check")
