@@ -195,6 +195,11 @@ class Attempt:
         self.status: RunStatus | None = None  # the leader's status.json (bootstrap/status.py)
 
 
+def signal_fleet_ready(cfg: TrainConfig, detail: str) -> None:
+    """SUCCESS to CloudFormation: this node is healthy with its data, and the fleet passed."""
+    log(aws.signal_cloudformation(cfg, True, f"healthy, data verified; fleet check: {detail}"))
+
+
 def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     s3 = aws.s3_client(cfg.region)
     data_dir = Path(cfg.mount_point) / "tfrecords"
@@ -219,9 +224,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
             lambda: rendezvous.serve_as_member(
                 s3, cfg, ip, instance_id, log,
                 leader_lost=lambda now: watch.lost(supervision.read_entry(s3, cfg, 0), now),
-                fleet_ready=lambda check: log(aws.signal_cloudformation(
-                    cfg, True, f"healthy, data verified; fleet check: {check['detail']}"
-                )),
+                fleet_ready=lambda check: signal_fleet_ready(cfg, check["detail"]),
             ),
         )  # fmt: skip
         step("upload logs", lambda: launch.upload_logs(s3, cfg))
@@ -256,7 +259,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
 
     def fleet_ready(detail: str) -> None:
         rendezvous.write_fleet_check(s3, cfg, detail, time.time())
-        log(aws.signal_cloudformation(cfg, True, f"healthy, data verified; fleet check: {detail}"))
+        signal_fleet_ready(cfg, detail)
 
     if cfg.benchmark:
         # The benchmark runs the allreduce check at every size itself, and reports it.
@@ -286,16 +289,24 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
             stall.start()
 
         # A hung collective keeps the GPUs busy: only the trainer's own progress tells.
-        stall = watchdog.ProgressWatchdog(model_dir / "progress.json", end_stalled)
-        on_start = watch if watch_progress else None
+        stall = (
+            watchdog.ProgressWatchdog(model_dir / "progress.json", end_stalled)
+            if watch_progress
+            else None
+        )
         # horovodrun dies with this process (supervision.guarded): no run goes on unsupervised.
         try:
             code, tail = launch.stream(
-                supervision.guarded(command), env, Path(cfg.log_dir) / log_name, keep, on_start
+                supervision.guarded(command),
+                env,
+                Path(cfg.log_dir) / log_name,
+                keep,
+                watch if stall else None,
             )
         finally:
-            stall.stop()
-        if code and stall.reason:
+            if stall:
+                stall.stop()
+        if code and stall and stall.reason:
             raise RuntimeError(f"{stall.reason} (details in {log_name})")
         if code:
             failed_at = time.time()

@@ -1,8 +1,6 @@
 """Pinned: an AMI id and code URLs as they were on the stack's first deploy."""
 
 from aws_cdk import (
-    CustomResource,
-    Duration,
     Stack,
     aws_lambda,
 )
@@ -10,6 +8,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from stacks.teardown.names import PINNED_TYPE
+from stacks.teardown.reaper_answers import reaper_answers
 
 
 class Pinned(Construct):
@@ -53,13 +52,12 @@ class Pinned(Construct):
                 )
             ],
         )
-        pin = CustomResource(
+        pin = reaper_answers(
             self,
             "Values",
-            service_token=reaper.function_arn,
+            reaper=reaper,
             resource_type=PINNED_TYPE,
             properties={"ImageParameter": image_parameter, "Code": code},
-            service_timeout=Duration.minutes(5),
         )
         pin.node.add_dependency(read)
         self.image_id = pin.get_att_string("ImageId")

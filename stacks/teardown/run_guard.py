@@ -4,7 +4,7 @@ import json
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import CfnOutput, CustomResource, Duration, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -20,6 +20,7 @@ from stacks.teardown.names import (
     METRIC_NAMESPACE,
     RUN_OUTPUT_KEY,
 )
+from stacks.teardown.reaper_answers import reaper_answers
 
 GPU_METRIC = "nvidia_smi_utilization_gpu"
 IDLE_THRESHOLD_PERCENT = 5
@@ -56,14 +57,12 @@ class RunGuard(Construct):
 
         # CloudFormation has no "now": the reaper answers this custom resource with the deadline,
         # so the cap counts from this deployment and synthesis stays deterministic.
-        deadline = CustomResource(
+        deadline = reaper_answers(
             self,
             "Deadline",
-            service_token=reaper.function_arn,
+            reaper=reaper,
             resource_type="Custom::HorovodFleetDeadline",
             properties={"Run": run_name, "MaxHours": str(max_hours)},
-            # A reaper that cannot answer fails the deploy in minutes, not CloudFormation's hour.
-            service_timeout=Duration.minutes(5),
         )
         # The clock starts before the first instance launches, so the cap covers all billing.
         for instance in instances:

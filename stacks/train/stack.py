@@ -1,6 +1,6 @@
 """TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
 
-from aws_cdk import CfnOutput, CustomResource, Duration, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -16,6 +16,7 @@ from stacks.teardown.names import (
     NOTIFY_TOPIC_PREFIX,
     ZONE_TYPE,
 )
+from stacks.teardown.reaper_answers import reaper_answers
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import GpuFleet
@@ -36,25 +37,24 @@ class TrainStack(Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.run_name = config.run
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", config.run)
         # Not every zone offers every GPU type, and zone names differ between accounts: the
         # reaper picks, at deploy time, config.az if it offers the type, else one that does.
         # A given subnet or capacity reservation fixes the zone; then the type must be there.
         fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
-        zone = CustomResource(
+        zone = reaper_answers(
             self,
             "Zone",
-            service_token=reaper.function_arn,
+            reaper=reaper,
             resource_type=ZONE_TYPE,
             properties={
                 "InstanceType": config.gpu.name,
                 "PreferredZone": config.az,
                 "Fixed": str(fixed_zone).lower(),
             },
-            service_timeout=Duration.minutes(5),
         )
+        prerequisites = [zone]  # answered before any instance launches
         network = SingleZoneNetwork(
             self,
             "Network",
@@ -79,26 +79,24 @@ class TrainStack(Stack):
             capacity_reservation=config.capacity_reservation,
             benchmark=config.benchmark_plan,
             max_hours=config.max_hours,
-            notify_topic=self._notifications(config.notify_email),
+            notify_topic=self._notifications(config.run, config.notify_email),
         )
         if config.benchmark in (None, "data"):
             # The nodes pull the dataset at boot: without its manifest none of them could
             # train, so the deploy fails before the first instance launches (the reaper answers).
-            dataset = CustomResource(
+            dataset = reaper_answers(
                 self,
                 "Dataset",
-                service_token=reaper.function_arn,
+                reaper=reaper,
                 resource_type=DATASET_TYPE,
                 properties={
                     "Bucket": bucket.bucket_name,
                     "Key": f"{config.dataset_prefix}manifest.json",
                 },
-                service_timeout=Duration.minutes(5),
             )
-            for instance in fleet.instances:
-                instance.node.add_dependency(dataset)
+            prerequisites.append(dataset)
         for instance in fleet.instances:
-            instance.node.add_dependency(zone)
+            instance.node.add_dependency(*prerequisites)
         guard = RunGuard(
             self,
             "Guard",
@@ -136,7 +134,7 @@ class TrainStack(Stack):
             value=f"aws ssm start-session --region {self.region} --target {fleet.instances[0].ref}",
         )
 
-    def _notifications(self, email: str | None) -> sns.Topic | None:
+    def _notifications(self, run: str, email: str | None) -> sns.Topic | None:
         """With notifyEmail: a topic the leader publishes its start and end mails to, and the
         address subscribed (AWS mails a confirmation link first)."""
         if email is None:
@@ -145,7 +143,7 @@ class TrainStack(Stack):
             self,
             "Notifications",
             # The reaper may publish to topics of this prefix only (TeardownStack).
-            topic_name=f"{NOTIFY_TOPIC_PREFIX}{self.run_name}",
+            topic_name=f"{NOTIFY_TOPIC_PREFIX}{run}",
             display_name="horovod-fleet",
             enforce_ssl=True,
             master_key=kms.Alias.from_alias_name(self, "SnsKey", "alias/aws/sns"),

@@ -33,6 +33,9 @@ DATASET_TYPE = "Custom::HorovodFleetDataset"
 ZONE_TYPE = "Custom::HorovodFleetZone"
 # TrainStack's output naming the run's notification topic (-c notifyEmail), when there is one.
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
+# How S3 answers a read of a missing key: 404, or 403 to a role whose ListBucket is
+# prefix-conditioned, as this one's is (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
+ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
@@ -249,9 +252,7 @@ class Reaper:
         try:
             body = self.s3.get_object(Bucket=self.bucket, Key=f"runs/{run}/DONE.json")["Body"]
         except ClientError as error:
-            # S3 answers 403 for a missing key to a role whose ListBucket is prefix-conditioned,
-            # as this one's is (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
-            if error.response["Error"].get("Code") in ("NoSuchKey", "404", "AccessDenied", "403"):
+            if error.response["Error"].get("Code") in ABSENT_KEY_CODES:
                 return {}
             raise
         try:
@@ -585,9 +586,7 @@ class Reaper:
             try:
                 self.s3.head_object(Bucket=bucket, Key=key)
             except ClientError as error:
-                code = error.response.get("Error", {}).get("Code", "")
-                # 403, not 404, to a role without bucket-wide ListBucket (as this one is).
-                absent = code in ("NoSuchKey", "404", "AccessDenied", "403")
+                absent = error.response.get("Error", {}).get("Code") in ABSENT_KEY_CODES
                 reason = (
                     f"no {url}: the fleet has no dataset to train on. Deploy PreprocessStack and "
                     "wait until its node writes the manifest (it does so last), or point "
