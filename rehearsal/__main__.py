@@ -149,9 +149,13 @@ class Rehearsal:
         deadline = time.time() + timeout_s
         shown_epoch = 0
         while time.time() < deadline:
-            self.restart_killed(procs)
             shown_epoch = self.show_status_after_each_epoch(shown_epoch)
             codes = {name: p.poll() for name, p in procs.items()}
+            # Judged on the same exit codes: a bootstrap killed while the status screen ran
+            # is systemd's to restart, not a failure.
+            if any(self.restartable(name, code) for name, code in codes.items()):
+                self.restart_killed(procs)
+                continue
             if any(c not in (None, 0) for c in codes.values()):
                 grace = time.time() + REPORT_GRACE_S
                 while time.time() < grace and any(p.poll() is None for p in procs.values()):
@@ -187,16 +191,20 @@ class Rehearsal:
         result = subprocess.run(watch, env=self.env(), capture_output=True, text=True, timeout=60)
         print(result.stdout + result.stderr, end="", flush=True)
 
+    def restartable(self, name: str, code: int | None) -> bool:
+        """A node bootstrap killed by a signal that its unit's Restart=on-abnormal restarts."""
+        if code is None or code >= 0 or name not in self.services:
+            return False
+        if signal.Signals(-code) in CLEAN_SIGNALS:
+            return False
+        return self.restarts.get(name, 0) < RESTART_LIMIT
+
     def restart_killed(self, procs: dict[str, subprocess.Popen]) -> None:
         """Play systemd's part for the simulated nodes: a node bootstrap killed by a signal
         (Restart=on-abnormal) is started again after RESTART_SEC, in place in procs."""
         for name, proc in list(procs.items()):
             code = proc.poll()
-            if code is None or code >= 0 or name not in self.services:
-                continue
-            if signal.Signals(-code) in CLEAN_SIGNALS:
-                continue
-            if self.restarts.get(name, 0) >= RESTART_LIMIT:
+            if not self.restartable(name, code):
                 continue
             self.restarts[name] = self.restarts.get(name, 0) + 1
             say(
