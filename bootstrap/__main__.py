@@ -193,6 +193,7 @@ class Attempt:
         self.outputs_since: float | None = None
         self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
         self.status: RunStatus | None = None  # the leader's status.json (bootstrap/status.py)
+        self.earlier: list[dict] = []  # the run controller's record of the attempts before
 
 
 def signal_fleet_ready(cfg: TrainConfig, detail: str) -> None:
@@ -206,6 +207,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     model_dir = Path(cfg.mount_point) / "model"
     attempt.status = status = RunStatus(cfg, s3, model_dir, attempt_started=attempt.started)
     status.phase("booting")
+    if cfg.is_leader:
+        attempt.earlier = status.earlier_attempts()
+        log(f"attempt {len(attempt.earlier) + 1} of run {cfg.run}")
     step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
     if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
         status.phase("pulling_data")
@@ -358,8 +362,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     status.phase("uploading")
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
     doc = launch.done_document(
-        cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since
-    )
+        cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since,
+        attempt.earlier,
+    )  # fmt: skip
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
     step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
     status.end("done", None)
@@ -408,7 +413,7 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = launch.done_document(
             cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
-            attempt.outputs_since,
+            attempt.outputs_since, attempt.earlier,
         )  # fmt: skip
         if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")

@@ -383,11 +383,19 @@ def done_document(
     now: float,
     started: float,
     outputs_since: float | None = None,
+    earlier: list[dict] | None = None,
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
     wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
-    is new on disk but the previous attempt's), else the leader's wall time and no epochs."""
+    is new on disk but the previous attempt's), else the leader's wall time and no epochs.
+    `earlier` is the run controller's record of the attempts before this one (attempts.json)."""
     succeeded = status == "succeeded"
+    earlier = earlier or []
+    own = {
+        "attempt": len(earlier) + 1,
+        "status": status,
+        "reason": trim_reason(reason) if reason else None,
+    }
     since = outputs_since or started
     evaluation = this_attempts(model_dir / "eval.json", since) if model_dir and succeeded else {}
     training = this_attempts(model_dir / "train.json", since) if model_dir else {}
@@ -406,6 +414,11 @@ def done_document(
         "reached_target_at_epoch": training.get("reached_target_at_epoch"),
         "time_to_target_s": training.get("time_to_target_s"),
         "finished_at": utc_stamp(now),
+        "attempt": own["attempt"],
+        "attempts": [
+            *({k: entry.get(k) for k in ("attempt", "status", "reason")} for entry in earlier),
+            own,
+        ],
     }
 
 

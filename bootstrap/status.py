@@ -170,16 +170,20 @@ class RunStatus:
 
     def _attempt(self) -> int:
         """One more than the ended attempts the run controller recorded (1 without any)."""
-        recorded = self._try("read attempts.json", self._recorded_attempts)
-        return (recorded or 0) + 1
+        return len(self.earlier_attempts()) + 1
 
-    def _recorded_attempts(self) -> int:
+    def earlier_attempts(self) -> list[dict]:
+        """The ended attempts the run controller recorded in attempts.json ([] without it, or
+        when S3 cannot say: the count is a report, never a reason to stop)."""
+        return self._try("read attempts.json", self._recorded_attempts) or []
+
+    def _recorded_attempts(self) -> list[dict]:
         key = f"{self.cfg.runs_prefix}attempts.json"
         s3 = self.s3.with_policy(QUICK)
         if not s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=key).get("KeyCount"):
-            return 0
+            return []
         body = s3.get_object(Bucket=self.cfg.bucket, Key=key)["Body"].read()
-        return len(json.loads(body).get("attempts", []))
+        return [e for e in json.loads(body).get("attempts", []) if isinstance(e, dict)]
 
     def _nodes_healthy(self) -> int:
         """Nodes whose heartbeat is younger than heartbeat_timeout_s; the leader, which is

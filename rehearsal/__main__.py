@@ -27,6 +27,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +54,11 @@ RAW_FILES = (
 )
 
 
+def matches(pattern: str | re.Pattern, line: str) -> bool:
+    """A watch's trigger: a substring of the line, or a regular expression found in it."""
+    return bool(pattern.search(line)) if isinstance(pattern, re.Pattern) else pattern in line
+
+
 def say(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} [rehearsal] {message}", flush=True)
 
@@ -66,6 +72,8 @@ REPORT_GRACE_S = 60  # after one node fails, how long the others get to report t
 # these is started again after RestartSec, at most StartLimitBurst times.
 CLEAN_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE}
 RESTART_SEC = 5
+# The run controller's program (the reaper's Lambda asset), run against the local S3 endpoint.
+CONTROLLER = REPO / "stacks" / "teardown" / "reaper" / "controller.py"
 RESTART_LIMIT = 5
 
 
@@ -79,15 +87,16 @@ class Rehearsal:
         self.step = "start"
         self.node_processes: list[subprocess.Popen] = []
         self.copiers: list[threading.Thread] = []
-        # (node name, text, action): the first line of that node containing text runs action
-        # (the fault rehearsal injects its faults this way).
-        self.watches: list[tuple[str, str, Callable[[], None]]] = []
+        # (node name, text or pattern, action): the first line of that node containing text
+        # runs action (the fault rehearsal injects its faults this way).
+        self.watches: list[tuple[str, str | re.Pattern, Callable[[], None]]] = []
         self.output: dict[str, list[str]] = {}
         # node name -> (command, env) that systemd's restart of its bootstrap runs, and how
         # often it did.
         self.services: dict[str, tuple[list[str], dict[str, str]]] = {}
         self.restarts: dict[str, int] = {}
         self.node_groups: list[int] = []  # every node process group, restarted ones included
+        self.entries: list[dict] = []  # the run controller's decisions of the current row
 
     # ------------------------------------------------------------ processes
 
@@ -132,7 +141,7 @@ class Rehearsal:
                 sys.stdout.write(f"[{name}] {line}")
                 sys.stdout.flush()
                 lines.append(line)
-                for watch in [w for w in self.watches if w[0] == name and w[1] in line]:
+                for watch in [w for w in self.watches if w[0] == name and matches(w[1], line)]:
                     self.watches.remove(watch)
                     watch[2]()
 
@@ -484,6 +493,58 @@ class Rehearsal:
         self.node_groups = [proc.pid for proc in self.node_processes]
         self.restarts.clear()
         self.wait(procs, self.args.timeout)
+
+    def end_attempt(self, max_restarts: int) -> dict | None:
+        """What the reaper does on a DONE.json: the run controller's own code decides and
+        records the attempt, here against the local S3 endpoint (docs/contracts.md)."""
+        command = [sys.executable, str(CONTROLLER), "--bucket", BUCKET, "--run", RUN,
+                   "--max-restarts", str(max_restarts)]  # fmt: skip
+        result = subprocess.run(
+            command, env=self.env(), capture_output=True, text=True, timeout=120
+        )
+        if result.returncode:
+            raise StepFailed(f"the run controller failed: {result.stderr.strip()[-500:]}")
+        entry = json.loads(result.stdout) if result.stdout.strip() else None
+        if entry:
+            say(f"run controller: attempt {entry['attempt']} {entry['status']}: "
+                f"{entry['decision']} ({entry['why']})")  # fmt: skip
+        return entry
+
+    def relaunch(self) -> None:
+        """Play EC2's part in a relaunch (StopInstances, then StartInstances): every process
+        of every node ends, and each node comes back with an empty instance store (/data) but
+        its own address and instance id; its boot service then runs train_node.sh again."""
+        for group in self.node_groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        if self.fleet:
+            for node in self.fleet.nodes:
+                self.fleet.kill_host(node.namespace)
+        for index in range(self.args.nodes):
+            shutil.rmtree(self.node_home(index) / "data", ignore_errors=True)
+        say("EC2: the fleet stopped and started again; every node's /data is empty")
+
+    def train_under_controller(
+        self, epochs: int, max_restarts: int, before_relaunch=None, **overrides
+    ) -> list[dict]:
+        """Attempts of one run as the deployed fleet makes them: after each, the run controller
+        decides; on `relaunch` the fleet comes back (EC2's part played here) and resumes from
+        S3. Returns the controller's entries."""
+        entries = []
+        while True:
+            try:
+                self.train(epochs, **overrides)
+            except StepFailed as exc:  # a node failed: the controller judges DONE.json
+                say(f"the nodes: {exc}")
+            entry = self.end_attempt(max_restarts)
+            if entry is None:
+                return entries
+            entries.append(entry)
+            if entry["decision"] != "relaunch":
+                return entries
+            if before_relaunch:
+                before_relaunch(self)
+            self.relaunch()
 
     def report(self, epochs: int) -> None:
         done = self.done_json()

@@ -54,6 +54,8 @@ from rehearsal.hosts import NODE_INTERFACE
 OUTAGE_S = 40
 SHARD = "train-00001-of-00004"
 MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
+# The trainer's line at an epoch's end ("Epoch 3/5 done in 3.0 s: ...").
+EPOCH_DONE = re.compile(r"<stdout>:Epoch \d+/\d+ done in ")
 # A checkpoint at every epoch's end (the trainer's default: the last epoch and after 600 s).
 EVERY_EPOCH = {"trainer": {"checkpoint_every_s": 1}}
 
@@ -67,6 +69,10 @@ class Fault:
     judge: Callable[[Rehearsal, dict | None], tuple[bool, str]]
     overrides: dict | None = None
     cleanup: Callable[[Rehearsal], None] | None = None
+    # Set: the row's attempts go through the run controller with this maxRestarts, and a
+    # relaunch brings the fleet back (before_relaunch first: what the new hardware fixes).
+    max_restarts: int | None = None
+    before_relaunch: Callable[[Rehearsal], None] | None = None
 
 
 def freeze_s3(rehearsal: Rehearsal, seconds: float) -> Callable[[], None]:
@@ -255,15 +261,42 @@ def cut_network(index: int) -> Callable[[Rehearsal], None]:
     return prepare
 
 
-def names_the_lost_node(index: int):
-    def check(rehearsal: Rehearsal, done: dict) -> bool:
-        node = rehearsal.fleet.nodes[index]
-        return (done["reason"] or "").startswith(
-            f"step 'training' failed: RuntimeError: node {index} (rehearsal-node-{index}, "
-            f"{node.ip}) lost: no heartbeat for "
-        )
+def kill_host(index: int) -> Callable[[Rehearsal], None]:
+    """Every process of node `index`'s host killed right after an epoch ends: the node is
+    gone (its hardware failed), sshd and ranks included."""
 
-    return check
+    def prepare(rehearsal: Rehearsal) -> None:
+        if rehearsal.fleet is None:
+            raise RuntimeError("the lost-host row needs the namespaces (root): a host per node")
+
+        def kill() -> None:
+            pids = rehearsal.fleet.kill_host(rehearsal.fleet.nodes[index].namespace)
+            say(f"FAULT: node {index}'s host is gone (SIGKILL to its {len(pids)} processes)")
+
+        rehearsal.watches.append(("node0", EPOCH_DONE, kill))
+
+    return prepare
+
+
+def decisions(*expected: str):
+    """The run controller decided exactly these, in order, for the row's attempts."""
+    return lambda r, done: [e["decision"] for e in r.entries] == list(expected)
+
+
+def every_attempt_counted(rehearsal: Rehearsal, done: dict) -> bool:
+    """DONE.json counts the attempts and lists each one's end, the earlier ones from the
+    controller's attempts.json."""
+    attempts = done.get("attempts") or []
+    return done.get("attempt") == len(attempts) >= 2 and attempts[0]["status"] != "succeeded"
+
+
+def names_the_lost_node(rehearsal: Rehearsal, index: int) -> bool:
+    """The first attempt of the row ended naming node `index` from its stale heartbeat."""
+    node = rehearsal.fleet.nodes[index]
+    return (rehearsal.entries[0]["reason"] or "").startswith(
+        f"step 'training' failed: RuntimeError: node {index} (rehearsal-node-{index}, "
+        f"{node.ip}) lost: no heartbeat for "
+    )
 
 
 def restarted_once(node: str):
@@ -349,7 +382,7 @@ def faults(nodes: int) -> list[Fault]:
         ),
         Fault(
             "shard corrupted in S3 (same size)",
-            f"failed at the data pull, naming {SHARD}",
+            f"failed at the data pull, naming {SHARD}; not relaunched (not retryable)",
             5,
             corrupt_shard,
             expect(
@@ -357,7 +390,9 @@ def faults(nodes: int) -> list[Fault]:
                 names_the_shard=lambda r, d: (
                     "data pull" in d["reason"] and SHARD in d["reason"] and "sha256" in d["reason"]
                 ),
+                not_relaunched=decisions("teardown"),
             ),
+            max_restarts=3,
         ),
         Fault(
             "rerun after the shard is fixed in S3",
@@ -371,8 +406,9 @@ def faults(nodes: int) -> list[Fault]:
             ),
         ),
         Fault(
-            "node 1 never boots",
-            "failed: node(s) 1 of 2 did not register; named every 30 s while waiting",
+            "node 1 never boots (maxRestarts 1)",
+            "failed: node(s) 1 of 2 did not register, named every 30 s; relaunched once, then "
+            "stopped: restarts exhausted",
             5,
             forget_node(1),
             expect(
@@ -385,8 +421,11 @@ def faults(nodes: int) -> list[Fault]:
                     )
                     >= 2
                 ),
+                relaunched_once_then_stopped=decisions("relaunch", "stop"),
+                says_restarts_exhausted=lambda r, d: "restarts exhausted" in r.entries[-1]["why"],
             ),
             {"absent": (1,), "rendezvous_timeout_s": MISSING_NODE_TIMEOUT_S},
+            max_restarts=1,
         ),
         Fault(
             "leader's bootstrap killed (SIGKILL) after the first epoch",
@@ -424,12 +463,35 @@ def faults(nodes: int) -> list[Fault]:
             EVERY_EPOCH,
         ),
         Fault(
-            "network of node 1 cut mid-training",
-            "failed: node 1 (rehearsal-node-1, <its ip>) lost: no heartbeat for ... s",
+            "network of node 1 cut mid-training (a hung collective)",
+            "attempt 1 failed: node 1 (rehearsal-node-1, <its ip>) lost: no heartbeat for ... s; "
+            "relaunched, succeeded, 10 epochs",
             10,
             cut_network(1),
-            expect("failed", names_node_1_not_rank_0=names_the_lost_node(1)),
+            expect(
+                "succeeded",
+                10,
+                attempt_1_names_node_1_not_rank_0=lambda r, d: names_the_lost_node(r, 1),
+                relaunched_once=decisions("relaunch", "teardown"),
+                counted=every_attempt_counted,
+            ),
             cleanup=lambda r: set_link(r, 1, "up"),
+            max_restarts=3,
+            before_relaunch=lambda r: set_link(r, 1, "up"),
+        ),
+        Fault(
+            "node 1's host lost right after an epoch (every process killed)",
+            "succeeded, 12 epochs after one relaunch; DONE.json counts 2 attempts",
+            12,
+            kill_host(1),
+            expect(
+                "succeeded",
+                12,
+                relaunched_once=decisions("relaunch", "teardown"),
+                counted=every_attempt_counted,
+            ),
+            EVERY_EPOCH,
+            max_restarts=3,
         ),
     ]
 
@@ -454,8 +516,17 @@ def run_faults(rehearsal: Rehearsal) -> int:
             say(f"--- {rehearsal.step} (expected: {fault.expected})")
             rehearsal.watches.clear()
             fault.prepare(rehearsal)
+            rehearsal.entries = []
             try:
-                rehearsal.train(fault.epochs, **(fault.overrides or {}))
+                if fault.max_restarts is None:
+                    rehearsal.train(fault.epochs, **(fault.overrides or {}))
+                else:
+                    rehearsal.entries = rehearsal.train_under_controller(
+                        fault.epochs,
+                        fault.max_restarts,
+                        fault.before_relaunch,
+                        **(fault.overrides or {}),
+                    )
             except RuntimeError as exc:  # a node failed, as the fault may want
                 say(f"the nodes: {exc}")
             ok, observed = fault.judge(rehearsal, rehearsal.done_json())

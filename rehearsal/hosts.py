@@ -151,15 +151,20 @@ class Fleet:
                 str(node.home / "data"), str(data_mount), str(node.home / "ssh" / "sshd_config"),
                 str(node.home / "sshd.log"), *command]  # fmt: skip
 
+    def kill_host(self, namespace: str) -> list[int]:
+        """SIGKILL every process of a node's namespace (bootstrap, ranks, sshd): the host is
+        gone, as when its hardware fails. Returns the pids."""
+        pids = subprocess.run(
+            ["ip", "netns", "pids", namespace], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        return [int(pid) for pid in pids]
+
     def close(self) -> None:
         for namespace in self._namespaces:
-            # Whatever still runs in the namespace (sshd, ranks) goes with it.
-            pids = subprocess.run(
-                ["ip", "netns", "pids", namespace], capture_output=True, text=True
-            ).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+            self.kill_host(namespace)  # whatever still runs there (sshd, ranks) goes with it
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         for link in self._links:
             subprocess.run(["ip", "link", "del", link], capture_output=True)

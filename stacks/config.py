@@ -43,6 +43,7 @@ KEYS: dict[str, str] = {
     "arch": "model architecture",
     "imageSize": "training image size in pixels",
     "maxHours": "hard cap: the fleet is deleted this many hours after deploy",
+    "maxRestarts": "relaunches of the fleet after a retryable failure (0: none)",
     "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
     "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",
     "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
@@ -112,6 +113,7 @@ class FleetConfig:
     arch: str
     image_size: int
     max_hours: float
+    max_restarts: int
     preprocess: BurstableType
     data_volume_gib: int
     budget_email: str | None
@@ -194,6 +196,7 @@ class FleetConfig:
             arch=get("arch", _one_of(ARCHS)),
             image_size=get("imageSize", _integer(32, 1024)),
             max_hours=get("maxHours", _optional(_number(1, 168))) or default_max_hours,
+            max_restarts=get("maxRestarts", _integer(0, 20)),
             preprocess=get("preprocessInstanceType", _burstable_type),
             data_volume_gib=get(
                 "dataVolumeGiB", _integer(MIN_DATA_VOLUME_GIB, MAX_DATA_VOLUME_GIB)

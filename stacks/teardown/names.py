@@ -10,6 +10,9 @@ PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
 RUN_OUTPUT_KEY = "HorovodFleetRun"
 # ... and the run's notification topic (-c notifyEmail), mailed when the guard ends a fleet.
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
+# TrainStack's outputs the run controller reads: how many relaunches, and the hard cap's time.
+MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
+DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 # The reaper also answers this custom resource: an AMI id and code URLs as they were on the

@@ -13,10 +13,12 @@ from constructs import Construct
 
 from stacks.node_code import PROJECT
 from stacks.teardown.names import (
+    DEADLINE_OUTPUT_KEY,
     IDLE_ALARM_PREFIX,
     IDLE_EVALUATION_PERIODS,
     IDLE_MINUTES,
     IDLE_PERIOD,
+    MAX_RESTARTS_OUTPUT_KEY,
     METRIC_NAMESPACE,
     RUN_OUTPUT_KEY,
 )
@@ -33,7 +35,8 @@ class RunGuard(Construct):
     """Per-run hard cap (one-time schedule) and idle alarm, both invoking the reaper.
 
     Also outputs the run as TrainStack's `HorovodFleetRun`, which the reaper compares with the
-    event's run before it deletes anything.
+    event's run before it deletes anything, and `maxRestarts` and the cap's time, which bound
+    the run controller's relaunches.
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class RunGuard(Construct):
         reaper: aws_lambda.Function,
         run_name: str,
         max_hours: float,
+        max_restarts: int,
         instances: Sequence[ec2.CfnInstance],
     ) -> None:
         super().__init__(scope, construct_id)
@@ -137,6 +141,13 @@ class RunGuard(Construct):
 
         # The reaper deletes TrainStack only when the event's run is the one deployed.
         CfnOutput(self, "Run", value=run_name).override_logical_id(RUN_OUTPUT_KEY)
+        # The run controller relaunches at most this often, and never past the cap.
+        CfnOutput(self, "MaxRestarts", value=str(max_restarts)).override_logical_id(
+            MAX_RESTARTS_OUTPUT_KEY
+        )
+        CfnOutput(
+            self, "DeadlineOutput", value=deadline.get_att_string("Deadline")
+        ).override_logical_id(DEADLINE_OUTPUT_KEY)
 
 
 @jsii.implements(cloudwatch.IAlarmAction)

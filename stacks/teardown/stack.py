@@ -302,6 +302,9 @@ class TeardownStack(Stack):
             resource_name=f"default/{RECHECK_SCHEDULE_PREFIX}*",
         )
         done_objects_arn = bucket.arn_for_objects("runs/*/DONE.json")
+        # The run controller's record of each attempt, and the status it says "relaunching" in.
+        attempts_objects_arn = bucket.arn_for_objects("runs/*/attempts.json")
+        status_objects_arn = bucket.arn_for_objects("runs/*/status.json")
         train_instances_arn = self.format_arn(service="ec2", resource="instance", resource_name="*")
         notify_topics_arn = self.format_arn(
             service="sns", resource=f"{NOTIFY_TOPIC_PREFIX}*", arn_format=ArnFormat.NO_RESOURCE_NAME
@@ -326,8 +329,19 @@ class TeardownStack(Stack):
             ),
             iam.PolicyStatement(
                 actions=["s3:GetObject"],
-                resources=[done_objects_arn, bucket.arn_for_objects(manifest_key)],
+                resources=[
+                    done_objects_arn,
+                    attempts_objects_arn,
+                    status_objects_arn,
+                    bucket.arn_for_objects(manifest_key),
+                ],
             ),
+            # A relaunch records the attempt, says so in status.json and removes DONE.json,
+            # which would end the next attempt's members as soon as they start.
+            iam.PolicyStatement(
+                actions=["s3:PutObject"], resources=[attempts_objects_arn, status_objects_arn]
+            ),
+            iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[done_objects_arn]),
             iam.PolicyStatement(
                 actions=["cloudwatch:DescribeAlarms"],
                 resources=[alarms_arn],
@@ -359,7 +373,13 @@ class TeardownStack(Stack):
             # After a failed delete of TrainStack, its leftover instances; CloudFormation's own
             # tag names the stack, and no one else can set an aws: tag.
             iam.PolicyStatement(
-                actions=["ec2:TerminateInstances"],
+                actions=[
+                    "ec2:TerminateInstances",
+                    # The run controller's relaunch: a stop and start moves each node to
+                    # healthy hardware with empty instance stores and keeps its address.
+                    "ec2:StopInstances",
+                    "ec2:StartInstances",
+                ],
                 resources=[train_instances_arn],
                 conditions={
                     "StringEquals": {
@@ -377,15 +397,18 @@ class TeardownStack(Stack):
                 alarms_arn,
                 recheck_schedules_arn,
                 done_objects_arn,
+                attempts_objects_arn,
+                status_objects_arn,
                 train_instances_arn,
                 notify_topics_arn,
                 "*",
             ],
             "The wildcards are the stack-id suffix of TrainStack, the reaper's own re-check "
             "schedules by name prefix, the run name in runs/<run>/DONE.json (read to learn "
-            "whether a run failed), TrainStack's instances (terminated only with "
-            "CloudFormation's stack-name tag TrainStack and Project=horovod-fleet, after a "
-            "failed delete), the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
+            "whether a run failed, deleted before a relaunch), attempts.json and status.json "
+            "(the run controller's record), TrainStack's instances (stopped, started or "
+            "terminated only with CloudFormation's stack-name tag TrainStack and "
+            "Project=horovod-fleet: a relaunch, or after a failed delete), the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
             "authorise it against alarm:*), and the read-only EC2 Describe calls, which "
             "support no resource-level permissions.",
         )

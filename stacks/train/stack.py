@@ -103,6 +103,7 @@ class TrainStack(Stack):
             reaper=reaper,
             run_name=config.run,
             max_hours=config.max_hours,
+            max_restarts=0 if config.benchmark else config.max_restarts,
             instances=fleet.instances,
         )
         dashboard = RunDashboard(
@@ -112,6 +113,7 @@ class TrainStack(Stack):
             gpu=config.gpu,
             nodes=config.nodes,
             max_hours=config.max_hours,
+            max_restarts=0 if config.benchmark else config.max_restarts,
             instances=fleet.instances,
             idle_alarm=guard.idle_alarm,
         )

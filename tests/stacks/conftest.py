@@ -10,6 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+# The reaper's Lambda asset imports its sibling modules as Lambda loads them: top-level.
+sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "reaper"))
 
 Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
 

@@ -252,7 +252,7 @@ def test_failed_run_needs_only_its_logs(reaper, capsys, status, deleted):
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
     expected = ["delete-stack", "follow-delete"] if deleted else ["wait-for-results"]
-    assert [d["decision"] for d in decisions(capsys)] == expected
+    assert [d["decision"] for d in decisions(capsys)] == ["attempt-ended", *expected]
 
 
 def test_recheck_is_idempotent_and_deletes_once_results_arrive(reaper, capsys):

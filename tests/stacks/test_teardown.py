@@ -93,7 +93,13 @@ def build_app(
     train = cdk.Stack(app, "TrainStack", env=env)
     nodes = [fixture_instance(train, f"Node{index}") for index in range(2)]
     guard = RunGuard(
-        train, "Guard", reaper=teardown.reaper, run_name=RUN, max_hours=MAX_HOURS, instances=nodes
+        train,
+        "Guard",
+        reaper=teardown.reaper,
+        run_name=RUN,
+        max_hours=MAX_HOURS,
+        max_restarts=3,
+        instances=nodes,
     )
     stacks = {"DatasetStack": dataset, "TeardownStack": teardown, "TrainStack": train}
     for name, snapshot in (("PreprocessStack", True), ("PreprocessNoSnapshot", False)):
@@ -213,11 +219,20 @@ def test_run_guard_rejects_a_non_positive_cap():
         stack, "Reaper", "arn:aws:lambda:us-east-1:123456789012:function:Reaper"
     )
     with pytest.raises(ValueError, match="max_hours"):
-        RunGuard(stack, "Guard", reaper=reaper, run_name=RUN, max_hours=0, instances=[])
+        RunGuard(
+            stack, "Guard", reaper=reaper, run_name=RUN, max_hours=0, max_restarts=3, instances=[]
+        )
 
 
 def test_train_stack_tells_the_reaper_its_run(templates):
     templates["TrainStack"].has_output("HorovodFleetRun", {"Value": RUN})
+
+
+def test_train_stack_tells_the_run_controller_its_bounds(templates):
+    train = templates["TrainStack"]
+    train.has_output("HorovodFleetMaxRestarts", {"Value": "3"})
+    deadline = train.find_outputs("HorovodFleetDeadline")["HorovodFleetDeadline"]["Value"]
+    assert deadline["Fn::GetAtt"][1] == "Deadline"
 
 
 # --- idle alarm ------------------------------------------------------------------------------
@@ -439,7 +454,10 @@ def test_reaper_deletes_only_train_stack(templates):
 
 def test_reaper_stops_only_the_registered_instance(templates):
     stops = statements_for(templates, "ec2:StopInstances")
-    assert len(stops) == 2  # one per preprocessing stack in this app
+    # The run controller's, on TrainStack's tagged instances (tested below), and one per
+    # preprocessing stack in this app.
+    stops = [s for s in stops if "ec2:TerminateInstances" not in s["Action"]]
+    assert len(stops) == 2
     for statement in stops:
         [resource] = as_list(statement["Resource"])
         assert render(resource).endswith(":instance/${Node}")
@@ -454,8 +472,13 @@ def test_reaper_stops_only_the_registered_instance(templates):
     }
 
 
-def test_reaper_terminates_only_instances_cloudformation_tagged_as_train_stacks(templates):
+def test_reaper_terminates_stops_and_starts_only_instances_tagged_as_train_stacks(templates):
     [statement] = statements_for(templates, "ec2:TerminateInstances")
+    assert sorted(statement["Action"]) == [
+        "ec2:StartInstances",
+        "ec2:StopInstances",
+        "ec2:TerminateInstances",
+    ]
     [resource] = as_list(statement["Resource"])
     assert (
         render(resource) == "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*"
@@ -526,8 +549,11 @@ def test_teardown_stack_depends_on_nothing_it_guards(app_stacks):
     assert {s.stack_name for s in teardown.dependencies} <= {"DatasetStack"}
 
 
-def test_reaper_code_imports_only_boto3_and_the_standard_library():
-    tree = ast.parse(REAPER_HANDLER.read_text())
+@pytest.mark.parametrize("module", sorted(REAPER_HANDLER.parent.glob("*.py")), ids=lambda p: p.name)
+def test_reaper_code_imports_only_boto3_the_standard_library_and_its_siblings(module):
+    """What the Lambda runtime has, and the asset's own files (imported top-level, as Lambda
+    loads them)."""
+    tree = ast.parse(module.read_text())
     modules = {
         alias.name
         for node in ast.walk(tree)
@@ -536,7 +562,9 @@ def test_reaper_code_imports_only_boto3_and_the_standard_library():
     }
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     roots = {module.split(".")[0] for module in modules}
-    assert roots - set(sys.stdlib_module_names) == {"boto3", "botocore"}
+    siblings = {path.stem for path in REAPER_HANDLER.parent.glob("*.py")}
+    assert roots - set(sys.stdlib_module_names) - siblings <= {"boto3", "botocore"}
+    assert "boto3" in roots
 
 
 def test_reaper_function_runs_the_handler(templates):

@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 
 import boto3
+import controller
 from botocore.exceptions import ClientError
 
 PINNED_TYPE = "Custom::HorovodFleetPinned"
@@ -33,12 +34,15 @@ DATASET_TYPE = "Custom::HorovodFleetDataset"
 ZONE_TYPE = "Custom::HorovodFleetZone"
 # TrainStack's output naming the run's notification topic (-c notifyEmail), when there is one.
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
-# How S3 answers a read of a missing key: 404, or 403 to a role whose ListBucket is
-# prefix-conditioned, as this one's is (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
-ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
+# TrainStack's outputs that bound the run controller's relaunches.
+MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
+DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
+ABSENT_KEY_CODES = controller.ABSENT_KEY_CODES
+# StartInstances' answers when the zone has no capacity for the type now: try again later.
+NO_CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity")
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
-REASONS = ("done", "idle", "hard-cap", "deleting")  # what a re-check re-checks
+REASONS = ("done", "idle", "hard-cap", "deleting", "relaunch")  # what a re-check re-checks
 # ROLLBACK_COMPLETE is a create that failed and was rolled back: nothing of it bills.
 GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE", "ROLLBACK_COMPLETE"}
 # The statuses in which the stack itself finished a deployment: the fleet's launch.
@@ -171,10 +175,14 @@ class Reaper:
             self.answer_dataset(event)
         elif trigger == "zone":
             self.answer_zone(event)
-        elif trigger in ("done", "idle", "hard-cap"):
+        elif trigger == "done" or (trigger == "recheck" and parsed["reason"] == "done"):
+            self.end_attempt(parsed["run"])
+        elif trigger in ("idle", "hard-cap"):
             self.retire_fleet(parsed["run"], trigger)
         elif trigger == "recheck" and parsed["reason"] == "deleting":
             self.follow_delete(parsed["run"], parsed["stack_id"], parsed["check"])
+        elif trigger == "recheck" and parsed["reason"] == "relaunch":
+            self.continue_relaunch(parsed["run"])
         elif trigger == "recheck":
             self.retire_fleet(parsed["run"], parsed["reason"])
         elif trigger == "manifest":
@@ -196,12 +204,16 @@ class Reaper:
             raise
         stack = stacks[0]
         outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+        deadline = outputs.get(DEADLINE_OUTPUT_KEY)
         return {
             "id": stack["StackId"],
             "status": stack["StackStatus"],
             "status_reason": stack.get("StackStatusReason", ""),
             "run": outputs.get(self.run_output_key, ""),
             "notify_topic": outputs.get(NOTIFY_OUTPUT_KEY, ""),
+            # A stack without them (deployed before the controller) is never relaunched.
+            "max_restarts": int(outputs.get(MAX_RESTARTS_OUTPUT_KEY) or 0),
+            "deadline": controller.parse_stamp(deadline) if deadline else None,
         }
 
     def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
@@ -309,6 +321,124 @@ class Reaper:
         self.delete_stack(TRAIN_STACK, run=run, reason=reason, missing_results=missing)
         self.follow_later(run, stack["id"], check=1, status="delete requested")
 
+    # --- The run controller (controller.py decides; this part plays it on EC2) -------------
+
+    def end_attempt(self, run: str) -> None:
+        """A DONE.json of `run`: record the attempt, then relaunch the fleet or retire it.
+
+        A stack that cannot be judged now (gone, being created, another run's) goes to
+        retire_fleet, which knows what to do with each. A DONE.json already gone after a
+        relaunch was decided is that relaunch's doing: a repeated event changes nothing.
+        """
+        stack = self.train_stack()
+        if stack is None or stack["status"] in GONE_STATES or busy(stack["status"]):
+            self.retire_fleet(run, "done")
+            return
+        if stack["run"] != run:
+            self.retire_fleet(run, "done")
+            return
+        entry = controller.end_attempt(
+            self.s3,
+            self.bucket,
+            run,
+            max_restarts=stack["max_restarts"],
+            now=self.now(),
+            deadline=stack["deadline"],
+        )
+        if entry is None:
+            if self.last_decision(run) == "relaunch":
+                log("relaunch-under-way", run=run)
+                return
+            self.retire_fleet(run, "done")
+            return
+        log("attempt-ended", run=run, attempt=entry)
+        if entry["decision"] == "relaunch":
+            self.relaunch(run, stack, entry)
+            return
+        if entry["decision"] == "stop":
+            self.notify(stack, run, f"ended attempt {entry['attempt']}: {entry['why']}")
+        self.retire_fleet(run, "done")
+
+    def fleet_instances(self, stack_id: str) -> dict[str, str]:
+        """The stack's instances (CloudFormation's own tag names it) and their states."""
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": "tag:aws:cloudformation:stack-id", "Values": [stack_id]},
+                {
+                    "Name": "instance-state-name",
+                    "Values": ["pending", "running", "stopping", "stopped"],
+                },
+            ]
+        )
+        return {
+            i["InstanceId"]: i["State"]["Name"]
+            for p in pages
+            for r in p["Reservations"]
+            for i in r["Instances"]
+        }
+
+    def relaunch(self, run: str, stack: dict, entry: dict) -> None:
+        """Stop every node; continue_relaunch starts them once all have stopped. A stop and
+        start puts each node on healthy hardware with empty instance stores, its address and
+        its placement group kept, and its boot service resumes the run from S3."""
+        states = self.fleet_instances(stack["id"])
+        up = sorted(i for i, state in states.items() if state in ("pending", "running"))
+        if up:
+            self.ec2.stop_instances(InstanceIds=up)
+        name, at = self.schedule_recheck(run, "relaunch", due=self.now())
+        log("relaunch-stop", run=run, attempt=entry["attempt"] + 1, stopped=up, recheck=name, at=at)
+        self.notify(
+            stack,
+            run,
+            f"ended attempt {entry['attempt']} ({entry['reason']}); the fleet is relaunched "
+            f"({entry['why']}) and resumes from its newest checkpoint",
+        )
+
+    def continue_relaunch(self, run: str) -> None:
+        """Start the stopped nodes once none is stopping; without capacity, try again later. A
+        stack being deleted (cdk destroy, the hard cap) or replaced is never started again."""
+        stack = self.train_stack()
+        if stack is None or stack["status"] in GONE_STATES or stack["run"] != run:
+            log("relaunch-dropped", run=run, stack=stack and stack["status"])
+            return
+        states = self.fleet_instances(stack["id"])
+        if busy(stack["status"]) or "stopping" in states.values():
+            name, at = self.schedule_recheck(run, "relaunch", due=self.now())
+            log("relaunch-wait", run=run, states=states, recheck=name, at=at)
+            return
+        stopped = sorted(i for i, state in states.items() if state == "stopped")
+        if not stopped:
+            log("relaunched", run=run, instances=sorted(states))
+            return
+        try:
+            self.ec2.start_instances(InstanceIds=stopped)
+        except ClientError as error:
+            code = error.response["Error"].get("Code")
+            if code not in NO_CAPACITY_CODES:
+                raise
+            name, at = self.schedule_recheck(run, "relaunch")
+            log("relaunch-no-capacity", run=run, error=code, recheck=name, at=at)
+            return
+        log("relaunched", run=run, started=stopped)
+
+    def attempts(self, run: str) -> list[dict]:
+        """The run controller's record of the run's ended attempts (attempts.json)."""
+        history = controller.read_json(self.s3, self.bucket, f"runs/{run}/attempts.json") or {}
+        return [entry for entry in history.get("attempts", []) if isinstance(entry, dict)]
+
+    def last_decision(self, run: str) -> str | None:
+        attempts = self.attempts(run)
+        return attempts[-1].get("decision") if attempts else None
+
+    def relaunched_at(self, run: str) -> datetime.datetime | None:
+        """When the run controller last decided to relaunch the run."""
+        times = [
+            controller.parse_stamp(entry["decided_at"])
+            for entry in self.attempts(run)
+            if entry.get("decision") == "relaunch" and entry.get("decided_at")
+        ]
+        return max(times, default=None)
+
     def retire_idle(self, run: str, stack: dict) -> None:
         """Delete an idle fleet once it has been quiet for the idle window since its last progress
         and has had the launch grace since it was deployed.
@@ -324,7 +454,8 @@ class Reaper:
             log("idle-cleared", run=run)
             return
         checkpoint = self.newest_checkpoint(run)
-        deployed = self.deployed_at(stack["id"])
+        # A relaunch is a launch: its nodes boot and pull the data again, GPUs quiet.
+        deployed = max(filter(None, (self.deployed_at(stack["id"]), self.relaunched_at(run))))
         quiet_from = idle_since - self.idle_window
         progress = max(quiet_from, checkpoint) if checkpoint else quiet_from
         due = max(progress + self.idle_window, deployed + self.launch_grace)

@@ -1,0 +1,189 @@
+"""The run controller: when an attempt of a run ends, relaunch its fleet or let the run end.
+
+The reaper (handler.py) calls `end_attempt` on each DONE.json, then stops and starts the fleet's
+instances when the decision is `relaunch`. The rehearsal runs this file as a program against its
+local S3 and plays EC2's part itself:
+
+    python stacks/teardown/reaper/controller.py --bucket B --run R --max-restarts 3 \
+        [--deadline 2026-11-25T14:00:00Z]
+
+which prints the recorded attempt as one JSON line (nothing when no DONE.json is there).
+Decisions (docs/contracts.md, attempts.json): `relaunch` a failed or interrupted attempt that
+another one can get past, while restarts remain and the hard cap leaves time for one;
+`teardown` a finished run, or one that would fail the same way again; `stop` when restarts or
+time are exhausted, or the stack is being deleted. Unknown causes are retried (as SkyPilot's
+`max_restarts_on_errors` does): `maxRestarts` bounds what a deterministic one costs.
+Only boto3 and the standard library: this file is part of the reaper's Lambda asset.
+"""
+
+import argparse
+import datetime
+import json
+import re
+import sys
+
+import boto3
+from botocore.exceptions import ClientError
+
+FORMAT = "horovod-fleet/attempts/1"
+# How S3 answers a read of a missing key: 404, or 403 to a role whose ListBucket is
+# prefix-conditioned (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
+ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
+# Ends that another attempt on new instances cannot get past: the same input, data, disk size or
+# image fails the same way. Each names why, for attempts.json and the e-mail.
+FINAL_CAUSES = (
+    (re.compile(r"(?<![A-Za-z])error: "), "the trainer refused its input"),
+    (re.compile(r"sha256 differs from the manifest"), "a dataset shard in S3 is corrupt"),
+    (re.compile(r"no intact checkpoint"), "no checkpoint in S3 is intact"),
+    (re.compile(r"no space left on device", re.IGNORECASE), "the run does not fit the disk"),
+    (re.compile(r"step 'training image' failed"), "the node's image is not the one expected"),
+    (re.compile(r"step 'read node\.json' failed"), "the node's configuration is unusable"),
+)
+# A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
+# checkpoint): a shorter one would be cut off before it saved anything.
+MIN_ATTEMPT = datetime.timedelta(minutes=30)
+
+
+def stamp(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.timezone.utc
+    )
+
+
+def final_cause(reason: str | None) -> str | None:
+    """Why another attempt would fail the same way, or None when it may not."""
+    for pattern, why in FINAL_CAUSES:
+        if reason and pattern.search(reason):
+            return why
+    return None
+
+
+def decide(
+    done: dict,
+    earlier: list[dict],
+    *,
+    max_restarts: int,
+    now: datetime.datetime,
+    deadline: datetime.datetime | None,
+    deleting: bool,
+) -> tuple[bool, str, str]:
+    """(retryable, decision, why) for the attempt whose DONE.json is `done`."""
+    if done.get("status") == "succeeded":
+        return False, "teardown", "the run finished"
+    if done.get("benchmark"):
+        return False, "teardown", "a benchmark is not retried"
+    cause = final_cause(done.get("reason"))
+    if cause:
+        return False, "teardown", f"not retryable: {cause}"
+    if deleting:
+        return True, "stop", "the stack is being deleted"
+    restarts = sum(entry.get("decision") == "relaunch" for entry in earlier)
+    if restarts >= max_restarts:
+        return True, "stop", f"restarts exhausted ({restarts} of maxRestarts {max_restarts})"
+    if deadline is not None and now + MIN_ATTEMPT > deadline:
+        return True, "stop", f"the hard cap at {stamp(deadline)} leaves no time for an attempt"
+    return True, "relaunch", f"restart {restarts + 1} of {max_restarts}"
+
+
+def read_json(s3, bucket: str, key: str) -> dict | None:
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as error:
+        if error.response["Error"].get("Code") in ABSENT_KEY_CODES:
+            return None
+        raise
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def end_attempt(
+    s3,
+    bucket: str,
+    run: str,
+    *,
+    max_restarts: int,
+    now: datetime.datetime,
+    deadline: datetime.datetime | None = None,
+    deleting: bool = False,
+) -> dict | None:
+    """Record the ended attempt in runs/<run>/attempts.json and return its entry; on `relaunch`
+    remove DONE.json, which would end the next attempt's members as soon as they start.
+
+    Idempotent: a DONE.json already recorded (same attempt) returns the recorded entry, so a
+    retried event never counts an attempt twice. None when there is no DONE.json.
+    """
+    prefix = f"runs/{run}/"
+    done = read_json(s3, bucket, f"{prefix}DONE.json")
+    if done is None:
+        return None
+    history = read_json(s3, bucket, f"{prefix}attempts.json") or {}
+    earlier = [e for e in history.get("attempts", []) if isinstance(e, dict)]
+    number = done.get("attempt") or len(earlier) + 1
+    if recorded := [e for e in earlier if e.get("attempt") == number]:
+        return recorded[-1]
+    retryable, decision, why = decide(
+        done, earlier, max_restarts=max_restarts, now=now, deadline=deadline, deleting=deleting
+    )
+    status = read_json(s3, bucket, f"{prefix}status.json") or {}
+    entry = {
+        "attempt": number,
+        "started_at": status.get("attempt_started_at"),
+        "ended_at": done.get("finished_at") or stamp(now),
+        "status": done.get("status"),
+        "reason": done.get("reason"),
+        "epochs": done.get("epochs"),
+        "retryable": retryable,
+        "decision": decision,
+        "why": why,
+        "decided_at": stamp(now),
+    }
+    document = {"format": FORMAT, "run": run, "max_restarts": max_restarts}
+    document["attempts"] = [*earlier, entry]
+    s3.put_object(
+        Bucket=bucket,
+        Key=f"{prefix}attempts.json",
+        Body=json.dumps(document, indent=1).encode(),
+        ContentType="application/json",
+    )
+    if decision == "relaunch":
+        s3.delete_object(Bucket=bucket, Key=f"{prefix}DONE.json")
+        relaunching = {**status, "phase": "relaunching", "attempt": number + 1}
+        relaunching.update(updated_at=stamp(now), reason=f"{done.get('reason')} ({why})")
+        s3.put_object(
+            Bucket=bucket,
+            Key=f"{prefix}status.json",
+            Body=json.dumps(relaunching, indent=1).encode(),
+            ContentType="application/json",
+        )
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--max-restarts", type=int, required=True)
+    parser.add_argument("--deadline", type=parse_stamp, help="the hard cap, YYYY-MM-DDTHH:MM:SSZ")
+    args = parser.parse_args(argv)
+    entry = end_attempt(
+        boto3.client("s3"),
+        args.bucket,
+        args.run,
+        max_restarts=args.max_restarts,
+        now=datetime.datetime.now(datetime.timezone.utc),
+        deadline=args.deadline,
+    )
+    if entry is not None:
+        print(json.dumps(entry, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
