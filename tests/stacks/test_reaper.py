@@ -1,4 +1,5 @@
-"""The reaper Lambda against moto: what it deletes, stops, snapshots, waits for and refuses."""
+"""The reaper Lambda against moto: what it deletes, stops, snapshots, waits for, refuses and
+relaunches (the run controller's decisions played on EC2)."""
 
 import datetime
 import json
@@ -1064,3 +1065,141 @@ def test_without_a_topic_no_mail(reaper):
     reaper.sns = RecordingSns()
     reaper.handle({"trigger": "hard-cap", "run": RUN})
     assert reaper.sns.published == []
+
+
+# --- the run controller: relaunch instead of teardown ---------------------------------------
+
+NODE_LOST = "step 'training' failed: RuntimeError: node 1 (i-0abc, 10.0.0.12) lost: no heartbeat"
+
+
+def deploy_outputs(max_restarts: int, deadline: datetime.datetime) -> None:
+    """TrainStack as RunGuard deploys it: the run, maxRestarts and the hard cap's time."""
+    template = {
+        "Resources": {"Handle": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {
+            "HorovodFleetRun": {"Value": RUN},
+            "HorovodFleetMaxRestarts": {"Value": str(max_restarts)},
+            "HorovodFleetDeadline": {"Value": f"{deadline:%Y-%m-%dT%H:%M:%S}Z"},
+        },
+    }
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    cloudformation.update_stack(StackName="TrainStack", TemplateBody=json.dumps(template))
+
+
+def fleet() -> list[str]:
+    tags = {"aws:cloudformation:stack-id": train_stack_id(), "Project": "horovod-fleet"}
+    return [launch(tags), launch(tags)]
+
+
+def states(ids: list[str]) -> list[str]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    found = {i["InstanceId"]: i["State"]["Name"] for r in reservations for i in r["Instances"]}
+    return [found[i] for i in ids]
+
+
+def fail_attempt(reason: str = NODE_LOST, attempt: int = 1) -> None:
+    done = {"run": RUN, "status": "failed", "reason": reason, "attempt": attempt}
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json", Body=json.dumps(done).encode())
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"log")
+
+
+def relaunch_recheck() -> dict:
+    [payload] = [
+        json.loads(s["Target"]["Input"])
+        for s in schedules()
+        if json.loads(s["Target"]["Input"])["reason"] == "relaunch"
+    ]
+    return payload
+
+
+def test_a_lost_node_relaunches_the_fleet_instead_of_deleting_it(reaper, capsys):
+    deploy_outputs(3, NOW + datetime.timedelta(hours=3))
+    nodes = fleet()
+    bystander = launch({"Project": "horovod-fleet"})
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    ended, stopping = decisions(capsys)
+    assert ended["decision"] == "attempt-ended"
+    assert ended["attempt"]["decision"] == "relaunch"
+    assert stopping["decision"] == "relaunch-stop"
+    assert stopping["stopped"] == sorted(nodes)
+    assert set(states(nodes)) <= {"stopping", "stopped"}
+    assert stack_status("TrainStack") == "UPDATE_COMPLETE"  # not deleted
+    payload = relaunch_recheck()
+    assert payload == {"trigger": "recheck", "reason": "relaunch", "run": RUN}
+    reaper.handle(payload)  # a minute later: every node stopped
+    [started] = decisions(capsys)
+    assert started == {"decision": "relaunched", "run": RUN, "started": sorted(nodes)}
+    assert states(nodes) == ["running", "running"]
+    assert states([bystander]) == ["running"]
+    reaper.handle(payload)  # a repeated re-check changes nothing
+    assert decisions(capsys)[0]["decision"] == "relaunched"
+    # The event again (S3 delivers at least once): DONE.json is gone, the attempt counted once.
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    assert [d["decision"] for d in decisions(capsys)] == ["relaunch-under-way"]
+
+
+def test_no_capacity_tries_again_later(reaper, capsys, monkeypatch):
+    deploy_outputs(3, NOW + datetime.timedelta(hours=3))
+    nodes = fleet()
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    decisions(capsys)
+
+    def no_capacity(**kwargs):
+        error = {"Code": "InsufficientInstanceCapacity", "Message": "no p4d.24xlarge capacity"}
+        raise ClientError({"Error": error}, "StartInstances")
+
+    monkeypatch.setattr(reaper.ec2, "start_instances", no_capacity)
+    reaper.handle(relaunch_recheck())
+    [waiting] = decisions(capsys)
+    assert waiting["decision"] == "relaunch-no-capacity"
+    assert waiting["error"] == "InsufficientInstanceCapacity"
+    assert set(states(nodes)) <= {"stopping", "stopped"}
+    assert len([s for s in schedules() if "relaunch" in s["Name"]]) == 2
+
+
+def test_cdk_destroy_during_a_relaunch_starts_nothing(reaper, capsys):
+    deploy_outputs(3, NOW + datetime.timedelta(hours=3))
+    nodes = fleet()
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    decisions(capsys)
+    set_train_stack_status("DELETE_IN_PROGRESS")
+    reaper.handle(relaunch_recheck())
+    [dropped] = decisions(capsys)
+    assert dropped["decision"] == "relaunch-dropped"
+    assert set(states(nodes)) <= {"stopping", "stopped"}
+
+
+def test_restarts_exhausted_tears_the_fleet_down(reaper, capsys):
+    deploy_outputs(0, NOW + datetime.timedelta(hours=3))
+    nodes = fleet()
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    recorded = [d for d in decisions(capsys) if d["decision"] != "notified"]
+    assert [d["decision"] for d in recorded] == ["attempt-ended", "delete-stack", "follow-delete"]
+    assert recorded[0]["attempt"]["why"] == "restarts exhausted (0 of maxRestarts 0)"
+    assert states(nodes) == ["running", "running"]  # CloudFormation's delete ends them
+
+
+def test_a_non_retryable_end_is_not_relaunched(reaper, capsys):
+    deploy_outputs(3, NOW + datetime.timedelta(hours=3))
+    fleet()
+    fail_attempt("step 'training' failed: RuntimeError: horovodrun exited 1: error: bad flag")
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    recorded = decisions(capsys)
+    assert recorded[0]["attempt"]["decision"] == "teardown"
+    assert "delete-stack" in [d["decision"] for d in recorded]
+
+
+def test_the_hard_cap_near_stops_instead_of_relaunching(reaper, capsys):
+    deploy_outputs(3, NOW + datetime.timedelta(minutes=10))
+    fleet()
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    recorded = decisions(capsys)
+    assert recorded[0]["attempt"]["decision"] == "stop"
+    assert "hard cap" in recorded[0]["attempt"]["why"]
