@@ -9,10 +9,12 @@ injected, in order (each attempt starts from what the previous one left in S3):
     leader node stopped          SIGTERM to every process of node 0 (what systemd does to the
                                  unit at a shutdown or Spot interruption) during training
     shard corrupted in S3        a shard replaced by one of the same size with a flipped byte,
-                                 on nodes that must pull it again
+                                 on nodes that must pull it again: the run controller does not
+                                 relaunch (not retryable)
     rerun after the S3 fix       the good shard put back; the same nodes run again
     node never boots             node 1 is not started: the leader names it every 30 s, then
-                                 gives up
+                                 gives up; with maxRestarts 1 the controller relaunches once,
+                                 then stops: restarts exhausted
     leader's bootstrap killed    SIGKILL of node 0's bootstrap process only, after the attempt's
                                  first epoch: the rehearsal restarts it as systemd does
                                  (Restart=on-abnormal), and the run resumes and finishes
@@ -22,7 +24,16 @@ injected, in order (each attempt starts from what the previous one left in S3):
                                  (namespaces only): the reason names ENOSPC, the path, the
                                  filesystem
     network of node 1 cut        node 1's link goes down mid-training (namespaces only): the
-                                 reason names node 1 from its stale heartbeat, not rank 0
+                                 reason names node 1 from its stale heartbeat, not rank 0; the
+                                 controller relaunches (the link is back: new hardware) and the
+                                 run finishes
+    node 1's host lost           every process of node 1's namespace killed after an epoch: the
+                                 controller relaunches, the run finishes, DONE.json counts both
+
+Rows with a run controller play the deployed fleet: after each attempt the controller's own code
+(stacks/teardown/reaper/controller.py, run as a program against the local S3) decides, and on
+`relaunch` the rehearsal plays EC2's stop and start: every process of every node ends and each
+node's /data comes back empty.
 
 and prints a table: fault, expected outcome, observed outcome, pass or fail. Exit 0 only if every
 row passes. `--fault TEXT` (repeatable) keeps only the rows whose name contains TEXT, in order;
@@ -270,6 +281,7 @@ def kill_host(index: int) -> Callable[[Rehearsal], None]:
             raise RuntimeError("the lost-host row needs the namespaces (root): a host per node")
 
         def kill() -> None:
+            rehearsal.services.pop(f"node{index}")  # a dead host's systemd restarts nothing
             pids = rehearsal.fleet.kill_host(rehearsal.fleet.nodes[index].namespace)
             say(f"FAULT: node {index}'s host is gone (SIGKILL to its {len(pids)} processes)")
 
@@ -476,7 +488,7 @@ def faults(nodes: int) -> list[Fault]:
                 counted=every_attempt_counted,
             ),
             cleanup=lambda r: set_link(r, 1, "up"),
-            max_restarts=3,
+            max_restarts=5,  # the run's earlier rows relaunched too: the count is per run
             before_relaunch=lambda r: set_link(r, 1, "up"),
         ),
         Fault(
@@ -491,7 +503,7 @@ def faults(nodes: int) -> list[Fault]:
                 counted=every_attempt_counted,
             ),
             EVERY_EPOCH,
-            max_restarts=3,
+            max_restarts=5,
         ),
     ]
 

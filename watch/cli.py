@@ -85,11 +85,12 @@ class Watcher:
             now=now or datetime.now(timezone.utc),
             status=self.store.read_json(f"{prefix}status.json"),
             done=self.store.read_json(f"{prefix}DONE.json"),
+            attempts=(self.store.read_json(f"{prefix}attempts.json") or {}).get("attempts"),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():
             facts.stack_created = self.fleet.stack_created
-            facts.hard_cap_at = parse_time(self.fleet.outputs.get("HardCapAt"))
+            facts.hard_cap_at = parse_time(self.fleet.outputs.get("HorovodFleetDeadline"))
             if self.fleet.stack_status == "CREATE_IN_PROGRESS":
                 facts.stack_phase = "booting"
         nothing_yet = facts.status is None and facts.stack_phase is None and facts.done is None

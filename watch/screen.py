@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 DONE_PHASE = {"succeeded": "done", "failed": "failed", "interrupted": "interrupted"}
 ENDED = ("done", "failed", "interrupted")
+SHOWN_ATTEMPTS = 3  # the newest ended attempts the status screen lists
 LABELS = {
     "image_bake": "image bake", "booting": "booting", "pulling_data": "pulling data",
     "allreduce_check": "allreduce check", "training": "training", "evaluating": "evaluating",
@@ -41,10 +42,11 @@ class RunFacts:
     now: datetime
     status: dict | None = None  # runs/<run>/status.json
     done: dict | None = None  # runs/<run>/DONE.json
+    attempts: list[dict] | None = None  # runs/<run>/attempts.json's ended attempts
     nodes_up: int | None = None  # registrations in runs/<run>/nodes/
     stack_phase: str | None = None  # from CloudFormation, before the leader writes anything
     stack_created: datetime | None = None  # TrainStack's creation: the bill's start
-    hard_cap_at: datetime | None = None  # TrainStack's HardCapAt output
+    hard_cap_at: datetime | None = None  # TrainStack's HorovodFleetDeadline output
 
     @property
     def phase(self) -> str:
@@ -142,6 +144,13 @@ def status_screen(facts: RunFacts) -> str:
             else "none in S3 yet"
         )
     )
+    for entry in (facts.attempts or [])[-SHOWN_ATTEMPTS:]:
+        reason = entry.get("reason") or "no reason"
+        reason = reason if len(reason) <= 90 else reason[:87] + "..."
+        lines.append(
+            f"  attempt {entry.get('attempt')}   {entry.get('status')}, "
+            f"{entry.get('decision')} ({entry.get('why')}): {reason}"
+        )
     if facts.done:
         done = facts.done
         figures = f", top-1 {done['top1']}" if done.get("top1") is not None else ""
@@ -174,7 +183,7 @@ def cap_line(facts: RunFacts) -> str:
         return "not reached: the run has ended"
     cap = facts.cap()
     if cap is None:
-        return "unknown (no TrainStack output HardCapAt, no max_hours in status.json)"
+        return "unknown (no TrainStack output HorovodFleetDeadline, no max_hours in status.json)"
     at, exact = cap
     left = (at - facts.now).total_seconds()
     how = "" if exact else " (estimated from the leader's start)"

@@ -119,7 +119,11 @@ def test_done_document_on_success_and_failure(tmp_path):
     assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
                       "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
                       "target_top1", "reached_target_at_epoch", "time_to_target_s",
-                      "finished_at"}  # fmt: skip
+                      "finished_at", "attempt", "attempts"}  # fmt: skip
+    assert (ok["attempt"], ok["attempts"]) == (
+        1,
+        [{"attempt": 1, "status": "succeeded", "reason": None}],
+    )
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
         0.93,
@@ -133,6 +137,26 @@ def test_done_document_on_success_and_failure(tmp_path):
     failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, started + 10, started)
     assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
+
+
+def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path):
+    cfg = parse(train_doc())
+    earlier = [
+        {"attempt": 1, "status": "failed", "reason": "node 1 lost", "decision": "relaunch",
+         "retryable": True},
+        {"attempt": 2, "status": "interrupted", "reason": "SIGTERM", "decision": "relaunch"},
+    ]  # fmt: skip
+    started = time.time() - 5
+    done = launch.done_document(cfg, "failed", "x " * 400, tmp_path, started + 5, started, None,
+                                earlier)  # fmt: skip
+    assert done["attempt"] == 3
+    assert [(a["attempt"], a["status"]) for a in done["attempts"]] == [
+        (1, "failed"),
+        (2, "interrupted"),
+        (3, "failed"),
+    ]
+    assert set(done["attempts"][0]) == {"attempt", "status", "reason"}
+    assert done["attempts"][2]["reason"] == done["reason"]  # one line, trimmed alike
 
 
 def test_failure_reason_prefers_the_trainer_error_line():

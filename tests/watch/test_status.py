@@ -116,6 +116,24 @@ def test_an_ended_run_shows_done_json_reason(s3, capsys):
     assert "ETA" not in out and "projected" not in out
 
 
+def test_a_relaunched_run_lists_its_ended_attempts(s3, capsys):
+    relaunching = {**status_doc("training", PROGRESS), "phase": "relaunching", "attempt": 2}
+    put(s3, "runs/r1/status.json", relaunching)
+    put(s3, "runs/r1/attempts.json", {
+        "format": "horovod-fleet/attempts/1", "run": "r1", "max_restarts": 3,
+        "attempts": [{"attempt": 1, "status": "failed", "decision": "relaunch",
+                      "why": "restart 1 of 3", "reason": "node 1 (i-0abc, 10.0.0.12) lost: "
+                      "no heartbeat for 120 s " + "x" * 200}],
+    })  # fmt: skip
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "phase       relaunching, attempt 2" in out
+    [line] = [line for line in out.splitlines() if line.startswith("  attempt 1 ")]
+    assert line.startswith(
+        "  attempt 1   failed, relaunch (restart 1 of 3): node 1 (i-0abc, 10.0.0.12) lost"
+    )
+    assert line.endswith("...") and len(line) < 160
+
+
 def test_phase_comes_from_cloudformation_before_the_leader_writes():
     now = datetime.now(timezone.utc)
     for stack_phase, label in (("image_bake", "image bake"), ("booting", "booting")):
@@ -155,7 +173,7 @@ def test_bucket_from_the_account_and_run_from_train_stack(s3, capsys):
         "Outputs": {
             "HorovodFleetRun": {"Value": "r1"},
             # 30 s short of 2 h: the screen's whole seconds cannot round it back up to 2:00:00.
-            "HardCapAt": {"Value": stamp(7170)},
+            "HorovodFleetDeadline": {"Value": stamp(7170)},
         },
     }
     cloudformation.create_stack(StackName="TrainStack", TemplateBody=json.dumps(template))
