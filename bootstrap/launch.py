@@ -473,12 +473,18 @@ SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native 
 
 def rank_hosts(hostfile: str) -> list[str]:
     """The host of each rank: horovodrun gives ranks host by host, in hostfile order."""
-    hosts = []
-    for line in hostfile.splitlines():
-        if line.strip():
-            host, _, slots = line.partition(" slots=")
-            hosts += [host.strip()] * int(slots or 1)
-    return hosts
+    return [host for _, host in rank_nodes(hostfile)]
+
+
+def rank_nodes(hostfile: str) -> list[tuple[int, str]]:
+    """The node index and host of each rank: the hostfile lists the nodes in index order
+    (rendezvous.write_hostfile), and horovodrun gives ranks host by host in that order."""
+    nodes = []
+    lines = [line for line in hostfile.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        host, _, slots = line.partition(" slots=")
+        nodes += [(index, host.strip())] * int(slots or 1)
+    return nodes
 
 
 def describe_exit(code: int) -> str:
@@ -608,7 +614,7 @@ def failure_reason(
     errors = [line for line in lines if TRAINER_ERROR.search(line)]
     if errors:
         return trim_reason(errors[-1])
-    hosts = rank_hosts(hostfile)
+    nodes = rank_nodes(hostfile)
     if found := MPI_SIGNAL.search(tail):
         rank, node = int(found.group(1)), found.group(2)
         return describe_rank(rank, f" on {node}", 128 + int(found.group(3)), lines)
@@ -619,14 +625,24 @@ def failure_reason(
         code = int(first.group(2)) if first else 1
         if rank in killed:
             code = 128 + signal.Signals[killed[rank]].value
-        where = f" on {hosts[rank]}" if rank < len(hosts) else ""
+        where = f" on node {nodes[rank][0]} ({nodes[rank][1]})" if rank < len(nodes) else ""
         return describe_rank(rank, where, code, lines)
     return trim_reason((lines or ["no output"])[-1])
+
+
+# ssh exits 255 when the connection fails or drops (ssh(1), EXIT STATUS): a remote rank whose
+# host died or went off the network, as no rank's own exit says 255.
+SSH_LOST = 255
 
 
 def describe_rank(rank: int, where: str, code: int, lines: list[str]) -> str:
     """A rank that exited on its own gets its last stderr line; a killed one has none worth it."""
     how = describe_exit(code)
-    said = [line for line in lines if line.startswith(f"[{rank}]<stderr>:")]
-    last = f"; its last words: {said[-1].split(':', 1)[1].strip()}" if said else ""
+    if code == SSH_LOST:
+        how += " (ssh's code for a lost connection: its host is gone or unreachable)"
+    said = [
+        line.split(":", 1)[1].strip() for line in lines if line.startswith(f"[{rank}]<stderr>:")
+    ]
+    said = [words for words in said if words]
+    last = f"; its last words: {said[-1]}" if said else ""
     return trim_reason(f"rank {rank}{where} {how}{'' if how.startswith('killed') else last}")

@@ -367,13 +367,13 @@ def faults(nodes: int) -> list[Fault]:
         ),
         Fault(
             "rank 1 killed (SIGKILL)",
-            "failed: rank 1 on <its host> killed by SIGKILL",
+            "failed: rank 1 on node 1 (<its host>) killed by SIGKILL",
             5,
             lambda r: r.watches.append(("node0", "Epoch 4/", kill_rank(r, 1))),
             expect(
                 "failed",
                 reason_names_the_rank=lambda r, d: (
-                    "rank 1 on " in d["reason"] and "killed by SIGKILL" in d["reason"]
+                    "rank 1 on node 1 (" in d["reason"] and "killed by SIGKILL" in d["reason"]
                 ),
             ),
         ),

@@ -193,6 +193,20 @@ def test_done_document_ignores_figures_a_previous_attempt_left(tmp_path):
     assert failed["epochs"] is None
 
 
+def test_a_rank_whose_host_is_gone_names_its_node_and_the_lost_connection():
+    """Every process of node 1's host killed (the fault rehearsal's lost host): ssh ends its
+    ranks with 255 and no words. Before: 'rank 1 on 10.0.1.23 exited 255; its last words:'."""
+    tail = (
+        "[0]<stdout>:Epoch 2/5\n[1]<stderr>:\n"
+        "Process 1 exit with status code 255.\n"
+        "Terminating remaining workers after failure of Process 1.\n"
+    )
+    assert launch.failure_reason(tail, "10.0.1.7 slots=1\n10.0.1.23 slots=1\n") == (
+        "rank 1 on node 1 (10.0.1.23) exited 255 (ssh's code for a lost connection: its host "
+        "is gone or unreachable)"
+    )
+
+
 GLOO_RANK_KILLED = """[1]<stdout>:Step 40 Epoch 2 ...
 Process 1 exit with status code 137.
 Terminating remaining workers after failure of Process 1.
@@ -209,7 +223,7 @@ def test_dead_rank_is_named_by_rank_host_and_signal():
     """Gloo's summary (horovod 0.28.1 gloo_run.py) with the hostfile's rank placement."""
     hostfile = "10.0.1.5 slots=1\n10.0.1.23 slots=1\n"
     assert launch.failure_reason(GLOO_RANK_KILLED, hostfile) == (
-        "rank 1 on 10.0.1.23 killed by SIGKILL (out of memory?)"
+        "rank 1 on node 1 (10.0.1.23) killed by SIGKILL (out of memory?)"
     )
 
 
@@ -217,7 +231,7 @@ def test_ranks_map_to_hosts_slot_by_slot():
     hostfile = "10.0.1.5 slots=8\n10.0.1.23 slots=8\n"
     tail = "Process name: [[4242,1],9]\n  Exit code:    139\n"
     assert launch.failure_reason(tail, hostfile) == (
-        "rank 9 on 10.0.1.23 killed by SIGSEGV (a crash in native code)"
+        "rank 9 on node 1 (10.0.1.23) killed by SIGSEGV (a crash in native code)"
     )
 
 
@@ -229,7 +243,7 @@ def test_mpirun_signal_report_names_rank_node_and_signal():
 def test_rank_that_exits_with_a_code_keeps_its_last_words():
     tail = "[2]<stderr>:Traceback\n[2]<stderr>:ZeroDivisionError: division by zero\nProcess name: 2\nExit code: 1\n"
     assert launch.failure_reason(tail, "h slots=4\n") == (
-        "rank 2 on h exited 1; its last words: ZeroDivisionError: division by zero"
+        "rank 2 on node 0 (h) exited 1; its last words: ZeroDivisionError: division by zero"
     )
 
 
@@ -257,7 +271,7 @@ def test_a_rank_killed_behind_ssh_is_named_by_its_wrapper():
         "Process name: 1\nExit code: 255\n"
     )
     assert launch.failure_reason(tail, "10.0.1.5 slots=1\n10.0.1.23 slots=1\n") == (
-        "rank 1 on 10.0.1.23 killed by SIGKILL (out of memory?)"
+        "rank 1 on node 1 (10.0.1.23) killed by SIGKILL (out of memory?)"
     )
 
 

@@ -49,7 +49,10 @@ def test_the_count_sees_every_construct():
 
 def test_the_reaper_runtime_sits_beside_the_stack_that_deploys_it():
     runtime = STACKS / "teardown" / "reaper"
-    assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == ["handler.py"]
+    assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
+        "controller.py",
+        "handler.py",
+    ]
     assert 'Path(__file__).parent / "reaper"' in (STACKS / "teardown" / "stack.py").read_text()
 
 
