@@ -113,7 +113,6 @@ class TrainStack(Stack):
             gpu=config.gpu,
             nodes=config.nodes,
             max_hours=config.max_hours,
-            max_restarts=0 if config.benchmark else config.max_restarts,
             instances=fleet.instances,
             idle_alarm=guard.idle_alarm,
         )
