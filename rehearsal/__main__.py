@@ -41,6 +41,7 @@ from pathlib import Path
 
 import boto3
 
+from rehearsal import iam_s3
 from rehearsal.hosts import NODE_INTERFACE, SSH_PORT, Fleet, namespaces_available
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,14 +98,17 @@ class Rehearsal:
         self.restarts: dict[str, int] = {}
         self.node_groups: list[int] = []  # every node process group, restarted ones included
         self.entries: list[dict] = []  # the run controller's decisions of the current row
+        self.iam: iam_s3.IamS3Proxy | None = None  # the local S3's IAM judge
 
     # ------------------------------------------------------------ processes
 
-    def env(self) -> dict[str, str]:
+    def env(self, role: str = "rehearsal") -> dict[str, str]:
+        """A process's environment; `role` is the deployed role whose IAM policies the local S3
+        judges its requests by (rehearsal/iam_s3.py): node, preprocessor, reaper, or none."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(
             AWS_ENDPOINT_URL=self.endpoint,
-            AWS_ACCESS_KEY_ID="rehearsal",
+            AWS_ACCESS_KEY_ID=role,
             AWS_SECRET_ACCESS_KEY="rehearsal",
             AWS_DEFAULT_REGION=REGION,
             AWS_REGION=REGION,
@@ -236,6 +240,9 @@ class Rehearsal:
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
+        if self.iam:
+            self.iam.stop()
+            self.iam = None
         if self.fleet:
             self.fleet.close()
         for copier in self.copiers:
@@ -265,8 +272,9 @@ class Rehearsal:
             for self.step, action in steps:
                 say(f"--- {self.step}")
                 action()
+            self.check_no_refusals()
         except (StepFailed, RuntimeError, OSError) as exc:
-            verdict = f"FAILED at step '{self.step}': {exc}{self.leader_said()}"
+            verdict = f"FAILED at step '{self.step}': {exc}{self.leader_said()}{self.refused()}"
             self.keep_s3()
             self.close()
             say(verdict)
@@ -274,6 +282,21 @@ class Rehearsal:
         self.close()
         say(f"rehearsal succeeded in {time.time() - started:.0f} s; files in {self.workdir}")
         return 0
+
+    def refused(self) -> str:
+        """The IAM refusals so far, for a verdict: on AWS each would be an AccessDenied."""
+        refusals = self.iam.refusals if self.iam else []
+        if not refusals:
+            return ""
+        shown = "; ".join(dict.fromkeys(refusals))
+        return f"; {len(refusals)} request(s) refused by IAM: {shown[:1500]}"
+
+    def check_no_refusals(self) -> None:
+        """A run that got past a refusal still made a request its role may not make: on AWS
+        that request fails, so the rehearsal does too."""
+        if self.iam and self.iam.refusals:
+            self.step = "IAM"
+            raise StepFailed("the deployed roles' policies refuse what the nodes asked")
 
     def done_json(self) -> dict | None:
         try:
@@ -322,22 +345,33 @@ class Rehearsal:
             address = "127.0.0.1"
             reason = "--processes" if self.args.processes else why
             say(f"simulated hosts: separate processes on {address} ({reason})")
-        with socket.socket() as probe:
-            probe.bind((address, 0))
-            port = probe.getsockname()[1]
-        self.endpoint = f"http://{address}:{port}"
+        ports = []
+        for _ in range(2):
+            with socket.socket() as probe:
+                probe.bind((address, 0))
+                ports.append(probe.getsockname()[1])
+        moto_port, port = ports
         moto = shutil.which("moto_server", path=str(Path(sys.executable).parent))
         self.moto = self.start(
-            "s3", [moto, "-H", address, "-p", str(port)], self.env(), self.workdir / "s3.log"
+            "s3", [moto, "-H", address, "-p", str(moto_port)], self.env(), self.workdir / "s3.log"
         )
         for _ in range(100):
             try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1)
+                urllib.request.urlopen(f"http://{address}:{moto_port}/moto-api/", timeout=1)
                 break
             except OSError:
                 time.sleep(0.2)
         else:
-            raise StepFailed(f"moto_server did not answer at {self.endpoint}")
+            raise StepFailed(f"moto_server did not answer at http://{address}:{moto_port}")
+        # Every node's request is judged by its deployed role's policies, as on AWS.
+        statements = iam_s3.role_statements(self.synthesize(), REGION)
+        self.iam = iam_s3.IamS3Proxy(
+            (address, port), (address, moto_port), statements, self.workdir / "iam-refusals.log"
+        )
+        self.iam.start()
+        self.endpoint = f"http://{address}:{port}"
+        judged = ", ".join(f"{role} ({len(s)} statements)" for role, s in statements.items())
+        say(f"S3 judged by the synthesized IAM policies of: {judged}")
         self.s3 = boto3.client(
             "s3",
             endpoint_url=self.endpoint,
@@ -347,6 +381,23 @@ class Rehearsal:
         )
         self.s3.create_bucket(Bucket=BUCKET)
         say(f"S3 endpoint {self.endpoint}, bucket {BUCKET}")
+
+    def synthesize(self) -> list[dict]:
+        """The app's templates for the rehearsal's bucket, run and nodes (`python app.py`, as
+        `cdk synth` runs it): the IAM policies the local S3 enforces come from them."""
+        out = self.workdir / "cdk.out"
+        context = {"datasetBucket": BUCKET, "run": RUN, "nodes": self.args.nodes,
+                   "region": REGION}  # fmt: skip
+        env = {**self.env(), "CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context),
+               "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        if result.returncode:
+            raise StepFailed(f"cdk synth failed: {result.stderr.strip()[-500:]}")
+        names = ("TrainStack", "PreprocessStack", "TeardownStack")
+        return [json.loads((out / f"{name}.template.json").read_text()) for name in names]
 
     def make_sample(self) -> None:
         raw = self.workdir / "raw"
@@ -412,7 +463,10 @@ class Rehearsal:
             "stop_when_done": False,
             "instance_id": "rehearsal-preprocess",
         }
-        env = {**self.env(), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
+        env = {
+            **self.env("preprocessor"),
+            "NODE_JSON": str(self.node_json(home / "node.json", doc)),
+        }
         script = [str(REPO / "bootstrap" / "preprocess_node.sh")]
         self.wait({"preprocess": self.start("preprocess", script, env)}, 900)
 
@@ -482,7 +536,7 @@ class Rehearsal:
             }
             doc["trainer"].update(overrides.get("trainer", {}))
             doc.update({k: v for k, v in overrides.items() if k != "trainer"})
-            env = {**self.env(), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
+            env = {**self.env("node"), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
             script = [str(REPO / "bootstrap" / "train_node.sh")]
             cmd = self.fleet.node_command(node, data_mount, script) if node else script
             procs[f"node{index}"] = self.start(f"node{index}", cmd, env)
@@ -500,7 +554,7 @@ class Rehearsal:
         command = [sys.executable, str(CONTROLLER), "--bucket", BUCKET, "--run", RUN,
                    "--max-restarts", str(max_restarts)]  # fmt: skip
         result = subprocess.run(
-            command, env=self.env(), capture_output=True, text=True, timeout=120
+            command, env=self.env("reaper"), capture_output=True, text=True, timeout=120
         )
         if result.returncode:
             raise StepFailed(f"the run controller failed: {result.stderr.strip()[-500:]}")
