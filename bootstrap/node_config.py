@@ -12,7 +12,7 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   train only: instance_store (true: RAID0 the NVMe instance store at mount_point),
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
   heartbeat_timeout_s (120), checkpoint_sync_s (60: what a crash can lose on top of the epoch
-  in progress, see the README), status_every_s (15: how often the leader rewrites status.json
+  in progress, see docs/faults-and-recovery.md), status_every_s (15: how often the leader rewrites status.json
   while the trainer runs),
   gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
   check requires GDRDMA connections), allreduce_floor_gbps (0: no floor),

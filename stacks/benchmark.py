@@ -27,7 +27,7 @@ TIMED_STEPS = 100
 MAX_HOURS = 1.0  # the mode's default hard cap; -c maxHours= overrides it
 
 # Duration estimate, in seconds (estimates: nothing of this project has run on AWS yet).
-# Launch, boot of the baked image, health check, rendezvous: the README's goal of 5 minutes.
+# Launch, boot of the baked image, health check, rendezvous: docs/benchmark.md's goal of 5 minutes.
 BOOT_S = 300
 # Per size: horovodrun start over ssh, TensorFlow and Horovod start, building and XLA-compiling
 # ResNet-50, warm-up and timed steps (~0.2 s each on a V100 at batch 256 with fp16), and the

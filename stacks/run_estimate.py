@@ -19,7 +19,7 @@ IMAGENET_VAL_IMAGES = 50_000
 # ("Training performance: NVIDIA DGX A100 (8x A100 40GB)": 2,375 img/s on 1 GPU, 17,400 on 8).
 # No published TensorFlow figure was found for the other GPUs of the table.
 PER_GPU_IMAGES_PER_S = {"A100 40 GB": 2375}
-# The same table's 8-GPU weak scaling is 7.32x (91.5%); across EFA nodes the README assumes 90%.
+# The same table's 8-GPU weak scaling is 7.32x (91.5%); across EFA nodes docs/cost.md assumes 90%.
 SCALING = 0.9
 
 

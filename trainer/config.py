@@ -16,7 +16,7 @@ DEFAULT_EVAL_EVERY = 10
 # A checkpoint at an epoch end once this long has passed since the last (and at the end, and on
 # SIGTERM): a 200 MB save every 16 s epoch would cost a fleet several percent.
 DEFAULT_CHECKPOINT_EVERY_S = 600
-# The large-batch recipe (README "Large batches"). Goyal et al. (2017,
+# The large-batch recipe (docs/trainer.md "Large batches"). Goyal et al. (2017,
 # https://arxiv.org/abs/1706.02677) validate the linear scaling rule with a 5-epoch warmup up to
 # a global batch of 8k. At 16k (64 GPUs x 256) the one published recipe for this model, AWS's
 # 64-GPU Horovod script, keeps momentum SGD at LR 6.4 and warms up for 10 epochs

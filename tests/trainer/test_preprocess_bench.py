@@ -1,4 +1,4 @@
-"""The preprocessing benchmark's arithmetic and its command line (the figures are the README's)."""
+"""The preprocessing benchmark's arithmetic and its command line (the figures are docs/benchmark.md's)."""
 
 import re
 import subprocess
