@@ -25,4 +25,6 @@ def test_a_benchmark_needs_only_its_logs(reaper, capsys, benchmark, deleted):  #
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     assert (stack_status("TrainStack") in (None, "DELETE_COMPLETE")) is deleted
     expected = ["delete-stack", "follow-delete"] if deleted else ["wait-for-results"]
-    assert [d["decision"] for d in decisions(capsys)] == expected
+    recorded = decisions(capsys)
+    assert [d["decision"] for d in recorded] == ["attempt-ended", *expected]
+    assert recorded[0]["attempt"]["decision"] == "teardown"  # a benchmark is never relaunched
