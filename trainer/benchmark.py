@@ -39,6 +39,7 @@ from trainer.train import (
     input_threads,
     rank_train_batches,
     resolve_input,
+    settle_recipe,
     setup_devices,
 )
 
@@ -112,7 +113,8 @@ def run(argv: list[str], node_cpus: int) -> dict | None:
         num_classes = info.num_classes
     else:
         num_classes = config.num_classes or data.DEFAULT_NUM_CLASSES
-    trainer = Trainer(config, num_classes, total, gpu)
+    config, recipe = settle_recipe(config, global_batch)
+    trainer = Trainer(config, recipe, num_classes, total, gpu)
     trainer.broadcast_state()
     if options.input == "host":
         batches = host_batches(

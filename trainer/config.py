@@ -8,6 +8,17 @@ import math
 from pathlib import Path
 
 from trainer.cli import OneLineErrorParser
+from trainer.recipes import (
+    DEFAULT_RECIPE,
+    GOYAL_BASE_LR,
+    GOYAL_EPOCHS,
+    GOYAL_MOMENTUM,
+    GOYAL_WEIGHT_DECAY,
+    LARGE_BATCH,
+    LARGE_BATCH_WARMUP_EPOCHS,
+    RECIPES,
+    WARMUP_EPOCHS,
+)
 
 ARCHS = ("resnet50", "resnet18")
 # Evaluation costs a pipeline start and a pass over 50,000 images: every 10 epochs keeps it near
@@ -16,16 +27,6 @@ DEFAULT_EVAL_EVERY = 10
 # A checkpoint at an epoch end once this long has passed since the last (and at the end, and on
 # SIGTERM): a 200 MB save every 16 s epoch would cost a fleet several percent.
 DEFAULT_CHECKPOINT_EVERY_S = 600
-# The large-batch recipe (docs/trainer.md "Large batches"). Goyal et al. (2017,
-# https://arxiv.org/abs/1706.02677) validate the linear scaling rule with a 5-epoch warmup up to
-# a global batch of 8k. At 16k (64 GPUs x 256) the one published recipe for this model, AWS's
-# 64-GPU Horovod script, keeps momentum SGD at LR 6.4 and warms up for 10 epochs
-# (https://github.com/aws-samples/deep-learning-models/blob/master/models/resnet/tensorflow/dlami_scripts/train_64gpus.sh):
-# from 16k on, inclusive, the default warmup is 10 epochs. Above 16k LARS (You et al. 2017,
-# https://arxiv.org/abs/1708.03888) takes over from Nesterov SGD.
-LARGE_BATCH = 16384
-WARMUP_EPOCHS = 5.0
-LARGE_BATCH_WARMUP_EPOCHS = 10.0
 
 
 class ConfigError(ValueError):
@@ -36,7 +37,8 @@ class ConfigError(ValueError):
 class TrainConfig:
     data_dir: Path
     model_dir: Path
-    epochs: int
+    recipe: str
+    epochs: int | None  # None: the recipe's (trainer/recipes.py)
     batch_size: int
     image_size: int
     arch: str
@@ -44,10 +46,10 @@ class TrainConfig:
     label_base: int | None
     synthetic: bool
     eval_only: bool
-    base_lr: float
+    base_lr: float | None
     warmup_epochs: float | None
-    momentum: float
-    weight_decay: float
+    momentum: float | None
+    weight_decay: float | None
     label_smoothing: float
     log_every: int
     steps_per_epoch: int
@@ -89,7 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="output directory: checkpoints/, tensorboard/, eval.json, train.json (rank 0 writes)",
     )
-    parser.add_argument("--epochs", type=int, default=90, help="total training epochs")
+    parser.add_argument(
+        "--recipe",
+        choices=RECIPES,
+        default=DEFAULT_RECIPE,
+        help="goyal: linear LR scaling, cosine decay, Nesterov SGD (LARS above a global batch "
+        f"of {LARGE_BATCH}), {GOYAL_EPOCHS} epochs; fast: MLPerf's LARS recipe at the global "
+        "batch, polynomial decay, the epochs MLPerf needs there (docs/trainer.md)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        help=f"total training epochs (default: the recipe's: {GOYAL_EPOCHS} for goyal, 37 to 89 "
+        "by global batch for fast)",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="images per step per rank")
     parser.add_argument("--image-size", type=int, default=224, help="training/eval crop size")
     parser.add_argument("--arch", choices=ARCHS, default="resnet50", help="model architecture")
@@ -117,22 +132,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--base-lr",
         type=float,
-        default=0.1,
-        help="learning rate per 256 images; the peak LR is base-lr x global batch / 256",
+        help=f"recipe goyal: learning rate per 256 images (default {GOYAL_BASE_LR:g}); the peak "
+        "LR is base-lr x global batch / 256",
     )
     parser.add_argument(
         "--warmup-epochs",
         type=float,
-        help=f"linear LR warmup before cosine decay (default: {WARMUP_EPOCHS:g}, or "
-        f"{LARGE_BATCH_WARMUP_EPOCHS:g} from a global batch of {LARGE_BATCH} on; LARS takes over "
-        f"above {LARGE_BATCH})",
+        help=f"linear LR warmup (default: the recipe's; goyal: {WARMUP_EPOCHS:g}, or "
+        f"{LARGE_BATCH_WARMUP_EPOCHS:g} from a global batch of {LARGE_BATCH} on)",
     )
-    parser.add_argument("--momentum", type=float, default=0.9, help="Nesterov momentum")
+    parser.add_argument(
+        "--momentum",
+        type=float,
+        help=f"momentum (default: the recipe's; goyal: {GOYAL_MOMENTUM:g}, Nesterov)",
+    )
     parser.add_argument(
         "--weight-decay",
         type=float,
-        default=1e-4,
-        help="L2 on convolution and dense kernels (never on BatchNorm or biases)",
+        help="L2 on convolution and dense kernels, never on BatchNorm or biases (default: the "
+        f"recipe's; goyal: {GOYAL_WEIGHT_DECAY:g})",
     )
     parser.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing")
     parser.add_argument("--log-every", type=int, default=100, help="log a table row every N steps")
@@ -206,7 +224,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     _require(args.synthetic or args.data_dir is not None, "--data-dir is required (or --synthetic)")
     for name in ("epochs", "batch_size", "image_size", "log_every", "eval_every"):
         value = getattr(args, name)
-        _require(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
+        _require(value is None or value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
     _require(args.image_size >= 32, f"--image-size must be >= 32, got {args.image_size}")
     _require(
         args.steps_per_epoch >= 0, f"--steps-per-epoch must be >= 0, got {args.steps_per_epoch}"
@@ -217,7 +235,13 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     )
     # inf passes the range checks but turns the loss or the warmup step count into nan/overflow.
     _require(
-        0 < args.base_lr < math.inf, f"--base-lr must be a finite number > 0, got {args.base_lr}"
+        args.base_lr is None or 0 < args.base_lr < math.inf,
+        f"--base-lr must be a finite number > 0, got {args.base_lr}",
+    )
+    _require(
+        args.base_lr is None or args.recipe == "goyal",
+        "--base-lr applies to --recipe goyal (the LR per 256 images); --recipe fast takes the "
+        "peak LR of the MLPerf run nearest the global batch",
     )
     _require(
         args.warmup_epochs is None or 0 <= args.warmup_epochs < math.inf,
@@ -227,9 +251,12 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         0 <= args.checkpoint_every_s < math.inf,
         f"--checkpoint-every-s must be a finite number >= 0, got {args.checkpoint_every_s}",
     )
-    _require(0 <= args.momentum < 1, f"--momentum must be in [0, 1), got {args.momentum}")
     _require(
-        0 <= args.weight_decay < math.inf,
+        args.momentum is None or 0 <= args.momentum < 1,
+        f"--momentum must be in [0, 1), got {args.momentum}",
+    )
+    _require(
+        args.weight_decay is None or 0 <= args.weight_decay < math.inf,
         f"--weight-decay must be a finite number >= 0, got {args.weight_decay}",
     )
     _require(

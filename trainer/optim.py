@@ -1,4 +1,5 @@
-"""Learning-rate schedule (linear warmup, cosine decay), SGD Nesterov, LARS gradient scaling."""
+"""Learning-rate schedules (linear warmup, then cosine or MLPerf's polynomial decay), SGD, and
+LARS gradient scaling; the recipes' numbers are in trainer/recipes.py."""
 
 from __future__ import annotations
 
@@ -6,26 +7,7 @@ import math
 
 import tensorflow as tf
 
-from trainer.config import LARGE_BATCH, LARGE_BATCH_WARMUP_EPOCHS, WARMUP_EPOCHS
-
-# LARS trust coefficient (You et al., 2017: "Large Batch Training of Convolutional Networks").
-LARS_ETA = 0.001
-
-
-def uses_lars(global_batch: int) -> bool:
-    return global_batch > LARGE_BATCH
-
-
-def warmup_epochs_for(global_batch: int, requested: float | None) -> float:
-    """--warmup-epochs if given, else 5 epochs, 10 from LARGE_BATCH on (inclusive)."""
-    if requested is not None:
-        return requested
-    return LARGE_BATCH_WARMUP_EPOCHS if global_batch >= LARGE_BATCH else WARMUP_EPOCHS
-
-
-def peak_learning_rate(base_lr: float, global_batch: int) -> float:
-    """Linear scaling rule (Goyal et al., 2017): base_lr is the rate for 256 images."""
-    return base_lr * global_batch / 256
+from trainer.recipes import END_LR, LARS_ETA, POLY_POWER
 
 
 class WarmupCosine(tf.keras.optimizers.schedules.LearningRateSchedule):
@@ -52,26 +34,69 @@ class WarmupCosine(tf.keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+class WarmupPoly(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """MLPerf's schedule (recipes.poly_learning_rate): 0 -> peak linearly over warmup_steps, then
+    END_LR + (peak - END_LR) (1 - progress)^POLY_POWER at total_steps."""
+
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+        assert 0 <= warmup_steps <= total_steps and total_steps > 0, (warmup_steps, total_steps)
+        self.peak = peak
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warmup = self.peak * step / max(self.warmup_steps, 1)
+        progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+        remaining = 1.0 - tf.clip_by_value(progress, 0.0, 1.0)
+        poly = END_LR + (self.peak - END_LR) * tf.pow(remaining, POLY_POWER)
+        return tf.where(step < self.warmup_steps, warmup, poly)
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }
+
+
+def make_schedule(decay: str, peak: float, warmup_steps: int, total_steps: int):
+    schedule = {"cosine": WarmupCosine, "poly": WarmupPoly}[decay]
+    return schedule(peak, warmup_steps, total_steps)
+
+
 def make_optimizer(schedule, momentum: float, mixed_precision: bool, lars: bool):
-    """SGD with Nesterov momentum (plain momentum under LARS), loss-scaled for float16."""
+    """SGD with Nesterov momentum (plain momentum under LARS, as MLPerf's), loss-scaled for
+    float16."""
     optimizer = tf.keras.optimizers.SGD(schedule, momentum=momentum, nesterov=not lars)
     if mixed_precision:
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
 
 
-def lars_scale(grads, variables, layerwise):
-    """Scale each layer-wise variable's gradient by eta * ||w|| / ||g|| (LARC 'scale' mode).
+def lars_scale(grads, variables, layerwise, weight_decay: float | None = None):
+    """Scale each layer-wise variable's gradient by its trust ratio.
 
     `layerwise` holds the ids of the variables LARS adapts (kernels); BatchNorm and biases keep
-    the global rate. Gradients already include weight decay (it is in the loss).
+    the global rate. Gradients already include weight decay (it is in the loss). Without
+    `weight_decay` the ratio is eta ||w|| / ||g|| of that gradient (LARC's 'scale' mode, the goyal
+    recipe above 16k); with it, MLPerf's eta ||w|| / (||g|| + wd ||w||), g the loss's own gradient
+    (NVIDIA's fit.py, the reference's lars_optimizer.py), 1 where a norm is 0.
     """
     scaled = []
     for grad, var in zip(grads, variables, strict=True):
         if id(var) in layerwise:
             w_norm = tf.norm(var)
-            g_norm = tf.norm(tf.cast(grad, var.dtype))
-            trust = tf.where((w_norm > 0) & (g_norm > 0), LARS_ETA * w_norm / (g_norm + 1e-12), 1.0)
+            total = tf.cast(grad, var.dtype)
+            if weight_decay is None:
+                g_norm = tf.norm(total)
+                denominator = g_norm
+            else:
+                g_norm = tf.norm(total - weight_decay * var)
+                denominator = g_norm + weight_decay * w_norm
+            trust = tf.where(
+                (w_norm > 0) & (g_norm > 0), LARS_ETA * w_norm / (denominator + 1e-12), 1.0
+            )
             grad = grad * tf.cast(trust, grad.dtype)
         scaled.append(grad)
     return scaled

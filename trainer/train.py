@@ -19,6 +19,7 @@ EXIT_INTERRUPTED (docs/contracts.md).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,18 +32,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from trainer import affinity, data
+from trainer import affinity, data, recipes
 from trainer.cli import fail
 from trainer.config import ConfigError, TrainConfig, parse_config
 from trainer.model import build_resnet, decayed_variables
-from trainer.optim import (
-    WarmupCosine,
-    lars_scale,
-    make_optimizer,
-    peak_learning_rate,
-    uses_lars,
-    warmup_epochs_for,
-)
+from trainer.optim import lars_scale, make_optimizer, make_schedule
 from trainer.progress import ProgressFile
 
 SYNTHETIC_STEPS_PER_EPOCH = 100
@@ -211,24 +205,33 @@ def checkpoint_variables(checkpoint: tf.train.Checkpoint) -> list[tf.Variable]:
 class Trainer:
     """Model, optimizer, compiled steps and checkpoint for one run."""
 
-    def __init__(self, config: TrainConfig, num_classes: int, steps_per_epoch: int, gpu: bool):
+    def __init__(
+        self,
+        config: TrainConfig,
+        recipe: recipes.Recipe,
+        num_classes: int,
+        steps_per_epoch: int,
+        gpu: bool,
+    ):
+        assert config.epochs == recipe.epochs, "run with settle_recipe's config"
         self.config = config
+        self.recipe = recipe
         self.num_classes = num_classes
         self.global_batch = config.batch_size * hvd.size()
         mixed = config.precision == "fp16" or (config.precision == "auto" and gpu)
         self.xla = config.xla == "on" or (config.xla == "auto" and gpu)
-        self.lars = uses_lars(self.global_batch)
-        self.warmup_epochs = warmup_epochs_for(self.global_batch, config.warmup_epochs)
+        self.lars = recipe.lars
+        self.warmup_epochs = recipe.warmup_epochs
         self.mixed = mixed
         if mixed:
             tf.keras.mixed_precision.set_global_policy("mixed_float16")
         self.model = build_resnet(config.arch, num_classes, config.image_size)
-        # Horovod: scale the learning rate with the global batch (linear scaling rule).
-        self.peak_lr = peak_learning_rate(config.base_lr, self.global_batch)
+        # Horovod: the learning rate follows the global batch (the recipe's rule for it).
+        self.peak_lr = recipe.peak_lr
         total_steps = config.epochs * steps_per_epoch
         warmup_steps = min(round(self.warmup_epochs * steps_per_epoch), total_steps)
-        self.schedule = WarmupCosine(self.peak_lr, warmup_steps, total_steps)
-        self.optimizer = make_optimizer(self.schedule, config.momentum, mixed, self.lars)
+        self.schedule = make_schedule(recipe.decay, self.peak_lr, warmup_steps, total_steps)
+        self.optimizer = make_optimizer(self.schedule, recipe.momentum, mixed, self.lars)
         self.optimizer.build(self.model.trainable_variables)
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
         # A checkpoint taken mid-epoch (SIGTERM) records how far into the epoch it was, and the
@@ -258,13 +261,13 @@ class Trainer:
 
     def _forward(self, images, labels):
         logits = self.model(images, training=True)
-        smoothed = tf.one_hot(labels, self.num_classes) * (1 - self.config.label_smoothing)
-        smoothed += self.config.label_smoothing / self.num_classes
+        smoothed = tf.one_hot(labels, self.num_classes) * (1 - self.recipe.label_smoothing)
+        smoothed += self.recipe.label_smoothing / self.num_classes
         cross_entropy = tf.reduce_mean(
             tf.nn.softmax_cross_entropy_with_logits(labels=smoothed, logits=logits)
         )
         l2 = tf.add_n([tf.reduce_sum(tf.square(v)) for v in self.decayed])
-        return cross_entropy, cross_entropy + 0.5 * self.config.weight_decay * l2
+        return cross_entropy, cross_entropy + 0.5 * self.recipe.weight_decay * l2
 
     def _train_step(self, images, labels, flags):
         variables = self.model.trainable_variables
@@ -277,7 +280,9 @@ class Trainer:
             grads = self.optimizer.get_unscaled_gradients(grads)
             scale_before = self.optimizer.loss_scale
         if self.lars:
-            grads = lars_scale(grads, variables, self.lars_ids)
+            # MLPerf's trust ratio for its recipe; LARC's above 16k in goyal's.
+            mlperf = self.recipe.weight_decay if self.recipe.decay == "poly" else None
+            grads = lars_scale(grads, variables, self.lars_ids, mlperf)
         self.optimizer.apply_gradients(zip(grads, variables, strict=True))
         if self.mixed:  # a step with non-finite gradients is skipped and halves the loss scale
             skipped = self.optimizer.loss_scale < scale_before
@@ -430,11 +435,27 @@ class Timings:
         }
 
 
+def settle_recipe(config: TrainConfig, global_batch: int) -> tuple[TrainConfig, recipes.Recipe]:
+    """The recipe at this global batch, and the config with its epochs."""
+    recipe = recipes.resolve(
+        config.recipe,
+        global_batch,
+        base_lr=config.base_lr,
+        epochs=config.epochs,
+        warmup_epochs=config.warmup_epochs,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        label_smoothing=config.label_smoothing,
+    )
+    return dataclasses.replace(config, epochs=recipe.epochs), recipe
+
+
 def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     started = time.perf_counter()
     timings = Timings(started)
     gpu = setup_devices()
     global_batch = config.batch_size * hvd.size()
+    config, recipe = settle_recipe(config, global_batch)
     if config.synthetic:
         num_classes = config.num_classes or data.DEFAULT_NUM_CLASSES
         steps_per_epoch = config.steps_per_epoch or SYNTHETIC_STEPS_PER_EPOCH
@@ -442,7 +463,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     else:
         info, train_shard, val_shard, steps_per_epoch = resolve_input(config, global_batch)
         num_classes = info.num_classes
-    trainer = Trainer(config, num_classes, steps_per_epoch, gpu)
+    trainer = Trainer(config, recipe, num_classes, steps_per_epoch, gpu)
     model_dir = config.model_dir
     manager, writer, local_error = None, None, None
     if hvd.rank() == 0:
@@ -471,6 +492,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
         f"{' (LARS)' if trainer.lars else ''}, {trainer.warmup_epochs:g} warmup epochs, "
         f"{'mixed float16' if trainer.mixed else 'float32'}, XLA {'on' if trainer.xla else 'off'}"
     )
+    log(recipe.describe())
     restored = restore_newest(trainer, manager)
     start_epoch = int(trainer.epoch.numpy())
     skip_steps = 0

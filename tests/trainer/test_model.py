@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer import recipes
 from trainer.model import build_resnet, decayed_variables
-from trainer.optim import WarmupCosine, lars_scale, peak_learning_rate
+from trainer.optim import WarmupCosine, lars_scale
 
 # torchvision's resnet50 / resnet18 (the v1.5 reference): conv + BN gamma/beta + fc weights/bias.
 RESNET50_PARAMS = 25_557_032
@@ -72,7 +73,7 @@ def test_mixed_precision_computes_float16_returns_float32_logits():
 
 
 def test_learning_rate_warmup_then_cosine():
-    assert peak_learning_rate(0.1, 16384) == pytest.approx(6.4)
+    assert recipes.goyal(16384, base_lr=0.1).peak_lr == pytest.approx(6.4)
     schedule = WarmupCosine(peak=1.0, warmup_steps=10, total_steps=110)
     assert float(schedule(0)) == pytest.approx(0.1)
     assert float(schedule(9)) == pytest.approx(1.0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import optim, train
+from trainer import recipes, train
 from trainer.config import ConfigError, build_parser, parse_config
 
 
@@ -26,13 +26,23 @@ def test_help_documents_every_flag():
             assert option in text
 
 
-def test_config_is_validated_once_at_the_edge(tmp_path):
+def test_config_is_validated_once_at_the_edge(tmp_path, capsys):
     config = parse_config(["--data-dir", str(tmp_path), "--model-dir", str(tmp_path / "m")])
-    assert (config.arch, config.batch_size, config.image_size, config.epochs) == (
+    assert (config.arch, config.batch_size, config.image_size, config.recipe) == (
         "resnet50",
         256,
         224,
-        90,
+        "goyal",
+    )
+    assert config.epochs is None  # the recipe's: 90 for goyal
+    assert train.settle_recipe(config, 256)[0].epochs == 90
+    with pytest.raises(ConfigError, match="--base-lr applies to --recipe goyal"):
+        parse_config(["--data-dir", "d", "--model-dir", "m", "--recipe", "fast", "--base-lr", "1"])
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["--data-dir", "d", "--model-dir", "m", "--recipe", "mlperf"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "error: argument --recipe: invalid choice: 'mlperf' (choose from 'goyal', 'fast')"
     )
     with pytest.raises(ConfigError, match="--batch-size must be > 0, got 0"):
         parse_config(["--data-dir", "d", "--model-dir", "m", "--batch-size", "0"])
@@ -130,16 +140,18 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
 
 
 @pytest.mark.parametrize(
-    ("precision", "xla", "lars"), [("fp32", "off", False), ("fp16", "on", True)]
+    ("precision", "xla", "recipe", "lars"),
+    [("fp32", "off", "goyal", False), ("fp16", "on", "fast", True)],
 )
-def test_train_step_variants_update_weights(tmp_path, monkeypatch, precision, xla, lars):
+def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, lars):
     """The GPU settings (float16 loss scaling, XLA, LARS) run here on CPU, in one process."""
     hvd.init()
-    monkeypatch.setattr(train, "uses_lars", lambda global_batch: lars)
     args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
+    args += ["--recipe", recipe, "--warmup-epochs", "0"]  # no zero-LR first step
     config = parse_config([*args, "--image-size", "32", "--precision", precision, "--xla", xla])
+    config, settled = train.settle_recipe(config, 4)
     try:
-        trainer = train.Trainer(config, num_classes=10, steps_per_epoch=2, gpu=False)
+        trainer = train.Trainer(config, settled, num_classes=10, steps_per_epoch=2, gpu=False)
         assert (trainer.mixed, trainer.xla, trainer.lars) == (
             precision == "fp16",
             xla == "on",
@@ -200,9 +212,9 @@ def test_sigterm_mid_epoch_saves_that_step_and_a_rerun_resumes_there(
 
 def test_default_recipe_switches_at_a_global_batch_of_16k():
     # 8 nodes x 8 GPUs x 256 = 16,384 gets AWS's tested 16k recipe: 10 warmup epochs, no LARS.
-    assert optim.warmup_epochs_for(16383, None) == 5 and optim.warmup_epochs_for(16384, None) == 10
-    assert not optim.uses_lars(16384) and optim.uses_lars(32768)
-    assert optim.warmup_epochs_for(16384, 2.5) == 2.5  # the flag wins
+    assert recipes.goyal(16383).warmup_epochs == 5 and recipes.goyal(16384).warmup_epochs == 10
+    assert not recipes.goyal(16384).lars and recipes.goyal(32768).lars
+    assert recipes.goyal(16384, warmup_epochs=2.5).warmup_epochs == 2.5  # the flag wins
 
 
 def test_resume_step_keeps_the_fraction_of_the_epoch():
@@ -217,8 +229,9 @@ def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
     hvd.init()
     args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
     config = parse_config([*args, "--image-size", "32", "--precision", "fp16"])
+    config, recipe = train.settle_recipe(config, 4)
     try:
-        trainer = train.Trainer(config, num_classes=10, steps_per_epoch=2, gpu=False)
+        trainer = train.Trainer(config, recipe, num_classes=10, steps_per_epoch=2, gpu=False)
         names = {variable.name.split(":")[0] for variable in trainer.state}
         assert {"current_loss_scale", "good_steps", "completed_epochs", "epoch_step"} <= names
         listed = [id(variable) for variable in trainer.state]

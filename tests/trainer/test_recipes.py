@@ -1,0 +1,104 @@
+"""The recipes against the papers' and MLPerf's formulas, written out independently in numpy."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import recipes
+from trainer.optim import WarmupPoly, lars_scale
+
+BATCHES = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def mlperf_poly(step, peak, warmup, total, end=1e-4, power=2.0):
+    """NVIDIA's PolySchedule (training_results_v4.0 .../eos_ngc24.04_mxnet/common/fit.py)."""
+    if step <= warmup:
+        return peak * step / warmup
+    return end + (peak - end) * (1 - (step - warmup) / (total - warmup)) ** power
+
+
+@pytest.mark.parametrize("global_batch", BATCHES)
+def test_the_poly_schedule_is_mlperf_s_at_every_batch(global_batch):
+    recipe = recipes.fast(global_batch)
+    steps_per_epoch = math.ceil(1_281_167 / global_batch)
+    warmup = round(recipe.warmup_epochs * steps_per_epoch)
+    total = recipe.epochs * steps_per_epoch
+    schedule = WarmupPoly(recipe.peak_lr, warmup, total)
+    for step in (0, 1, warmup // 2, warmup, warmup + 1, (warmup + total) // 2, total - 1, total):
+        expected = mlperf_poly(step, recipe.peak_lr, warmup, total)
+        assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-7), step
+        assert recipes.poly_learning_rate(step, recipe.peak_lr, warmup, total) == pytest.approx(
+            expected, rel=1e-12
+        )
+    assert float(schedule(total)) == pytest.approx(recipes.END_LR)
+
+
+def mlperf_lars_trust(w, g, wd, eta=0.001):
+    """eta ||w|| / (||g|| + wd ||w||), g without weight decay (the reference's
+    lars_optimizer.py, NVIDIA's fit.py)."""
+    w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+    return eta * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
+
+
+@pytest.mark.parametrize("weight_decay", [5e-5, 2e-4])
+def test_lars_trust_ratio_is_mlperf_s_and_spares_batchnorm(weight_decay):
+    rng = np.random.default_rng(7)
+    w = rng.normal(size=(3, 3, 8, 16)).astype(np.float32)
+    g = rng.normal(scale=1e-3, size=w.shape).astype(np.float32)
+    kernel, gamma = tf.Variable(w), tf.Variable(np.ones(16, np.float32))
+    # The loss holds 0.5 wd ||w||^2, so the kernel's gradient arrives as g + wd w.
+    arriving = g + weight_decay * w
+    scaled = lars_scale(
+        [tf.constant(arriving), tf.constant(np.full(16, 0.5, np.float32))],
+        [kernel, gamma],
+        {id(kernel)},
+        weight_decay,
+    )
+    trust = mlperf_lars_trust(w, g, weight_decay)
+    assert np.allclose(scaled[0].numpy(), arriving * trust, rtol=1e-4)
+    assert np.allclose(scaled[1].numpy(), 0.5)  # BatchNorm keeps the global rate
+    zero = lars_scale([tf.constant(arriving)], [tf.Variable(np.zeros_like(w))], set(), 1e-4)
+    assert np.allclose(zero[0].numpy(), arriving)  # not a layer-wise variable: untouched
+
+
+def test_fast_takes_the_logged_run_nearest_the_batch():
+    assert recipes.nearest_mlperf_run(8192).source == "v1.0 Google tpu-v4-128-TF"
+    assert recipes.nearest_mlperf_run(13056).global_batch == 16384
+    assert recipes.nearest_mlperf_run(64).global_batch == 1600
+    assert recipes.nearest_mlperf_run(200_000).global_batch == 65536
+    at_8k = recipes.fast(8192)
+    assert (at_8k.peak_lr, at_8k.warmup_epochs, at_8k.epochs) == (17.0, 5, 44)
+    assert (at_8k.weight_decay, at_8k.momentum, at_8k.lars, at_8k.decay) == (
+        2e-4,
+        0.9,
+        True,
+        "poly",
+    )
+    assert "75.9% at epoch 42" in at_8k.source
+
+
+def test_fast_s_peak_lr_follows_the_logged_runs_square_root_trend():
+    for run in recipes.MLPERF_RUNS:  # at a logged batch: that run's own LR
+        assert recipes.fast(run.global_batch).peak_lr == pytest.approx(run.peak_lr)
+    assert recipes.fast(4096).peak_lr == pytest.approx(10.5 * math.sqrt(4096 / 3264))
+    rising = [recipes.fast(b).peak_lr for b in (1600, 3264, 8192, 16384)]
+    assert rising == sorted(rising)
+
+
+def test_more_epochs_for_bigger_batches_as_mlperf_needed():
+    epochs = [recipes.fast(b).epochs for b in BATCHES]
+    assert epochs == sorted(epochs) and epochs[0] < 45 < epochs[-1]
+
+
+def test_flags_win_over_the_recipe():
+    recipe = recipes.fast(8192, epochs=30, warmup_epochs=3, momentum=0.95, weight_decay=1e-5)
+    assert (recipe.epochs, recipe.warmup_epochs, recipe.momentum, recipe.weight_decay) == (
+        30,
+        3,
+        0.95,
+        1e-5,
+    )
+    goyal = recipes.goyal(16384, base_lr=0.2)
+    assert (goyal.peak_lr, goyal.epochs, goyal.decay, goyal.lars) == (12.8, 90, "cosine", False)
