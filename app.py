@@ -30,7 +30,7 @@ from stacks.instance_types import (
     zone_note,
 )
 from stacks.nag import LogGroupReasons
-from stacks.run_estimate import training_estimate
+from stacks.run_estimate import recipe_epochs, training_estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -81,10 +81,12 @@ def main() -> int:
         estimate = benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
         print(estimate, file=sys.stderr)
     else:
+        global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
         estimate = training_estimate(
             config.gpu,
             config.nodes,
-            epochs=config.epochs,
+            recipe=config.recipe,
+            epochs=recipe_epochs(config.recipe, global_batch, config.epochs),
             eval_every=config.eval_every,
             arch=config.arch,
             image_size=config.image_size,

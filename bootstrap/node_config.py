@@ -37,6 +37,7 @@ DEFAULT_PATH = "/etc/horovod-fleet/node.json"
 # trainer/config.py's ARCHS, mirrored: bootstrap runs before the trainer's dependencies are
 # installed, so it never imports trainer/ (a test keeps the two equal).
 TRAINER_ARCHS = ("resnet50", "resnet18")
+TRAINER_RECIPES = ("goyal", "fast")  # trainer/recipes.py RECIPES
 # S3's rules for bucket names: S3 refuses any other name, so one in node.json is a typo.
 BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
@@ -281,7 +282,10 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         raise r.fail("runs_prefix", f"must be 'runs/{run}/', got {runs_prefix!r}")
     trainer = r.child("trainer")
     # The trainer's own limits, so a typo fails at boot, not after the rendezvous.
-    trainer.integer("epochs", minimum=1)
+    if trainer.doc.get("epochs") is not None:  # null: the recipe's epochs
+        trainer.integer("epochs", minimum=1)
+    if trainer.doc.get("recipe") is not None:
+        trainer.choice("recipe", TRAINER_RECIPES)
     trainer.integer("batch_per_gpu", minimum=1)
     trainer.integer("image_size", minimum=32)
     trainer.choice("arch", TRAINER_ARCHS)

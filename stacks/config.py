@@ -38,7 +38,8 @@ KEYS: dict[str, str] = {
     "datasetBucket": "use this existing bucket instead of creating DatasetStack",
     "datasetPrefix": "key prefix of the TFRecords in the bucket",
     "run": "run name: S3 prefix runs/<run>/ and the horovod-fleet:run tag",
-    "epochs": "training epochs",
+    "recipe": "training recipe: goyal (linear LR scaling, 90 epochs) or fast (MLPerf's LARS)",
+    "epochs": "training epochs (empty: the recipe's)",
     "batchPerGpu": "batch size per GPU (one Horovod rank per GPU)",
     "arch": "model architecture",
     "imageSize": "training image size in pixels",
@@ -61,6 +62,8 @@ DEFAULT_MAX_HOURS = 4.0  # a training run's hard cap when maxHours is empty (ben
 MIN_DATA_VOLUME_GIB = 500  # the two ImageNet archives (~150 GB) plus the extracted images
 MAX_DATA_VOLUME_GIB = 16384  # the sc1 maximum
 ARCHS = ("resnet50", "resnet18")
+# The trainer's --recipe values (trainer/recipes.py; docs/contracts.md, node.json `trainer`).
+RECIPES = ("goyal", "fast")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
 _RUN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -108,7 +111,8 @@ class FleetConfig:
     dataset_bucket: str | None
     dataset_prefix: str
     run: str
-    epochs: int
+    recipe: str
+    epochs: int | None  # None: the recipe's (the trainer settles it by global batch)
     batch_per_gpu: int
     arch: str
     image_size: int
@@ -140,6 +144,7 @@ class FleetConfig:
     def trainer(self) -> dict[str, Any]:
         """The node.json `trainer` object; bootstrap turns each key into a trainer flag."""
         return {
+            "recipe": self.recipe,
             "epochs": self.epochs,
             "batch_per_gpu": self.batch_per_gpu,
             "arch": self.arch,
@@ -191,7 +196,8 @@ class FleetConfig:
                     _RUN, "1-40 lowercase letters, digits and inner hyphens, like resnet50-1"
                 ),
             ),
-            epochs=get("epochs", _integer(1, 1000)),
+            recipe=get("recipe", _one_of(RECIPES)),
+            epochs=get("epochs", _optional(_integer(1, 1000))),
             batch_per_gpu=get("batchPerGpu", _integer(1, 4096)),
             arch=get("arch", _one_of(ARCHS)),
             image_size=get("imageSize", _integer(32, 1024)),

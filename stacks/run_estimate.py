@@ -7,7 +7,11 @@ data pull are stacks/benchmark.py's estimates. Nothing here has been measured on
 project: the benchmark mode (-c benchmark=true) measures the fleet itself.
 """
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 from stacks.benchmark import BOOT_S, DATA_PULL_S
 from stacks.instance_types import GpuType, fleet_usd_per_hour
@@ -23,16 +27,35 @@ PER_GPU_IMAGES_PER_S = {"A100 40 GB": 2375}
 SCALING = 0.9
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def recipe_epochs(recipe: str, global_batch: int, epochs: int | None) -> int:
+    """The epochs the trainer will run: `epochs`, else the recipe's at this global batch, asked
+    of the trainer's own table as a process (`python -m trainer.recipes`, docs/contracts.md):
+    stacks/ never imports trainer/."""
+    if epochs is not None:
+        return epochs
+    command = [sys.executable, "-m", "trainer.recipes", "--recipe", recipe]
+    command += ["--global-batch", str(global_batch)]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(result.stdout)["epochs"]
+
+
 def training_estimate(
     gpu: GpuType,
     nodes: int,
     *,
+    recipe: str,
     epochs: int,
     eval_every: int,
     arch: str,
     image_size: int,
 ) -> str:
-    """The synthesis line: minutes and dollars for `epochs` at the published per-GPU rate."""
+    """The synthesis line: minutes and dollars for `epochs` of `recipe` at the published
+    per-GPU rate."""
     per_gpu = PER_GPU_IMAGES_PER_S.get(gpu.gpu_model)
     if per_gpu is None or arch != "resnet50":
         what = f"{arch} on {gpu.gpu_model}"
@@ -50,7 +73,8 @@ def training_estimate(
     total_s = training_s + evaluation_s + startup_s
     usd = fleet_usd_per_hour(gpu, nodes) * total_s / 3600
     return (
-        f"TrainStack training estimate: {epochs} epochs x {IMAGENET_TRAIN_IMAGES:,} images at "
+        f"TrainStack training estimate: {epochs} epochs (recipe {recipe}) x "
+        f"{IMAGENET_TRAIN_IMAGES:,} images at "
         f"~{rate:,.0f} img/s ({gpus} x {per_gpu:,} per GPU, NVIDIA's published {gpu.gpu_model} "
         f"figure, x {SCALING:.0%} scaling) = {training_s / 60:.1f} min training + "
         f"{evaluation_s / 60:.1f} min evaluation + {startup_s / 60:.0f} min boot and data pull "

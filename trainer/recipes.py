@@ -9,12 +9,18 @@ batch. Pure Python (no TensorFlow), so the table and its arithmetic are tested o
            and biases kept out of LARS and weight decay, and the peak LR, warmup, momentum, weight
            decay and epochs of the logged MLPerf run nearest the global batch (MLPERF_RUNS).
            MLPerf's runs reach 75.9% top-1 in 35 (batch <= 4k) to 88 (64k) epochs, not 90.
+
+`python -m trainer.recipes --recipe fast --global-batch 16384 [--epochs N]` prints the settled
+recipe as one JSON line (synthesis reads its epochs for the time and cost estimate).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
+import sys
 
 RECIPES = ("goyal", "fast")
 DEFAULT_RECIPE = "goyal"
@@ -178,3 +184,29 @@ def poly_learning_rate(step: float, peak: float, warmup_steps: int, total_steps:
         return peak * step / warmup_steps
     progress = min((step - warmup_steps) / max(total_steps - warmup_steps, 1), 1.0)
     return END_LR + (peak - END_LR) * (1 - progress) ** POLY_POWER
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.recipes", description=__doc__)
+    parser.add_argument("--recipe", choices=RECIPES, default=DEFAULT_RECIPE)
+    parser.add_argument("--global-batch", type=int, required=True)
+    parser.add_argument("--epochs", type=int)
+    args = parser.parse_args(argv)
+    if args.global_batch < 1:
+        parser.error(f"--global-batch must be >= 1, got {args.global_batch}")
+    recipe = resolve(
+        args.recipe,
+        args.global_batch,
+        base_lr=None,
+        epochs=args.epochs,
+        warmup_epochs=None,
+        momentum=None,
+        weight_decay=None,
+        label_smoothing=MLPERF_LABEL_SMOOTHING,
+    )
+    print(json.dumps(dataclasses.asdict(recipe), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,14 @@ import sys
 import pytest
 from bootstrap_helpers import BUCKET, train_doc
 
-from bootstrap.node_config import TRAINER_ARCHS, ConfigError, PreprocessConfig, TrainConfig, parse
+from bootstrap.node_config import (
+    TRAINER_ARCHS,
+    TRAINER_RECIPES,
+    ConfigError,
+    PreprocessConfig,
+    TrainConfig,
+    parse,
+)
 
 PREPROCESS = {
     "role": "preprocess",
@@ -132,6 +139,20 @@ def test_trainer_archs_mirror_the_trainer():
     from trainer.config import ARCHS  # only the test may import trainer/: bootstrap mirrors it
 
     assert TRAINER_ARCHS == ARCHS
+
+
+def test_trainer_recipes_mirror_the_trainer_and_epochs_may_be_the_recipe_s(tmp_path):
+    from trainer.recipes import RECIPES
+
+    assert TRAINER_RECIPES == RECIPES
+    doc = train_doc()
+    doc["trainer"].update(recipe="fast", epochs=None)
+    cfg = parse(doc)
+    flags = cfg.trainer_flags()
+    assert flags[flags.index("--recipe") + 1] == "fast" and "--epochs" not in flags
+    doc["trainer"]["recipe"] = "mlperf"
+    with pytest.raises(ConfigError, match="trainer.recipe"):
+        parse(doc)
 
 
 def test_missing_key_is_named():

@@ -6,14 +6,21 @@ import pytest
 
 from stacks.benchmark import BOOT_S, DATA_PULL_S
 from stacks.instance_types import GPU_TYPES
-from stacks.run_estimate import training_estimate
+from stacks.config import RECIPES
+from stacks.run_estimate import recipe_epochs, training_estimate
 
 P4D = GPU_TYPES["p4d.24xlarge"]
 
 
 def estimate(gpu=P4D, nodes=8, epochs=90, eval_every=10, arch="resnet50", image_size=224) -> str:
     return training_estimate(
-        gpu, nodes, epochs=epochs, eval_every=eval_every, arch=arch, image_size=image_size
+        gpu,
+        nodes,
+        recipe="goyal",
+        epochs=epochs,
+        eval_every=eval_every,
+        arch=arch,
+        image_size=image_size,
     )
 
 
@@ -57,3 +64,21 @@ def test_no_published_figure_says_so_and_points_at_the_benchmark(gpu, arch):
     line = estimate(gpu=GPU_TYPES[gpu], arch=arch)
     assert line.startswith("TrainStack training estimate: none, no published TensorFlow figure")
     assert line.endswith("measure the fleet with -c benchmark=true")
+
+
+def test_the_recipe_s_epochs_come_from_the_trainer_s_own_table():
+    """Synthesis asks `python -m trainer.recipes`, so the estimate and the run agree."""
+    from trainer import recipes  # the test may import both sides; stacks/ never does
+
+    assert RECIPES == recipes.RECIPES
+    assert recipe_epochs("goyal", 16384, None) == 90
+    assert recipe_epochs("fast", 16384, None) == recipes.fast(16384).epochs == 48
+    assert recipe_epochs("fast", 8192, None) == 44
+    assert recipe_epochs("fast", 8192, 30) == 30  # -c epochs wins
+
+
+def test_the_fast_recipe_s_estimate_is_the_shorter_run():
+    """8 p4d nodes x 8 x 256 = 16,384: MLPerf's 48 epochs instead of 90."""
+    fast = estimate(epochs=recipe_epochs("fast", 16384, None))
+    goyal = estimate(epochs=recipe_epochs("goyal", 16384, None))
+    assert figures(goyal)[0] / figures(fast)[0] == pytest.approx(90 / 48, rel=0.02)

@@ -266,7 +266,8 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
         assert document["runs_prefix"] == "runs/resnet50-1/"
         assert document["dataset_prefix"] == "tfrecords/"
         assert document["trainer"] == {
-            "epochs": 90,
+            "recipe": "goyal",
+            "epochs": None,  # the recipe's: the trainer settles it
             "batch_per_gpu": 256,
             "arch": "resnet50",
             "image_size": 224,
@@ -281,9 +282,10 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
 
 
 def test_hyperparameters_reach_node_json(synth):
-    template = synth(**SMALL_G5, evalEvery=5, targetTop1="0.759")["TrainStack"]
+    template = synth(**SMALL_G5, evalEvery=5, targetTop1="0.759", recipe="fast")["TrainStack"]
     document = node_document(next(iter(instances(template).values())))
     assert document["trainer"] == {
+        "recipe": "fast",
         "epochs": 5,
         "batch_per_gpu": 64,
         "arch": "resnet18",
