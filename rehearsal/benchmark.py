@@ -6,13 +6,21 @@ nodes start, find each other through the local S3, and node 0 runs trainer.bench
 writes runs/rehearsal/benchmark.{json,md,png} and DONE.json. No preprocessing: the synthetic
 benchmark reads no data. CPU ranks (2 per simulated node) and ResNet-18 at 32x32 keep it to a
 minute or two: the figures show the machinery works, they say nothing about GPUs.
+
+The schedule is the fleet's own: node.json's `benchmark` object as stacks/benchmark.py makes it,
+printed by `python -m stacks.benchmark` (docs/contracts.md) for the rehearsal's nodes with 2
+ranks each; only the warm-up and timed steps are the rehearsal's, as its trainer settings are.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-from rehearsal.__main__ import BUCKET, RUN, Rehearsal, StepFailed, say
+from rehearsal.core import BUCKET, REPO, RUN, Rehearsal, StepFailed, say
 
 RANKS_PER_NODE = 2  # CPU ranks per simulated node, so that 1 rank and 1 node are two rows
 WARMUP_STEPS = 1
@@ -23,32 +31,32 @@ CHECK_MIB = "4"
 FILES = ("benchmark.json", "benchmark.md", "benchmark.png")
 
 
-def plan(nodes: int) -> dict:
-    """1 rank, 1 node, then 2, 4, ... nodes: the shape of stacks/benchmark.py's schedule."""
-    sizes = [{"nodes": 1, "ranks": 1}]
-    count = 1
-    while count <= nodes:
-        sizes.append({"nodes": count, "ranks": count * RANKS_PER_NODE})
-        count *= 2
-    if sizes[-1]["nodes"] != nodes:
-        sizes.append({"nodes": nodes, "ranks": nodes * RANKS_PER_NODE})
-    return {
-        "mode": "synthetic",
-        "sizes": sizes,
-        "warmup_steps": WARMUP_STEPS,
-        "timed_steps": TIMED_STEPS,
-    }
-
-
 class BenchmarkRehearsal(Rehearsal):
     """The rehearsal's nodes with node.json's `benchmark` set; the steps differ, nothing else."""
 
-    def env(self) -> dict[str, str]:
-        return {**super().env(), "HOROVOD_FLEET_ALLREDUCE_CHECK_MIB": CHECK_MIB}
+    def env(self, role: str = "rehearsal") -> dict[str, str]:
+        return {**super().env(role), "HOROVOD_FLEET_ALLREDUCE_CHECK_MIB": CHECK_MIB}
+
+    @functools.cached_property
+    def plan(self) -> dict:
+        """node.json's `benchmark`: the stacks' schedule (1 rank, 1 node, then 2, 4, ... nodes)
+        for the rehearsal's nodes, with the rehearsal's step counts."""
+        command = [sys.executable, "-m", "stacks.benchmark", "--mode", "synthetic",
+                   "--nodes", str(self.args.nodes), "--gpus-per-node", str(RANKS_PER_NODE)]  # fmt: skip
+        result = subprocess.run(
+            command, cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=120
+        )
+        if result.returncode:
+            raise StepFailed(f"python -m stacks.benchmark failed: {result.stderr.strip()[-500:]}")
+        return {
+            **json.loads(result.stdout),
+            "warmup_steps": WARMUP_STEPS,
+            "timed_steps": TIMED_STEPS,
+        }
 
     def node_json(self, path: Path, doc: dict) -> Path:
         if doc["role"] == "train":
-            doc = {**doc, "benchmark": plan(self.args.nodes)}
+            doc = {**doc, "benchmark": self.plan}
             doc["trainer"] = {**doc["trainer"], "batch_per_gpu": BATCH_PER_RANK}
         return super().node_json(path, doc)
 

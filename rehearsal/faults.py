@@ -55,9 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# `python -m rehearsal` runs __main__ as a module of its own: only its constants and helpers
-# are shared, and its StepFailed is caught as the RuntimeError it is.
-from rehearsal.__main__ import BUCKET, RUN, Rehearsal, say
+from rehearsal.core import BUCKET, RUN, Rehearsal, StepFailed, say
 from rehearsal.hosts import NODE_INTERFACE
 
 # Longer than boto3's read timeout (20 s), so every kind of S3 call sees it time out and retry;
@@ -539,7 +537,7 @@ def run_faults(rehearsal: Rehearsal) -> int:
                         fault.before_relaunch,
                         **(fault.overrides or {}),
                     )
-            except RuntimeError as exc:  # a node failed, as the fault may want
+            except StepFailed as exc:  # a node failed, as the fault may want
                 say(f"the nodes: {exc}")
             ok, observed = fault.judge(rehearsal, rehearsal.done_json())
             if fault.cleanup:

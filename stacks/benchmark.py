@@ -4,10 +4,15 @@ Node 0 runs ResNet-50 at 1 GPU, 1 node, then 2, 4, ... nodes up to `nodes` (warm
 timed steps) and the allreduce check at each size, writes runs/<run>/benchmark.{json,md,png} and
 DONE.json; the reaper deletes the fleet as after any run. The schedule is made here and reaches
 node 0 through node.json, so a size larger than the fleet cannot be asked for.
+
+`python -m stacks.benchmark --mode synthetic|data --nodes N --gpus-per-node G` prints that
+node.json `benchmark` object as JSON (the rehearsal's benchmark takes its schedule from it).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import dataclass
 
 from stacks.instance_types import GpuType, fleet_usd_per_hour
@@ -92,3 +97,19 @@ def benchmark_estimate(mode: str, gpu: GpuType, nodes: int, max_hours: float) ->
         f"= ~${hourly * seconds / 3600:,.2f} (estimate); capped at {max_hours:g} h -> at most "
         f"${hourly * max_hours:,.2f}"
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m stacks.benchmark",
+        description="Print node.json's `benchmark` object for a fleet (docs/contracts.md).",
+    )
+    parser.add_argument("--mode", choices=("synthetic", "data"), default="synthetic")
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--gpus-per-node", type=int, required=True)
+    args = parser.parse_args(argv)
+    print(json.dumps(plan(args.mode, args.nodes, args.gpus_per_node)))
+
+
+if __name__ == "__main__":
+    main()

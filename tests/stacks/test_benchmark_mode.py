@@ -1,6 +1,8 @@
 """Benchmark mode (-c benchmark=...): the value, the cap, the cost line, node.json and outputs."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT, node_document
@@ -114,6 +116,16 @@ def test_the_benchmark_plan_reaches_node_json(synth):
             {"nodes": 2, "ranks": 16},
         ]
         assert plan["warmup_steps"] > 0 and plan["timed_steps"] > 1
+
+
+def test_the_command_line_prints_what_node_json_carries(synth):
+    """`python -m stacks.benchmark` (docs/contracts.md): the rehearsal's benchmark gets its
+    schedule there, so it must be the object the stacks write into node.json."""
+    document = node_document(nodes_of(synth(nodes=2, benchmark="data")["TrainStack"])[0])
+    command = [sys.executable, "-m", "stacks.benchmark", "--mode", "data", "--nodes", "2",
+               "--gpus-per-node", str(document["gpus_per_node"])]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == document["benchmark"]
 
 
 def test_a_training_run_has_no_benchmark(default):

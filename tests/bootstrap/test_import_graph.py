@@ -1,0 +1,150 @@
+"""The project's own imports form no circle and never name a `__main__`.
+
+`python -m pkg` runs pkg/__main__.py as the module `__main__`; a module that imports
+`pkg.__main__` gets a second copy of it, with classes of their own (an exception raised by one
+copy is not caught as the other's). And two modules that import each other, directly or around
+a loop, only work in the order Python happens to load them. So: a graph of every module of the
+project's packages and app.py, an edge for each import of another of them (lazy imports inside
+functions included), and neither a `__main__` target nor a cycle in it.
+"""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("stacks", "bootstrap", "trainer", "rehearsal", "watch")
+SCRIPTS = ("app.py",)
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every .py of the packages and the top-level scripts.
+    A directory without __init__.py (a Lambda asset) is a root of its own: its modules are
+    named as that runtime imports them, by file name."""
+    files = {Path(name).stem: REPO / name for name in SCRIPTS}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if not all(
+                (REPO / Path(*parts[:i]) / "__init__.py").exists() for i in range(1, len(parts))
+            ):
+                parts = (f"{path.parent.relative_to(REPO)}:{path.stem}",)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join(parts)] = path
+    return files
+
+
+def resolve(name: str, modules: set[str], importer: str) -> str | None:
+    """The most specific project module that importing `name` runs, or None (not ours)."""
+    if ":" in importer:  # a Lambda asset's sibling, imported by file name
+        sibling = f"{importer.split(':')[0]}:{name.split('.')[0]}"
+        if sibling in modules:
+            return sibling
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # `from pkg import mod` imports the submodule pkg.mod when there is one.
+            targets = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+            targets.append(base)
+        for target in targets:
+            module = resolve(target, modules, name) if target else None
+            if module and module != name:
+                found.add(module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {name: imports_of(name, path, set(files)) for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph.get(node, ())):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_sees_the_project():
+    graph = import_graph()
+    for name in ("app", "rehearsal.__main__", "rehearsal.core", "rehearsal.faults",
+                 "bootstrap.__main__", "stacks.benchmark", "watch.cli",
+                 "stacks/teardown/reaper:handler"):  # fmt: skip
+        assert name in graph, name
+    assert "rehearsal.core" in graph["rehearsal.faults"]
+    assert "rehearsal.core" in graph["rehearsal.benchmark"]
+    assert "stacks/teardown/reaper:controller" in graph["stacks/teardown/reaper:handler"]
+
+
+def test_no_module_imports_a_main():
+    graph = import_graph()
+    offenders = {
+        name: sorted(t for t in targets if t.rpartition(".")[2] == "__main__")
+        for name, targets in graph.items()
+    }
+    assert not {name: t for name, t in offenders.items() if t}
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_finds_a_loop():
+    """The check itself: the old rehearsal layout (a command line and the modules it imports,
+    each importing it back) is a cycle; a tree is not."""
+    graph = {
+        "rehearsal.__main__": {"rehearsal.benchmark", "rehearsal.faults", "rehearsal.hosts"},
+        "rehearsal.benchmark": {"rehearsal.__main__"},
+        "rehearsal.faults": {"rehearsal.__main__", "rehearsal.hosts"},
+        "rehearsal.hosts": set(),
+    }
+    assert cycles(graph) == [["rehearsal.__main__", "rehearsal.benchmark", "rehearsal.faults"]]
+    graph["rehearsal.benchmark"] = graph["rehearsal.faults"] = {"rehearsal.hosts"}
+    assert cycles(graph) == []
