@@ -43,8 +43,8 @@ def plan(nodes: int) -> dict:
 class BenchmarkRehearsal(Rehearsal):
     """The rehearsal's nodes with node.json's `benchmark` set; the steps differ, nothing else."""
 
-    def env(self) -> dict[str, str]:
-        return {**super().env(), "HOROVOD_FLEET_ALLREDUCE_CHECK_MIB": CHECK_MIB}
+    def env(self, role: str = "rehearsal") -> dict[str, str]:
+        return {**super().env(role), "HOROVOD_FLEET_ALLREDUCE_CHECK_MIB": CHECK_MIB}
 
     def node_json(self, path: Path, doc: dict) -> Path:
         if doc["role"] == "train":
