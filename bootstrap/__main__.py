@@ -32,7 +32,6 @@ from bootstrap import (
     launch,
     rendezvous,
     supervision,
-    watchdog,
 )
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
@@ -275,54 +274,24 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     # What marks this run's training processes, for a restarted bootstrap to end them.
     env[supervision.JOB_ENV] = supervision.job_id(cfg)
 
-    def run_horovod(
-        program: list[str], log_name: str, keep: int = 1000, watch_progress: bool = False
-    ) -> str:
-        # Each rank under bootstrap.rank, which names the signal that kills it.
-        ranked = ["python3", "-m", "bootstrap.rank", *program]
-        command = launch.horovodrun_command(cfg, hostfile, key, ranks, ranked)
-        log("running: " + " ".join(command))
-        running: list[subprocess.Popen] = []
-
-        def end_stalled(reason: str) -> None:
-            log(reason)
-            launch.end_process(running[0])
-
-        def watch(proc: subprocess.Popen) -> None:
-            running.append(proc)
-            stall.start()
-
-        # A hung collective keeps the GPUs busy: only the trainer's own progress tells.
-        stall = (
-            watchdog.ProgressWatchdog(model_dir / "progress.json", end_stalled)
-            if watch_progress
-            else None
+    def lost_members(failed_at: float) -> list[str]:
+        lost: list[str] = []
+        attempt_to(
+            "read the members' heartbeats",
+            lambda: lost.extend(supervision.lost_nodes(s3, cfg, failed_at)),
         )
-        # horovodrun dies with this process (supervision.guarded): no run goes on unsupervised.
-        try:
-            code, tail = launch.stream(
-                supervision.guarded(command),
-                env,
-                Path(cfg.log_dir) / log_name,
-                keep,
-                watch if stall else None,
-            )
-        finally:
-            if stall:
-                stall.stop()
-        if code and stall and stall.reason:
-            raise RuntimeError(f"{stall.reason} (details in {log_name})")
-        if code:
-            failed_at = time.time()
-            reason = launch.failure_reason(tail, hostfile.read_text())
-            lost: list[str] = []
-            attempt_to(
-                "read the members' heartbeats",
-                lambda: lost.extend(supervision.lost_nodes(s3, cfg, failed_at)),
-            )
-            cause = "; ".join([*lost, f"horovodrun exited {code}: {reason}"])
-            raise RuntimeError(f"{cause} (details in {log_name})")
-        return tail
+        return lost
+
+    def run_horovod(
+        program: list[str], log_name: str, keep: int = 1000, progress: Path | None = None
+    ) -> str:
+        # Each rank under bootstrap.rank, which names the signal that kills it; horovodrun is
+        # guarded, and a failure names the members whose heartbeat went stale.
+        ranked = ["python3", "-m", "bootstrap.rank", *program]
+        return launch.run_horovodrun(
+            cfg, hostfile, key, ranks, ranked, env, log_name,
+            keep=keep, progress=progress, lost=lost_members, log=log,
+        )  # fmt: skip
 
     fleet = f"{len(nodes)} node(s) met, no GPUs: no allreduce check"
     if cfg.gpus_per_node:
@@ -353,7 +322,9 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         step(
             "training",
             lambda: run_horovod(
-                launch.trainer_command(cfg, data_dir, model_dir), "train.log", watch_progress=True
+                launch.trainer_command(cfg, data_dir, model_dir),
+                "train.log",
+                progress=model_dir / "progress.json",
             ),
         )
     finally:

@@ -297,17 +297,13 @@ def benchmark_node(
     env.pop(allreduce_check.FLOOR_ENV, None)
 
     def horovod(size: BenchmarkSize, sized_hostfile: Path, program: list[str], name: str) -> str:
-        command = launch.horovodrun_command(cfg, sized_hostfile, key, size.ranks, program)
-        if size.nodes == 1 and "--network-interface" in command:
-            # horovodrun runs a one-host job on 127.0.0.1, which the rehearsal's node
-            # interface does not carry: horovodrun would refuse it.
-            at = command.index("--network-interface")
-            del command[at : at + 2]
-        log("running: " + " ".join(command))
-        code, tail = launch.stream(command, env, Path(cfg.log_dir) / name, keep=1_000_000)
-        if code:
-            raise BenchmarkError(f"horovodrun exited {code}: {launch.failure_reason(tail)}")
-        return tail
+        # Unlike training's: not under supervision.guarded, and a failure's reason names neither
+        # the ranks' hosts nor lost members.
+        return launch.run_horovodrun(
+            cfg, sized_hostfile, key, size.ranks, program, env, name,
+            keep=1_000_000, one_host=size.nodes == 1, guard=False, name_hosts=False,
+            details=False, error=BenchmarkError, log=log,
+        )  # fmt: skip
 
     rows, result = run_schedule(
         cfg.benchmark,

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws, checkpoints
+from bootstrap import allreduce_check, aws, checkpoints, supervision, watchdog
 from bootstrap.node_config import TrainConfig
 from bootstrap.rank import MARK as RANK_MARK
 from bootstrap.rendezvous import utc_stamp
@@ -184,6 +184,78 @@ def end_process(proc: subprocess.Popen) -> None:
     killer = threading.Timer(STOP_GRACE_S, kill_if_alive)
     killer.daemon = True
     killer.start()
+
+
+def run_horovodrun(
+    cfg: TrainConfig,
+    hostfile: Path,
+    key: Path,
+    ranks: int,
+    program: list[str],
+    env: dict[str, str],
+    log_name: str,
+    *,
+    keep: int = 1000,
+    one_host: bool = False,
+    guard: bool = True,
+    progress: Path | None = None,
+    name_hosts: bool = True,
+    lost: Callable[[float], list[str]] | None = None,
+    details: bool = True,
+    error: Callable[[str], Exception] = RuntimeError,
+    log: Callable[[str], None] = aws.log,
+) -> str:
+    """Run program on `ranks` ranks of hostfile under horovodrun (horovodrun_command), its output
+    streamed to <log_dir>/log_name; returns the last `keep` lines. A non-zero exit raises
+    error(reason):
+
+    - one_host: a one-host job, which horovodrun runs on 127.0.0.1: no --network-interface, which
+      the rehearsal's node interface would make horovodrun refuse;
+    - guard: horovodrun dies with this process (supervision.guarded): no run goes on
+      unsupervised;
+    - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
+      the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
+      the reason;
+    - the reason is `horovodrun exited N: ` failure_reason's, which names each rank's host when
+      name_hosts, after the nodes `lost(failed_at)` names (supervision.lost_nodes), joined by
+      "; "; with details, `(details in LOG_NAME)` follows."""
+    command = horovodrun_command(cfg, hostfile, key, ranks, program)
+    if one_host and "--network-interface" in command:
+        at = command.index("--network-interface")
+        del command[at : at + 2]
+    log("running: " + " ".join(command))
+    running: list[subprocess.Popen] = []
+
+    def end_stalled(reason: str) -> None:
+        log(reason)
+        end_process(running[0])
+
+    def watch(proc: subprocess.Popen) -> None:
+        running.append(proc)
+        stall.start()
+
+    stall = watchdog.ProgressWatchdog(progress, end_stalled) if progress is not None else None
+    try:
+        code, tail = stream(
+            supervision.guarded(command) if guard else command,
+            env,
+            Path(cfg.log_dir) / log_name,
+            keep,
+            watch if stall else None,
+        )
+    finally:
+        if stall:
+            stall.stop()
+    where = f" (details in {log_name})" if details else ""
+    if code and stall and stall.reason:
+        raise error(f"{stall.reason}{where}")
+    if code:
+        failed_at = time.time()
+        reason = failure_reason(tail, hostfile.read_text() if name_hosts else "")
+        named = lost(failed_at) if lost else []
+        cause = "; ".join([*named, f"horovodrun exited {code}: {reason}"])
+        raise error(f"{cause}{where}")
+    return tail
 
 
 def model_prefix(cfg: TrainConfig) -> str:

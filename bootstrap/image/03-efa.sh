@@ -16,18 +16,8 @@ tarball=aws-efa-installer-$EFA_INSTALLER_VERSION.tar.gz
 if [[ $MODE == run ]]; then
 	work=$(mktemp -d)
 	cd "$work"
-	curl -fsSL --retry 5 -o "$tarball" "$base_url/$tarball"
-	curl -fsSL --retry 5 -o "$tarball.sig" "$base_url/$tarball.sig"
-	curl -fsSL --retry 5 -o aws-efa-installer.key "$base_url/aws-efa-installer.key"
-	export GNUPGHOME=$work/gnupg
-	mkdir -m 700 "$GNUPGHOME"
-	gpg --batch --quiet --import aws-efa-installer.key
-	fingerprints=$(gpg --batch --with-colons --fingerprint | awk -F: '$1 == "fpr" {print $10}')
-	grep -qx "$EFA_INSTALLER_GPG_FINGERPRINT" <<<"$fingerprints" ||
-		fail "the EFA installer key is not AWS's (fingerprints: ${fingerprints//$'\n'/ })"
-	gpg --batch --status-fd 1 --verify "$tarball.sig" "$tarball" |
-		grep -q "^\[GNUPG:\] VALIDSIG $EFA_INSTALLER_GPG_FINGERPRINT " ||
-		fail "$tarball: bad signature"
+	signed_download "$work" "$base_url/$tarball" "$base_url/aws-efa-installer.key" \
+		"$EFA_INSTALLER_GPG_FINGERPRINT" "bad signature" "EFA installer key"
 	log "$tarball: good signature from $EFA_INSTALLER_GPG_FINGERPRINT"
 	tar -xzf "$tarball"
 	cd aws-efa-installer

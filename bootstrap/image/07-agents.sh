@@ -13,16 +13,10 @@ ctl=$ROOT/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
 
 if [[ $MODE == run ]]; then
 	work=$(mktemp -d)
-	curl -fsSL --retry 5 -o "$work/agent.deb" "$base_url/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb"
-	curl -fsSL --retry 5 -o "$work/agent.deb.sig" "$base_url/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb.sig"
-	curl -fsSL --retry 5 -o "$work/agent.gpg" "$base_url/assets/amazon-cloudwatch-agent.gpg"
-	export GNUPGHOME=$work/gnupg
-	mkdir -m 700 "$GNUPGHOME"
-	gpg --batch --quiet --import "$work/agent.gpg"
-	gpg --batch --status-fd 1 --verify "$work/agent.deb.sig" "$work/agent.deb" |
-		grep -q "^\[GNUPG:\] VALIDSIG $CLOUDWATCH_AGENT_GPG_FINGERPRINT " ||
-		fail "amazon-cloudwatch-agent.deb: no valid signature by $CLOUDWATCH_AGENT_GPG_FINGERPRINT"
-	dpkg -i -E "$work/agent.deb"
+	signed_download "$work" "$base_url/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb" \
+		"$base_url/assets/amazon-cloudwatch-agent.gpg" "$CLOUDWATCH_AGENT_GPG_FINGERPRINT" \
+		"no valid signature by $CLOUDWATCH_AGENT_GPG_FINGERPRINT"
+	dpkg -i -E "$work/amazon-cloudwatch-agent.deb"
 	rm -rf "$work"
 	snap wait system seed.loaded
 	snap list amazon-ssm-agent >/dev/null 2>&1 || snap install amazon-ssm-agent --classic

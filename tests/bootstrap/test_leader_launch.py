@@ -382,3 +382,52 @@ def test_the_model_dir_is_synced_as_soon_as_a_checkpoint_is_written(tmp_path, mo
         "checkpoint ckpt-7 is in s3://fleet-data/runs/r1/model/checkpoints/ (a restarted or "
         "rerun attempt resumes from it)"
     ]
+
+
+def test_run_horovodrun_composes_training_s_reason_lost_members_first(train_config, monkeypatch):
+    cfg = train_config()
+    hostfile = Path(cfg.state_dir) / "hostfile"
+    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    hostfile.write_text("10.0.1.5 slots=1\n10.0.1.23 slots=1\n")
+    seen = {}
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        seen.update(command=command, log_path=log_path, keep=keep)
+        return 1, "[1]<stderr>:error: bad flag\n"
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    with pytest.raises(RuntimeError) as failed:
+        launch.run_horovodrun(
+            cfg, hostfile, Path("/k"), 2, ["t"], {}, "train.log",
+            lost=lambda failed_at: ["node 1 (i-1, 10.0.1.23) lost"], log=lambda line: None,
+        )  # fmt: skip
+    assert type(failed.value) is RuntimeError
+    assert str(failed.value) == (
+        "node 1 (i-1, 10.0.1.23) lost; horovodrun exited 1: [1]<stderr>:error: bad flag "
+        "(details in train.log)"
+    )
+    assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]  # guarded
+    assert seen["log_path"] == Path(cfg.log_dir) / "train.log" and seen["keep"] == 1000
+
+
+def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_path):
+    class Refused(RuntimeError):
+        pass
+
+    cfg = train_config(network_interface="eth9")
+    seen = {}
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        seen.update(command=command, keep=keep)
+        return 2, "last words\n"
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    with pytest.raises(Refused) as failed:
+        launch.run_horovodrun(
+            cfg, tmp_path / "absent-hostfile", Path("/k"), 1, ["b"], {}, "allreduce-check.log",
+            keep=5, one_host=True, guard=False, name_hosts=False, details=False, error=Refused,
+            log=lambda line: None,
+        )  # fmt: skip
+    assert str(failed.value) == "horovodrun exited 2: last words"
+    assert seen["command"][0] == "horovodrun" and "--network-interface" not in seen["command"]
+    assert seen["keep"] == 5

@@ -151,7 +151,7 @@ def test_trainer_recipes_mirror_the_trainer_and_epochs_may_be_the_recipe_s(tmp_p
     flags = cfg.trainer_flags()
     assert flags[flags.index("--recipe") + 1] == "fast" and "--epochs" not in flags
     doc["trainer"]["recipe"] = "mlperf"
-    with pytest.raises(ConfigError, match="trainer.recipe"):
+    with pytest.raises(ConfigError, match=r"trainer\.recipe"):
         parse(doc)
 
 

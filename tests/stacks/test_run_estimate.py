@@ -5,8 +5,8 @@ import re
 import pytest
 
 from stacks.benchmark import BOOT_S, DATA_PULL_S
-from stacks.instance_types import GPU_TYPES
 from stacks.config import RECIPES
+from stacks.instance_types import GPU_TYPES
 from stacks.run_estimate import recipe_epochs, training_estimate
 
 P4D = GPU_TYPES["p4d.24xlarge"]
