@@ -297,11 +297,10 @@ def benchmark_node(
     env.pop(allreduce_check.FLOOR_ENV, None)
 
     def horovod(size: BenchmarkSize, sized_hostfile: Path, program: list[str], name: str) -> str:
-        # Unlike training's: not under supervision.guarded, and a failure's reason names neither
-        # the ranks' hosts nor lost members.
+        # Unlike training's, a failure's reason names neither the ranks' hosts nor lost members.
         return launch.run_horovodrun(
             cfg, sized_hostfile, key, size.ranks, program, env, name,
-            keep=1_000_000, one_host=size.nodes == 1, guard=False, name_hosts=False,
+            keep=1_000_000, one_host=size.nodes == 1, name_hosts=False,
             details=False, error=BenchmarkError, log=log,
         )  # fmt: skip
 

@@ -197,7 +197,6 @@ def run_horovodrun(
     *,
     keep: int = 1000,
     one_host: bool = False,
-    guard: bool = True,
     progress: Path | None = None,
     name_hosts: bool = True,
     lost: Callable[[float], list[str]] | None = None,
@@ -206,13 +205,12 @@ def run_horovodrun(
     log: Callable[[str], None] = aws.log,
 ) -> str:
     """Run program on `ranks` ranks of hostfile under horovodrun (horovodrun_command), its output
-    streamed to <log_dir>/log_name; returns the last `keep` lines. A non-zero exit raises
+    streamed to <log_dir>/log_name; returns the last `keep` lines. horovodrun dies with this
+    process (supervision.guarded): no run goes on unsupervised. A non-zero exit raises
     error(reason):
 
     - one_host: a one-host job, which horovodrun runs on 127.0.0.1: no --network-interface, which
       the rehearsal's node interface would make horovodrun refuse;
-    - guard: horovodrun dies with this process (supervision.guarded): no run goes on
-      unsupervised;
     - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
       the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
       the reason;
@@ -237,7 +235,7 @@ def run_horovodrun(
     stall = watchdog.ProgressWatchdog(progress, end_stalled) if progress is not None else None
     try:
         code, tail = stream(
-            supervision.guarded(command) if guard else command,
+            supervision.guarded(command),
             env,
             Path(cfg.log_dir) / log_name,
             keep,

@@ -425,9 +425,11 @@ def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_
     with pytest.raises(Refused) as failed:
         launch.run_horovodrun(
             cfg, tmp_path / "absent-hostfile", Path("/k"), 1, ["b"], {}, "allreduce-check.log",
-            keep=5, one_host=True, guard=False, name_hosts=False, details=False, error=Refused,
+            keep=5, one_host=True, name_hosts=False, details=False, error=Refused,
             log=lambda line: None,
         )  # fmt: skip
     assert str(failed.value) == "horovodrun exited 2: last words"
-    assert seen["command"][0] == "horovodrun" and "--network-interface" not in seen["command"]
+    horovodrun_at = seen["command"].index("horovodrun")  # under the supervision guard
+    assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]
+    assert "--network-interface" not in seen["command"][horovodrun_at:]
     assert seen["keep"] == 5
