@@ -43,6 +43,7 @@ METRIC_UNITS = {
     "loss": "None",
     "top1": "None",
     "usd_so_far": "None",
+    "attempt": "Count",
 }
 # One try, quickly: a status that misses a beat is rewritten 15 s later.
 QUICK = aws.RetryPolicy(budget_s=0)
@@ -156,6 +157,7 @@ class RunStatus:
             # This attempt's fleet time at the table's price: the dashboard's spend.
             hours = (self.clock() - self.attempt_started) / 3600
             values["usd_so_far"] = round(self.cfg.cost["usd_per_hour"] * hours, 2)
+        values["attempt"] = self._attempt()  # a relaunched run shows its count on the dashboard
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as out:
             out.write(json.dumps(emf_line(self.cfg, values, self.clock())) + "\n")

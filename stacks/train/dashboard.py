@@ -114,6 +114,11 @@ class RunDashboard(Construct):
                 metrics=[run_metric("usd_so_far", "USD")],
                 width=WIDTH,
             ),
+            cloudwatch.SingleValueWidget(
+                title="Attempt (a relaunch after a lost node counts one more)",
+                metrics=[run_metric("attempt", "")],
+                width=WIDTH,
+            ),
         ]
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name)
         for widget in widgets:

@@ -88,7 +88,9 @@ def test_training_follows_progress_writes_metrics_and_names_the_newest_checkpoin
     directive = emf["_aws"]["CloudWatchMetrics"][0]
     assert (directive["Namespace"], directive["Dimensions"]) == ("HorovodFleet", [["Run"]])
     # top1 is null before the first evaluation: not a metric.
-    assert [m["Name"] for m in directive["Metrics"]] == ["images_per_s", "loss", "usd_so_far"]
+    names = [m["Name"] for m in directive["Metrics"]]
+    assert names == ["images_per_s", "loss", "usd_so_far", "attempt"]
+    assert emf["attempt"] == 1
     assert (emf["Run"], emf["images_per_s"], emf["loss"]) == ("r1", 120.5, 1.5)
     # The attempt started a minute ago: a minute of the fleet at $31.212/h, for the dashboard.
     assert emf["usd_so_far"] == pytest.approx(31.212 / 60, abs=0.02)

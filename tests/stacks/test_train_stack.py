@@ -392,6 +392,7 @@ def test_the_run_has_a_dashboard_and_outputs_the_watch_command(template):
         "nvidia_smi_memory_used",
         "NetworkOut",
         "usd_so_far",
+        '\\"HorovodFleet\\",\\"attempt\\"',  # the attempt metric, not just the word
         "horovod-fleet status --run resnet50-1 --watch",
     ):
         assert shown in body, shown
