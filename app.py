@@ -30,7 +30,7 @@ from stacks.instance_types import (
     zone_note,
 )
 from stacks.nag import LogGroupReasons
-from stacks.run_estimate import recipe_epochs, training_estimate
+from stacks.run_estimate import recipe_plan, training_estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,11 +82,15 @@ def main() -> int:
         print(estimate, file=sys.stderr)
     else:
         global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
+        epochs, pixel_fraction = recipe_plan(
+            config.recipe, global_batch, config.epochs, config.image_size
+        )
         estimate = training_estimate(
             config.gpu,
             config.nodes,
             recipe=config.recipe,
-            epochs=recipe_epochs(config.recipe, global_batch, config.epochs),
+            epochs=epochs,
+            pixel_fraction=pixel_fraction,
             eval_every=config.eval_every,
             arch=config.arch,
             image_size=config.image_size,

@@ -30,18 +30,22 @@ SCALING = 0.9
 REPO = Path(__file__).resolve().parents[1]
 
 
-def recipe_epochs(recipe: str, global_batch: int, epochs: int | None) -> int:
-    """The epochs the trainer will run: `epochs`, else the recipe's at this global batch, asked
-    of the trainer's own table as a process (`python -m trainer.recipes`, docs/contracts.md):
-    stacks/ never imports trainer/."""
-    if epochs is not None:
-        return epochs
+def recipe_plan(
+    recipe: str, global_batch: int, epochs: int | None, image_size: int
+) -> tuple[int, float]:
+    """The epochs the trainer will run (`epochs`, else the recipe's at this global batch) and
+    the fraction of image_size's pixels they train on (the fast recipe starts at low
+    resolution), asked of the trainer's own recipes as a process (`python -m trainer.recipes`,
+    docs/contracts.md): stacks/ never imports trainer/."""
     command = [sys.executable, "-m", "trainer.recipes", "--recipe", recipe]
-    command += ["--global-batch", str(global_batch)]
+    command += ["--global-batch", str(global_batch), "--image-size", str(image_size)]
+    if epochs is not None:
+        command += ["--epochs", str(epochs)]
     result = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=60, check=True
     )
-    return json.loads(result.stdout)["epochs"]
+    settled = json.loads(result.stdout)
+    return settled["epochs"], settled["pixel_fraction"]
 
 
 def training_estimate(
@@ -50,6 +54,7 @@ def training_estimate(
     *,
     recipe: str,
     epochs: int,
+    pixel_fraction: float = 1.0,
     eval_every: int,
     arch: str,
     image_size: int,
@@ -66,15 +71,17 @@ def training_estimate(
     gpus = nodes * gpu.gpus
     # Fewer pixels, proportionally more images a second (a first-order estimate).
     rate = gpus * per_gpu * (1.0 if gpus == 1 else SCALING) * (224 / image_size) ** 2
-    training_s = epochs * IMAGENET_TRAIN_IMAGES / rate
+    # Fewer pixels per image in a recipe's low-resolution epochs: proportionally less time.
+    training_s = epochs * IMAGENET_TRAIN_IMAGES * pixel_fraction / rate
     # Every eval_every epochs and after the last; taken as no faster than training.
     evaluation_s = math.ceil(epochs / eval_every) * IMAGENET_VAL_IMAGES / rate
     startup_s = BOOT_S + DATA_PULL_S
     total_s = training_s + evaluation_s + startup_s
     usd = fleet_usd_per_hour(gpu, nodes) * total_s / 3600
     return (
-        f"TrainStack training estimate: {epochs} epochs (recipe {recipe}) x "
-        f"{IMAGENET_TRAIN_IMAGES:,} images at "
+        f"TrainStack training estimate: {epochs} epochs (recipe {recipe}"
+        + (f", {pixel_fraction:.0%} of the pixels" if pixel_fraction < 1 else "")
+        + f") x {IMAGENET_TRAIN_IMAGES:,} images at "
         f"~{rate:,.0f} img/s ({gpus} x {per_gpu:,} per GPU, NVIDIA's published {gpu.gpu_model} "
         f"figure, x {SCALING:.0%} scaling) = {training_s / 60:.1f} min training + "
         f"{evaluation_s / 60:.1f} min evaluation + {startup_s / 60:.0f} min boot and data pull "

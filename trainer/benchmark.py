@@ -129,6 +129,7 @@ def run(argv: list[str], node_cpus: int) -> dict | None:
             config,
             info,
             shard,
+            image_size=config.image_size,
             seed=hvd.rank() * 7919,
             threads=input_threads(node_cpus),
             device=device,

@@ -90,8 +90,9 @@ def _projection(x, filters: int, stride: int, name: str):
     return _bn(y, f"{name}_proj_bn")
 
 
-def build_resnet(arch: str, num_classes: int, image_size: int) -> tf.keras.Model:
-    """ResNet-50 v1.5 (25,557,032 trainable parameters at 1000 classes) or ResNet-18."""
+def build_resnet(arch: str, num_classes: int, image_size: int | None) -> tf.keras.Model:
+    """ResNet-50 v1.5 (25,557,032 trainable parameters at 1000 classes) or ResNet-18; for images
+    of image_size, or of any size with None (progressive resizing: one trace per size)."""
     block = _bottleneck if arch == "resnet50" else _basic
     images = layers.Input([image_size, image_size, 3], dtype=tf.uint8, name="images")
     x = Standardize(name="standardize")(images)

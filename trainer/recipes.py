@@ -9,9 +9,12 @@ batch. Pure Python (no TensorFlow), so the table and its arithmetic are tested o
            and biases kept out of LARS and weight decay, and the peak LR, warmup, momentum, weight
            decay and epochs of the logged MLPerf run nearest the global batch (MLPERF_RUNS).
            MLPerf's runs reach 75.9% top-1 in 35 (batch <= 4k) to 88 (64k) epochs, not 90.
+           Trains at low resolution first, as FFCV does (train_resolution), and evaluates at
+           --image-size.
 
-`python -m trainer.recipes --recipe fast --global-batch 16384 [--epochs N]` prints the settled
-recipe as one JSON line (synthesis reads its epochs for the time and cost estimate).
+`python -m trainer.recipes --recipe fast --global-batch 16384 [--epochs N] [--image-size S]`
+prints the settled recipe as one JSON line, with `pixel_fraction` at S (synthesis reads the
+epochs and that fraction for its time and cost estimate).
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ END_LR = 1e-4
 LARS_ETA = 0.001
 MLPERF_LABEL_SMOOTHING = 0.1
 TARGET_TOP1 = 0.759  # MLPerf's ResNet-50 quality target
+
+# --- fast: FFCV's progressive resizing -----------------------------------------------------------
+# libffcv/ffcv-imagenet@4dd291a: every ResNet-50 config trains at 160 px, ramps to 192 and
+# evaluates higher; its ramps start at 69-74% of the epochs and end at 81-86% (16 epochs: 11/13,
+# 24: 17/20, 32: 23/27, 40: 29/34, 56: 41/48, 88: 65/76), and sizes are rounded to 32 px. Here the
+# sizes are those fractions of --image-size (160 and 192 at 224) and the evaluation is at
+# --image-size, MLPerf's 224 center crop.
+LOW_RES = 160 / 224
+HIGH_RES = 192 / 224
+RES_STEP = 32 / 224
+RAMP_START = 0.73
+RAMP_END = 0.85
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +102,18 @@ class Recipe:
     lars: bool
     decay: str  # "cosine" (to 0) or "poly" (power POLY_POWER to END_LR)
     source: str
+    progressive: bool = False  # train_resolution's sizes, else --image-size throughout
+
+    def pixel_fraction(self, image_size: int) -> float:
+        """The training pixels of all epochs over those of image_size throughout."""
+        sizes = [self.train_size(epoch, image_size) for epoch in range(self.epochs)]
+        return sum(size * size for size in sizes) / (self.epochs * image_size * image_size)
+
+    def train_size(self, epoch: int, image_size: int) -> int:
+        """The training resolution of 0-based `epoch` (evaluation is always at image_size)."""
+        if not self.progressive:
+            return image_size
+        return train_resolution(epoch, self.epochs, image_size)
 
     def describe(self) -> str:
         return (
@@ -126,6 +153,7 @@ def fast(
         decay="poly",
         source=f"MLPerf {run.source}, global batch {run.global_batch}, 75.9% at epoch "
         f"{run.reached_target_at_epoch}",
+        progressive=True,
     )
 
 
@@ -177,6 +205,22 @@ def resolve(
     )
 
 
+def train_resolution(epoch: int, epochs: int, image_size: int) -> int:
+    """FFCV's get_resolution (train_imagenet.py@4dd291a) at 0-based `epoch`: the low size up to
+    the ramp's start, the high one from its end, between them the linear interpolation rounded
+    to RES_STEP (one step: 160 to 192 at the ramp's middle at 224 px)."""
+    low, high = image_size * LOW_RES, image_size * HIGH_RES
+    start, end = round(RAMP_START * epochs), round(RAMP_END * epochs)
+    if epoch <= start:
+        size = low
+    elif epoch >= end:
+        size = high
+    else:
+        step = image_size * RES_STEP
+        size = round((low + (high - low) * (epoch - start) / (end - start)) / step) * step
+    return round(size)
+
+
 def poly_learning_rate(step: float, peak: float, warmup_steps: int, total_steps: int) -> float:
     """MLPerf's schedule at `step` (NVIDIA's PolySchedule, the reference's lars_util): linear
     from 0 to peak over warmup_steps, then END_LR + (peak - END_LR) (1 - progress)^2."""
@@ -191,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", choices=RECIPES, default=DEFAULT_RECIPE)
     parser.add_argument("--global-batch", type=int, required=True)
     parser.add_argument("--epochs", type=int)
+    parser.add_argument("--image-size", type=int, default=224)
     args = parser.parse_args(argv)
     if args.global_batch < 1:
         parser.error(f"--global-batch must be >= 1, got {args.global_batch}")
@@ -204,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         weight_decay=None,
         label_smoothing=MLPERF_LABEL_SMOOTHING,
     )
-    print(json.dumps(dataclasses.asdict(recipe), sort_keys=True))
+    settled = {
+        **dataclasses.asdict(recipe),
+        "pixel_fraction": recipe.pixel_fraction(args.image_size),
+    }
+    print(json.dumps(settled, sort_keys=True))
     return 0
 
 

@@ -168,16 +168,18 @@ def rank_train_batches(
     info: data.DatasetInfo,
     shard: data.RankShard,
     *,
+    image_size: int,
     seed: int,
     threads: int,
     device: str | None,
 ):
-    """This rank's endless training batches from its shard, augmented as the flags say."""
+    """This rank's endless training batches from its shard at image_size, augmented as the
+    flags say."""
     return iter(
         data.train_dataset(
             shard.files,
             batch_size=config.batch_size,
-            image_size=config.image_size,
+            image_size=image_size,
             num_classes=info.num_classes,
             label_base=info.label_base,
             shuffle_buffer=config.shuffle_buffer,
@@ -225,7 +227,8 @@ class Trainer:
         self.mixed = mixed
         if mixed:
             tf.keras.mixed_precision.set_global_policy("mixed_float16")
-        self.model = build_resnet(config.arch, num_classes, config.image_size)
+        sized = None if recipe.progressive else config.image_size
+        self.model = build_resnet(config.arch, num_classes, sized)
         # Horovod: the learning rate follows the global batch (the recipe's rule for it).
         self.peak_lr = recipe.peak_lr
         total_steps = config.epochs * steps_per_epoch
@@ -517,9 +520,10 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
         def eval_batches():
             return [batch]
 
-        def train_batches():
+        def train_batches(size: int, epoch: int):
+            sized = data.synthetic_batch(config.batch_size, size, num_classes)
             while True:
-                yield batch
+                yield sized
     else:
         threads = input_threads(node_cpus)
 
@@ -536,12 +540,13 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                 device=device,
             )
 
-        def train_batches():
+        def train_batches(size: int, epoch: int):
             return rank_train_batches(
                 config,
                 info,
                 train_shard,
-                seed=hvd.rank() * 7919 + start_epoch * 104729 + skip_steps,
+                image_size=size,
+                seed=hvd.rank() * 7919 + epoch * 104729 + skip_steps,
                 threads=threads,
                 device=device,
             )
@@ -584,9 +589,11 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
         last_saved = time.perf_counter()
         timings.checkpoint_s += last_saved - began
 
-    batches = train_batches()
-    images_shape = [config.batch_size, config.image_size, config.image_size, 3]
-    placeholder = (tf.zeros(images_shape, tf.uint8), tf.zeros([config.batch_size], tf.int32))
+    size = recipe.train_size(start_epoch, config.image_size)
+    batches = train_batches(size, start_epoch)
+    if size != config.image_size:
+        log(f"training at {size}x{size} from epoch {start_epoch + 1} (evaluation at "
+            f"{config.image_size})")  # fmt: skip
     step = int(trainer.optimizer.iterations.numpy())
     evaluated_epoch = -1
     trained_epoch = start_epoch
@@ -597,6 +604,12 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     timings.train_start = time.perf_counter()
     for epoch in range(start_epoch + 1, config.epochs + 1):
         log(f"Epoch {epoch}/{config.epochs}")
+        if (resized := recipe.train_size(epoch - 1, config.image_size)) != size:
+            # The recipe's next resolution: a new input pipeline, and one more trace (XLA).
+            size, batches = resized, train_batches(resized, epoch - 1)
+            log(f"training at {size}x{size} from epoch {epoch} (evaluation at {config.image_size})")
+        images_shape = [config.batch_size, size, size, 3]
+        placeholder = (tf.zeros(images_shape, tf.uint8), tf.zeros([config.batch_size], tf.int32))
         epoch_began = time.perf_counter()
         interval_start, interval_steps = time.perf_counter(), 0
         first_step = skip_steps if epoch == start_epoch + 1 else 0

@@ -7,17 +7,27 @@ import pytest
 from stacks.benchmark import BOOT_S, DATA_PULL_S
 from stacks.config import RECIPES
 from stacks.instance_types import GPU_TYPES
-from stacks.run_estimate import recipe_epochs, training_estimate
+from stacks.run_estimate import recipe_plan, training_estimate
 
 P4D = GPU_TYPES["p4d.24xlarge"]
 
 
-def estimate(gpu=P4D, nodes=8, epochs=90, eval_every=10, arch="resnet50", image_size=224) -> str:
+def estimate(
+    gpu=P4D,
+    nodes=8,
+    epochs=90,
+    eval_every=10,
+    arch="resnet50",
+    image_size=224,
+    pixels=1.0,
+    recipe="goyal",
+) -> str:
     return training_estimate(
         gpu,
         nodes,
-        recipe="goyal",
+        recipe=recipe,
         epochs=epochs,
+        pixel_fraction=pixels,
         eval_every=eval_every,
         arch=arch,
         image_size=image_size,
@@ -71,14 +81,20 @@ def test_the_recipe_s_epochs_come_from_the_trainer_s_own_table():
     from trainer import recipes  # the test may import both sides; stacks/ never does
 
     assert RECIPES == recipes.RECIPES
-    assert recipe_epochs("goyal", 16384, None) == 90
-    assert recipe_epochs("fast", 16384, None) == recipes.fast(16384).epochs == 48
-    assert recipe_epochs("fast", 8192, None) == 44
-    assert recipe_epochs("fast", 8192, 30) == 30  # -c epochs wins
+    assert recipe_plan("goyal", 16384, None, 224) == (90, 1.0)
+    epochs, pixels = recipe_plan("fast", 16384, None, 224)
+    assert epochs == recipes.fast(16384).epochs == 48
+    # 38 epochs at 160 px and 10 at 192, over 48 at 224.
+    assert pixels == pytest.approx((38 * 160**2 + 10 * 192**2) / (48 * 224**2))
+    assert recipe_plan("fast", 8192, None, 224)[0] == 44
+    assert recipe_plan("fast", 8192, 30, 224)[0] == 30  # -c epochs wins
 
 
 def test_the_fast_recipe_s_estimate_is_the_shorter_run():
-    """8 p4d nodes x 8 x 256 = 16,384: MLPerf's 48 epochs instead of 90."""
-    fast = estimate(epochs=recipe_epochs("fast", 16384, None))
-    goyal = estimate(epochs=recipe_epochs("goyal", 16384, None))
-    assert figures(goyal)[0] / figures(fast)[0] == pytest.approx(90 / 48, rel=0.02)
+    """8 p4d nodes x 8 x 256 = 16,384: MLPerf's 48 epochs, mostly at 160 px, instead of 90."""
+    epochs, pixel_fraction = recipe_plan("fast", 16384, None, 224)
+    fast = estimate(epochs=epochs, pixels=pixel_fraction, recipe="fast")
+    goyal = estimate(epochs=recipe_plan("goyal", 16384, None, 224)[0])
+    pixels = (38 * 160**2 + 10 * 192**2) / (48 * 224**2)
+    assert figures(goyal)[0] / figures(fast)[0] == pytest.approx(90 / (48 * pixels), rel=0.02)
+    assert "48 epochs (recipe fast, 56% of the pixels)" in fast

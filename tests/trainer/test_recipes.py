@@ -102,3 +102,35 @@ def test_flags_win_over_the_recipe():
     )
     goyal = recipes.goyal(16384, base_lr=0.2)
     assert (goyal.peak_lr, goyal.epochs, goyal.decay, goyal.lars) == (12.8, 90, "cosine", False)
+
+
+def ffcv_get_resolution(epoch, min_res, max_res, start_ramp, end_ramp):
+    """libffcv/ffcv-imagenet@4dd291a train_imagenet.py get_resolution, in numpy."""
+    if epoch <= start_ramp:
+        return min_res
+    if epoch >= end_ramp:
+        return max_res
+    interp = np.interp([epoch], [start_ramp, end_ramp], [min_res, max_res])
+    return int(np.round(interp[0] / 32)) * 32
+
+
+# FFCV's rn50 configs: epochs, start_ramp, end_ramp (rn50_configs/rn50_*_epochs.yaml).
+FFCV_CONFIGS = ((16, 11, 13), (24, 17, 20), (32, 23, 27), (40, 29, 34), (56, 41, 48), (88, 65, 76))
+
+
+@pytest.mark.parametrize(("epochs", "start", "end"), FFCV_CONFIGS)
+def test_progressive_resizing_follows_ffcv(epochs, start, end):
+    ours = [recipes.train_resolution(e, epochs, 224) for e in range(epochs)]
+    assert set(ours) == {160, 192} and ours == sorted(ours)  # one step up, as FFCV's
+    # The same interpolation and rounding as FFCV's at our ramp...
+    ramp = (round(recipes.RAMP_START * epochs), round(recipes.RAMP_END * epochs))
+    assert ours == [ffcv_get_resolution(e, 160, 192, *ramp) for e in range(epochs)]
+    # ...whose step to 192 px lands within an epoch of each FFCV config's.
+    theirs = [ffcv_get_resolution(e, 160, 192, start, end) for e in range(epochs)]
+    assert abs(ours.index(192) - theirs.index(192)) <= 1
+
+
+def test_only_the_fast_recipe_resizes():
+    assert recipes.fast(16384).train_size(0, 224) == 160
+    assert recipes.fast(16384).train_size(47, 224) == 192
+    assert recipes.goyal(16384).train_size(0, 224) == 224

@@ -40,7 +40,7 @@ def test_two_ranks_learn_digits_with_identical_weights(digits_data, tmp_path, ru
 
 def test_the_fast_recipe_learns_on_two_ranks(digits_data, tmp_path, run_trainer):
     """MLPerf's LARS recipe at this run's global batch of 64 (the 1.6k run's values, its LR
-    scaled down): far above chance in 8 epochs."""
+    scaled down), trained at low resolution first: far above chance in 8 epochs."""
     model_dir = tmp_path / "model"
     args = ["--data-dir", str(digits_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
     args += ["--image-size", "32", "--batch-size", "32", "--epochs", "8", "--recipe", "fast"]
@@ -48,6 +48,9 @@ def test_the_fast_recipe_learns_on_two_ranks(digits_data, tmp_path, run_trainer)
     result = run_trainer(args, ranks=2, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "recipe fast: peak LR 1.48 (LARS), 2 warmup epochs, poly decay" in result.stdout
+    # FFCV's progressive resizing, scaled to 32 px: 23 px, then 27 from the ramp, eval at 32.
+    assert "training at 23x23 from epoch 1 (evaluation at 32)" in result.stdout
+    assert "training at 27x27 from epoch 8 (evaluation at 32)" in result.stdout
     evaluation = json.loads((model_dir / "eval.json").read_text())
     assert evaluation["epoch"] == 8
     assert evaluation["top1"] >= DIGITS_MIN_TOP1, evaluation
