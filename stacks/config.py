@@ -29,7 +29,7 @@ KEYS: dict[str, str] = {
     "nodes": "training nodes in the fleet (1-64)",
     "instanceType": "GPU instance type of every training node",
     "region": "AWS region of every stack",
-    "az": "availability zone of the fleet, its placement group and the preprocessing volume",
+    "az": "availability zone (us-east-1a) or zone ID (use1-az4) of the fleet and preprocessing",
     "vpcId": "deploy into this existing VPC instead of creating one (needs subnetId)",
     "subnetId": "the subnet of vpcId, in az, that reaches S3, SSM and CloudFormation",
     "ami": "bring your own training AMI (an ami- id); empty: the image ImageStack bakes",
@@ -364,18 +364,51 @@ def _one_of(choices: tuple[str, ...]) -> Parser:
 # https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-availability-zones.html.
 # Other regions are checked by shape only; CloudFormation names a zone they lack at deploy.
 ZONE_LETTERS: dict[str, str] = {"us-east-1": "abcdef", "us-east-2": "abc", "us-west-2": "abcd"}
+# ... and the prefix of their zone IDs (AZ IDs): the region code shortened to its letters and
+# number, then -az and a number (same page: euw1-az1 to euw1-az3 in eu-west-1), numbered from 1
+# to as many as the region has zones (use1-az1 to use1-az6). A zone ID is the same physical
+# zone in every account, while a zone name may be a different zone in each account,
+# https://docs.aws.amazon.com/global-infrastructure/latest/regions/az-ids.html. The reaper
+# turns an ID into this account's zone name at deploy (DescribeAvailabilityZones).
+ZONE_ID_PREFIXES: dict[str, str] = {"us-east-1": "use1", "us-east-2": "use2", "us-west-2": "usw2"}
+_ZONE_ID = re.compile(r"([a-z]+\d+)-az(\d+)")
+
+
+def is_zone_id(az: str) -> bool:
+    """`use1-az4` (a zone ID), not `us-east-1d` (a zone name)."""
+    return _ZONE_ID.fullmatch(az) is not None
 
 
 def _zone_of(region: str) -> Parser:
-    letters = ZONE_LETTERS.get(region, "abcdefghijklmnopqrstuvwxyz")
+    letters = ZONE_LETTERS.get(region)
+    prefix = ZONE_ID_PREFIXES.get(region)
+    if letters and prefix:
+        allowed = (
+            f"a zone of region {region} ({region}{letters[0]} to {region}{letters[-1]}) "
+            f"or its zone ID ({prefix}-az1 to {prefix}-az{len(letters)})"
+        )
+    else:  # by shape: the region's name and a letter, or a zone ID like the region's
+        allowed = (
+            f"a zone of region {region}, like {region}a, or its zone ID "
+            "(<region prefix>-az<number>, as use1-az4 is in us-east-1)"
+        )
 
     def parse(value: Any) -> str:
-        zones = f"{region}{letters[0]} to {region}{letters[-1]}"
-        if not isinstance(value, str) or not re.fullmatch(re.escape(region) + r"[a-z]", value):
-            raise _Invalid(f"a zone of region {region}, like {region}a")
-        if value[-1] not in letters:
-            raise _Invalid(f"a zone region {region} has: {zones}")
-        return value
+        if not isinstance(value, str):
+            raise _Invalid(allowed)
+        name = re.fullmatch(re.escape(region) + r"[a-z]", value)
+        if name and (letters is None or value[-1] in letters):
+            return value
+        zone_id = _ZONE_ID.fullmatch(value)
+        if zone_id and prefix is not None:
+            if zone_id.group(1) == prefix and 1 <= int(zone_id.group(2)) <= len(letters or ""):
+                return value
+        elif zone_id:  # a region outside the tables: the prefix starts and ends as it does
+            zone_prefix, number = zone_id.group(1), int(zone_id.group(2))
+            ends = region.rsplit("-", 1)[-1]
+            if zone_prefix.startswith(region[:2]) and zone_prefix.endswith(ends) and number >= 1:
+                return value
+        raise _Invalid(allowed)
 
     return parse
 

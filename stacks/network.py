@@ -5,6 +5,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from stacks.config import is_zone_id
 from stacks.nag import allow_fixed_zone
 
 VPC_CIDR = "10.42.0.0/16"
@@ -31,15 +32,25 @@ class SingleZoneNetwork(Construct):
         deploy_time_zone: str | None = None,
     ) -> None:
         """`deploy_time_zone` (a token) replaces `az` in the new VPC's subnets: the zone found
-        at deploy time; `az` still names the zone at synthesis."""
+        at deploy time; `az` still names the zone at synthesis.
+
+        `az` may be a zone ID (use1-az4, stacks/config.py): without `deploy_time_zone` the new
+        subnets take it as AvailabilityZoneId, which AWS::EC2::Subnet accepts instead of
+        AvailabilityZone, and `availability_zone` is the name CloudFormation reads back from the
+        subnet (Fn::GetAtt AvailabilityZone) for what needs a name (volumes, instances)
+        https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-ec2-subnet.html
+        A given subnet has no such attribute: its caller passes the name as `deploy_time_zone`."""
         super().__init__(scope, construct_id)
+        by_id = is_zone_id(az) and deploy_time_zone is None
+        # The zone's name in this account, for resources that take no zone ID.
+        self.availability_zone: str = deploy_time_zone or az
         if vpc_id and subnet_id:
             # Imported as given, without lookups: synthesis stays offline and deterministic.
             self.vpc = ec2.Vpc.from_vpc_attributes(
-                self, "Vpc", vpc_id=vpc_id, availability_zones=[az]
+                self, "Vpc", vpc_id=vpc_id, availability_zones=[self.availability_zone]
             )
             self.subnet = ec2.Subnet.from_subnet_attributes(
-                self, "Subnet", subnet_id=subnet_id, availability_zone=az
+                self, "Subnet", subnet_id=subnet_id, availability_zone=self.availability_zone
             )
             Validations.of(self.subnet).acknowledge(
                 Acknowledgment(
@@ -83,13 +94,17 @@ class SingleZoneNetwork(Construct):
             ),
         )
         for subnet in [*self.vpc.public_subnets, *self.vpc.private_subnets]:
-            allow_fixed_zone(subnet.node.default_child)
+            cfn_subnet: ec2.CfnSubnet = subnet.node.default_child
+            allow_fixed_zone(cfn_subnet)
             if deploy_time_zone is not None:
-                subnet.node.default_child.add_property_override(
-                    "AvailabilityZone", deploy_time_zone
-                )
+                cfn_subnet.add_property_override("AvailabilityZone", deploy_time_zone)
+            elif by_id:
+                cfn_subnet.add_property_deletion_override("AvailabilityZone")
+                cfn_subnet.add_property_override("AvailabilityZoneId", az)
         subnet_type = ec2.SubnetType.PRIVATE_WITH_EGRESS if private else ec2.SubnetType.PUBLIC
         self.subnet = self.vpc.select_subnets(subnet_type=subnet_type).subnets[0]
+        if by_id:
+            self.availability_zone = self.subnet.node.default_child.attr_availability_zone
 
 
 def web_egress_security_group(

@@ -45,7 +45,10 @@ READY_TIMEOUT_S = 1800
 
 
 class Preprocessor(Construct):
-    """The preprocessing instance, its data volume, its role and its log group."""
+    """The preprocessing instance, its data volume, its role and its log group.
+
+    `availability_zone` is the subnet's zone by name (a volume and an instance take no zone ID):
+    SingleZoneNetwork.availability_zone."""
 
     def __init__(
         self,
@@ -54,6 +57,7 @@ class Preprocessor(Construct):
         *,
         vpc: ec2.IVpc,
         subnet: ec2.ISubnet,
+        availability_zone: str,
         node_type: BurstableType,
         reaper: aws_lambda.IFunction,
         volume_gib: int,
@@ -138,7 +142,7 @@ class Preprocessor(Construct):
         self.volume = ec2.Volume(
             self,
             "DataVolume",
-            availability_zone=subnet.availability_zone,
+            availability_zone=availability_zone,
             size=Size.gibibytes(volume_gib),
             volume_type=ec2.EbsDeviceVolumeType.SC1,
             encrypted=True,
@@ -159,7 +163,7 @@ class Preprocessor(Construct):
             credit_specification=ec2.CfnInstance.CreditSpecificationProperty(
                 cpu_credits="unlimited"
             ),
-            availability_zone=subnet.availability_zone,
+            availability_zone=availability_zone,
             subnet_id=subnet.subnet_id,
             security_group_ids=[group.security_group_id],
             iam_instance_profile=profile.ref,

@@ -10,11 +10,13 @@ from aws_cdk import (
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import FleetConfig
+from stacks.config import FleetConfig, is_zone_id
 from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
 from stacks.preprocess.preprocessor import Preprocessor
+from stacks.teardown.names import ZONE_TYPE
 from stacks.teardown.preprocess_guard import PreprocessGuard
+from stacks.teardown.reaper_answers import reaper_answers
 
 
 class PreprocessStack(Stack):
@@ -32,6 +34,23 @@ class PreprocessStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
+        # The volume and the instance need the zone's name. A zone ID (-c az=use1-az4) names it
+        # by itself for a new subnet (SingleZoneNetwork reads the name back from the subnet);
+        # a given subnet has no such attribute, so the reaper turns the ID into this account's
+        # name at deploy, the zone answer TrainStack uses (Fixed: the subnet decides).
+        zone_name = None
+        if config.vpc_id is not None and is_zone_id(config.az):
+            zone_name = reaper_answers(
+                self,
+                "Zone",
+                reaper=reaper,
+                resource_type=ZONE_TYPE,
+                properties={
+                    "InstanceType": config.preprocess.name,
+                    "PreferredZone": config.az,
+                    "Fixed": "true",
+                },
+            ).get_att_string("Zone")
         network = SingleZoneNetwork(
             self,
             "Network",
@@ -39,12 +58,14 @@ class PreprocessStack(Stack):
             private=False,
             vpc_id=config.vpc_id,
             subnet_id=config.subnet_id,
+            deploy_time_zone=zone_name,
         )
         node = Preprocessor(
             self,
             "Preprocessor",
             vpc=network.vpc,
             subnet=network.subnet,
+            availability_zone=network.availability_zone,
             node_type=config.preprocess,
             reaper=reaper,
             volume_gib=config.data_volume_gib,

@@ -367,6 +367,8 @@ class TeardownStack(Stack):
                     "ec2:DescribeInstances",
                     "ec2:DescribeSnapshots",
                     "ec2:DescribeInstanceTypeOfferings",
+                    # The zone answer turns a zone ID (-c az=use1-az4) into this account's name.
+                    "ec2:DescribeAvailabilityZones",
                 ],
                 resources=["*"],
             ),

@@ -42,6 +42,7 @@ class TrainStack(Stack):
         # Not every zone offers every GPU type, and zone names differ between accounts: the
         # reaper picks, at deploy time, config.az if it offers the type, else one that does.
         # A given subnet or capacity reservation fixes the zone; then the type must be there.
+        # config.az may be a zone ID (use1-az4): the reaper answers this account's zone name.
         fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
         zone = reaper_answers(
             self,

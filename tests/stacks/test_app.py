@@ -68,7 +68,11 @@ def run_app(tmp_path: Path, cwd: Path = ROOT, **context) -> subprocess.Completed
         ("batchPerGpu", 1024, "at most 640 on p4d.24xlarge (A100 40 GB)"),
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
         ("az", "eu-west-1a", "a zone of region us-east-1"),
-        ("az", "us-east-1z", "a zone region us-east-1 has: us-east-1a to us-east-1f"),
+        (
+            "az",
+            "us-east-1z",
+            "a zone of region us-east-1 (us-east-1a to us-east-1f) or its zone ID",
+        ),
         ("imageTestInstanceType", "p9.huge", "a known GPU instance type: p4d.24xlarge"),
         ("imageTestInstanceType", "c6i.4xlarge", "c6i.4xlarge has no GPU"),
         ("imageTestInstanceType", "p3.2xlarge", "issues/8685); use g5.xlarge"),
@@ -205,6 +209,8 @@ def test_cfn_lint_finds_no_errors(cli_synth):
     [
         {"instanceType": "p5.48xlarge", "nodes": 2, "snapshotDataVolume": True},
         {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "datasetBucket": "my-imagenet"},
+        {"az": "use1-az4"},
+        {"az": "use1-az4", "vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd"},
         {
             "instanceType": "g5.xlarge",
             "nodes": 1,

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import ROOT
 
-from stacks.config import KEYS, ConfigError, FleetConfig
+from stacks.config import KEYS, ConfigError, FleetConfig, is_zone_id
 from stacks.instance_types import GPU_TYPES, fleet_estimate, quota_note
 
 DEFAULTS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items()}
@@ -58,8 +58,9 @@ def test_imported_network_needs_both_ids():
         ("instanceType", "p9.huge", "a known GPU instance type"),
         ("instanceType", "c5.large", "c5.large has no GPU"),
         ("dataVolumeGiB", 100, "an integer from 500 to 16384"),
-        ("az", "us-west-2a", "a zone of region us-east-1"),
-        ("az", "us-east-1g", "a zone region us-east-1 has: us-east-1a to us-east-1f"),
+        ("az", "us-west-2a", "a zone of region us-east-1 (us-east-1a to us-east-1f)"),
+        ("az", "us-east-1g", "a zone of region us-east-1 (us-east-1a to us-east-1f)"),
+        ("az", "usw2-az1", "or its zone ID (use1-az1 to use1-az6)"),
         ("targetTop1", "75.9", "a top-1 accuracy in (0, 1], like 0.759"),
         ("targetTop1", 0, "a top-1 accuracy in (0, 1], like 0.759"),
         ("targetTop1", "nan", "a top-1 accuracy in (0, 1], like 0.759"),
@@ -125,6 +126,73 @@ def test_every_zone_of_a_known_region_is_accepted_and_others_by_shape():
     assert config(region="eu-north-1", az="eu-north-1c").az == "eu-north-1c"
     with pytest.raises(ConfigError, match="us-west-2a to us-west-2d"):
         config(region="us-west-2", az="us-west-2e")
+
+
+# The zone IDs of the regions ZONE_LETTERS knows: one per letter, named for the region
+# (https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-availability-zones.html).
+@pytest.mark.parametrize(
+    ("region", "az"),
+    [
+        ("us-east-1", "use1-az4"),
+        ("us-east-1", "use1-az1"),
+        ("us-east-1", "use1-az6"),
+        ("us-east-2", "use2-az3"),
+        ("us-west-2", "usw2-az4"),
+        ("eu-north-1", "eun1-az2"),  # a region outside the tables: by shape
+    ],
+)
+def test_a_zone_id_of_the_region_is_accepted_as_given(region, az):
+    c = config(region=region, az=az)
+    assert (c.region, c.az) == (region, az)
+    assert is_zone_id(c.az)
+    assert not is_zone_id("us-east-1d")
+
+
+@pytest.mark.parametrize(
+    ("region", "az", "allowed"),
+    [
+        (
+            "us-west-2",
+            "use1-az4",
+            "a zone of region us-west-2 (us-west-2a to us-west-2d) or its zone ID "
+            "(usw2-az1 to usw2-az4)",
+        ),
+        (
+            "us-west-2",
+            "usw2-az9",
+            "a zone of region us-west-2 (us-west-2a to us-west-2d) or its zone ID "
+            "(usw2-az1 to usw2-az4)",
+        ),
+        (
+            "us-east-1",
+            "use1-az7",
+            "a zone of region us-east-1 (us-east-1a to us-east-1f) or its zone ID "
+            "(use1-az1 to use1-az6)",
+        ),
+        (
+            "us-east-1",
+            "use1-az0",
+            "a zone of region us-east-1 (us-east-1a to us-east-1f) or its zone ID "
+            "(use1-az1 to use1-az6)",
+        ),
+        (
+            "us-east-2",
+            "use2-az4",
+            "a zone of region us-east-2 (us-east-2a to us-east-2c) or its zone ID "
+            "(use2-az1 to use2-az3)",
+        ),
+        (
+            "eu-north-1",
+            "use1-az2",
+            "a zone of region eu-north-1, like eu-north-1a, or its zone ID "
+            "(<region prefix>-az<number>, as use1-az4 is in us-east-1)",
+        ),
+    ],
+)
+def test_a_zone_id_of_another_region_is_refused_in_one_line(region, az, allowed):
+    with pytest.raises(ConfigError) as error:
+        config(region=region, az=az)
+    assert str(error.value) == f"error: context key az={az!r} is invalid; allowed: {allowed}"
 
 
 def test_the_image_builds_nccl_and_horovod_for_every_gpu_of_the_table():

@@ -54,6 +54,42 @@ def test_volume_attached_at_sdf_in_the_instance_zone(template, instance):
     assert volume["AvailabilityZone"] == instance["Properties"]["AvailabilityZone"] == "us-east-1a"
 
 
+def test_a_zone_id_places_the_subnet_by_id_and_the_volume_in_its_zone(synth):
+    # Volumes and instances take no zone ID: both read the name back from the subnet.
+    template = synth(az="use1-az4")["PreprocessStack"]
+    [(subnet_id, subnet)] = template.find_resources("AWS::EC2::Subnet").items()
+    assert subnet["Properties"]["AvailabilityZoneId"] == "use1-az4"
+    assert "AvailabilityZone" not in subnet["Properties"]
+    [instance] = template.find_resources("AWS::EC2::Instance").values()
+    volume = template.to_json()["Resources"]["DataVolume"]["Properties"]
+    named = {"Fn::GetAtt": [subnet_id, "AvailabilityZone"]}
+    assert volume["AvailabilityZone"] == instance["Properties"]["AvailabilityZone"] == named
+    assert not template.find_resources("Custom::HorovodFleetZone")
+
+
+def test_a_zone_id_with_a_given_subnet_is_named_by_the_reaper(synth):
+    template = synth(az="use1-az4", vpcId="vpc-0123abcd", subnetId="subnet-0123abcd")[
+        "PreprocessStack"
+    ]
+    [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
+    assert {k: zone["Properties"][k] for k in ("InstanceType", "PreferredZone", "Fixed")} == {
+        "InstanceType": "t2.large",
+        "PreferredZone": "use1-az4",
+        "Fixed": "true",
+    }
+    [instance] = template.find_resources("AWS::EC2::Instance").values()
+    volume = template.to_json()["Resources"]["DataVolume"]["Properties"]
+    named = {"Fn::GetAtt": [zone_id, "Zone"]}
+    assert volume["AvailabilityZone"] == instance["Properties"]["AvailabilityZone"] == named
+
+
+def test_a_zone_name_with_a_given_subnet_needs_no_answer(synth):
+    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd")["PreprocessStack"]
+    assert not template.find_resources("Custom::HorovodFleetZone")
+    volume = template.to_json()["Resources"]["DataVolume"]["Properties"]
+    assert volume["AvailabilityZone"] == "us-east-1a"
+
+
 def test_t2_large_with_unlimited_credits(instance):
     props = instance["Properties"]
     assert props["InstanceType"] == "t2.large"

@@ -1019,6 +1019,53 @@ def test_a_type_no_zone_offers_fails_naming_the_region(reaper, monkeypatch):
     )
 
 
+# moto's zones (its copy of one account's mapping): use1-az4 is us-east-1d, use1-az3 us-east-1e.
+def test_a_zone_id_is_answered_as_this_accounts_zone_name(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "use1-az4"))
+    [reply] = replies.bodies
+    assert (reply["Status"], reply["Data"], reply["PhysicalResourceId"]) == (
+        "SUCCESS",
+        {"Zone": "us-east-1d"},
+        "us-east-1d",
+    )
+    # A redeploy with the same ID keeps the name it was given.
+    update = zone_request(
+        "Update",
+        "use1-az4",
+        PhysicalResourceId="us-east-1d",
+        OldResourceProperties=zone_request("Create", "use1-az4")["ResourceProperties"],
+    )
+    reaper.handle(update)
+    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1d"}
+
+
+def test_a_zone_id_without_the_type_gives_way_unless_fixed(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "use1-az3"))
+    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1a"}
+    reaper.handle(zone_request("Create", "use1-az3", fixed=True))
+    assert replies.bodies[-1]["Status"] == "FAILED"
+    assert replies.bodies[-1]["Reason"].startswith(
+        "p4d.24xlarge is not offered in zone us-east-1e (use1-az3) for this account: try a "
+        "subnet in a zone that does (us-east-1a, us-east-1b, us-east-1c, us-east-1d)"
+    )
+
+
+def test_a_zone_id_of_another_region_fails_the_deploy_in_one_line(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "usw2-az1"))
+    [reply] = replies.bodies
+    assert (reply["Status"], reply["Reason"]) == (
+        "FAILED",
+        "zone ID usw2-az1 is not a zone of us-east-1 this account can use: see aws ec2 "
+        "describe-availability-zones --region us-east-1",
+    )
+
+
 # --- the guard's mail ---------------------------------------------------------------------------
 
 

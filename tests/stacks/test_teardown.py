@@ -491,6 +491,12 @@ def test_reaper_terminates_stops_and_starts_only_instances_tagged_as_train_stack
     }
 
 
+def test_reaper_may_name_the_zone_of_a_zone_id(templates):
+    # answer_zone calls DescribeAvailabilityZones for -c az=use1-az4 (stacks/config.py).
+    [describe] = statements_for(templates, "ec2:DescribeAvailabilityZones")
+    assert "ec2:DescribeInstanceTypeOfferings" in describe["Action"]
+
+
 def test_snapshot_rights_only_when_configured(templates):
     [snapshot] = statements_for({"p": templates["PreprocessStack"]}, "ec2:CreateSnapshot")
     assert any(render(r).endswith(":volume/${Data}") for r in snapshot["Resource"])

@@ -21,6 +21,7 @@ SMALL_G5 = {
 }
 ONE_NODE_OWN_AMI = {"ami": "ami-0123456789abcdef0", "nodes": 1, "run": "exp-7"}
 P4D = {"instanceType": "p4d.24xlarge", "nodes": 3}
+RESERVATION = "cr-0123456789abcdef0"
 
 
 def instances(template) -> dict[str, dict]:
@@ -380,6 +381,38 @@ def test_a_given_subnet_fixes_the_zone_which_must_offer_the_type(synth):
     assert zone["Properties"]["Fixed"] == "true"
     for instance in instances(template).values():
         assert zone_id in instance["DependsOn"]
+
+
+def test_a_zone_id_is_the_preferred_zone_the_reaper_names_at_deploy(synth):
+    # The reaper turns use1-az4 into this account's zone name (test_reaper.py); the subnets
+    # take its answer, never the ID as a name.
+    template = synth(az="use1-az4", nodes=2)["TrainStack"]
+    [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
+    assert (zone["Properties"]["PreferredZone"], zone["Properties"]["Fixed"]) == (
+        "use1-az4",
+        "false",
+    )
+    subnets = template.find_resources("AWS::EC2::Subnet").values()
+    assert subnets and all(
+        s["Properties"]["AvailabilityZone"] == {"Fn::GetAtt": [zone_id, "Zone"]}
+        and "AvailabilityZoneId" not in s["Properties"]
+        for s in subnets
+    )
+
+
+def test_a_zone_id_with_a_capacity_reservation_fixes_the_subnets_by_id(synth):
+    template = synth(az="use1-az4", nodes=2, capacityReservationId=RESERVATION)["TrainStack"]
+    [zone] = template.find_resources("Custom::HorovodFleetZone").values()
+    assert (zone["Properties"]["PreferredZone"], zone["Properties"]["Fixed"]) == (
+        "use1-az4",
+        "true",
+    )
+    subnets = template.find_resources("AWS::EC2::Subnet").values()
+    assert subnets and all(
+        s["Properties"]["AvailabilityZoneId"] == "use1-az4"
+        and "AvailabilityZone" not in s["Properties"]
+        for s in subnets
+    )
 
 
 def test_the_run_has_a_dashboard_and_outputs_the_watch_command(template):

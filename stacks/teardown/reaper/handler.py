@@ -42,6 +42,7 @@ ABSENT_KEY_CODES = controller.ABSENT_KEY_CODES
 NO_CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity")
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
+ZONE_ID = re.compile(r"[a-z]+\d+-az\d+")  # use1-az4; stacks/config.py validates it
 REASONS = ("done", "idle", "hard-cap", "deleting", "relaunch")  # what a re-check re-checks
 # ROLLBACK_COMPLETE is a create that failed and was rolled back: nothing of it bills.
 GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE", "ROLLBACK_COMPLETE"}
@@ -739,7 +740,11 @@ class Reaper:
         fails the deploy in one line before anything is created. The zone keeps its answer
         across updates of the same type, so a redeploy never moves the subnet. Zone names differ
         between accounts, so only this account's answer can say (DescribeInstanceTypeOfferings,
-        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypeOfferings.html)."""
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypeOfferings.html).
+        A `PreferredZone` given as a zone ID (use1-az4, the same zone in every account) is
+        turned into this account's zone name first, and the answer is always a name: subnets,
+        volumes and instances take it (DescribeAvailabilityZones with ZoneIds,
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html)."""
         props = event.get("ResourceProperties", {})
         instance_type = props.get("InstanceType", "")
         preferred = props.get("PreferredZone", "")
@@ -748,9 +753,23 @@ class Reaper:
         response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or preferred}
         old = event.get("OldResourceProperties") or {}
         unchanged = all(old.get(k) == props.get(k) for k in ("InstanceType", "PreferredZone"))
-        if request == "Update" and physical_id and unchanged:
+        region = self.ec2.meta.region_name
+        keep = request == "Update" and physical_id and unchanged
+        by_id = request != "Delete" and not keep and ZONE_ID.fullmatch(preferred) is not None
+        named = self.zone_name(preferred) if by_id else preferred
+        if keep:
             response["Data"] = {"Zone": physical_id}
+        elif by_id and not named:
+            response.update(
+                Status="FAILED",
+                Reason=(
+                    f"zone ID {preferred} is not a zone of {region} this account can use: "
+                    f"see aws ec2 describe-availability-zones --region {region}"
+                ),
+            )
         elif request != "Delete":
+            shown = f"{named} ({preferred})" if by_id else preferred
+            preferred = named
             pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
                 LocationType="availability-zone",
                 Filters=[{"Name": "instance-type", "Values": [instance_type]}],
@@ -761,8 +780,7 @@ class Reaper:
                 zone = preferred if preferred in offered else offered[0]
                 response.update(PhysicalResourceId=zone, Data={"Zone": zone})
             else:
-                region = self.ec2.meta.region_name
-                where = f"zone {preferred}" if fixed else f"any zone of {region}"
+                where = f"zone {shown}" if fixed else f"any zone of {region}"
                 elsewhere = (
                     f"a subnet in a zone that does ({', '.join(offered)})"
                     if offered
@@ -778,6 +796,16 @@ class Reaper:
                 )
         log("zone", request=request, instance_type=instance_type, **response)
         respond(event, response)
+
+    def zone_name(self, zone_id: str) -> str:
+        """This account's name for the zone with this zone ID; "" when it has none (an ID of
+        another region, or of a zone the account cannot use)."""
+        try:
+            zones = self.ec2.describe_availability_zones(ZoneIds=[zone_id])["AvailabilityZones"]
+        except ClientError as error:  # InvalidParameterValue: no such zone ID here
+            log("zone", zone_id=zone_id, error=str(error))
+            return ""
+        return next((z["ZoneName"] for z in zones if z.get("ZoneId") == zone_id), "")
 
 
 def respond(event: Mapping, response: dict) -> None:
