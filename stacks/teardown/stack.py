@@ -318,6 +318,8 @@ class TeardownStack(Stack):
                 actions=[
                     "cloudformation:DescribeStacks",
                     "cloudformation:DescribeStackEvents",
+                    # Which instances the fleet has, before a relaunch stops and starts them.
+                    "cloudformation:DescribeStackResources",
                     "cloudformation:DeleteStack",
                 ],
                 resources=[train_stack_arn],

@@ -1250,3 +1250,24 @@ def test_the_hard_cap_near_stops_instead_of_relaunching(reaper, capsys):
     recorded = decisions(capsys)
     assert recorded[0]["attempt"]["decision"] == "stop"
     assert "hard cap" in recorded[0]["attempt"]["why"]
+
+
+def test_a_node_ec2_terminated_cannot_be_relaunched_so_the_fleet_goes(reaper, capsys):
+    """A retired host's instance is gone: starting the others would wait for it until restarts
+    ran out. The fleet is deleted at once, and the e-mail says to deploy again."""
+    template = {
+        "Resources": {"Node0": {"Type": "AWS::EC2::Instance",
+                                "Properties": {"ImageId": "ami-12c6146b"}}},
+        "Outputs": {"HorovodFleetRun": {"Value": RUN}, "HorovodFleetMaxRestarts": {"Value": "3"},
+                    "HorovodFleetDeadline": {"Value": "2026-11-22T09:00:00Z"}},
+    }  # fmt: skip
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    cloudformation.update_stack(StackName="TrainStack", TemplateBody=json.dumps(template))
+    [node] = reaper.stack_instances(train_stack_id())
+    boto3.client("ec2", region_name=REGION).terminate_instances(InstanceIds=[node])
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    recorded = decisions(capsys)
+    assert [d["decision"] for d in recorded] == ["attempt-ended", "delete-stack", "follow-delete"]
+    assert recorded[1]["reason"] == "relaunch-impossible" and recorded[1]["gone"] == [node]
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")

@@ -446,6 +446,7 @@ def test_failure_alarms_exist_without_an_email():
 def test_reaper_deletes_only_train_stack(templates):
     [statement] = statements_for(templates, "cloudformation:DeleteStack")
     assert "cloudformation:DescribeStackEvents" in statement["Action"]
+    assert "cloudformation:DescribeStackResources" in statement["Action"]  # before a relaunch
     [resource] = as_list(statement["Resource"])
     assert render(resource) == (
         "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:stack/TrainStack/*"

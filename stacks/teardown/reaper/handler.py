@@ -378,11 +378,33 @@ class Reaper:
             for i in r["Instances"]
         }
 
+    def stack_instances(self, stack_id: str) -> list[str]:
+        """The instance ids CloudFormation created for the stack, whatever their state now."""
+        resources = self.cloudformation.describe_stack_resources(StackName=stack_id)
+        return [
+            r["PhysicalResourceId"]
+            for r in resources["StackResources"]
+            if r["ResourceType"] == "AWS::EC2::Instance" and r.get("PhysicalResourceId")
+        ]
+
     def relaunch(self, run: str, stack: dict, entry: dict) -> None:
         """Stop every node; continue_relaunch starts them once all have stopped. A stop and
         start puts each node on healthy hardware with empty instance stores, its address and
         its placement group kept, and its boot service resumes the run from S3."""
         states = self.fleet_instances(stack["id"])
+        if gone := sorted(set(self.stack_instances(stack["id"])) - set(states)):
+            # A node EC2 terminated (a retired host) cannot be started again: the fleet would
+            # wait for it until restarts ran out. It goes now, results being in S3 already.
+            self.delete_stack(TRAIN_STACK, run=run, reason="relaunch-impossible", gone=gone)
+            self.notify(
+                stack,
+                run,
+                f"ended attempt {entry['attempt']} ({entry['reason']}); it cannot be relaunched: "
+                f"instance(s) {', '.join(gone)} no longer exist, so the reaper is deleting the "
+                "fleet; deploy again to resume from the newest checkpoint",
+            )
+            self.follow_later(run, stack["id"], check=1, status="delete requested")
+            return
         up = sorted(i for i, state in states.items() if state in ("pending", "running"))
         if up:
             self.ec2.stop_instances(InstanceIds=up)
