@@ -68,6 +68,10 @@ def one_line(exc: BaseException) -> str:
     return launch.trim_reason(f"{type(exc).__name__}: {exc}")
 
 
+# Each finished step's seconds in this process, for DONE.json's timeline.
+STEP_SECONDS: dict[str, float] = {}
+
+
 def step(name: str, action: Callable[[], object]):
     """Run one named step with timestamped start/end lines; any error becomes StepFailed."""
     log(f"step '{name}': start")
@@ -78,7 +82,9 @@ def step(name: str, action: Callable[[], object]):
         raise StepFailed(name, str(exc), "interrupted") from exc
     except Exception as exc:
         raise StepFailed(name, one_line(exc)) from exc
-    log(f"step '{name}': done in {time.time() - started:.1f} s")
+    took = time.time() - started
+    STEP_SECONDS[name] = round(STEP_SECONDS.get(name, 0.0) + took, 1)
+    log(f"step '{name}': done in {took:.1f} s")
     return result
 
 
@@ -334,7 +340,7 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
     doc = launch.done_document(
         cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since,
-        attempt.earlier,
+        attempt.earlier, STEP_SECONDS,
     )  # fmt: skip
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
     step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
@@ -384,7 +390,7 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = launch.done_document(
             cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
-            attempt.outputs_since, attempt.earlier,
+            attempt.outputs_since, attempt.earlier, STEP_SECONDS,
         )  # fmt: skip
         if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")

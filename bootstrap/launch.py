@@ -454,11 +454,13 @@ def done_document(
     started: float,
     outputs_since: float | None = None,
     earlier: list[dict] | None = None,
+    steps: dict[str, float] | None = None,
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
     wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
     is new on disk but the previous attempt's), else the leader's wall time and no epochs.
-    `earlier` is the run controller's record of the attempts before this one (attempts.json)."""
+    `earlier` is the run controller's record of the attempts before this one (attempts.json),
+    `steps` the seconds of each bootstrap step this attempt finished (its timeline)."""
     succeeded = status == "succeeded"
     earlier = earlier or []
     own = {
@@ -484,12 +486,26 @@ def done_document(
         "reached_target_at_epoch": training.get("reached_target_at_epoch"),
         "time_to_target_s": training.get("time_to_target_s"),
         "finished_at": utc_stamp(now),
+        "timeline": timeline(steps or {}, training),
         "attempt": own["attempt"],
         "attempts": [
             *({k: entry.get(k) for k in ("attempt", "status", "reason")} for entry in earlier),
             own,
         ],
     }
+
+
+def timeline(steps: dict[str, float], training: dict) -> dict:
+    """Where the attempt's time went: the bootstrap's steps (data pull, rendezvous, allreduce
+    check, training, uploads, ...) and, from this attempt's train.json, the trainer's start-up
+    (TensorFlow, the input pipeline, the first step's compilation), evaluation, checkpoints, the
+    training steps themselves, and the time to the target."""
+    trainer = {}
+    if training.get("duration_s") is not None:
+        parts = {k: training.get(k) or 0.0 for k in ("startup_s", "evaluation_s", "checkpoint_s")}
+        trainer = {**parts, "training_s": round(training["duration_s"] - sum(parts.values()), 1)}
+        trainer["time_to_target_s"] = training.get("time_to_target_s")
+    return {"steps_s": dict(steps), "trainer_s": trainer}
 
 
 def allreduce_busbw_gbps(check_log: Path) -> float | None:

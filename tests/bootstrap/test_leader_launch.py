@@ -119,7 +119,7 @@ def test_done_document_on_success_and_failure(tmp_path):
     assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
                       "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
                       "target_top1", "reached_target_at_epoch", "time_to_target_s",
-                      "finished_at", "attempt", "attempts"}  # fmt: skip
+                      "finished_at", "timeline", "attempt", "attempts"}  # fmt: skip
     assert (ok["attempt"], ok["attempts"]) == (
         1,
         [{"attempt": 1, "status": "succeeded", "reason": None}],
@@ -137,6 +137,27 @@ def test_done_document_on_success_and_failure(tmp_path):
     failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, started + 10, started)
     assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
+
+
+def test_done_document_has_the_attempt_s_timeline(tmp_path):
+    cfg = parse(train_doc())
+    training = {"epochs": 2, "duration_s": 600.0, "startup_s": 40.0, "evaluation_s": 20.0,
+                "checkpoint_s": 5.0, "time_to_target_s": 500.0}  # fmt: skip
+    (tmp_path / "train.json").write_text(json.dumps(training))
+    steps = {"data pull": 120.4, "rendezvous": 3.1, "allreduce check": 9.8, "training": 610.2}
+    started = time.time() - 700
+    done = launch.done_document(cfg, "succeeded", None, tmp_path, time.time(), started, None,
+                                None, steps)  # fmt: skip
+    assert done["timeline"] == {
+        "steps_s": steps,
+        "trainer_s": {"startup_s": 40.0, "evaluation_s": 20.0, "checkpoint_s": 5.0,
+                      "training_s": 535.0, "time_to_target_s": 500.0},
+    }  # fmt: skip
+    # A failure before the trainer wrote train.json: the steps alone.
+    os.remove(tmp_path / "train.json")
+    failed = launch.done_document(cfg, "failed", "x", tmp_path, time.time(), started, None, None,
+                                  {"data pull": 1.0})  # fmt: skip
+    assert failed["timeline"] == {"steps_s": {"data pull": 1.0}, "trainer_s": {}}
 
 
 def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path):
