@@ -161,7 +161,9 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
         in (result.stderr)
     )
     assert "g5.xlarge at $1.006/h for the GPU proof" in result.stderr
-    assert "TrainStack training estimate: 90 epochs x 1,281,167 images" in result.stderr
+    assert "TrainStack training estimate: 90 epochs (recipe goyal) x 1,281,167 images" in (
+        result.stderr
+    )
 
 
 def test_dataset_stack_is_termination_protected(cli_synth):
