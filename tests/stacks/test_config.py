@@ -205,3 +205,20 @@ def test_the_image_builds_nccl_and_horovod_for_every_gpu_of_the_table():
 def test_a_target_top1_reaches_the_trainer_as_a_flag():
     assert config().trainer["target_top1"] is None
     assert config(targetTop1="0.759").trainer["target_top1"] == 0.759
+
+
+def test_the_recipe_sets_the_per_gpu_batch_unless_given():
+    assert config().batch_per_gpu == 256 and config().recipe == "goyal"
+    fast = config(recipe="fast")
+    # 8 p4d nodes x 8 GPUs x 128 = 8,192: MLPerf's quickest logged batch to 75.9% among 8k-16k.
+    assert (fast.batch_per_gpu, fast.trainer["recipe"], fast.trainer["epochs"]) == (
+        128,
+        "fast",
+        None,
+    )
+    assert config(recipe="fast", batchPerGpu=200).batch_per_gpu == 200
+    with pytest.raises(ConfigError) as refused:
+        config(recipe="mlperf")
+    assert str(refused.value) == (
+        "error: context key recipe='mlperf' is invalid; allowed: goyal or fast"
+    )
