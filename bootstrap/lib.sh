@@ -16,6 +16,15 @@ STEP_STARTED=$SECONDS
 
 log() { printf '%s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SCRIPT" "$*"; }
 
+# A check that failed, named in the log; the ERR trap then reports the step.
+fail() {
+	log "FAILED: $*"
+	return 1
+}
+
+# shellcheck source=image/signed_download.sh
+source "$APP_DIR/bootstrap/image/signed_download.sh"
+
 # Each step logs when it starts, in seconds since boot (a node's launch-to-healthy time), and
 # how long the one before it took.
 step() {
@@ -88,9 +97,15 @@ start_cloudwatch_agent() {
 		if command -v dnf >/dev/null; then
 			dnf install -y -q amazon-cloudwatch-agent
 		else
-			curl -fsSL -o /tmp/amazon-cloudwatch-agent.deb \
-				https://amazoncloudwatch-agent.s3.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
-			dpkg -i -E /tmp/amazon-cloudwatch-agent.deb
+			# The same signature check as the image's 07-agents step, with its pinned key.
+			local base=https://amazoncloudwatch-agent.s3.amazonaws.com fingerprint work
+			fingerprint=$(sed -n 's/^CLOUDWATCH_AGENT_GPG_FINGERPRINT=//p' "$APP_DIR/bootstrap/image/pins.env")
+			work=$(mktemp -d)
+			signed_download "$work" "$base/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb" \
+				"$base/assets/amazon-cloudwatch-agent.gpg" "$fingerprint" \
+				"no valid signature by $fingerprint"
+			unset GNUPGHOME
+			dpkg -i -E "$work/amazon-cloudwatch-agent.deb"
 		fi
 	fi
 	local conf=/opt/aws/amazon-cloudwatch-agent/etc/horovod-fleet.json

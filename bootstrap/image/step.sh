@@ -30,6 +30,9 @@ fail() {
 	exit 1
 }
 
+# shellcheck source=signed_download.sh
+source "$RECIPE_DIR/signed_download.sh"
+
 # apt waits for cloud-init's own apt run at first boot instead of failing on the lock.
 apt_get() { apt-get -o DPkg::Lock::Timeout=900 -o Dpkg::Options::=--force-confold -q "$@"; }
 
@@ -38,31 +41,6 @@ apt_get() { apt-get -o DPkg::Lock::Timeout=900 -o Dpkg::Options::=--force-confol
 step_mode() {
 	MODE=${1:-run}
 	[[ $MODE == run || $MODE == validate ]] || fail "unknown mode '$MODE'; allowed: run, validate"
-}
-
-# signed_download DIR URL KEY_URL FINGERPRINT BAD [KEY_NAME]
-# Downloads URL into DIR (under its own name), its detached signature URL.sig beside it, and the
-# signer's public key from KEY_URL, then stops the bake with "<name>: BAD" unless gpg, with only
-# that key in a keyring of its own (GNUPGHOME=DIR/gnupg), reports a valid signature by
-# FINGERPRINT, a pin of pins.env. With KEY_NAME, the key as downloaded must carry FINGERPRINT
-# too, checked before the signature ("the KEY_NAME is not AWS's").
-signed_download() {
-	local dir=$1 url=$2 key_url=$3 fingerprint=$4 bad=$5 key_name=${6:-}
-	local name=${url##*/} fingerprints
-	curl -fsSL --retry 5 -o "$dir/$name" "$url"
-	curl -fsSL --retry 5 -o "$dir/$name.sig" "$url.sig"
-	curl -fsSL --retry 5 -o "$dir/${key_url##*/}" "$key_url"
-	export GNUPGHOME=$dir/gnupg
-	mkdir -m 700 "$GNUPGHOME"
-	gpg --batch --quiet --import "$dir/${key_url##*/}"
-	if [[ -n $key_name ]]; then
-		fingerprints=$(gpg --batch --with-colons --fingerprint | awk -F: '$1 == "fpr" {print $10}')
-		grep -qx "$fingerprint" <<<"$fingerprints" ||
-			fail "the $key_name is not AWS's (fingerprints: ${fingerprints//$'\n'/ })"
-	fi
-	gpg --batch --status-fd 1 --verify "$dir/$name.sig" "$dir/$name" |
-		grep -q "^\[GNUPG:\] VALIDSIG $fingerprint " ||
-		fail "$name: $bad"
 }
 
 # The recipe's content hash, as the stacks compute it for the component versions (and the asset

@@ -41,10 +41,10 @@ class RecipeStep:
 # The recipe, in order (bootstrap/image/*.sh). AWSTOE stops a step after 2 h unless told.
 RECIPE: tuple[RecipeStep, ...] = (
     RecipeStep("01-system", "full upgrade, AWS kernel, no unattended upgrades", 3600, True),
-    RecipeStep("02-nvidia-driver", "NVIDIA R580 closed modules for the AWS kernel, held", 3600),
+    RecipeStep("02-nvidia-driver", "NVIDIA R580 open kernel modules for the AWS kernel, held", 3600),
     RecipeStep("03-efa", "EFA installer (signature verified), Open MPI 4, aws-ofi-nccl", 3600),
     RecipeStep("04-cuda-toolkit", "CUDA 12.2 compiler and headers, no driver", 3600),
-    RecipeStep("05-nccl", "NCCL built for sm_70/75/80/90", 7200),
+    RecipeStep("05-nccl", "NCCL built for sm_75/80/86/90", 7200),
     RecipeStep("06-python-env", "TensorFlow 2.15.1 venv, Horovod 0.28.1 with NCCL/MPI/Gloo", 7200),
     RecipeStep("07-agents", "CloudWatch agent (signature verified), SSM agent, AWS CLI", 1800),
     RecipeStep("08-manifest", "image.json: every version, Horovod's build, the recipe hash", 600),
