@@ -41,7 +41,7 @@ class RecipeStep:
 # The recipe, in order (bootstrap/image/*.sh). AWSTOE stops a step after 2 h unless told.
 RECIPE: tuple[RecipeStep, ...] = (
     RecipeStep("01-system", "full upgrade, AWS kernel, no unattended upgrades", 3600, True),
-    RecipeStep("02-nvidia-driver", "NVIDIA R580 open kernel modules for the AWS kernel, held", 3600),
+    RecipeStep("02-nvidia-driver", "NVIDIA R580 open modules for the AWS kernel, held", 3600),
     RecipeStep("03-efa", "EFA installer (signature verified), Open MPI 4, aws-ofi-nccl", 3600),
     RecipeStep("04-cuda-toolkit", "CUDA 12.2 compiler and headers, no driver", 3600),
     RecipeStep("05-nccl", "NCCL built for sm_75/80/86/90", 7200),
