@@ -61,6 +61,7 @@ class TrainConfig:
     min_crop_area: float
     checkpoint_every_s: float
     target_top1: float | None
+    seed: int | None = None  # None: unseeded weights, the built-in shuffle seeds
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -197,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         "as MLPerf's time-to-accuracy does; off: train every epoch",
     )
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed the initial weights and offset the data shuffle's seeds (>= 0), for repeated "
+        "runs that differ only in it; off: random initial weights",
+    )
+    parser.add_argument(
         "--min-crop-area",
         type=float,
         default=0.08,
@@ -274,6 +282,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         args.target_top1 is None or 0 < args.target_top1 <= 1,
         f"--target-top1 must be a top-1 accuracy in (0, 1], like 0.759, got {args.target_top1}",
     )
+    _require(args.seed is None or args.seed >= 0, f"--seed must be >= 0, got {args.seed}")
     args.data_dir = _path("--data-dir", args.data_dir)
     args.model_dir = _path("--model-dir", args.model_dir)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -466,6 +466,9 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     else:
         info, train_shard, val_shard, steps_per_epoch = resolve_input(config, global_batch)
         num_classes = info.num_classes
+    if config.seed is not None:
+        # Rank 0's initial weights are broadcast to every rank, so its seed decides them.
+        tf.keras.utils.set_random_seed(config.seed)
     trainer = Trainer(config, recipe, num_classes, steps_per_epoch, gpu)
     model_dir = config.model_dir
     manager, writer, local_error = None, None, None
@@ -526,6 +529,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                 yield sized
     else:
         threads = input_threads(node_cpus)
+        shuffle_seed = (config.seed or 0) * 15485863  # --seed moves every rank's and epoch's
 
         def eval_batches():
             return data.eval_dataset(
@@ -546,7 +550,7 @@ def run(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
                 info,
                 train_shard,
                 image_size=size,
-                seed=hvd.rank() * 7919 + epoch * 104729 + skip_steps,
+                seed=shuffle_seed + hvd.rank() * 7919 + epoch * 104729 + skip_steps,
                 threads=threads,
                 device=device,
             )

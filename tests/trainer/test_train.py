@@ -48,6 +48,10 @@ def test_config_is_validated_once_at_the_edge(tmp_path, capsys):
         parse_config(["--data-dir", "d", "--model-dir", "m", "--batch-size", "0"])
     with pytest.raises(ConfigError, match="--data-dir is required"):
         parse_config(["--model-dir", "m"])
+    assert config.seed is None  # unseeded unless asked
+    assert parse_config(["--data-dir", "d", "--model-dir", "m", "--seed", "3"]).seed == 3
+    with pytest.raises(ConfigError, match="--seed must be >= 0, got -1"):
+        parse_config(["--data-dir", "d", "--model-dir", "m", "--seed", "-1"])
 
 
 def test_bad_flag_value_is_one_error_line(tmp_path, run_trainer):
