@@ -527,6 +527,7 @@ def run_faults(rehearsal: Rehearsal) -> int:
             rehearsal.watches.clear()
             fault.prepare(rehearsal)
             rehearsal.entries = []
+            refused_before = len(rehearsal.iam.refusals) if rehearsal.iam else 0
             try:
                 if fault.max_restarts is None:
                     rehearsal.train(fault.epochs, **(fault.overrides or {}))
@@ -545,6 +546,9 @@ def run_faults(rehearsal: Rehearsal) -> int:
             rows.append((fault.name, fault.expected, observed, "pass" if ok else "FAIL"))
             if rehearsal.watches:
                 rows[-1] = (*rows[-1][:2], "the fault was never injected", "FAIL")
+            # A request a deployed role may not make fails on AWS, whatever the row's outcome.
+            if refused := rehearsal.iam.refusals[refused_before:] if rehearsal.iam else []:
+                rows[-1] = (*rows[-1][:2], f"IAM refused {len(refused)}: {refused[0]}", "FAIL")
     except (RuntimeError, OSError) as exc:
         rows.append((rehearsal.step, "the rehearsal runs", f"{exc}", "FAIL"))
     finally:
