@@ -10,14 +10,25 @@ import tensorflow as tf
 from trainer.recipes import END_LR, LARS_ETA, POLY_POWER
 
 
-class WarmupCosine(tf.keras.optimizers.schedules.LearningRateSchedule):
-    """0 -> peak linearly over warmup_steps, then cosine from peak to 0 at total_steps."""
+class _WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """A peak reached by a linear warmup over warmup_steps, then a decay to total_steps."""
 
     def __init__(self, peak: float, warmup_steps: int, total_steps: int):
         assert 0 <= warmup_steps <= total_steps and total_steps > 0, (warmup_steps, total_steps)
         self.peak = peak
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }
+
+
+class WarmupCosine(_WarmupSchedule):
+    """0 -> peak linearly over warmup_steps, then cosine from peak to 0 at total_steps."""
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
@@ -26,23 +37,10 @@ class WarmupCosine(tf.keras.optimizers.schedules.LearningRateSchedule):
         cosine = 0.5 * self.peak * (1 + tf.cos(math.pi * tf.clip_by_value(progress, 0.0, 1.0)))
         return tf.where(step < self.warmup_steps, warmup, cosine)
 
-    def get_config(self):
-        return {
-            "peak": self.peak,
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-        }
 
-
-class WarmupPoly(tf.keras.optimizers.schedules.LearningRateSchedule):
+class WarmupPoly(_WarmupSchedule):
     """MLPerf's schedule (recipes.poly_learning_rate): 0 -> peak linearly over warmup_steps, then
     END_LR + (peak - END_LR) (1 - progress)^POLY_POWER at total_steps."""
-
-    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
-        assert 0 <= warmup_steps <= total_steps and total_steps > 0, (warmup_steps, total_steps)
-        self.peak = peak
-        self.warmup_steps = warmup_steps
-        self.total_steps = total_steps
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
@@ -51,13 +49,6 @@ class WarmupPoly(tf.keras.optimizers.schedules.LearningRateSchedule):
         remaining = 1.0 - tf.clip_by_value(progress, 0.0, 1.0)
         poly = END_LR + (self.peak - END_LR) * tf.pow(remaining, POLY_POWER)
         return tf.where(step < self.warmup_steps, warmup, poly)
-
-    def get_config(self):
-        return {
-            "peak": self.peak,
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-        }
 
 
 def make_schedule(decay: str, peak: float, warmup_steps: int, total_steps: int):
