@@ -14,6 +14,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def require_at_least(*checks: tuple[str, float, float]) -> None:
+    """fail naming the first (flag, value, lowest) whose value is below its lowest."""
+    for flag, value, lowest in checks:
+        if value < lowest:
+            fail(f"{flag} must be at least {lowest}, got {value}")
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse without the usage block before its error: the error line names the flag."""
 

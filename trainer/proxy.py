@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from trainer import recipes
-from trainer.cli import OneLineErrorParser, fail
+from trainer.cli import OneLineErrorParser, fail, require_at_least
 from trainer.preprocess.images import image_record
 from trainer.preprocess.output import LocalOutput, ShardWriter, build_manifest
 from trainer.preprocess.sample import synset_names
@@ -397,15 +397,13 @@ def main(argv: list[str] | None = None) -> int:
         "--recipes", default="goyal,fast", help="comma-separated recipes to compare"
     )
     args = parser.parse_args(argv)
-    for flag, value, low in (
+    require_at_least(
         ("--images", args.images, 2 * len(CLASSES)),
         ("--seeds", args.seeds, 1),
         ("--epochs", args.epochs, 1),
         ("--image-size", args.image_size, 32),
         ("--batch-size", args.batch_size, 1),
-    ):
-        if value < low:
-            fail(f"{flag} must be at least {low}, got {value}")
+    )
     if not 0 < args.target <= 1:
         fail(f"--target must be a top-1 in (0, 1], got {args.target}")
     names = [name.strip() for name in args.recipes.split(",") if name.strip()]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
-from trainer.cli import OneLineErrorParser, fail
+from trainer.cli import OneLineErrorParser, fail, require_at_least
 
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
 VAL_TAR = "ILSVRC2012_img_val.tar"
@@ -182,14 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes (0)")
     args = parser.parse_args(argv)
-    for flag, value, low in [
+    require_at_least(
         ("--classes", args.classes, 1),
         ("--train-per-class", args.train_per_class, 1),
         ("--val-images", args.val_images, 1),
         ("--seed", args.seed, 0),
-    ]:
-        if value < low:
-            fail(f"{flag} must be at least {low}, got {value}")
+    )
     if args.quirks and args.classes * args.train_per_class < len(QUIRKS):
         fail(f"--quirks needs at least {len(QUIRKS)} train images")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
