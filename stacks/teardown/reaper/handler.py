@@ -332,10 +332,8 @@ class Reaper:
         relaunch was decided is that relaunch's doing: a repeated event changes nothing.
         """
         stack = self.train_stack()
-        if stack is None or stack["status"] in GONE_STATES or busy(stack["status"]):
-            self.retire_fleet(run, "done")
-            return
-        if stack["run"] != run:
+        gone = stack is None or stack["status"] in GONE_STATES
+        if gone or busy(stack["status"]) or stack["run"] != run:
             self.retire_fleet(run, "done")
             return
         entry = controller.end_attempt(
@@ -526,16 +524,7 @@ class Reaper:
 
     def terminate_instances(self, stack_id: str) -> list[str]:
         """Terminate the instances CloudFormation tagged as the stack's; returns their ids."""
-        pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[
-                {"Name": "tag:aws:cloudformation:stack-id", "Values": [stack_id]},
-                {
-                    "Name": "instance-state-name",
-                    "Values": ["pending", "running", "stopping", "stopped"],
-                },
-            ]
-        )
-        ids = [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
+        ids = list(self.fleet_instances(stack_id))
         if ids:
             try:
                 self.ec2.terminate_instances(InstanceIds=ids)
