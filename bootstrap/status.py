@@ -69,6 +69,7 @@ class RunStatus:
         self.metrics_path = Path(cfg.log_dir) / METRICS_LOG
         self.enabled = cfg.is_leader
         self.attempt_started = attempt_started
+        self.earlier: list[dict] | None = None  # attempts.json's entries, once read
         self.current = "booting"
         self.reason: str | None = None
         self.progress: dict | None = None
@@ -176,8 +177,11 @@ class RunStatus:
 
     def earlier_attempts(self) -> list[dict]:
         """The ended attempts the run controller recorded in attempts.json ([] without it, or
-        when S3 cannot say: the count is a report, never a reason to stop)."""
-        return self._try("read attempts.json", self._recorded_attempts) or []
+        when S3 cannot say: the count is a report, never a reason to stop). Read once per
+        attempt (the controller writes it only between attempts); a failed read is retried."""
+        if self.earlier is None:
+            self.earlier = self._try("read attempts.json", self._recorded_attempts)
+        return self.earlier or []
 
     def _recorded_attempts(self) -> list[dict]:
         key = f"{self.cfg.runs_prefix}attempts.json"
