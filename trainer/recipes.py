@@ -136,6 +136,7 @@ def fast(
     warmup_epochs: float | None = None,
     momentum: float | None = None,
     weight_decay: float | None = None,
+    label_smoothing: float = MLPERF_LABEL_SMOOTHING,
 ) -> Recipe:
     """MLPerf's recipe at this batch. Between the logged batches the peak LR follows their own
     trend, about the square root of the batch (7.4 at 1.6k, 10.5 at 3.3k, 17 at 8k, 22 at 16k),
@@ -148,7 +149,7 @@ def fast(
         epochs=epochs or run.epochs,
         momentum=run.momentum if momentum is None else momentum,
         weight_decay=run.weight_decay if weight_decay is None else weight_decay,
-        label_smoothing=MLPERF_LABEL_SMOOTHING,
+        label_smoothing=label_smoothing,
         lars=True,
         decay="poly",
         source=f"MLPerf {run.source}, global batch {run.global_batch}, 75.9% at epoch "
@@ -198,8 +199,7 @@ def resolve(
     assert name in RECIPES, name
     if name == "fast":
         assert base_lr is None, "--base-lr is refused with --recipe fast at the command line"
-        recipe = fast(global_batch, epochs, warmup_epochs, momentum, weight_decay)
-        return dataclasses.replace(recipe, label_smoothing=label_smoothing)
+        return fast(global_batch, epochs, warmup_epochs, momentum, weight_decay, label_smoothing)
     return goyal(
         global_batch, base_lr, epochs, warmup_epochs, momentum, weight_decay, label_smoothing
     )
