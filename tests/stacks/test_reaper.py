@@ -975,27 +975,6 @@ def test_the_preferred_zone_is_kept_when_it_offers_the_type(reaper, monkeypatch)
     assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1b"}
 
 
-def test_a_zone_without_the_type_gives_way_to_one_that_has_it(reaper, monkeypatch):
-    replies = Replies()
-    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
-    reaper.handle(zone_request("Create", "us-east-1e"))
-    [reply] = replies.bodies
-    assert (reply["Status"], reply["Data"], reply["PhysicalResourceId"]) == (
-        "SUCCESS",
-        {"Zone": "us-east-1a"},
-        "us-east-1a",
-    )
-    # A redeploy of the same type keeps the subnet where it is.
-    update = zone_request(
-        "Update",
-        "us-east-1e",
-        PhysicalResourceId="us-east-1a",
-        OldResourceProperties=zone_request("Create", "us-east-1e")["ResourceProperties"],
-    )
-    reaper.handle(update)
-    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1a"}
-
-
 def test_a_fixed_zone_without_the_type_fails_the_deploy_in_one_line(reaper, monkeypatch):
     replies = Replies()
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
@@ -1020,25 +999,34 @@ def test_a_type_no_zone_offers_fails_naming_the_region(reaper, monkeypatch):
 
 
 # moto's zones (its copy of one account's mapping): use1-az4 is us-east-1d, use1-az3 us-east-1e.
-def test_a_zone_id_is_answered_as_this_accounts_zone_name(reaper, monkeypatch):
+@pytest.mark.parametrize(
+    ("preferred", "answered"),
+    [
+        ("us-east-1e", "us-east-1a"),  # a zone without the type gives way to one that has it
+        ("use1-az4", "us-east-1d"),  # a zone ID is answered as this account's zone name
+    ],
+)
+def test_the_zone_answered_is_a_name_that_offers_the_type_and_redeploys_keep_it(
+    reaper, monkeypatch, preferred, answered
+):
     replies = Replies()
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
-    reaper.handle(zone_request("Create", "use1-az4"))
+    reaper.handle(zone_request("Create", preferred))
     [reply] = replies.bodies
     assert (reply["Status"], reply["Data"], reply["PhysicalResourceId"]) == (
         "SUCCESS",
-        {"Zone": "us-east-1d"},
-        "us-east-1d",
+        {"Zone": answered},
+        answered,
     )
-    # A redeploy with the same ID keeps the name it was given.
+    # A redeploy with the same preference keeps the subnet where it is.
     update = zone_request(
         "Update",
-        "use1-az4",
-        PhysicalResourceId="us-east-1d",
-        OldResourceProperties=zone_request("Create", "use1-az4")["ResourceProperties"],
+        preferred,
+        PhysicalResourceId=answered,
+        OldResourceProperties=zone_request("Create", preferred)["ResourceProperties"],
     )
     reaper.handle(update)
-    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1d"}
+    assert replies.bodies[-1]["Data"] == {"Zone": answered}
 
 
 def test_a_zone_id_without_the_type_gives_way_unless_fixed(reaper, monkeypatch):
