@@ -262,17 +262,7 @@ class Reaper:
 
     def done_document(self, run: str) -> dict:
         """runs/<run>/DONE.json, or {} while the leader has not written it."""
-        try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=f"runs/{run}/DONE.json")["Body"]
-        except ClientError as error:
-            if error.response["Error"].get("Code") in ABSENT_KEY_CODES:
-                return {}
-            raise
-        try:
-            document = json.loads(body.read())
-        except ValueError:
-            return {}
-        return document if isinstance(document, dict) else {}
+        return controller.read_json(self.s3, self.bucket, f"runs/{run}/DONE.json") or {}
 
     def idle_since(self, run: str) -> datetime.datetime | None:
         """When the run's idle alarm entered ALARM, or None if it is not in ALARM (now)."""
