@@ -27,6 +27,7 @@ from stacks.instance_types import (
     fleet_estimate,
     preprocess_estimate,
     quota_note,
+    spot_estimate,
     zone_note,
 )
 from stacks.nag import LogGroupReasons
@@ -77,6 +78,7 @@ def main() -> int:
         print(error, file=sys.stderr)
         return 2
     print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
+    print(spot_estimate(config.gpu, config.nodes, config.region), file=sys.stderr)
     if config.benchmark:
         estimate = benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
         print(estimate, file=sys.stderr)
@@ -96,7 +98,7 @@ def main() -> int:
             image_size=config.image_size,
         )
         print(estimate, file=sys.stderr)
-    print(quota_note(config.gpu, config.nodes), file=sys.stderr)
+    print(quota_note(config.gpu, config.nodes, config.market), file=sys.stderr)
     print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
     if config.capacity_reservation:
         print(capacity_note(config), file=sys.stderr)

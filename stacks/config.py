@@ -45,6 +45,7 @@ KEYS: dict[str, str] = {
     "imageSize": "training image size in pixels",
     "maxHours": "hard cap: the fleet is deleted this many hours after deploy",
     "maxRestarts": "relaunches of the fleet after a retryable failure (0: none)",
+    "market": "on-demand, or spot: one-time Spot Instances, replaced when interrupted",
     "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
     "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",
     "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
@@ -64,6 +65,8 @@ MAX_DATA_VOLUME_GIB = 16384  # the sc1 maximum
 ARCHS = ("resnet50", "resnet18")
 # The trainer's --recipe values (trainer/recipes.py; docs/contracts.md, node.json `trainer`).
 RECIPES = ("goyal", "fast")
+# How the fleet's instances are bought (stacks/train/fleet.py; node.json `market`).
+MARKETS = ("on-demand", "spot")
 # Images per GPU when -c batchPerGpu is empty. goyal: NVIDIA's 256 per GPU. fast: 128, which
 # puts 8 p4d nodes at a global batch of 8,192, where MLPerf's logged runs reached 75.9% soonest
 # among 8k-16k (epoch 42 at 8,192, v1.0 Google tpu-v4-128-TF; 45 at 13,056; 47 at 16,384).
@@ -122,6 +125,7 @@ class FleetConfig:
     image_size: int
     max_hours: float
     max_restarts: int
+    market: str  # "on-demand" or "spot" (MARKETS)
     preprocess: BurstableType
     data_volume_gib: int
     budget_email: str | None
@@ -209,6 +213,7 @@ class FleetConfig:
             image_size=get("imageSize", _integer(32, 1024)),
             max_hours=get("maxHours", _optional(_number(1, 168))) or default_max_hours,
             max_restarts=get("maxRestarts", _integer(0, 20)),
+            market=get("market", _one_of(MARKETS)),
             preprocess=get("preprocessInstanceType", _burstable_type),
             data_volume_gib=get(
                 "dataVolumeGiB", _integer(MIN_DATA_VOLUME_GIB, MAX_DATA_VOLUME_GIB)
@@ -236,6 +241,13 @@ class FleetConfig:
             capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
             benchmark=mode,
         )
+        if config.market == "spot" and config.capacity_reservation is not None:
+            raise ConfigError(
+                "market",
+                "spot",
+                "on-demand with capacityReservationId: a reservation holds On-Demand capacity, "
+                "and a Spot Instance cannot launch into it",
+            )
         fits = max_batch_per_gpu(config.gpu, config.image_size)
         if config.batch_per_gpu > fits:
             raise ConfigError(

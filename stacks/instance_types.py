@@ -52,6 +52,16 @@ class GpuType:
         return 16 * self.gpu_memory_gib
 
     @property
+    def spot_quota(self) -> str:
+        """The EC2 Spot vCPU quota a Spot fleet of this type draws from (0 by default for P):
+        https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-spot-limits.html"""
+        if self.name.startswith("p5"):
+            return "All P5 Spot Instance Requests"
+        if self.name.startswith("p"):
+            return "All P4, P3 and P2 Spot Instance Requests"
+        return f"the Spot Instance Requests quota of {self.name.split('.')[0]}"
+
+    @property
     def quota(self) -> tuple[str, str]:
         """The EC2 vCPU quota (name, code) a fleet of this type draws from."""
         if self.name.startswith("p"):
@@ -142,6 +152,20 @@ BURSTABLE_TYPES: dict[str, BurstableType] = {
 }
 
 
+# us-east-1 Spot prices per zone, lowest and highest, as SkyPilot's AWS catalogue recorded them
+# beside the on-demand prices above (skypilot-org/skypilot-catalog, catalogs/v8/aws/vms.csv at
+# e385a0d348eda9cefd9806423e7725944dc249e4, SpotPrice column: p4d.24xlarge use1-az1 6.289,
+# use1-az6 12.4991, use1-az2 14.1051; p4de.24xlarge use1-az6 9.7262, use1-az4 11.4593;
+# p5.48xlarge use1-az5 14.246 ... use1-az1 and use1-az4 55.04, the on-demand price). Spot
+# prices move with demand: the live ones come from describe-spot-price-history (spot_estimate).
+SPOT_PRICES_AS_OF = "SkyPilot's AWS catalogue v8 @e385a0d (us-east-1, after the June 2025 cut)"
+SPOT_USD_PER_HOUR: dict[str, tuple[float, float]] = {
+    "p4d.24xlarge": (6.289, 14.1051),
+    "p4de.24xlarge": (9.7262, 11.4593),
+    "p5.48xlarge": (14.246, 55.04),
+}
+
+
 def fleet_usd_per_hour(gpu: GpuType, nodes: int) -> float:
     return gpu.usd_per_hour * nodes
 
@@ -155,8 +179,34 @@ def fleet_estimate(gpu: GpuType, nodes: int, max_hours: float) -> str:
     )
 
 
-def quota_note(gpu: GpuType, nodes: int) -> str:
+def spot_estimate(gpu: GpuType, nodes: int, region: str) -> str:
+    """The Spot line synthesis prints beside the on-demand one: the recorded range, and the
+    command that gives today's prices in the region's zones."""
+    live = (
+        f"aws ec2 describe-spot-price-history --region {region} --instance-types {gpu.name} "
+        "--product-descriptions Linux/UNIX --start-time $(date -u +%FT%TZ) "
+        "--query 'SpotPriceHistory[].[AvailabilityZone,SpotPrice]'"
+    )
+    recorded = SPOT_USD_PER_HOUR.get(gpu.name)
+    if recorded is None:
+        return f"TrainStack on Spot (-c market=spot): no recorded price for {gpu.name}; {live}"
+    low, high = recorded
+    return (
+        f"TrainStack on Spot (-c market=spot): {nodes} x {gpu.name} at ${low:g}-{high:g}/h "
+        f"= ${low * nodes:,.2f}-{high * nodes:,.2f}/h by zone (on demand "
+        f"${fleet_usd_per_hour(gpu, nodes):,.2f}/h), {SPOT_PRICES_AS_OF}; today's: {live}"
+    )
+
+
+def quota_note(gpu: GpuType, nodes: int, market: str = "on-demand") -> str:
     """The vCPU quota a fleet needs: new accounts often have 0 for P instances."""
+    if market == "spot":
+        return (
+            f"TrainStack needs {gpu.vcpus * nodes} vCPUs of the EC2 quota "
+            f"'{gpu.spot_quota}' (0 by default for P instances); check: aws service-quotas "
+            "list-service-quotas --service-code ec2 --query "
+            "\"Quotas[?contains(QuotaName,'Spot')].[QuotaName,Value]\""
+        )
     name, code = gpu.quota
     return (
         f"TrainStack needs {gpu.vcpus * nodes} vCPUs of the EC2 quota '{name}' ({code}); check: "

@@ -13,6 +13,15 @@ NOTIFY_OUTPUT_KEY = "NotifyTopic"
 # TrainStack's outputs the run controller reads: how many relaunches, and the hard cap's time.
 MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
+# ... and the launch templates of the nodes' replacements, in node order, comma-separated.
+REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
+# Every fleet instance, the first and its replacements, carries these: the id of the stack it
+# belongs to (the reaper may stop, start and terminate only such instances) and its node index.
+FLEET_TAG = "horovod-fleet:stack"
+NODE_TAG = "horovod-fleet:node"
+# The reaper answers this one on Delete: it terminates the replacements it launched, which
+# CloudFormation does not know, before their network interfaces hold up the delete.
+REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 # The reaper also answers this custom resource: an AMI id and code URLs as they were on the

@@ -31,6 +31,7 @@ from constructs import Construct
 from stacks.nag import acknowledge_wildcard_resources, checkov_reason
 from stacks.node_code import PROJECT
 from stacks.teardown.names import (
+    FLEET_TAG,
     IDLE_ALARM_PREFIX,
     IDLE_MINUTES,
     NOTIFY_TOPIC_PREFIX,
@@ -306,6 +307,20 @@ class TeardownStack(Stack):
         attempts_objects_arn = bucket.arn_for_objects("runs/*/attempts.json")
         status_objects_arn = bucket.arn_for_objects("runs/*/status.json")
         train_instances_arn = self.format_arn(service="ec2", resource="instance", resource_name="*")
+        launch_templates_arn = self.format_arn(
+            service="ec2", resource="launch-template", resource_name="*"
+        )
+        # CloudFormation names the nodes' role after the stack: TrainStack-FleetRole...
+        train_roles_arn = self.format_arn(
+            service="iam", region="", resource="role", resource_name=f"{TRAIN_STACK_NAME}-*"
+        )
+        fleet_actions = [
+            "ec2:TerminateInstances",
+            # The run controller's relaunch: a stop and start moves each node to healthy
+            # hardware with empty instance stores and keeps its address.
+            "ec2:StopInstances",
+            "ec2:StartInstances",
+        ]
         notify_topics_arn = self.format_arn(
             service="sns", resource=f"{NOTIFY_TOPIC_PREFIX}*", arn_format=ArnFormat.NO_RESOURCE_NAME
         )
@@ -377,13 +392,7 @@ class TeardownStack(Stack):
             # After a failed delete of TrainStack, its leftover instances; CloudFormation's own
             # tag names the stack, and no one else can set an aws: tag.
             iam.PolicyStatement(
-                actions=[
-                    "ec2:TerminateInstances",
-                    # The run controller's relaunch: a stop and start moves each node to
-                    # healthy hardware with empty instance stores and keeps its address.
-                    "ec2:StopInstances",
-                    "ec2:StartInstances",
-                ],
+                actions=fleet_actions,
                 resources=[train_instances_arn],
                 conditions={
                     "StringEquals": {
@@ -391,6 +400,49 @@ class TeardownStack(Stack):
                         "aws:ResourceTag/Project": PROJECT,
                     }
                 },
+            ),
+            # The same for the replacements the run controller launched, which carry TrainStack's
+            # id in the fleet's tag (their launch templates set it).
+            iam.PolicyStatement(
+                actions=fleet_actions,
+                resources=[train_instances_arn],
+                conditions={
+                    "StringLike": {f"aws:ResourceTag/{FLEET_TAG}": train_stack_arn},
+                    "StringEquals": {"aws:ResourceTag/Project": PROJECT},
+                },
+            ),
+            # A replacement is launched from TrainStack's replacement template alone: nothing of
+            # the template may be overridden (ec2:IsLaunchTemplateResource), and only templates
+            # tagged as TrainStack's may be used. AWS's example policy "launch instances only
+            # from a specific launch template", with the tagging it needs:
+            # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ExamplePolicies_EC2.html
+            iam.PolicyStatement(
+                actions=["ec2:RunInstances"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {"ec2:LaunchTemplate": launch_templates_arn},
+                    "Bool": {"ec2:IsLaunchTemplateResource": "true"},
+                },
+            ),
+            iam.PolicyStatement(
+                effect=iam.Effect.DENY,
+                actions=["ec2:RunInstances"],
+                resources=[launch_templates_arn],
+                conditions={"StringNotLike": {f"aws:ResourceTag/{FLEET_TAG}": train_stack_arn}},
+            ),
+            iam.PolicyStatement(
+                actions=["ec2:CreateTags"],
+                resources=[
+                    self.format_arn(service="ec2", resource=kind, resource_name="*")
+                    for kind in ("instance", "volume", "network-interface")
+                ],
+                conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+            ),
+            # The nodes' role, named in the replacement templates' instance profile.
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[train_roles_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
             ),
         ]
         policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[role])
@@ -404,6 +456,12 @@ class TeardownStack(Stack):
                 attempts_objects_arn,
                 status_objects_arn,
                 train_instances_arn,
+                launch_templates_arn,
+                train_roles_arn,
+                *(
+                    self.format_arn(service="ec2", resource=kind, resource_name="*")
+                    for kind in ("volume", "network-interface")
+                ),
                 notify_topics_arn,
                 "*",
             ],
@@ -411,8 +469,11 @@ class TeardownStack(Stack):
             "schedules by name prefix, the run name in runs/<run>/DONE.json (read to learn "
             "whether a run failed, deleted before a relaunch), attempts.json and status.json "
             "(the run controller's record), TrainStack's instances (stopped, started or "
-            "terminated only with CloudFormation's stack-name tag TrainStack and "
-            "Project=horovod-fleet: a relaunch, or after a failed delete), the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
+            "terminated only with CloudFormation's stack-name tag TrainStack, or the fleet's tag "
+            "holding TrainStack's id, and Project=horovod-fleet: a relaunch, or after a failed "
+            "delete), RunInstances only from a launch template tagged as TrainStack's and "
+            "with none of its resources overridden (a node's replacement), tags only at "
+            "RunInstances, PassRole only of TrainStack's roles and only to EC2, the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
             "authorise it against alarm:*), and the read-only EC2 Describe calls, which "
             "support no resource-level permissions.",
         )

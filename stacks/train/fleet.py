@@ -3,8 +3,10 @@
 from aws_cdk import (
     CfnCreationPolicy,
     CfnResourceSignal,
+    CfnTag,
     RemovalPolicy,
     Stack,
+    Tags,
 )
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -23,8 +25,8 @@ from stacks.nag import (
     acknowledge_ssm_policy,
     acknowledge_wildcard_resources,
 )
-from stacks.node_code import NodeCode, common_document, log_statements
-from stacks.teardown.names import METRIC_NAMESPACE
+from stacks.node_code import PROJECT, NodeCode, common_document, log_statements
+from stacks.teardown.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG
 
 ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs; the dataset is on the NVMe drives
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
@@ -56,10 +58,12 @@ class GpuFleet(Construct):
         trainer: dict,
         max_hours: float,
         benchmark: dict | None = None,
+        market: str = "on-demand",
         capacity_reservation: CapacityReservation | None = None,
         notify_topic: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.market = market
         runs_prefix = f"runs/{run}/"
         code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
@@ -82,7 +86,14 @@ class GpuFleet(Construct):
                 iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
             )
         profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
-        launch_template = self._launch_template(gpu, subnet, capacity_reservation)
+        self.launch_fields = self._launch_fields(gpu, subnet, capacity_reservation, market)
+        launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                **self.launch_fields
+            ),
+        )
         pins = read_pins()
         # Every node's node.json holds these after its run and index (docs/contracts.md).
         fleet_document = {
@@ -105,6 +116,7 @@ class GpuFleet(Construct):
                 "horovod": pins["HOROVOD_VERSION"],
             },
             "benchmark": benchmark,
+            "market": market,
             # What the leader's status.json and `horovod-fleet status` price the run with.
             "cost": {
                 "usd_per_hour": round(fleet_usd_per_hour(gpu, nodes), 4),
@@ -113,6 +125,7 @@ class GpuFleet(Construct):
             },
             "notify_topic_arn": notify_topic.topic_arn if notify_topic else None,
         }
+        self.replacement_templates: list[ec2.CfnLaunchTemplate] = []
         self.instances = [
             self._node(
                 index,
@@ -205,27 +218,25 @@ class GpuFleet(Construct):
         acknowledge_metric_data(policy)
         return role, policy
 
-    def _launch_template(
+    def _launch_fields(
         self,
         gpu: GpuType,
         subnet: ec2.ISubnet,
         capacity_reservation: CapacityReservation | None,
-    ) -> ec2.CfnLaunchTemplate:
+        market: str,
+    ) -> dict:
         """What AWS::EC2::Instance cannot express: EFA interfaces, network cards, gp3 throughput,
-        the capacity reservation. The instances set everything else themselves."""
-        return ec2.CfnLaunchTemplate(
-            self,
-            "LaunchTemplate",
-            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-                network_interfaces=self._interfaces(gpu, subnet),
-                block_device_mappings=[_root_volume()],
-                # The instances require IMDSv2 themselves; the template says so too (checkov).
-                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_endpoint="enabled", http_tokens="required"
-                ),
-                **_capacity(capacity_reservation),
+        the capacity reservation, the Spot market. The instances set everything else themselves."""
+        return {
+            "network_interfaces": self._interfaces(gpu, subnet),
+            "block_device_mappings": [_root_volume()],
+            # The instances require IMDSv2 themselves; the template says so too (checkov).
+            "metadata_options": ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+                http_endpoint="enabled", http_tokens="required"
             ),
-        )
+            **_capacity(capacity_reservation),
+            **_market(market),
+        }
 
     def _node(
         self,
@@ -280,7 +291,56 @@ class GpuFleet(Construct):
         instance.user_data = code.user_data(
             node_document=document, script="train_node.sh", signal_resource=logical_id
         )
+        # What the reaper finds a node by, the first instance and its replacements alike.
+        Tags.of(instance).add(NODE_TAG, str(index))
+        Tags.of(instance).add(FLEET_TAG, stack.stack_id)
+        self.replacement_templates.append(
+            self._replacement_template(index, instance, profile, run=run)
+        )
         return instance
+
+    def _replacement_template(
+        self, index: int, instance: ec2.CfnInstance, profile: iam.CfnInstanceProfile, *, run: str
+    ) -> ec2.CfnLaunchTemplate:
+        """Node `index` whole, for the run controller: an instance EC2 has terminated (a Spot
+        interruption, a retired host) cannot be started again, so the reaper launches its
+        replacement from this template alone, with nothing of its own (docs/contracts.md). The
+        node's own instance keeps its properties: an update of TrainStack stops and starts it,
+        where a launch template version would replace it under a running fleet."""
+        stack = Stack.of(self)
+        tags = [
+            CfnTag(key="Project", value=PROJECT),
+            CfnTag(key=f"{PROJECT}:run", value=run),
+            CfnTag(key=NODE_TAG, value=str(index)),
+            CfnTag(key=FLEET_TAG, value=stack.stack_id),
+        ]
+        return ec2.CfnLaunchTemplate(
+            self,
+            f"Node{index}Replacement",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                **self.launch_fields,
+                image_id=instance.image_id,
+                instance_type=instance.instance_type,
+                iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
+                    arn=profile.attr_arn
+                ),
+                placement=ec2.CfnLaunchTemplate.PlacementProperty(
+                    group_name=self.placement_group.placement_group_name
+                ),
+                monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
+                ebs_optimized=True,
+                user_data=instance.user_data,
+                tag_specifications=[
+                    ec2.CfnLaunchTemplate.TagSpecificationProperty(resource_type=kind, tags=tags)
+                    for kind in ("instance", "volume", "network-interface")
+                ],
+            ),
+            tag_specifications=[
+                ec2.CfnLaunchTemplate.LaunchTemplateTagSpecificationProperty(
+                    resource_type="launch-template", tags=tags
+                )
+            ],
+        )
 
     def _interfaces(
         self, gpu: GpuType, subnet: ec2.ISubnet
@@ -322,6 +382,23 @@ def _capacity(reservation: CapacityReservation | None) -> dict:
             market_type="capacity-block"
         )
     return settings
+
+
+def _market(market: str) -> dict:
+    """Spot: one-time requests that EC2 terminates on interruption, the only Spot behaviour a
+    cluster placement group allows (stop and hibernate are refused there).
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-groups-limitations.html"""
+    if market == "on-demand":
+        return {}
+    assert market == "spot", market
+    return {
+        "instance_market_options": ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
+            market_type="spot",
+            spot_options=ec2.CfnLaunchTemplate.SpotOptionsProperty(
+                spot_instance_type="one-time", instance_interruption_behavior="terminate"
+            ),
+        )
+    }
 
 
 def _root_volume() -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:

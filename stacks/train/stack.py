@@ -1,6 +1,6 @@
 """TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
 
-from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, Fn, Stack, Tags, aws_lambda
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -14,6 +14,8 @@ from stacks.teardown.names import (
     DATASET_TYPE,
     NOTIFY_OUTPUT_KEY,
     NOTIFY_TOPIC_PREFIX,
+    REPLACEMENTS_OUTPUT_KEY,
+    REPLACEMENTS_TYPE,
     ZONE_TYPE,
 )
 from stacks.teardown.reaper_answers import reaper_answers
@@ -78,6 +80,7 @@ class TrainStack(Stack):
             run=config.run,
             trainer=config.trainer,
             capacity_reservation=config.capacity_reservation,
+            market=config.market,
             benchmark=config.benchmark_plan,
             max_hours=config.max_hours,
             notify_topic=self._notifications(config.run, config.notify_email),
@@ -107,6 +110,22 @@ class TrainStack(Stack):
             max_restarts=0 if config.benchmark else config.max_restarts,
             instances=fleet.instances,
         )
+        # The run controller launches a node EC2 terminated from its replacement template, out
+        # of CloudFormation's sight: this resource, deleted before any of the fleet's, has the
+        # reaper terminate those instances first (their interfaces would hold up the delete).
+        replacements = reaper_answers(
+            self,
+            "Replacements",
+            reaper=reaper,
+            resource_type=REPLACEMENTS_TYPE,
+            properties={"Run": config.run},
+        )
+        replacements.node.add_dependency(fleet, network)
+        CfnOutput(
+            self,
+            "ReplacementTemplates",
+            value=Fn.join(",", [template.ref for template in fleet.replacement_templates]),
+        ).override_logical_id(REPLACEMENTS_OUTPUT_KEY)
         dashboard = RunDashboard(
             self,
             "Watch",

@@ -67,6 +67,26 @@ def node_document(instance: dict) -> dict:
     return json.loads(text[start : text.index("\nNODE_JSON\n")])
 
 
+def fleet_launch_template(template: Any) -> tuple[str, dict]:
+    """The launch template every node's instance names (logical ID, resource); the others are
+    the nodes' replacement templates."""
+    [found] = [
+        (logical_id, resource)
+        for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
+        if "Replacement" not in logical_id
+    ]
+    return found
+
+
+def replacement_templates(template: Any) -> dict[str, dict]:
+    """Each node's replacement template by logical ID."""
+    return {
+        logical_id: resource
+        for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
+        if "Replacement" in logical_id
+    }
+
+
 def statements(template: Any, policy_prefix: str) -> list[dict]:
     """Every statement of the IAM policies whose logical ID starts with policy_prefix."""
     found = [

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, fleet_launch_template
 
 from stacks.config import CapacityReservation, ConfigError, FleetConfig
 
@@ -13,7 +13,7 @@ RESERVATION = "cr-0123456789abcdef0"
 
 
 def launch_template_data(templates) -> dict:
-    [template] = templates["TrainStack"].find_resources("AWS::EC2::LaunchTemplate").values()
+    _, template = fleet_launch_template(templates["TrainStack"])
     return template["Properties"]["LaunchTemplateData"]
 
 

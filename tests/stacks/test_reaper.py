@@ -1163,10 +1163,11 @@ def test_a_lost_node_relaunches_the_fleet_instead_of_deleting_it(reaper, capsys)
     assert set(states(nodes)) <= {"stopping", "stopped"}
     assert stack_status("TrainStack") == "UPDATE_COMPLETE"  # not deleted
     payload = relaunch_recheck()
-    assert payload == {"trigger": "recheck", "reason": "relaunch", "run": RUN}
+    assert payload == {"trigger": "recheck", "reason": "relaunch", "run": RUN, "check": 1}
     reaper.handle(payload)  # a minute later: every node stopped
     [started] = decisions(capsys)
-    assert started == {"decision": "relaunched", "run": RUN, "started": sorted(nodes)}
+    assert started["decision"] == "relaunched"
+    assert (started["started"], started["replaced"]) == (sorted(nodes), {})
     assert states(nodes) == ["running", "running"]
     assert states([bystander]) == ["running"]
     reaper.handle(payload)  # a repeated re-check changes nothing
@@ -1259,3 +1260,214 @@ def test_a_node_ec2_terminated_cannot_be_relaunched_so_the_fleet_goes(reaper, ca
     assert [d["decision"] for d in recorded] == ["attempt-ended", "delete-stack", "follow-delete"]
     assert recorded[1]["reason"] == "relaunch-impossible" and recorded[1]["gone"] == [node]
     assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+
+
+# --- replacements: nodes EC2 terminated (Spot interruptions, retired hosts) -------------------
+
+
+def launch_node(index: int, spot: bool) -> str:
+    """Node `index` as CloudFormation launches it: its stack's tags and the fleet's."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    tags = {
+        "aws:cloudformation:stack-id": train_stack_id(),
+        "Project": "horovod-fleet",
+        "horovod-fleet:stack": train_stack_id(),
+        "horovod-fleet:node": str(index),
+    }
+    spec = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}]
+    market = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
+    reservation = ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=1, MaxCount=1, TagSpecifications=spec, **market
+    )
+    return reservation["Instances"][0]["InstanceId"]
+
+
+def deploy_replaceable_fleet(nodes: int, spot: bool) -> tuple[list[str], list[str]]:
+    """TrainStack with a replacement template per node (stacks/train/fleet.py) and its nodes;
+    returns the templates' ids and the instances' ids, in node order."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    stack_id = train_stack_id()
+    templates = []
+    for index in range(nodes):
+        tags = [
+            {"Key": "Project", "Value": "horovod-fleet"},
+            {"Key": "horovod-fleet:stack", "Value": stack_id},
+            {"Key": "horovod-fleet:node", "Value": str(index)},
+        ]
+        created = ec2.create_launch_template(
+            LaunchTemplateName=f"node{index}",
+            LaunchTemplateData={
+                "ImageId": "ami-12c6146b",
+                "InstanceType": "p4d.24xlarge",
+                "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+            },
+        )
+        templates.append(created["LaunchTemplate"]["LaunchTemplateId"])
+    template = {
+        "Resources": {"Handle": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {
+            "HorovodFleetRun": {"Value": RUN},
+            "HorovodFleetMaxRestarts": {"Value": "3"},
+            "HorovodFleetDeadline": {"Value": "2026-11-22T09:00:00Z"},
+            "HorovodFleetReplacementTemplates": {"Value": ",".join(templates)},
+        },
+    }
+    boto3.client("cloudformation", region_name=REGION).update_stack(
+        StackName="TrainStack", TemplateBody=json.dumps(template)
+    )
+    return templates, [launch_node(index, spot) for index in range(nodes)]
+
+
+def node_instances() -> dict[str, list[str]]:
+    """Live instances of the fleet by node index (the fleet's tag)."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    found: dict[str, list[str]] = {}
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[
+            {"Name": "tag:horovod-fleet:stack", "Values": [train_stack_id()]},
+            {"Name": "instance-state-name", "Values": ["pending", "running", "stopped"]},
+        ]
+    )
+    for instance in (i for p in pages for r in p["Reservations"] for i in r["Instances"]):
+        tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+        found.setdefault(tags["horovod-fleet:node"], []).append(instance["InstanceId"])
+    return found
+
+
+def interrupt(instance: str) -> None:
+    """EC2's part in a Spot interruption: the instance is terminated."""
+    boto3.client("ec2", region_name=REGION).terminate_instances(InstanceIds=[instance])
+
+
+SPOT_INTERRUPTED = (
+    "Spot interruption of node 1 (i-0abc, 10.0.1.23), terminate at 2026-11-22T04:30:00Z: "
+    "every rank stopped at step 1200 and its checkpoint was saved"
+)
+
+
+def test_a_spot_interruption_replaces_every_node_from_its_template(reaper, capsys):
+    """One-time Spot Instances cannot be stopped: the survivors are terminated too, and each
+    node comes back as a new instance launched from its replacement template alone."""
+    templates, nodes = deploy_replaceable_fleet(2, spot=True)
+    interrupt(nodes[1])
+    fail_attempt(SPOT_INTERRUPTED)
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    ended, stopping = decisions(capsys)
+    assert ended["attempt"]["decision"] == "relaunch"
+    assert (stopping["stopped"], stopping["terminated"]) == ([], [nodes[0]])
+    assert states(nodes) == ["terminated", "terminated"]
+    reaper.handle(relaunch_recheck())
+    [relaunched] = decisions(capsys)
+    assert relaunched["decision"] == "relaunched" and relaunched["started"] == []
+    assert sorted(relaunched["replaced"]) == ["0", "1"]
+    by_node = node_instances()
+    assert by_node == {node: [relaunched["replaced"][node]] for node in ("0", "1")}
+    assert not set(relaunched["replaced"].values()) & set(nodes)
+    ec2 = boto3.client("ec2", region_name=REGION)
+    for node, instance in relaunched["replaced"].items():
+        [reservation] = ec2.describe_instances(InstanceIds=[instance])["Reservations"]
+        tags = {t["Key"]: t["Value"] for t in reservation["Instances"][0]["Tags"]}
+        assert tags["aws:ec2launchtemplate:id"] == templates[int(node)]
+    reaper.handle(relaunch_recheck())  # the same re-check again: every node is served
+    [again] = decisions(capsys)
+    assert again["replaced"] == {} and node_instances() == by_node
+
+
+def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_stop_and_start(reaper, capsys):
+    _, nodes = deploy_replaceable_fleet(3, spot=False)
+    interrupt(nodes[2])  # a retired host
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    _, stopping = decisions(capsys)
+    assert (stopping["stopped"], stopping["terminated"]) == (sorted(nodes[:2]), [])
+    reaper.handle(relaunch_recheck())
+    [relaunched] = decisions(capsys)
+    assert relaunched["started"] == sorted(nodes[:2])
+    assert list(relaunched["replaced"]) == ["2"]
+    assert states(nodes[:2]) == ["running", "running"]
+    assert stack_status("TrainStack") == "UPDATE_COMPLETE"
+
+
+def test_replacements_without_capacity_are_all_or_none_and_retried_later_and_later(
+    reaper, capsys, monkeypatch
+):
+    deploy_replaceable_fleet(2, spot=True)
+    fail_attempt(SPOT_INTERRUPTED)
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    decisions(capsys)
+    real_run = reaper.ec2.run_instances
+    calls = []
+
+    def second_finds_no_capacity(**kwargs):
+        calls.append(kwargs)
+        if len(calls) % 2 == 0:
+            error = {"Code": "InsufficientInstanceCapacity", "Message": "no Spot capacity"}
+            raise ClientError({"Error": error}, "RunInstances")
+        return real_run(**kwargs)
+
+    monkeypatch.setattr(reaper.ec2, "run_instances", second_finds_no_capacity)
+    waits = []
+    for check in (1, 2, 3):
+        payload = relaunch_recheck()
+        assert payload["check"] == check
+        for schedule in schedules():
+            boto3.client("scheduler", region_name=REGION).delete_schedule(Name=schedule["Name"])
+        reaper.handle(payload)
+        [waiting] = decisions(capsys)
+        assert waiting["decision"] == "relaunch-no-capacity" and waiting["tries"] == check
+        assert node_instances() == {}  # the one launched was terminated again
+        waits.append(parse_at(relaunch_recheck_schedule()) - NOW)
+    doubling = [NOW + datetime.timedelta(minutes=m) for m in (10, 20, 40)]
+    assert waits == [reaper_module.recheck_time(NOW, 10, due) - NOW for due in doubling]
+    assert len({call["ClientToken"] for call in calls}) == len(calls)
+
+
+def relaunch_recheck_schedule() -> str:
+    [expression] = [
+        s["ScheduleExpression"]
+        for s in schedules()
+        if json.loads(s["Target"]["Input"])["reason"] == "relaunch"
+    ]
+    return expression
+
+
+def parse_at(expression: str) -> datetime.datetime:
+    moment = datetime.datetime.fromisoformat(expression.removeprefix("at(").removesuffix(")"))
+    return moment.replace(tzinfo=datetime.timezone.utc)
+
+
+def replacements_request(request_type: str) -> dict:
+    return {
+        "RequestType": request_type,
+        "ResponseURL": "https://cloudformation-response.example/abc",
+        "StackId": train_stack_id(),
+        "RequestId": "req-9",
+        "ResourceType": "Custom::HorovodFleetReplacements",
+        "LogicalResourceId": "Replacements",
+        "PhysicalResourceId": f"{RUN}-replacements",
+        "ResourceProperties": {"ServiceToken": FUNCTION_ARN, "Run": RUN},
+    }
+
+
+def test_deleting_the_stack_terminates_the_replacements_cloudformation_does_not_know(
+    reaper, capsys, monkeypatch
+):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    _, nodes = deploy_replaceable_fleet(2, spot=True)
+    interrupt(nodes[1])
+    fail_attempt(SPOT_INTERRUPTED)
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    reaper.handle(relaunch_recheck())
+    replaced = decisions(capsys)[-1]["replaced"]
+    bystander = launch({"Project": "horovod-fleet"})
+    reaper.handle(replacements_request("Create"))
+    reaper.handle(replacements_request("Delete"))
+    assert [r["Status"] for r in replies.bodies] == ["SUCCESS", "SUCCESS"]
+    assert states(list(replaced.values())) == ["terminated", "terminated"]
+    assert states([bystander]) == ["running"]
+    recorded = decisions(capsys)
+    assert recorded[-1]["decision"] == "replacements"
+    assert sorted(recorded[-1]["terminated"]) == sorted(replaced.values())
+    # The delete is followed: a DELETE_FAILED (an interface still held) is retried.
+    assert any(json.loads(s["Target"]["Input"])["reason"] == "deleting" for s in schedules())

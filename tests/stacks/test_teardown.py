@@ -473,23 +473,68 @@ def test_reaper_stops_only_the_registered_instance(templates):
     }
 
 
+INSTANCES = "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*"
+TRAIN_STACKS = (
+    "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:stack/TrainStack/*"
+)
+LAUNCH_TEMPLATES = "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:launch-template/*"
+
+
 def test_reaper_terminates_stops_and_starts_only_instances_tagged_as_train_stacks(templates):
-    [statement] = statements_for(templates, "ec2:TerminateInstances")
-    assert sorted(statement["Action"]) == [
-        "ec2:StartInstances",
-        "ec2:StopInstances",
-        "ec2:TerminateInstances",
-    ]
-    [resource] = as_list(statement["Resource"])
-    assert (
-        render(resource) == "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*"
-    )
-    assert statement["Condition"] == {
+    """CloudFormation's own tag (no one can set an aws: tag), or the fleet's tag holding
+    TrainStack's id, which the replacement templates put on the instances they launch."""
+    found = statements_for(templates, "ec2:TerminateInstances")
+    assert len(found) == 2
+    for statement in found:
+        assert sorted(statement["Action"]) == [
+            "ec2:StartInstances",
+            "ec2:StopInstances",
+            "ec2:TerminateInstances",
+        ]
+        assert [render(r) for r in as_list(statement["Resource"])] == [INSTANCES]
+    conditions = [s["Condition"] for s in found]
+    assert {
         "StringEquals": {
             "aws:ResourceTag/aws:cloudformation:stack-name": "TrainStack",
             "aws:ResourceTag/Project": "horovod-fleet",
         }
-    }
+    } in conditions
+    [fleet] = [c for c in conditions if "StringLike" in c]
+    assert fleet["StringEquals"] == {"aws:ResourceTag/Project": "horovod-fleet"}
+    [(key, value)] = fleet["StringLike"].items()
+    assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
+
+
+def test_reaper_launches_only_from_train_stacks_templates_without_overrides(templates):
+    """AWS's "only a specific launch template" policy: every resource from the template
+    (IsLaunchTemplateResource), and a Deny for any template not tagged as TrainStack's."""
+    allows = [s for s in statements_for(templates, "ec2:RunInstances") if s["Effect"] == "Allow"]
+    denies = [s for s in statements_for(templates, "ec2:RunInstances") if s["Effect"] == "Deny"]
+    [allow], [deny] = allows, denies
+    assert allow["Condition"]["Bool"] == {"ec2:IsLaunchTemplateResource": "true"}
+    assert render(allow["Condition"]["ArnLike"]["ec2:LaunchTemplate"]) == LAUNCH_TEMPLATES
+    assert [render(r) for r in as_list(deny["Resource"])] == [LAUNCH_TEMPLATES]
+    [(key, value)] = deny["Condition"]["StringNotLike"].items()
+    assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
+    [tagging] = [
+        s
+        for s in statements_for(templates, "ec2:CreateTags")
+        if s["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    ]
+    assert sorted(render(r).rsplit(":", 1)[1] for r in tagging["Resource"]) == [
+        "instance/*",
+        "network-interface/*",
+        "volume/*",
+    ]
+    [passing] = [
+        s
+        for s in statements_for(templates, "iam:PassRole")
+        if "iam:PassedToService" in json.dumps(s.get("Condition", {}))
+    ]
+    assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    assert [render(r) for r in as_list(passing["Resource"])] == [
+        "arn:${AWS::Partition}:iam::${AWS::AccountId}:role/TrainStack-*"
+    ]
 
 
 def test_reaper_may_name_the_zone_of_a_zone_id(templates):

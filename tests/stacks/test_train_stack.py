@@ -6,7 +6,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import node_document, resources, statements, user_data
+from conftest import (
+    fleet_launch_template,
+    node_document,
+    resources,
+    statements,
+    user_data,
+)
 
 from stacks.train.fleet import SIGNAL_TIMEOUT
 
@@ -29,7 +35,7 @@ def instances(template) -> dict[str, dict]:
 
 
 def interfaces(template) -> list[dict]:
-    [launch_template] = template.find_resources("AWS::EC2::LaunchTemplate").values()
+    _, launch_template = fleet_launch_template(template)
     return launch_template["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
 
 
@@ -53,7 +59,7 @@ def test_one_cluster_placement_group_holds_every_node(template):
 
 
 def test_every_node_uses_one_launch_template_in_one_private_subnet(template):
-    [(template_id, _)] = template.find_resources("AWS::EC2::LaunchTemplate").items()
+    template_id, _ = fleet_launch_template(template)
     for instance in instances(template).values():
         assert instance["Properties"]["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": template_id}
         assert "SubnetId" not in instance["Properties"]
@@ -135,7 +141,7 @@ def test_s3_gateway_endpoint_serves_the_fleet_subnet(template):
 
 
 def root_volume(template) -> dict:
-    [launch_template] = template.find_resources("AWS::EC2::LaunchTemplate").values()
+    _, launch_template = fleet_launch_template(template)
     [root] = launch_template["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
     return root
 

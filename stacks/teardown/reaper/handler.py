@@ -27,19 +27,39 @@ from collections.abc import Callable, Mapping
 
 import boto3
 import controller
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, WaiterError
 
 PINNED_TYPE = "Custom::HorovodFleetPinned"
 DATASET_TYPE = "Custom::HorovodFleetDataset"
 ZONE_TYPE = "Custom::HorovodFleetZone"
+REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 # TrainStack's output naming the run's notification topic (-c notifyEmail), when there is one.
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
 # TrainStack's outputs that bound the run controller's relaunches.
 MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
+# ... and launch templates that launch each node whole, in node order (stacks/train/fleet.py).
+REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
+# Tags on every fleet instance, the first and the replacements: its stack's id, its node index.
+FLEET_TAG = "horovod-fleet:stack"
+NODE_TAG = "horovod-fleet:node"
 ABSENT_KEY_CODES = controller.ABSENT_KEY_CODES
-# StartInstances' answers when the zone has no capacity for the type now: try again later.
-NO_CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity")
+# StartInstances' and RunInstances' answers when the zone has no capacity (or Spot, no capacity
+# at the price or quota) for the type now: try again later.
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
+NO_CAPACITY_CODES = (
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "SpotMaxPriceTooLow",
+)
+# Waits between relaunch attempts without capacity: doubling from the re-check interval.
+MAX_CAPACITY_WAIT = datetime.timedelta(hours=1)
+# The instance states a node can come back from; "shutting-down" is on its way to terminated.
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# How long the Replacements resource's Delete waits for the replacements to terminate, within
+# its answer timeout (stacks/teardown/reaper_answers.py, 5 minutes).
+TERMINATE_WAIT_S = 200
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
 ZONE_ID = re.compile(r"[a-z]+\d+-az\d+")  # use1-az4; stacks/config.py validates it
@@ -79,6 +99,8 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
             return {"trigger": "dataset"}
         if event.get("ResourceType") == ZONE_TYPE:
             return {"trigger": "zone"}
+        if event.get("ResourceType") == REPLACEMENTS_TYPE:
+            return {"trigger": "replacements"}
         return {"trigger": "deadline"}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
@@ -101,6 +123,8 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
         return {"trigger": "hard-cap", "run": event["run"]}
     if event.get("trigger") == "recheck" and event.get("run") and event.get("reason") in REASONS:
         parsed = {"trigger": "recheck", "reason": event["reason"], "run": event["run"]}
+        if event["reason"] == "relaunch":
+            return {**parsed, "check": event["check"] if isinstance(event.get("check"), int) else 1}
         if event["reason"] != "deleting":
             return parsed
         if event.get("stack_id") and isinstance(event.get("check"), int):
@@ -176,6 +200,8 @@ class Reaper:
             self.answer_dataset(event)
         elif trigger == "zone":
             self.answer_zone(event)
+        elif trigger == "replacements":
+            self.answer_replacements(event)
         elif trigger == "done" or (trigger == "recheck" and parsed["reason"] == "done"):
             self.end_attempt(parsed["run"])
         elif trigger in ("idle", "hard-cap"):
@@ -183,7 +209,7 @@ class Reaper:
         elif trigger == "recheck" and parsed["reason"] == "deleting":
             self.follow_delete(parsed["run"], parsed["stack_id"], parsed["check"])
         elif trigger == "recheck" and parsed["reason"] == "relaunch":
-            self.continue_relaunch(parsed["run"])
+            self.continue_relaunch(parsed["run"], parsed["check"])
         elif trigger == "recheck":
             self.retire_fleet(parsed["run"], parsed["reason"])
         elif trigger == "manifest":
@@ -215,6 +241,10 @@ class Reaper:
             # A stack without them (deployed before the controller) is never relaunched.
             "max_restarts": int(outputs.get(MAX_RESTARTS_OUTPUT_KEY) or 0),
             "deadline": controller.parse_stamp(deadline) if deadline else None,
+            # Empty for a stack deployed before nodes had them: it is never replaced.
+            "replacement_templates": [
+                t for t in outputs.get(REPLACEMENTS_OUTPUT_KEY, "").split(",") if t
+            ],
         }
 
     def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
@@ -348,22 +378,34 @@ class Reaper:
             self.notify(stack, run, f"ended attempt {entry['attempt']}: {entry['why']}")
         self.retire_fleet(run, "done")
 
+    def fleet_nodes(self, stack_id: str) -> list[dict]:
+        """The stack's instances not yet terminated, CloudFormation's and the replacements the
+        reaper launched (the fleet's own tag names the stack of both): each one's id, state,
+        node index (None without the tag), whether it is Spot and whether CloudFormation owns it."""
+        found = {}
+        for tag in ("aws:cloudformation:stack-id", FLEET_TAG):
+            pages = self.ec2.get_paginator("describe_instances").paginate(
+                Filters=[
+                    {"Name": f"tag:{tag}", "Values": [stack_id]},
+                    {"Name": "instance-state-name", "Values": [*LIVE_STATES, "shutting-down"]},
+                ]
+            )
+            for instance in (i for p in pages for r in p["Reservations"] for i in r["Instances"]):
+                tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                node = tags.get(NODE_TAG, "")
+                found[instance["InstanceId"]] = {
+                    "id": instance["InstanceId"],
+                    "state": instance["State"]["Name"],
+                    "node": int(node) if node.isdigit() else None,
+                    "spot": instance.get("InstanceLifecycle") == "spot",
+                    "cloudformation": "aws:cloudformation:stack-id" in tags,
+                }
+        return sorted(found.values(), key=lambda n: n["id"])
+
     def fleet_instances(self, stack_id: str) -> dict[str, str]:
-        """The stack's instances (CloudFormation's own tag names it) and their states."""
-        pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[
-                {"Name": "tag:aws:cloudformation:stack-id", "Values": [stack_id]},
-                {
-                    "Name": "instance-state-name",
-                    "Values": ["pending", "running", "stopping", "stopped"],
-                },
-            ]
-        )
+        """The stack's instances that are not terminated or terminating, and their states."""
         return {
-            i["InstanceId"]: i["State"]["Name"]
-            for p in pages
-            for r in p["Reservations"]
-            for i in r["Instances"]
+            n["id"]: n["state"] for n in self.fleet_nodes(stack_id) if n["state"] in LIVE_STATES
         }
 
     def stack_instances(self, stack_id: str) -> list[str]:
@@ -375,14 +417,25 @@ class Reaper:
             if r["ResourceType"] == "AWS::EC2::Instance" and r.get("PhysicalResourceId")
         ]
 
+    def missing_nodes(self, stack: dict, nodes: list[dict]) -> list[int]:
+        """The node indexes no live instance serves: EC2 terminated them (a Spot interruption,
+        a retired host) or the relaunch did (Spot instances cannot be stopped)."""
+        served = {n["node"] for n in nodes if n["state"] in LIVE_STATES}
+        return [i for i in range(len(stack["replacement_templates"])) if i not in served]
+
     def relaunch(self, run: str, stack: dict, entry: dict) -> None:
-        """Stop every node; continue_relaunch starts them once all have stopped. A stop and
-        start puts each node on healthy hardware with empty instance stores, its address and
-        its placement group kept, and its boot service resumes the run from S3."""
-        states = self.fleet_instances(stack["id"])
-        if gone := sorted(set(self.stack_instances(stack["id"])) - set(states)):
-            # A node EC2 terminated (a retired host) cannot be started again: the fleet would
-            # wait for it until restarts ran out. It goes now, results being in S3 already.
+        """Stop every on-demand node and terminate every Spot one; continue_relaunch starts the
+        stopped ones and launches the rest from their replacement templates once none is
+        stopping. A stop and start puts a node on healthy hardware with empty instance stores,
+        its address and placement group kept. Spot Instances, one-time requests, cannot be
+        stopped: they are replaced, as a node EC2 terminated is. Either way each node's boot
+        service resumes the run from S3."""
+        nodes = self.fleet_nodes(stack["id"])
+        if not stack["replacement_templates"] and (
+            gone := sorted(set(self.stack_instances(stack["id"])) - {n["id"] for n in nodes})
+        ):
+            # A fleet without replacement templates cannot bring back a terminated node; it
+            # would wait for it until restarts ran out. It goes now, results being in S3.
             self.delete_stack(TRAIN_STACK, run=run, reason="relaunch-impossible", gone=gone)
             self.notify(
                 stack,
@@ -393,11 +446,22 @@ class Reaper:
             )
             self.follow_later(run, stack["id"], check=1, status="delete requested")
             return
-        up = sorted(i for i, state in states.items() if state in ("pending", "running"))
+        spot = [n["id"] for n in nodes if n["spot"] and n["state"] in LIVE_STATES]
+        up = [n["id"] for n in nodes if not n["spot"] and n["state"] in ("pending", "running")]
+        if spot:
+            self.ec2.terminate_instances(InstanceIds=spot)
         if up:
             self.ec2.stop_instances(InstanceIds=up)
-        name, at = self.schedule_recheck(run, "relaunch", due=self.now())
-        log("relaunch-stop", run=run, attempt=entry["attempt"] + 1, stopped=up, recheck=name, at=at)
+        name, at = self.schedule_recheck(run, "relaunch", due=self.now(), check=1)
+        log(
+            "relaunch-stop",
+            run=run,
+            attempt=entry["attempt"] + 1,
+            stopped=up,
+            terminated=spot,
+            recheck=name,
+            at=at,
+        )
         self.notify(
             stack,
             run,
@@ -405,32 +469,66 @@ class Reaper:
             f"({entry['why']}) and resumes from its newest checkpoint",
         )
 
-    def continue_relaunch(self, run: str) -> None:
-        """Start the stopped nodes once none is stopping; without capacity, try again later. A
-        stack being deleted (cdk destroy, the hard cap) or replaced is never started again."""
+    def continue_relaunch(self, run: str, check: int = 1) -> None:
+        """Start the stopped nodes and launch the missing ones once none is stopping or
+        terminating; without capacity, try again later, waiting twice as long each time up to
+        an hour (the hard cap still ends it). A stack being deleted (cdk destroy, the hard cap)
+        or replaced is never started again."""
         stack = self.train_stack()
         if stack is None or stack["status"] in GONE_STATES or stack["run"] != run:
             log("relaunch-dropped", run=run, stack=stack and stack["status"])
             return
-        states = self.fleet_instances(stack["id"])
-        if busy(stack["status"]) or "stopping" in states.values():
-            name, at = self.schedule_recheck(run, "relaunch", due=self.now())
+        nodes = self.fleet_nodes(stack["id"])
+        states = {n["id"]: n["state"] for n in nodes}
+        if busy(stack["status"]) or {"stopping", "shutting-down"} & set(states.values()):
+            name, at = self.schedule_recheck(run, "relaunch", due=self.now(), check=check)
             log("relaunch-wait", run=run, states=states, recheck=name, at=at)
             return
-        stopped = sorted(i for i, state in states.items() if state == "stopped")
-        if not stopped:
-            log("relaunched", run=run, instances=sorted(states))
-            return
+        stopped = sorted(n["id"] for n in nodes if n["state"] == "stopped")
+        missing = self.missing_nodes(stack, nodes)
         try:
-            self.ec2.start_instances(InstanceIds=stopped)
+            if stopped:
+                self.ec2.start_instances(InstanceIds=stopped)
+            replaced = self.launch_replacements(stack, missing, token=f"{run}/{check}")
         except ClientError as error:
             code = error.response["Error"].get("Code")
             if code not in NO_CAPACITY_CODES:
                 raise
-            name, at = self.schedule_recheck(run, "relaunch")
-            log("relaunch-no-capacity", run=run, error=code, recheck=name, at=at)
+            wait = min(
+                datetime.timedelta(minutes=self.recheck_minutes) * 2 ** (check - 1),
+                MAX_CAPACITY_WAIT,
+            )
+            name, at = self.schedule_recheck(
+                run, "relaunch", due=self.now() + wait, check=check + 1
+            )
+            log("relaunch-no-capacity", run=run, error=code, tries=check, recheck=name, at=at)
             return
-        log("relaunched", run=run, started=stopped)
+        log("relaunched", run=run, started=stopped, replaced=replaced, instances=sorted(states))
+
+    def launch_replacements(self, stack: dict, missing: list[int], token: str) -> dict[str, str]:
+        """Launch each missing node from its replacement template, with nothing of the
+        reaper's own. All or none: the ones launched are terminated again when one finds no
+        capacity (a fleet short of a node only waits), and the error is raised."""
+        launched: dict[str, str] = {}
+        try:
+            for index in missing:
+                # The same token for a retried invocation of this re-check: no second instance.
+                digest = hashlib.sha256(f"{stack['id']}/{token}/{index}".encode()).hexdigest()
+                reservation = self.ec2.run_instances(
+                    LaunchTemplate={
+                        "LaunchTemplateId": stack["replacement_templates"][index],
+                        "Version": "$Latest",
+                    },
+                    MinCount=1,
+                    MaxCount=1,
+                    ClientToken=digest[:64],
+                )
+                launched[str(index)] = reservation["Instances"][0]["InstanceId"]
+        except ClientError:
+            if launched:
+                self.ec2.terminate_instances(InstanceIds=list(launched.values()))
+            raise
+        return launched
 
     def attempts(self, run: str) -> list[dict]:
         """The run controller's record of the run's ended attempts (attempts.json)."""
@@ -668,6 +766,30 @@ class Reaper:
             except ValueError as error:
                 response.update(Status="FAILED", Reason=str(error))
         log("deadline", request=event["RequestType"], run=run, **response)
+        respond(event, response)
+
+    def answer_replacements(self, event: Mapping) -> None:
+        """Reply to Custom::HorovodFleetReplacements. Its Delete comes before any of the fleet's
+        (it depends on them all): the replacements the reaper launched, which CloudFormation
+        does not know, are terminated, and the delete is followed and retried, as their network
+        interfaces may still hold up the security group's delete."""
+        stack_id = event["StackId"]
+        run = event.get("ResourceProperties", {}).get("Run", "")
+        response = {"Status": "SUCCESS", "PhysicalResourceId": f"{run}-replacements"}
+        if event["RequestType"] == "Delete":
+            # Followed first: whatever happens below, a delete that fails is retried.
+            self.follow_later(run, stack_id, check=1, status="terminating replacements")
+            ours = [n["id"] for n in self.fleet_nodes(stack_id) if not n["cloudformation"]]
+            if ours:
+                self.ec2.terminate_instances(InstanceIds=ours)
+                try:
+                    self.ec2.get_waiter("instance_terminated").wait(
+                        InstanceIds=ours,
+                        WaiterConfig={"Delay": 10, "MaxAttempts": TERMINATE_WAIT_S // 10},
+                    )
+                except WaiterError as error:  # the followed delete retries after them
+                    log("replacements-still-terminating", run=run, error=str(error))
+            log("replacements", request="Delete", run=run, terminated=ours)
         respond(event, response)
 
     # --- Pinned AMI and code (CloudFormation custom resource) ---------------------------------
