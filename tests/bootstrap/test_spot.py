@@ -4,6 +4,7 @@ SIGTERM to exactly this node's Horovod ranks, and read back for the leader's rea
 .venv/bin/python -m pytest tests/bootstrap/test_spot.py
 """
 
+import ast
 import json
 import os
 import signal
@@ -167,3 +168,15 @@ def test_the_rehearsal_s_notice_file_is_watched_and_the_watcher_stops_cleanly(
     with spot.watching(cfg, s3, fetch=lambda: None, ranks=list) as watch:
         stopping = time.monotonic()
     assert not watch.is_alive() and time.monotonic() - stopping < 1
+
+
+def test_the_interrupted_file_mirrors_the_trainer_s():
+    # Read, not imported: trainer.train imports TensorFlow.
+    source = ast.parse((REPO / "trainer" / "train.py").read_text())
+    assigned = {
+        node.targets[0].id: node.value.value
+        for node in source.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        and isinstance(node.targets[0], ast.Name)
+    }  # fmt: skip
+    assert assigned["INTERRUPTED_FILE"] == spot.INTERRUPTED_FILE
