@@ -31,6 +31,7 @@ from bootstrap import (
     health,
     launch,
     rendezvous,
+    spot,
     supervision,
 )
 from bootstrap.cli import OneLineErrorParser, usage_error
@@ -324,15 +325,25 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     sync = launch.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()
     status.phase("training")
-    try:
-        step(
-            "training",
-            lambda: run_horovod(
+
+    def train() -> None:
+        try:
+            run_horovod(
                 launch.trainer_command(cfg, data_dir, model_dir),
                 "train.log",
                 progress=model_dir / "progress.json",
-            ),
-        )
+            )
+        except RuntimeError as exc:
+            # A Spot notice stopped the ranks (any node's): an interruption, named, not a failure.
+            why = spot.interruption_reason(
+                s3, cfg, model_dir, attempt.started, attempt.outputs_since
+            )
+            if why:
+                raise Interrupted(why) from exc
+            raise
+
+    try:
+        step("training", train)
     finally:
         sync.stop()
     # Results are retried until they are in S3: the hard cap bounds the wait (README).
@@ -445,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):
             aws.log_fallback[:] = [Path(cfg.log_dir) / "bootstrap.log"]
             interrupt_on_sigterm()
-            train_node(cfg, attempt)
+            # For the node's whole run: a notice may come in any step, on any node.
+            with spot.watching(cfg):
+                train_node(cfg, attempt)
         else:
             return usage_error(f"node.json role '{cfg.role}' cannot run {args.command}")
     except Interrupted as exc:  # between steps

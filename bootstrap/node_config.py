@@ -17,7 +17,9 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
   check requires GDRDMA connections), allreduce_floor_gbps (0: no floor),
   benchmark (null: train; docs/contracts.md), cost and notify_topic_arn (null: status.json
-  without prices, no notifications).
+  without prices, no notifications),
+  spot_notice_file (null: ask IMDS for the Spot interruption notice when market is "spot"; a
+  path: the notice is that file's JSON once it exists, which is how a rehearsal interrupts).
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class Benchmark:
 
 
 BENCHMARK_MODES = ("synthetic", "data")
+# How the stacks buy the fleet (-c market): a Spot node watches for its interruption notice.
+MARKETS = ("on-demand", "spot")
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ class TrainConfig(Common):
     cost: dict[str, Any] | None = field(default=None, hash=False)
     notify_topic_arn: str | None = None
     status_every_s: float = 15.0
+    market: str = "on-demand"
+    spot_notice_file: str | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -212,8 +218,8 @@ class _Reader:
             raise self.fail(key, f"must be <= {maximum}, got {value!r}")
         return value
 
-    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
-        value = self.text(key)
+    def choice(self, key: str, allowed: tuple[str, ...], default: Any = _MISSING) -> str:
+        value = self.text(key, default)
         if value not in allowed:
             raise self.fail(key, f"must be {' or '.join(map(repr, allowed))}, got {value!r}")
         return value
@@ -323,6 +329,8 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         cost=_cost(r),
         notify_topic_arn=r.text("notify_topic_arn", None, nullable=True),
         status_every_s=r.number("status_every_s", 15, minimum=1),
+        market=r.choice("market", MARKETS, "on-demand"),
+        spot_notice_file=r.text("spot_notice_file", None, nullable=True),
     )
 
 

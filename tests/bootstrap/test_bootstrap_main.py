@@ -4,10 +4,13 @@ whose own AWS calls fail still names the original failure, in one line each, and
 .venv/bin/python -m pytest tests/bootstrap/test_bootstrap_main.py
 """
 
+import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 from bootstrap import __main__ as bootstrap_main
 from bootstrap import aws, launch
 from bootstrap.node_config import parse
+from bootstrap.rendezvous import utc_stamp
 
 
 def bootstrap(*argv: str) -> subprocess.CompletedProcess:
@@ -207,3 +211,46 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
         s3.get_object(Bucket=cfg.bucket, Key="runs/r1/fleet-check.json")["Body"].read()
     )
     assert check["passed"] and check["detail"] == "NCCL transport: ofi"
+
+
+@pytest.mark.parametrize("noticed", [True, False])
+def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
+    leader_up_to_the_check, s3, tmp_path, noticed
+):
+    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    cfg = dataclasses.replace(cfg, mount_point=str(tmp_path / "data"))
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+    stopped = "[1]<stderr>:stopping\nProcess 1 exit with status code 75\n"
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.allreduce_check" in command:
+            return 0, ofi
+        # What a member's watcher and the trainer's coordinated stop leave behind.
+        if noticed:
+            record = {"index": 1, "instance_id": "i-0abc", "ip": "10.0.1.23",
+                      "action": "terminate", "time": "2026-11-25T14:02:00Z",
+                      "noticed_at": utc_stamp(time.time())}  # fmt: skip
+            s3.put_object(Bucket=cfg.bucket, Key="runs/r1/interruptions/1.json",
+                          Body=json.dumps(record).encode())  # fmt: skip
+        stop = Path(cfg.mount_point) / "model" / "interrupted.json"
+        stop.parent.mkdir(parents=True, exist_ok=True)
+        stop.write_text(json.dumps({"reason": "SIGTERM", "checkpoint": "ckpt-1234", "step": 1234}))
+        # Written after the restore, as a real trainer's is, minutes later: the file system's
+        # coarse clock may stamp a file written now a few ms before time.time() said.
+        os.utime(stop, (time.time() + 1, time.time() + 1))
+        return 1, stopped
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(launch.ModelStore, "restore", lambda store: False)
+    with pytest.raises(bootstrap_main.StepFailed) as ended:
+        bootstrap_main.train_node(cfg, attempt)
+    if noticed:
+        assert ended.value.status == "interrupted"
+        assert str(ended.value) == (
+            "step 'training' was interrupted: Spot interruption of node 1 (i-0abc, 10.0.1.23), "
+            "terminate at 2026-11-25T14:02:00Z: every rank stopped at step 1234 and its "
+            "checkpoint was saved"
+        )
+    else:  # every other end keeps its reason
+        assert ended.value.status == "failed"
+        assert "horovodrun exited 1: " in str(ended.value)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap import allreduce_check, launch
+from bootstrap import allreduce_check, launch, spot
 from bootstrap.node_config import parse
+from bootstrap.rendezvous import utc_stamp
 from stacks.instance_types import GPU_TYPES, GpuType
 
 
@@ -454,3 +455,31 @@ def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_
     assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]
     assert "--network-interface" not in seen["command"][horovodrun_at:]
     assert seen["keep"] == 5
+
+
+def interruption_record(s3, index: int, noticed_at: str) -> None:
+    doc = {"index": index, "instance_id": f"i-{index}", "ip": f"10.0.1.{index}",
+           "action": "terminate", "time": "2026-11-25T14:02:00Z", "noticed_at": noticed_at}  # fmt: skip
+    s3.put_object(Bucket="fleet-data", Key=f"runs/r1/interruptions/{index}.json",
+                  Body=json.dumps(doc).encode())  # fmt: skip
+
+
+def test_a_spot_interruption_of_this_attempt_names_the_node_and_the_step(
+    train_config, s3, tmp_path
+):
+    cfg = train_config()
+    started = time.time() - 60
+    assert spot.interruption_reason(s3, cfg, tmp_path, started, started) is None
+    (tmp_path / "interrupted.json").write_text(
+        json.dumps({"reason": "SIGTERM", "checkpoint": "ckpt-1234", "step": 1234})
+    )
+    # The trainer stopped, but no notice: not a Spot interruption.
+    assert spot.interruption_reason(s3, cfg, tmp_path, started, started) is None
+    interruption_record(s3, 2, utc_stamp(started - 3600))  # an earlier attempt's
+    interruption_record(s3, 1, utc_stamp(started + 5))
+    assert spot.interruption_reason(s3, cfg, tmp_path, started, started) == (
+        "Spot interruption of node 1 (i-1, 10.0.1.1), terminate at 2026-11-25T14:02:00Z: every "
+        "rank stopped at step 1234 and its checkpoint was saved"
+    )
+    # An interrupted.json restored from S3 with the checkpoints is the previous attempt's.
+    assert spot.interruption_reason(s3, cfg, tmp_path, started, time.time() + 5) is None

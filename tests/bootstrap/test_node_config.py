@@ -57,6 +57,13 @@ def test_train_document_parses_and_maps_trainer_flags():
     assert (cfg.ssh_port, cfg.instance_store) == (22, True)
 
 
+def test_market_is_on_demand_unless_node_json_says_spot():
+    cfg = parse(train_doc())
+    assert (cfg.market, cfg.spot_notice_file) == ("on-demand", None)
+    cfg = parse(train_doc(market="spot", spot_notice_file="/tmp/notice.json"))
+    assert (cfg.market, cfg.spot_notice_file) == ("spot", "/tmp/notice.json")
+
+
 def test_cpu_node_runs_one_rank():
     assert parse(train_doc(gpus_per_node=0)).slots == 1
 
@@ -94,6 +101,8 @@ def test_cpu_node_runs_one_rank():
         ({"region": "mars-1"}, "key 'region' must be an AWS region like 'us-east-1', got 'mars-1'"),
         ({"region": "US-EAST-1"}, "key 'region' must be an AWS region"),
         ({"region": "us-east"}, "key 'region' must be an AWS region"),
+        ({"market": "spot "}, "key 'market' must be 'on-demand' or 'spot', got 'spot '"),
+        ({"market": None}, "key 'market' must be str, got None"),
     ],
 )
 def test_bad_values_name_the_key(change, message):
