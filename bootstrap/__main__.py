@@ -216,7 +216,14 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     if cfg.is_leader:
         attempt.earlier = status.earlier_attempts()
         log(f"attempt {len(attempt.earlier) + 1} of run {cfg.run}")
-    step("health", lambda: log(health.check_node(cfg, health.count_gpus(), health.efa_present())))
+    step(
+        "health",
+        lambda: log(
+            health.check_node(
+                cfg, health.count_gpus(), health.efa_present(), health.life_cycle(cfg)
+            )
+        ),
+    )
     if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
         status.phase("pulling_data")
         step(
@@ -245,20 +252,23 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         # A restarted bootstrap (systemd, after this one died) first ends what it left running.
         supervision.end_leftovers(cfg, log)
         launch.clear_done(s3, cfg)
+        since = time.time()
         key = rendezvous.ensure_leader_key(s3, cfg)
+        public_key = key.with_suffix(".pub").read_text()
+        fingerprint = rendezvous.key_fingerprint(public_key)
         # The leader is a host in the hostfile too: a launcher that ssh-es to it must get in.
-        rendezvous.install_authorized_key(
-            cfg.authorized_keys_file, key.with_suffix(".pub").read_text()
-        )
-        rendezvous.register_node(s3, cfg, ip, instance_id, time.time())
+        rendezvous.install_authorized_key(cfg.authorized_keys_file, public_key)
+
+        def register() -> None:
+            rendezvous.register_node(s3, cfg, ip, instance_id, time.time(), fingerprint)
+
+        register()
         attempt.heartbeat = supervision.Heartbeat(
-            lambda: rendezvous.register_node(s3, cfg, ip, instance_id, time.time()),
-            supervision.heartbeat_interval(cfg),
-            log,
+            register, supervision.heartbeat_interval(cfg), log
         )
         attempt.heartbeat.start()
         log(f"registered as node 0 ({ip}); waiting for {cfg.nodes} node(s)")
-        nodes = rendezvous.wait_for_nodes(s3, cfg)
+        nodes = rendezvous.wait_for_nodes(s3, cfg, leader_key=fingerprint, since=since)
         text = rendezvous.write_hostfile(s3, cfg, nodes, hostfile)
         log("hostfile:\n" + text.rstrip())
         return nodes

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bootstrap import allreduce_check
+from bootstrap import allreduce_check, aws
 from bootstrap.node_config import Common, TrainConfig
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
@@ -46,8 +46,29 @@ def efa_present(sys_infiniband: Path = Path("/sys/class/infiniband")) -> bool:
     return False
 
 
-def check_node(cfg: TrainConfig, gpus: int, efa: bool) -> str:
-    """Compare what the node has with what node.json expects; returns a summary line."""
+def life_cycle(cfg: TrainConfig) -> str | None:
+    """How EC2 sold this instance: "spot" or "on-demand" (IMDS `meta-data/instance-life-cycle`,
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html).
+    None off EC2: a node.json that names its instance (the rehearsal) has no IMDS to ask."""
+    return None if cfg.instance_id else aws.imds("meta-data/instance-life-cycle")
+
+
+def check_node(cfg: TrainConfig, gpus: int, efa: bool, sold_as: str | None = None) -> str:
+    """Compare what the node has with what node.json expects; returns a summary line.
+
+    `sold_as` is the instance's life cycle (None: not known). A fleet deployed with
+    -c market=spot that booted on demand would bill the on-demand price for the whole run while
+    the user budgeted Spot, and the reverse would be interrupted without the Spot watcher: either
+    fails here, before the data pull, so the deployment rolls back on the first node's signal.
+    """
+    # Only Spot is compared: a Capacity Block's instance may name its own market
+    # (MarketType capacity-block), and any non-Spot instance is what an on-demand fleet wants.
+    if sold_as is not None and (sold_as == "spot") != (cfg.market == "spot"):
+        raise HealthError(
+            f"EC2 launched this instance as {sold_as} (IMDS instance-life-cycle), node.json "
+            f"expects market {cfg.market!r} (-c market): the launch template's market options "
+            "did not reach it"
+        )
     if gpus != cfg.gpus_per_node:
         raise HealthError(
             f"found {gpus} GPU(s), node.json expects gpus_per_node={cfg.gpus_per_node}"
@@ -56,7 +77,8 @@ def check_node(cfg: TrainConfig, gpus: int, efa: bool) -> str:
         raise HealthError(
             "node.json expects EFA, but no EFA device (/sys/class/infiniband, fi_info -p efa)"
         )
-    return f"{gpus} GPU(s) as expected, EFA {'present' if efa else 'not expected'}"
+    sold = f", sold {sold_as}" if sold_as else ""
+    return f"{gpus} GPU(s) as expected, EFA {'present' if efa else 'not expected'}{sold}"
 
 
 # Which network carried the collective: NCCL logs each connection it makes for it, e.g.

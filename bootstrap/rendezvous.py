@@ -5,10 +5,16 @@ runs/<run>/hostfile. Every step is idempotent, so a rebooted or redeployed node 
 name repeats it safely. Members keep re-registering until the run's DONE.json appears (a
 heartbeat), and the leader only counts registrations younger than heartbeat_timeout_s: after a
 redeploy, the old instances' entries (old IPs) are never mistaken for live nodes.
+
+A relaunch can replace the leader (a Spot fleet comes back as new instances, with new keys and
+addresses). Its rendezvous therefore counts only registrations written since it began, by
+members that name the key it published (`leader_key_sha256`): a member that installed the old
+leader's key, or an entry of an instance that is gone, would refuse or miss horovodrun's ssh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -55,13 +61,21 @@ def read_object(s3, bucket: str, key: str) -> bytes | None:
         raise
 
 
-def register_node(s3, cfg: TrainConfig, ip: str, instance_id: str, now: float) -> dict:
+def key_fingerprint(public_key: str) -> str:
+    """What a registration names the leader's key by: sha256 of its line."""
+    return hashlib.sha256(public_key.strip().encode()).hexdigest()
+
+
+def register_node(
+    s3, cfg: TrainConfig, ip: str, instance_id: str, now: float, leader_key: str | None = None
+) -> dict:
     entry = {
         "index": cfg.node_index,
         "ip": ip,
         "gpus": cfg.gpus_per_node,
         "instance_id": instance_id,
         "registered_at": utc_stamp(now),
+        "leader_key_sha256": leader_key,
     }
     key = f"{cfg.runs_prefix}nodes/{cfg.node_index}.json"
     s3.put_object(Bucket=cfg.bucket, Key=key, Body=json.dumps(entry).encode())
@@ -118,13 +132,22 @@ def wait_for_leader_key(
     return found.decode()
 
 
-def live_nodes(s3, cfg: TrainConfig, now: float) -> dict[int, dict]:
-    """Registrations of this run young enough to belong to running instances."""
+def live_nodes(
+    s3, cfg: TrainConfig, now: float, leader_key: str | None = None, since: float | None = None
+) -> dict[int, dict]:
+    """Registrations of this run young enough to belong to running instances; with `leader_key`,
+    only those naming that key, and with `since`, only those written at or after it (stamps
+    have whole seconds)."""
     listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}nodes/")
     nodes = {}
     for obj in listing.get("Contents", []):
         entry = json.loads(read_object(s3, cfg.bucket, obj["Key"]) or b"{}")
-        fresh = now - parse_stamp(entry["registered_at"]) <= cfg.heartbeat_timeout_s
+        registered = parse_stamp(entry["registered_at"])
+        fresh = now - registered <= cfg.heartbeat_timeout_s
+        if since is not None and registered < int(since):
+            fresh = False
+        if leader_key is not None and entry.get("leader_key_sha256") != leader_key:
+            fresh = False
         # The leader's own entry is current by construction, however long it has been waiting.
         if (fresh or entry["index"] == cfg.node_index) and 0 <= entry["index"] < cfg.nodes:
             nodes[entry["index"]] = entry
@@ -140,16 +163,22 @@ def describe_missing(cfg: TrainConfig, nodes: dict[int, dict]) -> str:
 
 
 def wait_for_nodes(
-    s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep, log=aws.log
+    s3,
+    cfg: TrainConfig,
+    clock=time.time,
+    sleep=time.sleep,
+    log=aws.log,
+    leader_key: str | None = None,
+    since: float | None = None,
 ) -> list[dict]:
     """All N live registrations sorted by index, or RendezvousError naming the missing ones.
-    Says every 30 s which nodes it still waits for."""
+    Says every 30 s which nodes it still waits for. `leader_key` and `since`: see live_nodes."""
     started = clock()
     next_note = started + MISSING_NOTE_EVERY_S
 
     def all_registered() -> dict[int, dict] | None:
         nonlocal next_note
-        nodes = live_nodes(s3, cfg, clock())
+        nodes = live_nodes(s3, cfg, clock(), leader_key, since)
         if len(nodes) == cfg.nodes:
             return nodes
         if clock() >= next_note:
@@ -164,7 +193,7 @@ def wait_for_nodes(
     nodes = poll_until(all_registered, cfg.rendezvous_timeout_s, cfg.poll_interval_s, clock, sleep)
     if nodes:
         return [nodes[i] for i in range(cfg.nodes)]
-    present = live_nodes(s3, cfg, clock())
+    present = live_nodes(s3, cfg, clock(), leader_key, since)
     raise RendezvousError(
         f"{describe_missing(cfg, present)} did not register under "
         f"s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ within {cfg.rendezvous_timeout_s:.0f} s"
@@ -245,7 +274,7 @@ def serve_as_member(
         public_key = wait_for_leader_key(s3, cfg, clock, sleep)
         if install_authorized_key(cfg.authorized_keys_file, public_key):
             log(f"installed the run's public key in {cfg.authorized_keys_file}")
-        register_node(s3, cfg, ip, instance_id, clock())
+        register_node(s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key))
         if why := leader_lost(clock()):
             raise RendezvousError(why)
         sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))

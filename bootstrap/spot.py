@@ -71,16 +71,20 @@ def is_rank(argv: list[str]) -> bool:
 
 def rank_processes(proc: Path = Path("/proc")) -> list[int]:
     """The pids of this machine's Horovod ranks: horovodrun's children on the leader, sshd's
-    (or orted's) on a member."""
+    (or orted's) on a member. Only those in this process's network namespace: on an instance
+    that is every one, and where several nodes share a kernel (the rehearsal's hosts are network
+    namespaces) it is this node's."""
+    own = os.readlink(proc / "self" / "ns" / "net")
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:  # gone since the listing
+            network = os.readlink(entry / "ns" / "net")
+        except OSError:  # gone since the listing, or not ours to inspect
             continue
-        if is_rank(argv):
+        if is_rank(argv) and network == own:
             found.append(int(entry.name))
     return sorted(found)
 

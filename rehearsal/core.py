@@ -85,6 +85,8 @@ class Rehearsal:
         self.node_groups: list[int] = []  # every node process group, restarted ones included
         self.entries: list[dict] = []  # the run controller's decisions of the current row
         self.iam: iam_s3.IamS3Proxy | None = None  # the local S3's IAM judge
+        self.market = "on-demand"  # the market of the newest attempt's node.json
+        self.replacements: dict[int, int] = {}  # node index -> times EC2 launched it anew
 
     # ------------------------------------------------------------ processes
 
@@ -459,6 +461,16 @@ class Rehearsal:
     def node_home(self, index: int) -> Path:
         return self.fleet.nodes[index].home if self.fleet else self.workdir / f"node{index}"
 
+    def instance_id(self, index: int) -> str:
+        """Node `index`'s current instance: a replacement is a new instance, with a new id."""
+        launches = self.replacements.get(index, 0)
+        return f"rehearsal-node-{index}" + (f"-r{launches}" if launches else "")
+
+    def notice_file(self, index: int) -> Path:
+        """Where node `index`'s current instance reads its Spot interruption notice (its IMDS
+        `spot/instance-action`): a replacement, a new instance, has none."""
+        return self.workdir / "imds" / f"{self.instance_id(index)}.instance-action.json"
+
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
         """Start every node's train_node.sh and wait for all. A second call is the rerun after a
         reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
@@ -510,7 +522,7 @@ class Rehearsal:
                 "instance_store": False,
                 "mount_point": str(data_mount if node else home / "data"),
                 "ip": node.ip if node else "127.0.0.1",
-                "instance_id": f"rehearsal-node-{index}",
+                "instance_id": self.instance_id(index),
                 "ssh_port": SSH_PORT,
                 "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
                 "network_interface": NODE_INTERFACE if node else None,
@@ -522,6 +534,9 @@ class Rehearsal:
             }
             doc["trainer"].update(overrides.get("trainer", {}))
             doc.update({k: v for k, v in overrides.items() if k != "trainer"})
+            self.market = doc.get("market", "on-demand")
+            if self.market == "spot":
+                doc["spot_notice_file"] = str(self.notice_file(index))
             env = {**self.env("node"), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
             script = [str(REPO / "bootstrap" / "train_node.sh")]
             cmd = self.fleet.node_command(node, data_mount, script) if node else script
@@ -551,12 +566,28 @@ class Rehearsal:
         return entry
 
     def relaunch(self) -> None:
-        """Play EC2's part in a relaunch (StopInstances, then StartInstances): every process
-        of every node ends, and each node comes back with an empty instance store (/data) but
-        its own address and instance id; its boot service then runs train_node.sh again."""
+        """Play EC2's part in the reaper's relaunch (stacks/teardown/reaper/handler.py,
+        `relaunch`). An on-demand fleet is stopped and started: every process of every node
+        ends, and each node comes back with an empty instance store (/data) but its own address
+        and instance id. A Spot fleet is terminated and launched again from the nodes' launch
+        templates: each node is a new instance (new id and address, nothing left on its disks).
+        Either way its boot service then runs train_node.sh again."""
         for group in self.node_groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
+        if self.market == "spot":
+            for index in range(self.args.nodes):
+                self.replacements[index] = self.replacements.get(index, 0) + 1
+                if self.fleet:
+                    self.fleet.replace(self.fleet.nodes[index])
+                else:
+                    shutil.rmtree(self.node_home(index), ignore_errors=True)
+            launched = ", ".join(
+                f"{self.instance_id(i)} ({self.fleet.nodes[i].ip if self.fleet else '127.0.0.1'})"
+                for i in range(self.args.nodes)
+            )
+            say(f"EC2: the Spot fleet was terminated and launched from its templates: {launched}")
+            return
         if self.fleet:
             for node in self.fleet.nodes:
                 self.fleet.kill_host(node.namespace)

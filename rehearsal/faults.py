@@ -29,11 +29,17 @@ injected, in order (each attempt starts from what the previous one left in S3):
                                  run finishes
     node 1's host lost           every process of node 1's namespace killed after an epoch: the
                                  controller relaunches, the run finishes, DONE.json counts both
+    Spot interruption of node 1  a Spot fleet; node 1's instance gets EC2's two-minute notice
+                                 after an epoch: every rank stops at one step with a checkpoint,
+                                 DONE.json names node 1, the controller relaunches, and the
+                                 rehearsal plays the reaper's Spot relaunch: every node a new
+                                 instance (new id and address, empty disks, a new leader key);
+                                 the run resumes from S3 and finishes
 
 Rows with a run controller play the deployed fleet: after each attempt the controller's own code
 (stacks/teardown/reaper/controller.py, run as a program against the local S3) decides, and on
 `relaunch` the rehearsal plays EC2's stop and start: every process of every node ends and each
-node's /data comes back empty.
+node's /data comes back empty (a Spot fleet's nodes come back as new instances instead).
 
 and prints a table: fault, expected outcome, observed outcome, pass or fail. Exit 0 only if every
 row passes. `--fault TEXT` (repeatable) keeps only the rows whose name contains TEXT, in order;
@@ -45,12 +51,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +296,42 @@ def kill_host(index: int) -> Callable[[Rehearsal], None]:
     return prepare
 
 
+def spot_notice(index: int) -> Callable[[Rehearsal], None]:
+    """EC2's two-minute warning to node `index`'s instance right after an epoch ends: its IMDS
+    `spot/instance-action` starts answering (the notice file stands in for it)."""
+
+    def prepare(rehearsal: Rehearsal) -> None:
+        def notify() -> None:
+            path = rehearsal.notice_file(index)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+            path.write_text(json.dumps({"action": "terminate", "time": at}))
+            say(f"FAULT: EC2 will interrupt node {index} ({rehearsal.instance_id(index)}) at {at}")
+
+        rehearsal.watches.append(("node0", EPOCH_DONE, notify))
+
+    return prepare
+
+
+def interruption_named(index: int):
+    """The first attempt of the row ended interrupted, naming node `index`'s first instance."""
+    return lambda r, done: r.entries[0]["status"] == "interrupted" and (
+        f"Spot interruption of node {index} (rehearsal-node-{index}, " in r.entries[0]["reason"]
+    )
+
+
+def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
+    """The last attempt ran on new instances: each node registered with its replacement's id and
+    address, and the leader published a key other than the first attempt's."""
+    for index in range(rehearsal.args.nodes):
+        body = s3_object(rehearsal, f"runs/{RUN}/nodes/{index}.json") or b"{}"
+        entry = json.loads(body)
+        ip = rehearsal.fleet.nodes[index].ip if rehearsal.fleet else "127.0.0.1"
+        if entry.get("instance_id") != f"rehearsal-node-{index}-r1" or entry.get("ip") != ip:
+            return False
+    return node_said(rehearsal, 0, "Resuming from")
+
+
 def decisions(*expected: str):
     """The run controller decided exactly these, in order, for the row's attempts."""
     return lambda r, done: [e["decision"] for e in r.entries] == list(expected)
@@ -304,7 +348,7 @@ def names_the_lost_node(rehearsal: Rehearsal, index: int) -> bool:
     """The first attempt of the row ended naming node `index` from its stale heartbeat."""
     node = rehearsal.fleet.nodes[index]
     return (rehearsal.entries[0]["reason"] or "").startswith(
-        f"step 'training' failed: RuntimeError: node {index} (rehearsal-node-{index}, "
+        f"step 'training' failed: RuntimeError: node {index} ({rehearsal.instance_id(index)}, "
         f"{node.ip}) lost: no heartbeat for "
     )
 
@@ -501,6 +545,23 @@ def faults(nodes: int) -> list[Fault]:
                 counted=every_attempt_counted,
             ),
             EVERY_EPOCH,
+            max_restarts=5,
+        ),
+        Fault(
+            "Spot interruption of node 1 (two-minute notice) after an epoch",
+            "attempt 1 interrupted: Spot interruption of node 1 (...), every rank stopped at one "
+            "step; relaunched as new instances, resumed, succeeded, 16 epochs",
+            16,
+            spot_notice(1),
+            expect(
+                "succeeded",
+                16,
+                attempt_1_names_node_1=interruption_named(1),
+                relaunched_once=decisions("relaunch", "teardown"),
+                counted=every_attempt_counted,
+                on_new_instances=every_node_replaced,
+            ),
+            {**EVERY_EPOCH, "market": "spot"},
             max_restarts=5,
         ),
     ]

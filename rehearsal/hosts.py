@@ -78,6 +78,7 @@ class Fleet:
         self.nodes = [
             Node(i, f"hf-{tag}-n{i}", str(hosts[i + 1]), workdir / f"node{i}") for i in range(count)
         ]
+        self._spare = [str(host) for host in hosts[count + 1 :]]  # addresses for replacements
         self.sshd: list[subprocess.Popen] = []
         self._links: list[str] = []
         self._namespaces: list[str] = []
@@ -150,6 +151,21 @@ class Fleet:
         return ["ip", "netns", "exec", node.namespace, "bash", "-c", script, "node",
                 str(node.home / "data"), str(data_mount), str(node.home / "ssh" / "sshd_config"),
                 str(node.home / "sshd.log"), *command]  # fmt: skip
+
+    def replace(self, node: Node) -> None:
+        """The node comes back as a new instance would (EC2 RunInstances from its launch
+        template): every process gone, a new address, and nothing left of its disks: host key,
+        authorized_keys, state, logs and /data start empty."""
+        self.kill_host(node.namespace)
+        ns = ("ip", "netns", "exec", node.namespace)
+        _run(*ns, "ip", "addr", "flush", "dev", NODE_INTERFACE)
+        node.ip = self._spare.pop(0)
+        _run(*ns, "ip", "addr", "add", f"{node.ip}/24", "dev", NODE_INTERFACE)
+        shutil.rmtree(node.home)
+        etc = Path("/etc/netns") / node.namespace
+        shutil.rmtree(etc)
+        self._etc.remove(etc)
+        self._prepare_ssh(node)
 
     def kill_host(self, namespace: str) -> list[int]:
         """SIGKILL every process of a node's namespace (bootstrap, ranks, sshd): the host is

@@ -180,3 +180,25 @@ def test_a_gpudirect_type_passes_with_gdrdma_connections():
     assert health.check_transport(
         OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False
     ).startswith("ofi, 8.40")
+
+
+def test_node_health_refuses_a_node_sold_on_another_market():
+    spot = parse(train_doc() | {"market": "spot"})
+    assert "sold spot" in health.check_node(spot, gpus=8, efa=True, sold_as="spot")
+    with pytest.raises(health.HealthError, match="launched this instance as on-demand .* 'spot'"):
+        health.check_node(spot, gpus=8, efa=True, sold_as="on-demand")
+    on_demand = parse(train_doc())
+    with pytest.raises(health.HealthError, match="as spot .* 'on-demand'"):
+        health.check_node(on_demand, gpus=8, efa=True, sold_as="spot")
+    assert "sold capacity-block" in health.check_node(
+        on_demand, gpus=8, efa=True, sold_as="capacity-block"
+    )
+
+
+def test_life_cycle_asks_imds_only_on_ec2(monkeypatch):
+    asked = []
+    monkeypatch.setattr(health.aws, "imds", lambda path: asked.append(path) or "spot")
+    assert health.life_cycle(parse(train_doc() | {"instance_id": "rehearsal-node-0"})) is None
+    assert asked == []
+    assert health.life_cycle(parse(train_doc() | {"instance_id": None})) == "spot"
+    assert asked == ["meta-data/instance-life-cycle"]

@@ -38,6 +38,7 @@ def test_register_node_writes_the_contract_document(s3, train_config):
         "gpus": 8,
         "instance_id": "i-0abc",
         "registered_at": "2027-01-15T08:00:00Z",
+        "leader_key_sha256": None,
     }
 
 
@@ -79,6 +80,30 @@ def test_stale_registration_from_a_previous_deployment_is_not_counted(s3, train_
     rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0", clock())
     with pytest.raises(rendezvous.RendezvousError, match=r"node\(s\) 1 of 2"):
         rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep)
+
+
+def test_a_replaced_leader_counts_only_members_that_trust_its_new_key(s3, train_config):
+    """A Spot fleet relaunched as new instances: the new leader's key differs from the one the
+    run's earlier members installed, and its rendezvous began after their last beat."""
+    clock = FakeClock()
+    cfg = train_config(heartbeat_timeout_s=120, rendezvous_timeout_s=30)
+    old_key = rendezvous.key_fingerprint("ssh-ed25519 AAAAold hvd-r1")
+    new_key = rendezvous.key_fingerprint("ssh-ed25519 AAAAnew hvd-r1\n")
+    member = train_config(node_index=1)
+    # The interrupted attempt's member beat 20 s ago (fresh enough), with the old key.
+    rendezvous.register_node(s3, member, "10.0.9.9", "i-old", clock() - 20, old_key)
+    since = clock()
+    rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0", clock(), new_key)
+    with pytest.raises(rendezvous.RendezvousError, match=r"node\(s\) 1 of 2"):
+        rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, leader_key=new_key, since=since)
+    # The replacement read leader.pub before the new leader published it: still the old key.
+    rendezvous.register_node(s3, member, "10.0.0.3", "i-new", clock(), old_key)
+    with pytest.raises(rendezvous.RendezvousError, match=r"node\(s\) 1 of 2"):
+        rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, leader_key=new_key, since=since)
+    # Its next beat names the key it installed since.
+    rendezvous.register_node(s3, member, "10.0.0.3", "i-new", clock(), new_key)
+    nodes = rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, leader_key=new_key, since=since)
+    assert [n["instance_id"] for n in nodes] == ["i-0", "i-new"]
 
 
 def test_leader_entry_stays_live_however_long_the_leader_waits(s3, train_config):
@@ -155,6 +180,8 @@ def test_member_installs_key_registers_and_stops_at_done(s3, train_config, tmp_p
     assert (tmp_path / "authorized_keys").read_text() == "ssh-ed25519 KEY hvd-r1\n"
     entry = json.loads(s3.get_object(Bucket=BUCKET, Key="runs/r1/nodes/1.json")["Body"].read())
     assert entry["ip"] == "10.0.0.3"
+    # The member names the key it installed, so a replaced leader tells old members from new.
+    assert entry["leader_key_sha256"] == rendezvous.key_fingerprint("ssh-ed25519 KEY hvd-r1")
 
 
 def test_member_signals_once_on_this_deployments_fleet_check_only(s3, train_config):

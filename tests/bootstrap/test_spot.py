@@ -7,6 +7,7 @@ SIGTERM to exactly this node's Horovod ranks, and read back for the leader's rea
 import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,6 +111,29 @@ def test_a_notice_is_recorded_once_and_stops_exactly_the_ranks(
     # bootstrap.rank passes the SIGTERM on: its program died of it, and it says so by its code.
     assert [p.wait(10) for p in processes["rank"]] == [128 + signal.SIGTERM] * 2
     assert all(p.poll() is None for p in processes["launcher"] + processes["other"])
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="a network namespace needs root"
+)
+def test_a_rank_of_another_host_sharing_the_kernel_is_not_this_node_s():
+    """The rehearsal's hosts are network namespaces of one kernel: node 1's notice must not
+    stop node 0's ranks."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rank = [sys.executable, "-m", "bootstrap.rank", sys.executable, "-c", "import time; time.sleep(60)"]
+    here = subprocess.Popen(rank, env=env)
+    elsewhere = subprocess.Popen(["unshare", "--net", *rank], env=env)  # unshare execs: same pid
+    try:
+        deadline = time.monotonic() + 30
+        while not all(catches_sigterm(p.pid) for p in (here, elsewhere)):
+            assert time.monotonic() < deadline, "the rank wrappers never installed their handler"
+            time.sleep(0.05)
+        found = spot.rank_processes()
+        assert here.pid in found and elsewhere.pid not in found
+    finally:
+        for proc in (here, elsewhere):
+            proc.kill()
+            proc.wait()
 
 
 def test_only_a_python_running_the_rank_module_is_a_rank():
