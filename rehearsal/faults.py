@@ -315,8 +315,11 @@ def spot_notice(index: int) -> Callable[[Rehearsal], None]:
 
 def interruption_named(index: int):
     """The first attempt of the row ended interrupted, naming node `index`'s first instance."""
-    return lambda r, done: r.entries[0]["status"] == "interrupted" and (
-        f"Spot interruption of node {index} (rehearsal-node-{index}, " in r.entries[0]["reason"]
+    return lambda r, done: (
+        r.entries[0]["status"] == "interrupted"
+        and (
+            f"Spot interruption of node {index} (rehearsal-node-{index}, " in r.entries[0]["reason"]
+        )
     )
 
 

@@ -185,10 +185,10 @@ def test_a_gpudirect_type_passes_with_gdrdma_connections():
 def test_node_health_refuses_a_node_sold_on_another_market():
     spot = parse(train_doc() | {"market": "spot"})
     assert "sold spot" in health.check_node(spot, gpus=8, efa=True, sold_as="spot")
-    with pytest.raises(health.HealthError, match="launched this instance as on-demand .* 'spot'"):
+    with pytest.raises(health.HealthError, match=r"launched this instance as on-demand .* 'spot'"):
         health.check_node(spot, gpus=8, efa=True, sold_as="on-demand")
     on_demand = parse(train_doc())
-    with pytest.raises(health.HealthError, match="as spot .* 'on-demand'"):
+    with pytest.raises(health.HealthError, match=r"as spot .* 'on-demand'"):
         health.check_node(on_demand, gpus=8, efa=True, sold_as="spot")
     assert "sold capacity-block" in health.check_node(
         on_demand, gpus=8, efa=True, sold_as="capacity-block"

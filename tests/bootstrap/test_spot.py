@@ -120,7 +120,14 @@ def test_a_rank_of_another_host_sharing_the_kernel_is_not_this_node_s():
     """The rehearsal's hosts are network namespaces of one kernel: node 1's notice must not
     stop node 0's ranks."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    rank = [sys.executable, "-m", "bootstrap.rank", sys.executable, "-c", "import time; time.sleep(60)"]
+    rank = [
+        sys.executable,
+        "-m",
+        "bootstrap.rank",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
+    ]
     here = subprocess.Popen(rank, env=env)
     elsewhere = subprocess.Popen(["unshare", "--net", *rank], env=env)  # unshare execs: same pid
     try:
