@@ -156,6 +156,7 @@ def leader_up_to_the_check(s3, train_config, monkeypatch):
     aws.client.cache_clear()  # clients made before moto started would reach for AWS
     monkeypatch.setattr(bootstrap_main.health, "count_gpus", lambda: 8)
     monkeypatch.setattr(bootstrap_main.health, "efa_present", lambda: True)
+    monkeypatch.setattr(bootstrap_main.health, "life_cycle", lambda cfg: cfg.market)
     monkeypatch.setattr(bootstrap_main.data_pull, "pull_dataset", lambda *a: events.append("pull"))
     monkeypatch.setattr(aws, "private_ip", lambda cfg: "10.0.0.5")
     monkeypatch.setattr(aws, "instance_id", lambda cfg: "i-0")
