@@ -143,11 +143,11 @@ def live_nodes(
     for obj in listing.get("Contents", []):
         entry = json.loads(read_object(s3, cfg.bucket, obj["Key"]) or b"{}")
         registered = parse_stamp(entry["registered_at"])
-        fresh = now - registered <= cfg.heartbeat_timeout_s
-        if since is not None and registered < int(since):
-            fresh = False
-        if leader_key is not None and entry.get("leader_key_sha256") != leader_key:
-            fresh = False
+        fresh = (
+            now - registered <= cfg.heartbeat_timeout_s
+            and (since is None or registered >= int(since))
+            and (leader_key is None or entry.get("leader_key_sha256") == leader_key)
+        )
         # The leader's own entry is current by construction, however long it has been waiting.
         if (fresh or entry["index"] == cfg.node_index) and 0 <= entry["index"] < cfg.nodes:
             nodes[entry["index"]] = entry

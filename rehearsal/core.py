@@ -461,6 +461,9 @@ class Rehearsal:
     def node_home(self, index: int) -> Path:
         return self.fleet.nodes[index].home if self.fleet else self.workdir / f"node{index}"
 
+    def node_ip(self, index: int) -> str:
+        return self.fleet.nodes[index].ip if self.fleet else "127.0.0.1"
+
     def instance_id(self, index: int) -> str:
         """Node `index`'s current instance: a replacement is a new instance, with a new id."""
         launches = self.replacements.get(index, 0)
@@ -521,7 +524,7 @@ class Rehearsal:
                 },
                 "instance_store": False,
                 "mount_point": str(data_mount if node else home / "data"),
-                "ip": node.ip if node else "127.0.0.1",
+                "ip": self.node_ip(index),
                 "instance_id": self.instance_id(index),
                 "ssh_port": SSH_PORT,
                 "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
@@ -583,8 +586,7 @@ class Rehearsal:
                 else:
                     shutil.rmtree(self.node_home(index), ignore_errors=True)
             launched = ", ".join(
-                f"{self.instance_id(i)} ({self.fleet.nodes[i].ip if self.fleet else '127.0.0.1'})"
-                for i in range(self.args.nodes)
+                f"{self.instance_id(i)} ({self.node_ip(i)})" for i in range(self.args.nodes)
             )
             say(f"EC2: the Spot fleet was terminated and launched from its templates: {launched}")
             return

@@ -329,7 +329,7 @@ def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
     for index in range(rehearsal.args.nodes):
         body = s3_object(rehearsal, f"runs/{RUN}/nodes/{index}.json") or b"{}"
         entry = json.loads(body)
-        ip = rehearsal.fleet.nodes[index].ip if rehearsal.fleet else "127.0.0.1"
+        ip = rehearsal.node_ip(index)
         if entry.get("instance_id") != f"rehearsal-node-{index}-r1" or entry.get("ip") != ip:
             return False
     return node_said(rehearsal, 0, "Resuming from")
