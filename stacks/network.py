@@ -9,6 +9,10 @@ from stacks.config import is_zone_id
 from stacks.nag import allow_fixed_zone
 
 VPC_CIDR = "10.42.0.0/16"
+# Free /20 blocks of VPC_CIDR (the fleet's subnet is 10.42.0.0/20, the public one 10.42.128.0/17)
+# for the subnets the run controller makes when the fleet moves zone (reaper/zone_move.py): one
+# per other zone, and no region has more than seven others.
+MOVE_CIDRS = tuple(f"10.42.{16 * block}.0/20" for block in range(1, 8))
 
 
 class SingleZoneNetwork(Construct):

@@ -15,6 +15,11 @@ MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 # ... and the launch templates of the nodes' replacements, in node order, comma-separated.
 REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
+# ... and where a fleet without capacity in its zone may move (reaper/zone_move.py); absent when
+# the user's subnet or capacity reservation fixes the zone.
+ZONE_MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"
+# The subnets and placement groups the reaper makes for a move carry the zone in this tag.
+ZONE_TAG = "horovod-fleet:zone"
 # Every fleet instance, the first and its replacements, carries these: the id of the stack it
 # belongs to (the reaper may stop, start and terminate only such instances) and its node index.
 FLEET_TAG = "horovod-fleet:stack"

@@ -314,6 +314,18 @@ class TeardownStack(Stack):
         train_roles_arn = self.format_arn(
             service="iam", region="", resource="role", resource_name=f"{TRAIN_STACK_NAME}-*"
         )
+        train_resources = {
+            kind: self.format_arn(service="ec2", resource=kind, resource_name="*")
+            for kind in ("vpc", "route-table", "subnet", "placement-group")
+        }
+        # What CloudFormation made for TrainStack: its own tag names the stack, and no one else
+        # can set an aws: tag.
+        train_stack_tagged = {
+            "StringEquals": {
+                "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME,
+                "aws:ResourceTag/Project": PROJECT,
+            }
+        }
         fleet_actions = [
             "ec2:TerminateInstances",
             # The run controller's relaunch: a stop and start moves each node to healthy
@@ -359,6 +371,9 @@ class TeardownStack(Stack):
                 actions=["s3:PutObject"], resources=[attempts_objects_arn, status_objects_arn]
             ),
             iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[done_objects_arn]),
+            # A relaunch that found no capacity in any zone ends the run with the DONE.json its
+            # attempt never wrote (reaper/handler.py give_up).
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[done_objects_arn]),
             iam.PolicyStatement(
                 actions=["cloudwatch:DescribeAlarms"],
                 resources=[alarms_arn],
@@ -386,6 +401,10 @@ class TeardownStack(Stack):
                     "ec2:DescribeInstanceTypeOfferings",
                     # The zone answer turns a zone ID (-c az=use1-az4) into this account's name.
                     "ec2:DescribeAvailabilityZones",
+                    # A zone move finds its subnets and the templates' versions.
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeRouteTables",
+                    "ec2:DescribeLaunchTemplateVersions",
                 ],
                 resources=["*"],
             ),
@@ -394,12 +413,7 @@ class TeardownStack(Stack):
             iam.PolicyStatement(
                 actions=fleet_actions,
                 resources=[train_instances_arn],
-                conditions={
-                    "StringEquals": {
-                        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME,
-                        "aws:ResourceTag/Project": PROJECT,
-                    }
-                },
+                conditions=train_stack_tagged,
             ),
             # The same for the replacements the run controller launched, which carry TrainStack's
             # id in the fleet's tag (their launch templates set it).
@@ -438,6 +452,47 @@ class TeardownStack(Stack):
                 ],
                 conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
             ),
+            # The run controller's zone move (reaper/zone_move.py): in TrainStack's VPC, a subnet
+            # routed by TrainStack's fleet route table and a cluster placement group, both made
+            # only with the fleet's tag naming TrainStack and deleted only when so tagged, and a
+            # version of TrainStack's replacement templates that names them. Condition keys:
+            # https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html
+            iam.PolicyStatement(
+                actions=[
+                    "ec2:CreateSubnet",
+                    "ec2:AssociateRouteTable",
+                    "ec2:DisassociateRouteTable",
+                ],
+                resources=[train_resources["vpc"], train_resources["route-table"]],
+                conditions=train_stack_tagged,
+            ),
+            iam.PolicyStatement(
+                actions=["ec2:CreateSubnet", "ec2:CreatePlacementGroup"],
+                resources=[train_resources["subnet"], train_resources["placement-group"]],
+                conditions={"StringLike": {f"aws:RequestTag/{FLEET_TAG}": train_stack_arn}},
+            ),
+            iam.PolicyStatement(
+                actions=["ec2:CreateTags"],
+                resources=[train_resources["subnet"], train_resources["placement-group"]],
+                conditions={
+                    "StringEquals": {"ec2:CreateAction": ["CreateSubnet", "CreatePlacementGroup"]}
+                },
+            ),
+            iam.PolicyStatement(
+                actions=[
+                    "ec2:AssociateRouteTable",
+                    "ec2:DisassociateRouteTable",
+                    "ec2:DeleteSubnet",
+                    "ec2:DeletePlacementGroup",
+                ],
+                resources=[train_resources["subnet"], train_resources["placement-group"]],
+                conditions={"StringLike": {f"aws:ResourceTag/{FLEET_TAG}": train_stack_arn}},
+            ),
+            iam.PolicyStatement(
+                actions=["ec2:CreateLaunchTemplateVersion"],
+                resources=[launch_templates_arn],
+                conditions={"StringLike": {f"aws:ResourceTag/{FLEET_TAG}": train_stack_arn}},
+            ),
             # The nodes' role, named in the replacement templates' instance profile.
             iam.PolicyStatement(
                 actions=["iam:PassRole"],
@@ -458,6 +513,7 @@ class TeardownStack(Stack):
                 train_instances_arn,
                 launch_templates_arn,
                 train_roles_arn,
+                *train_resources.values(),
                 *(
                     self.format_arn(service="ec2", resource=kind, resource_name="*")
                     for kind in ("volume", "network-interface")
@@ -473,7 +529,10 @@ class TeardownStack(Stack):
             "holding TrainStack's id, and Project=horovod-fleet: a relaunch, or after a failed "
             "delete), RunInstances only from a launch template tagged as TrainStack's and "
             "with none of its resources overridden (a node's replacement), tags only at "
-            "RunInstances, PassRole only of TrainStack's roles and only to EC2, the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
+            "RunInstances, a zone move's subnet and placement group (created only with the "
+            "fleet's tag naming TrainStack, in TrainStack's own VPC and route table, deleted "
+            "only when so tagged) and its launch template versions (only of TrainStack's "
+            "templates), PassRole only of TrainStack's roles and only to EC2, the runs' notification topics by name prefix, read-only DescribeAlarms on the region's alarms (CloudWatch may "
             "authorise it against alarm:*), and the read-only EC2 Describe calls, which "
             "support no resource-level permissions.",
         )

@@ -8,7 +8,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks.config import FleetConfig
-from stacks.network import SingleZoneNetwork
+from stacks.network import MOVE_CIDRS, SingleZoneNetwork
 from stacks.node_code import PROJECT
 from stacks.teardown.names import (
     DATASET_TYPE,
@@ -16,6 +16,7 @@ from stacks.teardown.names import (
     NOTIFY_TOPIC_PREFIX,
     REPLACEMENTS_OUTPUT_KEY,
     REPLACEMENTS_TYPE,
+    ZONE_MOVE_OUTPUT_KEY,
     ZONE_TYPE,
 )
 from stacks.teardown.reaper_answers import reaper_answers
@@ -126,6 +127,22 @@ class TrainStack(Stack):
             "ReplacementTemplates",
             value=Fn.join(",", [template.ref for template in fleet.replacement_templates]),
         ).override_logical_id(REPLACEMENTS_OUTPUT_KEY)
+        if not fixed_zone:
+            # Where the run controller may move a fleet that finds no capacity in its zone:
+            # the zones that offer the type (the deployed one first), and what a subnet there
+            # needs to be routed like the fleet's (docs/contracts.md, reaper/zone_move.py).
+            CfnOutput(
+                self,
+                "ZoneMove",
+                value=self.to_json_string(
+                    {
+                        "zones": zone.get_att_string("Zones"),
+                        "vpc": network.vpc.vpc_id,
+                        "route_table": network.subnet.route_table.route_table_id,
+                        "cidrs": list(MOVE_CIDRS),
+                    }
+                ),
+            ).override_logical_id(ZONE_MOVE_OUTPUT_KEY)
         dashboard = RunDashboard(
             self,
             "Watch",

@@ -52,6 +52,7 @@ def test_the_reaper_runtime_sits_beside_the_stack_that_deploys_it():
     assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
         "controller.py",
         "handler.py",
+        "zone_move.py",
     ]
     assert 'Path(__file__).parent / "reaper"' in (STACKS / "teardown" / "stack.py").read_text()
 

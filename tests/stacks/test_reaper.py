@@ -967,12 +967,26 @@ def zone_request(request_type: str, preferred: str, fixed: bool = False, **extra
 
 
 # moto's offerings (its copy of AWS's data): p4d.24xlarge in us-east-1a to 1d, not 1e or 1f.
+OFFERING_ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d")
+
+
 def test_the_preferred_zone_is_kept_when_it_offers_the_type(reaper, monkeypatch):
     replies = Replies()
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
     assert parse_event(zone_request("Create", "us-east-1b")) == {"trigger": "zone"}
     reaper.handle(zone_request("Create", "us-east-1b"))
-    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1b"}
+    # The zone, then the others that offer the type: where a run may move (zone_move.py).
+    assert replies.bodies[-1]["Data"] == {
+        "Zone": "us-east-1b",
+        "Zones": "us-east-1b,us-east-1a,us-east-1c,us-east-1d",
+    }
+
+
+def test_a_fixed_zone_offers_nowhere_to_move(reaper, monkeypatch):
+    replies = Replies()
+    monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
+    reaper.handle(zone_request("Create", "us-east-1c", fixed=True))
+    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1c", "Zones": "us-east-1c"}
 
 
 def test_a_fixed_zone_without_the_type_fails_the_deploy_in_one_line(reaper, monkeypatch):
@@ -1013,9 +1027,10 @@ def test_the_zone_answered_is_a_name_that_offers_the_type_and_redeploys_keep_it(
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
     reaper.handle(zone_request("Create", preferred))
     [reply] = replies.bodies
+    others = ",".join(z for z in OFFERING_ZONES if z != answered)
     assert (reply["Status"], reply["Data"], reply["PhysicalResourceId"]) == (
         "SUCCESS",
-        {"Zone": answered},
+        {"Zone": answered, "Zones": f"{answered},{others}"},
         answered,
     )
     # A redeploy with the same preference keeps the subnet where it is.
@@ -1026,14 +1041,14 @@ def test_the_zone_answered_is_a_name_that_offers_the_type_and_redeploys_keep_it(
         OldResourceProperties=zone_request("Create", preferred)["ResourceProperties"],
     )
     reaper.handle(update)
-    assert replies.bodies[-1]["Data"] == {"Zone": answered}
+    assert replies.bodies[-1]["Data"] == {"Zone": answered, "Zones": f"{answered},{others}"}
 
 
 def test_a_zone_id_without_the_type_gives_way_unless_fixed(reaper, monkeypatch):
     replies = Replies()
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
     reaper.handle(zone_request("Create", "use1-az3"))
-    assert replies.bodies[-1]["Data"] == {"Zone": "us-east-1a"}
+    assert replies.bodies[-1]["Data"]["Zone"] == "us-east-1a"
     reaper.handle(zone_request("Create", "use1-az3", fixed=True))
     assert replies.bodies[-1]["Status"] == "FAILED"
     assert replies.bodies[-1]["Reason"].startswith(
@@ -1163,7 +1178,14 @@ def test_a_lost_node_relaunches_the_fleet_instead_of_deleting_it(reaper, capsys)
     assert set(states(nodes)) <= {"stopping", "stopped"}
     assert stack_status("TrainStack") == "UPDATE_COMPLETE"  # not deleted
     payload = relaunch_recheck()
-    assert payload == {"trigger": "recheck", "reason": "relaunch", "run": RUN, "check": 1}
+    # A stack without a zone move plan (its subnet given) has no zones to try.
+    assert payload == {
+        "trigger": "recheck",
+        "reason": "relaunch",
+        "run": RUN,
+        "check": 1,
+        "zones": [],
+    }
     reaper.handle(payload)  # a minute later: every node stopped
     [started] = decisions(capsys)
     assert started["decision"] == "relaunched"
@@ -1386,6 +1408,27 @@ def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_stop_and_start(r
     assert list(relaunched["replaced"]) == ["2"]
     assert states(nodes[:2]) == ["running", "running"]
     assert stack_status("TrainStack") == "UPDATE_COMPLETE"
+
+
+def test_nodes_started_for_a_replacement_without_capacity_are_stopped_again(
+    reaper, capsys, monkeypatch
+):
+    """They would bill while the fleet waits, up to an hour, for its missing node."""
+    _, nodes = deploy_replaceable_fleet(3, spot=False)
+    interrupt(nodes[2])
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    decisions(capsys)
+
+    def no_capacity(**kwargs):
+        error = {"Code": "InsufficientInstanceCapacity", "Message": "no p4d.24xlarge capacity"}
+        raise ClientError({"Error": error}, "RunInstances")
+
+    monkeypatch.setattr(reaper.ec2, "run_instances", no_capacity)
+    reaper.handle(relaunch_recheck())
+    [waiting] = decisions(capsys)
+    assert waiting["decision"] == "relaunch-no-capacity"
+    assert set(states(nodes[:2])) <= {"stopping", "stopped"}
 
 
 def test_replacements_without_capacity_are_all_or_none_and_retried_later_and_later(

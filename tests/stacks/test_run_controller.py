@@ -38,6 +38,9 @@ FINAL = {
     "writing /data/model/ckpt-9",
     "image check": "step 'training image' failed: image.json says tensorflow 2.14.0, node.json "
     "expects 2.15.1",
+    "no zone had capacity": "no capacity for the fleet in us-east-1a, us-east-1b: "
+    "InsufficientInstanceCapacity on each of 8 tries; deploy again later, in another region, "
+    "or with a capacity reservation",
 }
 
 

@@ -7,7 +7,14 @@ from conftest import fleet_launch_template, node_document, replacement_templates
 
 from stacks.config import ConfigError, FleetConfig
 from stacks.instance_types import GPU_TYPES, quota_note, spot_estimate
-from stacks.teardown.names import FLEET_TAG, NODE_TAG, REPLACEMENTS_OUTPUT_KEY, REPLACEMENTS_TYPE
+from stacks.teardown.names import (
+    FLEET_TAG,
+    NODE_TAG,
+    REPLACEMENTS_OUTPUT_KEY,
+    REPLACEMENTS_TYPE,
+    ZONE_MOVE_OUTPUT_KEY,
+    ZONE_TAG,
+)
 
 SPOT = {"market": "spot"}
 
@@ -141,9 +148,11 @@ def test_a_spot_fleet_is_told_its_spot_quota():
 
 def test_the_stacks_and_the_reaper_agree_on_names():
     import handler
+    import zone_move
 
     assert (handler.REPLACEMENTS_TYPE, handler.REPLACEMENTS_OUTPUT_KEY) == (
         REPLACEMENTS_TYPE,
         REPLACEMENTS_OUTPUT_KEY,
     )
     assert (handler.FLEET_TAG, handler.NODE_TAG) == (FLEET_TAG, NODE_TAG)
+    assert (zone_move.MOVE_OUTPUT_KEY, zone_move.ZONE_TAG) == (ZONE_MOVE_OUTPUT_KEY, ZONE_TAG)

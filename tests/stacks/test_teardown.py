@@ -616,7 +616,7 @@ def test_reaper_code_imports_only_boto3_the_standard_library_and_its_siblings(mo
     roots = {module.split(".")[0] for module in modules}
     siblings = {path.stem for path in REAPER_HANDLER.parent.glob("*.py")}
     assert roots - set(sys.stdlib_module_names) - siblings <= {"boto3", "botocore"}
-    assert "boto3" in roots
+    assert roots & {"boto3", "botocore"}  # each one talks to AWS
 
 
 def test_reaper_function_runs_the_handler(templates):

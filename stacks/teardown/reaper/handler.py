@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 
 import boto3
 import controller
+import zone_move
 from botocore.exceptions import ClientError, WaiterError
 
 PINNED_TYPE = "Custom::HorovodFleetPinned"
@@ -53,8 +54,6 @@ NO_CAPACITY_CODES = (
     "MaxSpotInstanceCountExceeded",
     "SpotMaxPriceTooLow",
 )
-# Waits between relaunch attempts without capacity: doubling from the re-check interval.
-MAX_CAPACITY_WAIT = datetime.timedelta(hours=1)
 # The instance states a node can come back from; "shutting-down" is on its way to terminated.
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 # How long the Replacements resource's Delete waits for the replacements to terminate, within
@@ -124,7 +123,14 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
     if event.get("trigger") == "recheck" and event.get("run") and event.get("reason") in REASONS:
         parsed = {"trigger": "recheck", "reason": event["reason"], "run": event["run"]}
         if event["reason"] == "relaunch":
-            return {**parsed, "check": event["check"] if isinstance(event.get("check"), int) else 1}
+            zones = event.get("zones")
+            return {
+                **parsed,
+                "check": event["check"] if isinstance(event.get("check"), int) else 1,
+                "zones": zones
+                if isinstance(zones, list) and all(isinstance(z, str) for z in zones)
+                else [],
+            }
         if event["reason"] != "deleting":
             return parsed
         if event.get("stack_id") and isinstance(event.get("check"), int):
@@ -209,7 +215,7 @@ class Reaper:
         elif trigger == "recheck" and parsed["reason"] == "deleting":
             self.follow_delete(parsed["run"], parsed["stack_id"], parsed["check"])
         elif trigger == "recheck" and parsed["reason"] == "relaunch":
-            self.continue_relaunch(parsed["run"], parsed["check"])
+            self.continue_relaunch(parsed["run"], parsed["check"], parsed["zones"])
         elif trigger == "recheck":
             self.retire_fleet(parsed["run"], parsed["reason"])
         elif trigger == "manifest":
@@ -245,6 +251,8 @@ class Reaper:
             "replacement_templates": [
                 t for t in outputs.get(REPLACEMENTS_OUTPUT_KEY, "").split(",") if t
             ],
+            # None for a fleet that never moves: a given subnet, a capacity reservation.
+            "zone_plan": zone_move.parse_plan(outputs.get(zone_move.MOVE_OUTPUT_KEY, "")),
         }
 
     def results(self, run: str) -> tuple[list[str], datetime.datetime | None]:
@@ -398,6 +406,7 @@ class Reaper:
                     "state": instance["State"]["Name"],
                     "node": int(node) if node.isdigit() else None,
                     "spot": instance.get("InstanceLifecycle") == "spot",
+                    "zone": instance.get("Placement", {}).get("AvailabilityZone"),
                     "cloudformation": "aws:cloudformation:stack-id" in tags,
                 }
         return sorted(found.values(), key=lambda n: n["id"])
@@ -452,13 +461,17 @@ class Reaper:
             self.ec2.terminate_instances(InstanceIds=spot)
         if up:
             self.ec2.stop_instances(InstanceIds=up)
-        name, at = self.schedule_recheck(run, "relaunch", due=self.now(), check=1)
+        plan = stack["zone_plan"]
+        here = next((n["zone"] for n in nodes if n["state"] in LIVE_STATES), None)
+        zones = zone_move.try_order(list(plan.zones), here) if plan else []
+        name, at = self.schedule_recheck(run, "relaunch", due=self.now(), check=1, zones=zones)
         log(
             "relaunch-stop",
             run=run,
             attempt=entry["attempt"] + 1,
             stopped=up,
             terminated=spot,
+            zones=zones,
             recheck=name,
             at=at,
         )
@@ -469,56 +482,153 @@ class Reaper:
             f"({entry['why']}) and resumes from its newest checkpoint",
         )
 
-    def continue_relaunch(self, run: str, check: int = 1) -> None:
+    def continue_relaunch(self, run: str, check: int = 1, zones: list[str] | None = None) -> None:
         """Start the stopped nodes and launch the missing ones once none is stopping or
-        terminating; without capacity, try again later, waiting twice as long each time up to
-        an hour (the hard cap still ends it). A stack being deleted (cdk destroy, the hard cap)
-        or replaced is never started again."""
+        terminating, in the zone of this try (`zones`, from relaunch: the fleet's own first).
+        Without capacity, the next try goes to the next zone at once; after a round of every
+        zone it waits, twice as long each round up to an hour, and after the last round, or
+        when the hard cap leaves no time, the run gives up in one line (give_up). A try in
+        another zone first terminates the nodes left elsewhere: a placement group is one zone.
+        A stack being deleted (cdk destroy, the hard cap) or replaced is never started again."""
+        zones = zones or []
         stack = self.train_stack()
         if stack is None or stack["status"] in GONE_STATES or stack["run"] != run:
             log("relaunch-dropped", run=run, stack=stack and stack["status"])
             return
         nodes = self.fleet_nodes(stack["id"])
         states = {n["id"]: n["state"] for n in nodes}
-        if busy(stack["status"]) or {"stopping", "shutting-down"} & set(states.values()):
-            name, at = self.schedule_recheck(run, "relaunch", due=self.now(), check=check)
-            log("relaunch-wait", run=run, states=states, recheck=name, at=at)
+        zone = zone_move.zone_of_try(zones, check)
+        plan = stack["zone_plan"]
+        elsewhere = [
+            n["id"] for n in nodes if zone and n["state"] in LIVE_STATES and n["zone"] != zone
+        ]
+        if elsewhere:
+            self.ec2.terminate_instances(InstanceIds=elsewhere)
+        if (
+            busy(stack["status"])
+            or elsewhere
+            or {"stopping", "shutting-down"} & set(states.values())
+        ):
+            name, at = self.schedule_recheck(
+                run, "relaunch", due=self.now(), check=check, zones=zones
+            )
+            log(
+                "relaunch-wait",
+                run=run,
+                states=states,
+                zone=zone,
+                moving=elsewhere,
+                recheck=name,
+                at=at,
+            )
             return
         stopped = sorted(n["id"] for n in nodes if n["state"] == "stopped")
         missing = self.missing_nodes(stack, nodes)
+        started = []
         try:
             if stopped:
                 self.ec2.start_instances(InstanceIds=stopped)
-            replaced = self.launch_replacements(stack, missing, token=f"{run}/{check}")
+                started = stopped
+            moved = plan is not None and zone not in (None, plan.zones[0])
+            network = (
+                zone_move.prepare(self.ec2, plan, zone, stack["id"], FLEET_TAG) if moved else None
+            )
+            replaced = self.launch_replacements(
+                stack, missing, token=f"{run}/{check}", network=network
+            )
         except ClientError as error:
             code = error.response["Error"].get("Code")
             if code not in NO_CAPACITY_CODES:
                 raise
-            wait = min(
-                datetime.timedelta(minutes=self.recheck_minutes) * 2 ** (check - 1),
-                MAX_CAPACITY_WAIT,
-            )
+            if started:  # they would bill while the fleet waits for its missing nodes
+                self.ec2.stop_instances(InstanceIds=started)
+            base = datetime.timedelta(minutes=self.recheck_minutes)
+            wait = zone_move.wait_after(check, len(zones), base)
+            deadline = stack["deadline"]
+            if wait is None or (deadline and self.now() + wait + controller.MIN_ATTEMPT > deadline):
+                self.give_up(run, stack, zones or [zone or "its zone"], code, check)
+                return
             name, at = self.schedule_recheck(
-                run, "relaunch", due=self.now() + wait, check=check + 1
+                run, "relaunch", due=self.now() + wait, check=check + 1, zones=zones
             )
-            log("relaunch-no-capacity", run=run, error=code, tries=check, recheck=name, at=at)
+            log(
+                "relaunch-no-capacity",
+                run=run,
+                error=code,
+                zone=zone,
+                tries=check,
+                next_zone=zone_move.zone_of_try(zones, check + 1),
+                recheck=name,
+                at=at,
+            )
             return
-        log("relaunched", run=run, started=stopped, replaced=replaced, instances=sorted(states))
+        log(
+            "relaunched",
+            run=run,
+            zone=zone,
+            started=stopped,
+            replaced=replaced,
+            instances=sorted(states),
+        )
+        if zone and zone != zones[0]:
+            self.notify(
+                stack,
+                run,
+                f"moved to zone {zone}: {', '.join(zones[: zones.index(zone)])} had no capacity",
+            )
 
-    def launch_replacements(self, stack: dict, missing: list[int], token: str) -> dict[str, str]:
+    def give_up(self, run: str, stack: dict, zones: list[str], code: str, tries: int) -> None:
+        """No zone had capacity: the run ends as a failed attempt with one line naming the zones
+        tried. The reaper writes the DONE.json the attempt never could; the run controller
+        records it as final (controller.FINAL_CAUSES) and the fleet is retired with its results."""
+        attempts = self.attempts(run)
+        number = max((e.get("attempt", 0) for e in attempts), default=0) + 1
+        reason = (
+            f"no capacity for the fleet in {', '.join(zones)}: {code} on each of {tries} "
+            f"tries; deploy again later, in another region, or with a capacity reservation"
+        )
+        done = {
+            "run": run,
+            "status": "failed",
+            "reason": reason,
+            "attempt": number,
+            "attempts": [
+                *({k: e.get(k) for k in ("attempt", "status", "reason")} for e in attempts),
+                {"attempt": number, "status": "failed", "reason": reason},
+            ],
+            "finished_at": controller.stamp(self.now()),
+        }
+        self.s3.put_object(
+            Bucket=self.bucket,
+            Key=f"runs/{run}/DONE.json",
+            Body=json.dumps(done, indent=1).encode(),
+            ContentType="application/json",
+        )
+        log("relaunch-gave-up", run=run, zones=zones, error=code, tries=tries, attempt=number)
+        self.notify(stack, run, f"gave up: {reason}")
+        self.end_attempt(run)
+
+    def launch_replacements(
+        self, stack: dict, missing: list[int], token: str, network: tuple[str, str] | None = None
+    ) -> dict[str, str]:
         """Launch each missing node from its replacement template, with nothing of the
-        reaper's own. All or none: the ones launched are terminated again when one finds no
-        capacity (a fleet short of a node only waits), and the error is raised."""
+        reaper's own: the version that launches into `network` (subnet, placement group) of a
+        zone move, the deployed one otherwise. All or none: the ones launched are terminated
+        again when one finds no capacity (a fleet short of a node only waits), and the error
+        is raised."""
         launched: dict[str, str] = {}
+        templates = stack["replacement_templates"]
         try:
             for index in missing:
+                version = (
+                    zone_move.version_for(self.ec2, templates[index], network)
+                    if stack["zone_plan"]
+                    else "$Latest"
+                )
                 # The same token for a retried invocation of this re-check: no second instance.
                 digest = hashlib.sha256(f"{stack['id']}/{token}/{index}".encode()).hexdigest()
                 reservation = self.ec2.run_instances(
-                    LaunchTemplate={
-                        "LaunchTemplateId": stack["replacement_templates"][index],
-                        "Version": "$Latest",
-                    },
+                    LaunchTemplate={"LaunchTemplateId": templates[index], "Version": version},
                     MinCount=1,
                     MaxCount=1,
                     ClientToken=digest[:64],
@@ -597,6 +707,8 @@ class Reaper:
                 reason="retry-failed-delete",
                 status_reason=stack["status_reason"],
                 terminated=terminated,
+                # A zone move's subnet the Replacements resource could not delete yet.
+                moves_left=[] if terminated else zone_move.remove(self.ec2, stack_id, FLEET_TAG),
             )
         elif status != "DELETE_IN_PROGRESS":
             log("follow-delete-stopped", stack=TRAIN_STACK, run=run, status=status)
@@ -789,7 +901,9 @@ class Reaper:
                     )
                 except WaiterError as error:  # the followed delete retries after them
                     log("replacements-still-terminating", run=run, error=str(error))
-            log("replacements", request="Delete", run=run, terminated=ours)
+            # Before CloudFormation deletes the VPC, which a subnet of a move would hold up.
+            left = zone_move.remove(self.ec2, stack_id, FLEET_TAG)
+            log("replacements", request="Delete", run=run, terminated=ours, moves_left=left)
         respond(event, response)
 
     # --- Pinned AMI and code (CloudFormation custom resource) ---------------------------------
@@ -881,7 +995,9 @@ class Reaper:
         by_id = request != "Delete" and not keep and ZONE_ID.fullmatch(preferred) is not None
         named = self.zone_name(preferred) if by_id else preferred
         if keep:
-            response["Data"] = {"Zone": physical_id}
+            offered = self.offering_zones(instance_type)
+            others = [z for z in offered if z != physical_id and props.get("Fixed") != "true"]
+            response["Data"] = {"Zone": physical_id, "Zones": ",".join([physical_id, *others])}
         elif by_id and not named:
             response.update(
                 Status="FAILED",
@@ -893,15 +1009,16 @@ class Reaper:
         elif request != "Delete":
             shown = f"{named} ({preferred})" if by_id else preferred
             preferred = named
-            pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
-                LocationType="availability-zone",
-                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
-            )
-            offered = sorted(o["Location"] for p in pages for o in p["InstanceTypeOfferings"])
+            offered = self.offering_zones(instance_type)
             fixed = props.get("Fixed") == "true"
             if preferred in offered or (offered and not fixed):
                 zone = preferred if preferred in offered else offered[0]
-                response.update(PhysicalResourceId=zone, Data={"Zone": zone})
+                # Where a run may move when its zone has no capacity (zone_move.py): the
+                # others that offer the type, unless the user's subnet fixes the zone.
+                others = [] if fixed else [z for z in offered if z != zone]
+                response.update(
+                    PhysicalResourceId=zone, Data={"Zone": zone, "Zones": ",".join([zone, *others])}
+                )
             else:
                 where = f"zone {shown}" if fixed else f"any zone of {region}"
                 elsewhere = (
@@ -919,6 +1036,14 @@ class Reaper:
                 )
         log("zone", request=request, instance_type=instance_type, **response)
         respond(event, response)
+
+    def offering_zones(self, instance_type: str) -> list[str]:
+        """The region's zones that offer the type to this account, by name."""
+        pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+        )
+        return sorted(o["Location"] for p in pages for o in p["InstanceTypeOfferings"])
 
     def zone_name(self, zone_id: str) -> str:
         """This account's name for the zone with this zone ID; "" when it has none (an ID of
