@@ -254,6 +254,16 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsy
     [refused] = decisions(capsys)
     assert refused["decision"] == "relaunch-no-capacity"
     assert (refused["zone"], refused["next_zone"]) == (ZONES[0], ZONES[1])
+    status = json.loads(
+        boto3.client("s3", region_name=REGION)
+        .get_object(Bucket=BUCKET, Key=f"runs/{RUN}/status.json")["Body"]
+        .read()
+    )
+    assert status["phase"] == "relaunching"
+    assert status["reason"].startswith(
+        "waiting for capacity: InsufficientInstanceCapacity in us-east-1a (try 1 of 12); "
+        "next try in us-east-1b at 2026-11-22T04:3"
+    )
     payload, at = next_recheck()
     assert payload["check"] == 2 and at - NOW <= datetime.timedelta(minutes=2)  # at once
     reaper.handle(payload)  # the fleet leaves us-east-1a whole: its stopped nodes go

@@ -551,15 +551,23 @@ class Reaper:
             name, at = self.schedule_recheck(
                 run, "relaunch", due=self.now() + wait, check=check + 1, zones=zones
             )
+            next_zone = zone_move.zone_of_try(zones, check + 1)
             log(
                 "relaunch-no-capacity",
                 run=run,
                 error=code,
                 zone=zone,
                 tries=check,
-                next_zone=zone_move.zone_of_try(zones, check + 1),
+                next_zone=next_zone,
                 recheck=name,
                 at=at,
+            )
+            rounds = max(len(zones), 1) * zone_move.CAPACITY_ROUNDS
+            self.tell_status(
+                run,
+                f"waiting for capacity: {code} in {zone or 'its zone'} (try {check} of "
+                f"{rounds}); next try {'in ' + next_zone if next_zone else 'there'} at "
+                f"{controller.stamp(at)}",
             )
             return
         log(
@@ -576,6 +584,19 @@ class Reaper:
                 run,
                 f"moved to zone {zone}: {', '.join(zones[: zones.index(zone)])} had no capacity",
             )
+
+    def tell_status(self, run: str, reason: str) -> None:
+        """Put what the relaunch waits for into status.json, which `horovod-fleet status` and
+        the dashboard show; its phase stays "relaunching"."""
+        key = f"runs/{run}/status.json"
+        status = controller.read_json(self.s3, self.bucket, key) or {}
+        status.update(reason=reason, updated_at=controller.stamp(self.now()))
+        self.s3.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=json.dumps(status, indent=1).encode(),
+            ContentType="application/json",
+        )
 
     def give_up(self, run: str, stack: dict, zones: list[str], code: str, tries: int) -> None:
         """No zone had capacity: the run ends as a failed attempt with one line naming the zones
