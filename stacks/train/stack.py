@@ -56,6 +56,10 @@ class TrainStack(Stack):
                 "InstanceType": config.gpu.name,
                 "PreferredZone": config.az,
                 "Fixed": str(fixed_zone).lower(),
+                # What the answer holds. A new attribute changes this, so CloudFormation sends
+                # the stacks deployed before it an Update, whose answer has it, instead of
+                # failing on the attribute their stored answer lacks.
+                "Answers": "Zone,Zones",
             },
         )
         prerequisites = [zone]  # answered before any instance launches

@@ -1178,13 +1178,15 @@ def test_a_lost_node_relaunches_the_fleet_instead_of_deleting_it(reaper, capsys)
     assert set(states(nodes)) <= {"stopping", "stopped"}
     assert stack_status("TrainStack") == "UPDATE_COMPLETE"  # not deleted
     payload = relaunch_recheck()
-    # A stack without a zone move plan (its subnet given) has no zones to try.
+    # The first try of the relaunch after attempt 1; a stack without a zone move plan (its
+    # subnet given) has no zones to try.
     assert payload == {
         "trigger": "recheck",
         "reason": "relaunch",
         "run": RUN,
         "check": 1,
         "zones": [],
+        "attempt": 1,
     }
     reaper.handle(payload)  # a minute later: every node stopped
     [started] = decisions(capsys)

@@ -30,6 +30,7 @@ from test_reaper import (  # noqa: F401  (aws and reaper are fixtures)
 )
 
 from stacks.network import MOVE_CIDRS
+from stacks.teardown.names import REPLACEMENTS_OUTPUT_KEY as REPLACEMENTS
 from stacks.teardown.names import ZONE_MOVE_OUTPUT_KEY, ZONE_TAG
 from stacks.teardown.reaper import handler as reaper_module
 from stacks.teardown.reaper import zone_move
@@ -241,8 +242,28 @@ def moved_subnets() -> list[dict]:
     return ec2().describe_subnets(Filters=[{"Name": "tag-key", "Values": [ZONE_TAG]}])["Subnets"]
 
 
+def templates() -> list[str]:
+    outputs = boto3.client("cloudformation", region_name=REGION).describe_stacks(
+        StackName="TrainStack"
+    )["Stacks"][0]["Outputs"]
+    [value] = [o["OutputValue"] for o in outputs if o["OutputKey"] == REPLACEMENTS]
+    return value.split(",")
+
+
+def update_templates(user_data: str) -> None:
+    """What an update of TrainStack (cdk deploy -c maxHours=...) does to each template: a new
+    version, without description, that is not the default (CloudFormation leaves it at 1)."""
+    for template in templates():
+        [first] = ec2().describe_launch_template_versions(
+            LaunchTemplateId=template, Versions=["1"]
+        )["LaunchTemplateVersions"]
+        data = {**first["LaunchTemplateData"], "UserData": user_data}
+        ec2().create_launch_template_version(LaunchTemplateId=template, LaunchTemplateData=data)
+
+
 def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsys, monkeypatch):
     table, fleet_subnet, nodes = deploy(2, spot=False, zones=ZONES)
+    update_templates("IyEvYmluL2Jhc2gKIyBtYXhIb3VycyA4Cg==")
     capacity = Ec2Capacity(reaper, monkeypatch, full={ZONES[0]})
     fail_attempt()
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
@@ -250,6 +271,7 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsy
     assert stopping["decision"] == "relaunch-stop" and stopping["zones"] == ZONES
     payload, _ = next_recheck()
     assert (payload["check"], payload["zones"]) == (1, ZONES)
+    payload_of_first_try = payload
     reaper.handle(payload)  # the stopped nodes cannot start in us-east-1a
     [refused] = decisions(capsys)
     assert refused["decision"] == "relaunch-no-capacity"
@@ -269,7 +291,8 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsy
     reaper.handle(payload)  # the fleet leaves us-east-1a whole: its stopped nodes go
     [moving] = decisions(capsys)
     assert moving["decision"] == "relaunch-wait" and sorted(moving["moving"]) == sorted(nodes)
-    reaper.handle(next_recheck()[0])
+    last = next_recheck()[0]
+    reaper.handle(last)
     [relaunched] = decisions(capsys)
     assert relaunched["decision"] == "relaunched" and relaunched["zone"] == ZONES[1]
     assert sorted(relaunched["replaced"]) == ["0", "1"]
@@ -280,12 +303,13 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsy
     [routes] = ec2().describe_route_tables(RouteTableIds=[table])["RouteTables"]
     assert subnet["SubnetId"] in {a.get("SubnetId") for a in routes["Associations"]}
     # One cluster placement group there, and a version of each template naming both, from
-    # the deployed version, every EFA card moved: nothing else of the template is overridden.
+    # the deployed version (CloudFormation's newest, not its default), every EFA card moved:
+    # nothing else of the template is overridden.
     [group] = capacity.groups
     assert capacity.groups[group]["Strategy"] == "cluster" and ZONES[1] in group
     assert len(capacity.versions) == 2
     for version in capacity.versions:
-        assert version["SourceVersion"] == "1"
+        assert version["SourceVersion"] == "2"
         data = version["LaunchTemplateData"]
         assert set(data) == {"NetworkInterfaces", "Placement"}
         assert data["Placement"] == {"GroupName": group}
@@ -295,7 +319,18 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsy
         assert all(c["InterfaceType"] == "efa" for c in cards)
     for launch in capacity.launches[-2:]:
         assert set(launch) == {"LaunchTemplate", "MinCount", "MaxCount", "ClientToken"}
-        assert launch["LaunchTemplate"]["Version"] == "2"
+        assert launch["LaunchTemplate"]["Version"] == "3"
+        [moved] = ec2().describe_launch_template_versions(
+            LaunchTemplateId=launch["LaunchTemplate"]["LaunchTemplateId"], Versions=["3"]
+        )["LaunchTemplateVersions"]
+        assert moved["LaunchTemplateData"]["UserData"] == "IyEvYmluL2Jhc2gKIyBtYXhIb3VycyA4Cg=="
+    # Re-checks delivered again, late or twice, never touch the fleet that came back: the
+    # first try's names us-east-1a, and the last one finds every node up.
+    fleet = live_fleet()
+    reaper.handle(payload_of_first_try)
+    reaper.handle(last)
+    assert [d["decision"] for d in decisions(capsys)] == ["relaunch-stale", "relaunched"]
+    assert live_fleet() == fleet
 
 
 def test_deleting_the_stack_removes_what_a_move_made(reaper, capsys, monkeypatch):
@@ -362,7 +397,7 @@ def test_every_zone_without_capacity_gives_up_in_one_line(
     assert seen == waits
     gave_up = recorded[0]
     tries = len(waits) + 1
-    assert gave_up["tries"] == tries and gave_up["error"] == "InsufficientInstanceCapacity"
+    assert f"InsufficientInstanceCapacity on each of {tries} tries" in gave_up["reason"]
     done = json.loads(
         boto3.client("s3", region_name=REGION)
         .get_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json")["Body"]
@@ -424,4 +459,102 @@ def test_a_plan_never_names_more_zones_than_it_has_blocks_for():
         {"zones": "a,b,c", "vpc": "vpc-1", "route_table": "rtb-1", "cidrs": ["10.42.16.0/20"]}
     )
     plan = zone_move.parse_plan(text)
-    assert plan.zones == ("a", "b") and plan.cidr("b") == "10.42.16.0/20"
+    assert plan.zones == ("a", "b")
+
+
+def fail_with(operation: str, code: str, times: int):
+    """A fake EC2 call that answers `code` the first `times` calls, then does the real one."""
+    calls = []
+
+    def call(real):
+        def answer(**kwargs):
+            calls.append(kwargs)
+            if len(calls) <= times:
+                raise ClientError({"Error": {"Code": code, "Message": "refused"}}, operation)
+            return real(**kwargs)
+
+        return answer
+
+    return call
+
+
+def test_a_move_retried_after_a_failure_finishes_its_route(reaper, capsys, monkeypatch):
+    """The subnet was made but its association failed: without the route the nodes could not
+    reach S3 and would bill until the idle alarm. The retried invocation associates it."""
+    table, _, _ = deploy(2, spot=True, zones=ZONES)
+    Ec2Capacity(reaper, monkeypatch, full={ZONES[0]})
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    reaper.handle(next_recheck()[0])  # us-east-1a: none
+    real = reaper.ec2.associate_route_table
+    monkeypatch.setattr(
+        reaper.ec2,
+        "associate_route_table",
+        fail_with("AssociateRouteTable", "RequestLimitExceeded", times=1)(real),
+    )
+    payload = next_recheck()[0]
+    with pytest.raises(ClientError):  # Lambda retries an invocation that failed
+        reaper.handle(payload)
+    reaper.handle(payload)
+    assert decisions(capsys)[-1]["decision"] == "relaunched"
+    [subnet] = moved_subnets()
+    [routes] = ec2().describe_route_tables(RouteTableIds=[table])["RouteTables"]
+    assert subnet["SubnetId"] in {a.get("SubnetId") for a in routes["Associations"]}
+
+
+def test_a_relaunch_ec2_refuses_gives_up_in_one_line_and_stops_what_it_started(
+    reaper, capsys, monkeypatch
+):
+    _, _, nodes = deploy(3, spot=False, zones=ZONES)
+    ec2().terminate_instances(InstanceIds=[nodes[2]])  # a retired host: node 2 is launched
+    stack_id = train_stack_id()
+    Ec2Capacity(reaper, monkeypatch, full=set())
+    real = reaper.ec2.run_instances
+    monkeypatch.setattr(
+        reaper.ec2,
+        "run_instances",
+        fail_with("RunInstances", "UnauthorizedOperation", times=99)(real),
+    )
+    fail_attempt()
+    reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+    decisions(capsys)
+    reaper.handle(next_recheck()[0])
+    recorded = decisions(capsys)
+    assert recorded[0]["decision"] == "relaunch-gave-up"
+    assert (
+        recorded[0]["reason"] == "the relaunch failed: EC2 answered UnauthorizedOperation: refused"
+    )
+    attempts = json.loads(
+        boto3.client("s3", region_name=REGION)
+        .get_object(Bucket=BUCKET, Key=f"runs/{RUN}/attempts.json")["Body"]
+        .read()
+    )["attempts"]
+    assert attempts[-1]["why"] == "not retryable: EC2 refused the relaunch"
+    assert stack_status("TrainStack") in (None, "DELETE_COMPLETE")
+    # The two nodes it had started for node 2's launch were stopped again.
+    assert set(live_fleet(stack_id).values()) == {ZONES[0]}
+    [reservation] = ec2().describe_instances(InstanceIds=nodes[:1])["Reservations"]
+    assert reservation["Instances"][0]["State"]["Name"] in ("stopping", "stopped")
+
+
+def test_each_relaunch_launches_with_its_own_tokens(reaper, capsys, monkeypatch):
+    """EC2 keeps a ClientToken for a day: a second relaunch reusing the first one's would get
+    the first one's terminated instance back, and nothing would run."""
+    deploy(2, spot=True, zones=ZONES)
+    capacity = Ec2Capacity(reaper, monkeypatch, full=set())
+    for attempt in (1, 2):
+        ec2().terminate_instances(InstanceIds=list(live_fleet()))  # every node interrupted
+        s3 = boto3.client("s3", region_name=REGION)
+        done = {
+            "run": RUN,
+            "status": "interrupted",
+            "reason": "Spot interruption",
+            "attempt": attempt,
+        }
+        s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json", Body=json.dumps(done).encode())
+        s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"log")
+        reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
+        reaper.handle(next_recheck()[0])
+        assert decisions(capsys)[-1]["decision"] == "relaunched"
+    tokens = [launch["ClientToken"] for launch in capacity.launches]
+    assert len(tokens) == 4 and len(set(tokens)) == 4

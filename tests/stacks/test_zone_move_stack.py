@@ -112,3 +112,12 @@ def test_the_reaper_tags_a_subnet_or_group_only_as_it_creates_it(default):
         "placement-group/*",
         "subnet/*",
     ]
+
+
+def test_the_zone_answer_names_its_attributes_so_older_stacks_get_an_update(default):
+    """A TrainStack deployed before `Zones` existed stored an answer without it; only a
+    changed property makes CloudFormation ask the reaper again instead of failing on it."""
+    [zone] = default["TrainStack"].find_resources("Custom::HorovodFleetZone").values()
+    value = move_output(default["TrainStack"])
+    asked = {p["Fn::GetAtt"][1] for p in value["Fn::Join"][1] if "Fn::GetAtt" in p}
+    assert set(zone["Properties"]["Answers"].split(",")) == {"Zone"} | asked

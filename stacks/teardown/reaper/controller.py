@@ -40,6 +40,7 @@ FINAL_CAUSES = (
     (re.compile(r"step 'read node\.json' failed"), "the node's configuration is unusable"),
     # The reaper's own end of a relaunch that found no capacity in any zone (handler.give_up).
     (re.compile(r"^no capacity for the fleet in "), "no zone had capacity for the fleet"),
+    (re.compile(r"^the relaunch failed: "), "EC2 refused the relaunch"),
 )
 # A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
 # checkpoint): a shorter one would be cut off before it saved anything.

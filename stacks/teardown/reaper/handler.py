@@ -79,6 +79,30 @@ class RefusedStack(Exception):
     """Raised instead of deleting a stack that is not this app's TrainStack."""
 
 
+class ZoneRefused(Exception):
+    """A zone of a move that cannot take the fleet: its subnet or group could not be made."""
+
+
+# Answers that mean "try the same call again soon"; botocore has retried them already.
+TRANSIENT_CODES = ("RequestLimitExceeded", "InternalError", "ServiceUnavailable", "Unavailable")
+
+
+def transient(error: Exception) -> bool:
+    return isinstance(error, ClientError) and error_code(error) in TRANSIENT_CODES
+
+
+def error_code(error: Exception) -> str:
+    if isinstance(error, ZoneRefused):
+        error = error.__cause__ or error
+    if isinstance(error, ClientError):
+        return error.response["Error"].get("Code", "")
+    return type(error).__name__
+
+
+def error_message(error: ClientError) -> str:
+    return error.response["Error"].get("Message", "")[:300]
+
+
 def log(decision: str, **fields) -> None:
     """One JSON line per decision, so CloudWatch Logs Insights can filter on `decision`."""
     print(json.dumps({"decision": decision, **fields}, sort_keys=True, default=str))
@@ -127,6 +151,7 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
             return {
                 **parsed,
                 "check": event["check"] if isinstance(event.get("check"), int) else 1,
+                "attempt": event["attempt"] if isinstance(event.get("attempt"), int) else None,
                 "zones": zones
                 if isinstance(zones, list) and all(isinstance(z, str) for z in zones)
                 else [],
@@ -215,7 +240,9 @@ class Reaper:
         elif trigger == "recheck" and parsed["reason"] == "deleting":
             self.follow_delete(parsed["run"], parsed["stack_id"], parsed["check"])
         elif trigger == "recheck" and parsed["reason"] == "relaunch":
-            self.continue_relaunch(parsed["run"], parsed["check"], parsed["zones"])
+            self.continue_relaunch(
+                parsed["run"], parsed["check"], parsed["zones"], parsed["attempt"]
+            )
         elif trigger == "recheck":
             self.retire_fleet(parsed["run"], parsed["reason"])
         elif trigger == "manifest":
@@ -457,14 +484,20 @@ class Reaper:
             return
         spot = [n["id"] for n in nodes if n["spot"] and n["state"] in LIVE_STATES]
         up = [n["id"] for n in nodes if not n["spot"] and n["state"] in ("pending", "running")]
-        if spot:
-            self.ec2.terminate_instances(InstanceIds=spot)
-        if up:
-            self.ec2.stop_instances(InstanceIds=up)
         plan = stack["zone_plan"]
         here = next((n["zone"] for n in nodes if n["state"] in LIVE_STATES), None)
         zones = zone_move.try_order(list(plan.zones), here) if plan else []
-        name, at = self.schedule_recheck(run, "relaunch", due=self.now(), check=1, zones=zones)
+        # Scheduled first: whatever EC2 answers below, the relaunch goes on.
+        name, at = self.schedule_recheck(
+            run, "relaunch", due=self.now(), check=1, zones=zones, attempt=entry["attempt"]
+        )
+        try:
+            if spot:
+                self.ec2.terminate_instances(InstanceIds=spot)
+            if up:
+                self.ec2.stop_instances(InstanceIds=up)
+        except ClientError as error:  # a node still pending cannot stop yet: the re-check sees it
+            log("relaunch-stop-refused", run=run, error=error.response["Error"].get("Code"))
         log(
             "relaunch-stop",
             run=run,
@@ -482,35 +515,44 @@ class Reaper:
             f"({entry['why']}) and resumes from its newest checkpoint",
         )
 
-    def continue_relaunch(self, run: str, check: int = 1, zones: list[str] | None = None) -> None:
+    def continue_relaunch(
+        self, run: str, check: int = 1, zones: list[str] | None = None, attempt: int | None = None
+    ) -> None:
         """Start the stopped nodes and launch the missing ones once none is stopping or
         terminating, in the zone of this try (`zones`, from relaunch: the fleet's own first).
         Without capacity, the next try goes to the next zone at once; after a round of every
         zone it waits, twice as long each round up to an hour, and after the last round, or
         when the hard cap leaves no time, the run gives up in one line (give_up). A try in
         another zone first terminates the nodes left elsewhere: a placement group is one zone.
-        A stack being deleted (cdk destroy, the hard cap) or replaced is never started again."""
+        A stack being deleted (cdk destroy, the hard cap) or replaced is never started again,
+        and a re-check older than the relaunch's newest (`attempt` ended, `check`) does nothing:
+        it names a zone the fleet may have left."""
         zones = zones or []
         stack = self.train_stack()
         if stack is None or stack["status"] in GONE_STATES or stack["run"] != run:
             log("relaunch-dropped", run=run, stack=stack and stack["status"])
             return
+        if stale := self.stale_relaunch(run, attempt, check):
+            log("relaunch-stale", run=run, attempt=attempt, check=check, newest=stale)
+            return
         nodes = self.fleet_nodes(stack["id"])
         states = {n["id"]: n["state"] for n in nodes}
+        missing = self.missing_nodes(stack, nodes)
+        stopped = sorted(n["id"] for n in nodes if n["state"] == "stopped")
+        # A fleet whose every node is up has relaunched: nothing of it moves any more.
+        relaunched = not missing and set(states.values()) <= {"pending", "running"}
         zone = zone_move.zone_of_try(zones, check)
-        plan = stack["zone_plan"]
         elsewhere = [
-            n["id"] for n in nodes if zone and n["state"] in LIVE_STATES and n["zone"] != zone
+            n["id"]
+            for n in nodes
+            if zone and not relaunched and n["state"] in LIVE_STATES and n["zone"] != zone
         ]
         if elsewhere:
             self.ec2.terminate_instances(InstanceIds=elsewhere)
-        if (
-            busy(stack["status"])
-            or elsewhere
-            or {"stopping", "shutting-down"} & set(states.values())
-        ):
+        settling = {"stopping", "shutting-down"} & set(states.values())
+        if busy(stack["status"]) or elsewhere or settling:
             name, at = self.schedule_recheck(
-                run, "relaunch", due=self.now(), check=check, zones=zones
+                run, "relaunch", due=self.now(), check=check, zones=zones, attempt=attempt
             )
             log(
                 "relaunch-wait",
@@ -522,53 +564,39 @@ class Reaper:
                 at=at,
             )
             return
-        stopped = sorted(n["id"] for n in nodes if n["state"] == "stopped")
-        missing = self.missing_nodes(stack, nodes)
-        started = []
+        plan = stack["zone_plan"]
+        moved = plan is not None and zone not in (None, plan.zones[0])
+        ended = attempt if attempt is not None else len(self.attempts(run))
+        token = f"{run}/{ended}/{check}/{zone}"
+        started: list[str] = []
         try:
+            try:
+                network = (
+                    zone_move.prepare(self.ec2, plan, zone, stack["id"], FLEET_TAG)
+                    if moved
+                    else None
+                )
+            except (ClientError, LookupError) as error:
+                if transient(error):
+                    raise
+                # This zone cannot take the fleet (no subnet there, say): the next one may.
+                raise ZoneRefused(error) from error
             if stopped:
                 self.ec2.start_instances(InstanceIds=stopped)
                 started = stopped
-            moved = plan is not None and zone not in (None, plan.zones[0])
-            network = (
-                zone_move.prepare(self.ec2, plan, zone, stack["id"], FLEET_TAG) if moved else None
-            )
-            replaced = self.launch_replacements(
-                stack, missing, token=f"{run}/{check}", network=network
-            )
-        except ClientError as error:
-            code = error.response["Error"].get("Code")
-            if code not in NO_CAPACITY_CODES:
-                raise
+            replaced = self.launch_replacements(stack, missing, token=token, network=network)
+        except (ClientError, ZoneRefused) as error:
             if started:  # they would bill while the fleet waits for its missing nodes
                 self.ec2.stop_instances(InstanceIds=started)
-            base = datetime.timedelta(minutes=self.recheck_minutes)
-            wait = zone_move.wait_after(check, len(zones), base)
-            deadline = stack["deadline"]
-            if wait is None or (deadline and self.now() + wait + controller.MIN_ATTEMPT > deadline):
-                self.give_up(run, stack, zones or [zone or "its zone"], code, check)
+            if isinstance(error, ClientError) and transient(error):
+                raise
+            code = error_code(error)
+            if isinstance(error, ClientError) and code not in NO_CAPACITY_CODES:
+                self.give_up(
+                    run, stack, f"the relaunch failed: EC2 answered {code}: {error_message(error)}"
+                )
                 return
-            name, at = self.schedule_recheck(
-                run, "relaunch", due=self.now() + wait, check=check + 1, zones=zones
-            )
-            next_zone = zone_move.zone_of_try(zones, check + 1)
-            log(
-                "relaunch-no-capacity",
-                run=run,
-                error=code,
-                zone=zone,
-                tries=check,
-                next_zone=next_zone,
-                recheck=name,
-                at=at,
-            )
-            rounds = max(len(zones), 1) * zone_move.CAPACITY_ROUNDS
-            self.tell_status(
-                run,
-                f"waiting for capacity: {code} in {zone or 'its zone'} (try {check} of "
-                f"{rounds}); next try {'in ' + next_zone if next_zone else 'there'} at "
-                f"{controller.stamp(at)}",
-            )
+            self.next_try(run, stack, zones, zone, check, code, attempt)
             return
         log(
             "relaunched",
@@ -578,19 +606,86 @@ class Reaper:
             replaced=replaced,
             instances=sorted(states),
         )
-        if zone and zone != zones[0]:
+        if zone and zone != zones[0] and (stopped or replaced):
             self.notify(
                 stack,
                 run,
                 f"moved to zone {zone}: {', '.join(zones[: zones.index(zone)])} had no capacity",
             )
 
-    def tell_status(self, run: str, reason: str) -> None:
+    def next_try(
+        self,
+        run: str,
+        stack: dict,
+        zones: list[str],
+        zone: str | None,
+        check: int,
+        code: str,
+        attempt: int | None,
+    ) -> None:
+        """The zone of this try had no capacity: schedule the next try, in the next zone at
+        once or after a round of them later, or give up when rounds or time run out."""
+        base = datetime.timedelta(minutes=self.recheck_minutes)
+        wait = zone_move.wait_after(check, len(zones), base)
+        deadline = stack["deadline"]
+        if wait is None or (deadline and self.now() + wait + controller.MIN_ATTEMPT > deadline):
+            where = ", ".join(zones) if zones else zone or "its zone"
+            self.give_up(
+                run,
+                stack,
+                f"no capacity for the fleet in {where}: {code} on each of {check} tries; deploy "
+                "again later, in another region, or with a capacity reservation",
+            )
+            return
+        next_zone = zone_move.zone_of_try(zones, check + 1)
+        name, at = self.schedule_recheck(
+            run, "relaunch", due=self.now() + wait, check=check + 1, zones=zones, attempt=attempt
+        )
+        log(
+            "relaunch-no-capacity",
+            run=run,
+            error=code,
+            zone=zone,
+            tries=check,
+            next_zone=next_zone,
+            recheck=name,
+            at=at,
+        )
+        # After the schedule, so a failure here cannot lose the next try; the newest try it
+        # records makes an older re-check that arrives late stale.
+        rounds = max(len(zones), 1) * zone_move.CAPACITY_ROUNDS
+        try:
+            self.tell_status(
+                run,
+                f"waiting for capacity: {code} in {zone or 'its zone'} (try {check} of "
+                f"{rounds}); next try {'in ' + next_zone if next_zone else 'there'} at "
+                f"{controller.stamp(at)}",
+                relaunch_check=check + 1,
+            )
+        except ClientError as error:
+            log("status-not-told", run=run, error=error_code(error))
+
+    def stale_relaunch(self, run: str, attempt: int | None, check: int) -> dict | None:
+        """What is newer than a re-check of (`attempt`, `check`): a later relaunch recorded in
+        attempts.json, or a later try of the same one in status.json. None when it is current
+        (a re-check without an attempt, scheduled before it had one, is never judged)."""
+        if attempt is None:
+            return None
+        relaunched = [e["attempt"] for e in self.attempts(run) if e.get("decision") == "relaunch"]
+        if relaunched and max(relaunched) != attempt:
+            return {"attempt": max(relaunched)}
+        status = controller.read_json(self.s3, self.bucket, f"runs/{run}/status.json") or {}
+        newest = status.get("relaunch_check")
+        if status.get("attempt") == attempt + 1 and isinstance(newest, int) and newest > check:
+            return {"attempt": attempt, "check": newest}
+        return None
+
+    def tell_status(self, run: str, reason: str, **fields) -> None:
         """Put what the relaunch waits for into status.json, which `horovod-fleet status` and
         the dashboard show; its phase stays "relaunching"."""
         key = f"runs/{run}/status.json"
         status = controller.read_json(self.s3, self.bucket, key) or {}
-        status.update(reason=reason, updated_at=controller.stamp(self.now()))
+        status.update(reason=reason, updated_at=controller.stamp(self.now()), **fields)
         self.s3.put_object(
             Bucket=self.bucket,
             Key=key,
@@ -598,16 +693,13 @@ class Reaper:
             ContentType="application/json",
         )
 
-    def give_up(self, run: str, stack: dict, zones: list[str], code: str, tries: int) -> None:
-        """No zone had capacity: the run ends as a failed attempt with one line naming the zones
-        tried. The reaper writes the DONE.json the attempt never could; the run controller
-        records it as final (controller.FINAL_CAUSES) and the fleet is retired with its results."""
+    def give_up(self, run: str, stack: dict, reason: str) -> None:
+        """The relaunch cannot bring the fleet back (no zone had capacity, EC2 refused it): the
+        run ends as a failed attempt with `reason`, one line. The reaper writes the DONE.json
+        the attempt never could; the run controller records it as final
+        (controller.FINAL_CAUSES) and the fleet is retired with its results."""
         attempts = self.attempts(run)
         number = max((e.get("attempt", 0) for e in attempts), default=0) + 1
-        reason = (
-            f"no capacity for the fleet in {', '.join(zones)}: {code} on each of {tries} "
-            f"tries; deploy again later, in another region, or with a capacity reservation"
-        )
         done = {
             "run": run,
             "status": "failed",
@@ -625,7 +717,7 @@ class Reaper:
             Body=json.dumps(done, indent=1).encode(),
             ContentType="application/json",
         )
-        log("relaunch-gave-up", run=run, zones=zones, error=code, tries=tries, attempt=number)
+        log("relaunch-gave-up", run=run, reason=reason, attempt=number)
         self.notify(stack, run, f"gave up: {reason}")
         self.end_attempt(run)
 
@@ -922,8 +1014,12 @@ class Reaper:
                     )
                 except WaiterError as error:  # the followed delete retries after them
                     log("replacements-still-terminating", run=run, error=str(error))
-            # Before CloudFormation deletes the VPC, which a subnet of a move would hold up.
-            left = zone_move.remove(self.ec2, stack_id, FLEET_TAG)
+            # Before CloudFormation deletes the VPC, which a subnet of a move would hold up; the
+            # answer goes whatever happens here (the followed delete retries what is left).
+            try:
+                left = zone_move.remove(self.ec2, stack_id, FLEET_TAG)
+            except ClientError as error:
+                left = [error_code(error)]
             log("replacements", request="Delete", run=run, terminated=ours, moves_left=left)
         respond(event, response)
 

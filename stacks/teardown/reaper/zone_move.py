@@ -16,17 +16,19 @@ Only boto3 and the standard library: this file is part of the reaper's Lambda as
 import dataclasses
 import datetime
 import hashlib
+import ipaddress
 import json
 
 from botocore.exceptions import ClientError
 
 MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"
 ZONE_TAG = "horovod-fleet:zone"
+# How the versions the reaper makes describe themselves; CloudFormation's have no description.
+MOVED = "horovod-fleet zone move"
 # Every zone is tried this many times, waiting longer after each round, before the run gives up.
 CAPACITY_ROUNDS = 4
 MAX_CAPACITY_WAIT = datetime.timedelta(hours=1)
-# What RunInstances and CreateLaunchTemplateVersion take of a template's interface; a version
-# describes more (ResponseLaunchTemplateData) than a request may send.
+# What stacks/train/fleet.py sets on each interface, copied into a moved version.
 INTERFACE_FIELDS = (
     "DeviceIndex",
     "NetworkCardIndex",
@@ -44,10 +46,7 @@ class ZonePlan:
     zones: tuple[str, ...]
     vpc: str
     route_table: str
-    cidrs: tuple[str, ...]  # one per zone after the first
-
-    def cidr(self, zone: str) -> str:
-        return self.cidrs[self.zones.index(zone) - 1]
+    cidrs: tuple[str, ...]  # free blocks of the VPC, at least one per zone after the first
 
 
 def parse_plan(text: str) -> ZonePlan | None:
@@ -114,15 +113,21 @@ def moved_subnets(ec2, stack_id: str, fleet_tag: str) -> dict[str, str]:
 
 def prepare(ec2, plan: ZonePlan, zone: str, stack_id: str, fleet_tag: str) -> tuple[str, str]:
     """The subnet and placement group of the fleet in `zone`, another than the deployed one,
-    made when they are not there yet (a retried invocation finds them by tag and name)."""
+    made when they are not there yet. Every step is checked again on each call, so a retried
+    invocation finishes what a failed one began: above all the route, without which the nodes
+    would boot with no way to S3 and bill until the idle alarm."""
     subnet = moved_subnets(ec2, stack_id, fleet_tag).get(zone)
     if subnet is None:
         subnet = ec2.create_subnet(
             VpcId=plan.vpc,
-            CidrBlock=plan.cidr(zone),
+            CidrBlock=free_block(ec2, plan),
             AvailabilityZone=zone,
             TagSpecifications=[{"ResourceType": "subnet", "Tags": tags(stack_id, fleet_tag, zone)}],
         )["Subnet"]["SubnetId"]
+    tables = ec2.describe_route_tables(
+        Filters=[{"Name": "association.subnet-id", "Values": [subnet]}]
+    )["RouteTables"]
+    if not tables:
         ec2.associate_route_table(RouteTableId=plan.route_table, SubnetId=subnet)
     group = placement_group_name(stack_id, zone)
     try:
@@ -139,6 +144,16 @@ def prepare(ec2, plan: ZonePlan, zone: str, stack_id: str, fleet_tag: str) -> tu
     return subnet, group
 
 
+def free_block(ec2, plan: ZonePlan) -> str:
+    """The first of the plan's blocks that no subnet of the VPC overlaps."""
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [plan.vpc]}])["Subnets"]
+    taken = [ipaddress.ip_network(s["CidrBlock"]) for s in subnets]
+    for block in plan.cidrs:
+        if not any(ipaddress.ip_network(block).overlaps(t) for t in taken):
+            return block
+    raise LookupError(f"no free block of {', '.join(plan.cidrs)} in {plan.vpc}")
+
+
 def network_of(data: dict) -> tuple[str | None, str | None]:
     """The subnet and placement group a template version launches into."""
     interfaces = data.get("NetworkInterfaces") or [{}]
@@ -146,32 +161,37 @@ def network_of(data: dict) -> tuple[str | None, str | None]:
 
 
 def version_for(ec2, template: str, network: tuple[str, str] | None) -> str:
-    """The version of `template` that launches into `network` (subnet, placement group), made
-    from the deployed version with only its interfaces' subnet and its group changed; the
-    deployed version itself for None (the deployed zone)."""
-    versions = ec2.describe_launch_template_versions(
-        LaunchTemplateId=template, Versions=["$Default", "$Latest"]
-    )["LaunchTemplateVersions"]
-    deployed = next(v for v in versions if v.get("DefaultVersion"))
-    base = deployed["LaunchTemplateData"]
+    """The version of `template` that launches into `network` (subnet, placement group): made
+    from CloudFormation's newest version, with only its interfaces' subnet and its group
+    changed; that version itself for None (the deployed zone). CloudFormation adds a version
+    on each update of the template but leaves the default at the first, so the newest version
+    the reaper did not make is the deployed one, found by the reaper's description."""
+    pages = ec2.get_paginator("describe_launch_template_versions").paginate(
+        LaunchTemplateId=template
+    )
+    versions = [v for p in pages for v in p["LaunchTemplateVersions"]]
+    deployed = max(
+        (v for v in versions if not v.get("VersionDescription", "").startswith(MOVED)),
+        key=lambda v: v["VersionNumber"],
+    )
     if network is None:
-        network = network_of(base)
-    for version in sorted(versions, key=lambda v: -v["VersionNumber"]):
-        if network_of(version["LaunchTemplateData"]) == network:
-            return str(version["VersionNumber"])
+        return str(deployed["VersionNumber"])
     subnet, group = network
+    description = f"{MOVED} from version {deployed['VersionNumber']} to {subnet} and {group}"
+    made = [v["VersionNumber"] for v in versions if v.get("VersionDescription") == description]
+    if made:
+        return str(max(made))
     interfaces = [
         {**{k: i[k] for k in INTERFACE_FIELDS if k in i}, "SubnetId": subnet}
-        for i in base.get("NetworkInterfaces", [])
+        for i in deployed["LaunchTemplateData"].get("NetworkInterfaces", [])
     ]
     created = ec2.create_launch_template_version(
         LaunchTemplateId=template,
         SourceVersion=str(deployed["VersionNumber"]),
-        VersionDescription=f"moved to {subnet} and {group}",
-        LaunchTemplateData={
-            "NetworkInterfaces": interfaces,
-            "Placement": {**(base.get("Placement") or {}), "GroupName": group},
-        },
+        VersionDescription=description,
+        # Every card's interface, as whether a list given is merged with the source's is not
+        # documented; only the group of the placement, which stacks/train/fleet.py sets alone.
+        LaunchTemplateData={"NetworkInterfaces": interfaces, "Placement": {"GroupName": group}},
     )
     return str(created["LaunchTemplateVersion"]["VersionNumber"])
 
