@@ -38,6 +38,9 @@ def test_two_ranks_learn_digits_with_identical_weights(digits_data, tmp_path, ru
     assert first == second, "ranks ended with different weights"
 
 
+# Eight epochs on two CPU ranks: 723 s on this 2-core machine on 2026-11-25 beside other tests,
+# close to the suite's 900 s default timeout; the bound is for a slow machine, not a hang.
+@pytest.mark.timeout(1800)
 def test_the_fast_recipe_learns_on_two_ranks(digits_data, tmp_path, run_trainer):
     """MLPerf's LARS recipe at this run's global batch of 64 (the 1.6k run's values, its LR
     scaled down), trained at low resolution first: far above chance in 8 epochs."""
@@ -45,7 +48,7 @@ def test_the_fast_recipe_learns_on_two_ranks(digits_data, tmp_path, run_trainer)
     args = ["--data-dir", str(digits_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
     args += ["--image-size", "32", "--batch-size", "32", "--epochs", "8", "--recipe", "fast"]
     args += ["--min-crop-area", "0.5", "--log-every", "10", "--eval-every", "8"]
-    result = run_trainer(args, ranks=2, timeout=900)
+    result = run_trainer(args, ranks=2, timeout=1700)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "recipe fast: peak LR 1.48 (LARS), 2 warmup epochs, poly decay" in result.stdout
     # FFCV's progressive resizing, scaled to 32 px: 23 px, then 27 from the ramp, eval at 32.
