@@ -1306,6 +1306,15 @@ def launch_node(index: int, spot: bool) -> str:
     return reservation["Instances"][0]["InstanceId"]
 
 
+def fleet_tags(stack_id: str, index: int) -> list[dict]:
+    """The tags a node's replacement template puts on what it launches (stacks/train/fleet.py)."""
+    return [
+        {"Key": "Project", "Value": "horovod-fleet"},
+        {"Key": "horovod-fleet:stack", "Value": stack_id},
+        {"Key": "horovod-fleet:node", "Value": str(index)},
+    ]
+
+
 def deploy_replaceable_fleet(nodes: int, spot: bool) -> tuple[list[str], list[str]]:
     """TrainStack with a replacement template per node (stacks/train/fleet.py) and its nodes;
     returns the templates' ids and the instances' ids, in node order."""
@@ -1313,11 +1322,7 @@ def deploy_replaceable_fleet(nodes: int, spot: bool) -> tuple[list[str], list[st
     stack_id = train_stack_id()
     templates = []
     for index in range(nodes):
-        tags = [
-            {"Key": "Project", "Value": "horovod-fleet"},
-            {"Key": "horovod-fleet:stack", "Value": stack_id},
-            {"Key": "horovod-fleet:node", "Value": str(index)},
-        ]
+        tags = fleet_tags(stack_id, index)
         created = ec2.create_launch_template(
             LaunchTemplateName=f"node{index}",
             LaunchTemplateData={

@@ -22,6 +22,7 @@ from test_reaper import (  # noqa: F401  (aws and reaper are fixtures)
     RUN,
     aws,
     decisions,
+    fleet_tags,
     reaper,
     s3_event,
     schedules,
@@ -59,11 +60,7 @@ def deploy(nodes: int, spot: bool, zones: list[str] | None, deadline: str = "202
     group = client.create_security_group(GroupName="fleet", Description="fleet", VpcId=vpc)
     templates = []
     for index in range(nodes):
-        tags = [
-            {"Key": "Project", "Value": "horovod-fleet"},
-            {"Key": "horovod-fleet:stack", "Value": stack_id},
-            {"Key": "horovod-fleet:node", "Value": str(index)},
-        ]
+        tags = fleet_tags(stack_id, index)
         interfaces = [
             {
                 "DeviceIndex": 0 if card == 0 else 1,
