@@ -331,7 +331,7 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(reaper, capsy
 
 
 def test_deleting_the_stack_removes_what_a_move_made(reaper, capsys, monkeypatch):
-    from test_reaper import Replies
+    from test_reaper import Replies, replacements_request
 
     table, _, _ = deploy(2, spot=True, zones=ZONES)
     capacity = Ec2Capacity(reaper, monkeypatch, full={ZONES[0]})
@@ -344,17 +344,7 @@ def test_deleting_the_stack_removes_what_a_move_made(reaper, capsys, monkeypatch
     assert capacity.groups
     replies = Replies()
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
-    request = {
-        "RequestType": "Delete",
-        "ResponseURL": "https://cloudformation-response.example/abc",
-        "StackId": train_stack_id(),
-        "RequestId": "req-9",
-        "ResourceType": "Custom::HorovodFleetReplacements",
-        "LogicalResourceId": "Replacements",
-        "PhysicalResourceId": f"{RUN}-replacements",
-        "ResourceProperties": {"Run": RUN},
-    }
-    reaper.handle(request)
+    reaper.handle(replacements_request("Delete"))
     assert [r["Status"] for r in replies.bodies] == ["SUCCESS"]
     assert live_fleet() == {}
     assert moved_subnets() == [] and capacity.groups == {}
