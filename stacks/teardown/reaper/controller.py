@@ -106,6 +106,15 @@ def read_json(s3, bucket: str, key: str) -> dict | None:
     return document if isinstance(document, dict) else None
 
 
+def write_json(s3, bucket: str, key: str, document: dict) -> None:
+    s3.put_object(
+        Bucket=bucket,
+        Key=key,
+        Body=json.dumps(document, indent=1).encode(),
+        ContentType="application/json",
+    )
+
+
 def end_attempt(
     s3,
     bucket: str,
@@ -149,22 +158,12 @@ def end_attempt(
     }
     document = {"format": FORMAT, "run": run, "max_restarts": max_restarts}
     document["attempts"] = [*earlier, entry]
-    s3.put_object(
-        Bucket=bucket,
-        Key=f"{prefix}attempts.json",
-        Body=json.dumps(document, indent=1).encode(),
-        ContentType="application/json",
-    )
+    write_json(s3, bucket, f"{prefix}attempts.json", document)
     if decision == "relaunch":
         s3.delete_object(Bucket=bucket, Key=f"{prefix}DONE.json")
         relaunching = {**status, "phase": "relaunching", "attempt": number + 1}
         relaunching.update(updated_at=stamp(now), reason=f"{done.get('reason')} ({why})")
-        s3.put_object(
-            Bucket=bucket,
-            Key=f"{prefix}status.json",
-            Body=json.dumps(relaunching, indent=1).encode(),
-            ContentType="application/json",
-        )
+        write_json(s3, bucket, f"{prefix}status.json", relaunching)
     return entry
 
 

@@ -497,7 +497,7 @@ class Reaper:
             if up:
                 self.ec2.stop_instances(InstanceIds=up)
         except ClientError as error:  # a node still pending cannot stop yet: the re-check sees it
-            log("relaunch-stop-refused", run=run, error=error.response["Error"].get("Code"))
+            log("relaunch-stop-refused", run=run, error=error_code(error))
         log(
             "relaunch-stop",
             run=run,
@@ -686,12 +686,7 @@ class Reaper:
         key = f"runs/{run}/status.json"
         status = controller.read_json(self.s3, self.bucket, key) or {}
         status.update(reason=reason, updated_at=controller.stamp(self.now()), **fields)
-        self.s3.put_object(
-            Bucket=self.bucket,
-            Key=key,
-            Body=json.dumps(status, indent=1).encode(),
-            ContentType="application/json",
-        )
+        controller.write_json(self.s3, self.bucket, key, status)
 
     def give_up(self, run: str, stack: dict, reason: str) -> None:
         """The relaunch cannot bring the fleet back (no zone had capacity, EC2 refused it): the
@@ -711,12 +706,7 @@ class Reaper:
             ],
             "finished_at": controller.stamp(self.now()),
         }
-        self.s3.put_object(
-            Bucket=self.bucket,
-            Key=f"runs/{run}/DONE.json",
-            Body=json.dumps(done, indent=1).encode(),
-            ContentType="application/json",
-        )
+        controller.write_json(self.s3, self.bucket, f"runs/{run}/DONE.json", done)
         log("relaunch-gave-up", run=run, reason=reason, attempt=number)
         self.notify(stack, run, f"gave up: {reason}")
         self.end_attempt(run)
@@ -821,7 +811,7 @@ class Reaper:
                 status_reason=stack["status_reason"],
                 terminated=terminated,
                 # A zone move's subnet the Replacements resource could not delete yet.
-                moves_left=[] if terminated else zone_move.remove(self.ec2, stack_id, FLEET_TAG),
+                moves_left=[] if terminated else self.remove_moves(stack_id),
             )
         elif status != "DELETE_IN_PROGRESS":
             log("follow-delete-stopped", stack=TRAIN_STACK, run=run, status=status)
@@ -1014,14 +1004,19 @@ class Reaper:
                     )
                 except WaiterError as error:  # the followed delete retries after them
                     log("replacements-still-terminating", run=run, error=str(error))
-            # Before CloudFormation deletes the VPC, which a subnet of a move would hold up; the
-            # answer goes whatever happens here (the followed delete retries what is left).
-            try:
-                left = zone_move.remove(self.ec2, stack_id, FLEET_TAG)
-            except ClientError as error:
-                left = [error_code(error)]
+            # Before CloudFormation deletes the VPC, which a subnet of a move would hold up.
+            left = self.remove_moves(stack_id)
             log("replacements", request="Delete", run=run, terminated=ours, moves_left=left)
         respond(event, response)
+
+    def remove_moves(self, stack_id: str) -> list[str]:
+        """Delete what zone moves made for the stack (zone_move.remove); what is left, an error
+        included, is only reported: the delete it precedes goes on, and the followed delete
+        retries it."""
+        try:
+            return zone_move.remove(self.ec2, stack_id, FLEET_TAG)
+        except ClientError as error:
+            return [error_code(error)]
 
     # --- Pinned AMI and code (CloudFormation custom resource) ---------------------------------
 
@@ -1111,10 +1106,10 @@ class Reaper:
         keep = request == "Update" and physical_id and unchanged
         by_id = request != "Delete" and not keep and ZONE_ID.fullmatch(preferred) is not None
         named = self.zone_name(preferred) if by_id else preferred
+        fixed = props.get("Fixed") == "true"
         if keep:
             offered = self.offering_zones(instance_type)
-            others = [z for z in offered if z != physical_id and props.get("Fixed") != "true"]
-            response["Data"] = {"Zone": physical_id, "Zones": ",".join([physical_id, *others])}
+            response["Data"] = zone_answer(physical_id, offered, fixed)
         elif by_id and not named:
             response.update(
                 Status="FAILED",
@@ -1127,14 +1122,11 @@ class Reaper:
             shown = f"{named} ({preferred})" if by_id else preferred
             preferred = named
             offered = self.offering_zones(instance_type)
-            fixed = props.get("Fixed") == "true"
             if preferred in offered or (offered and not fixed):
                 zone = preferred if preferred in offered else offered[0]
-                # Where a run may move when its zone has no capacity (zone_move.py): the
-                # others that offer the type, unless the user's subnet fixes the zone.
-                others = [] if fixed else [z for z in offered if z != zone]
                 response.update(
-                    PhysicalResourceId=zone, Data={"Zone": zone, "Zones": ",".join([zone, *others])}
+                    PhysicalResourceId=zone,
+                    Data=zone_answer(zone, offered, fixed),
                 )
             else:
                 where = f"zone {shown}" if fixed else f"any zone of {region}"
@@ -1171,6 +1163,14 @@ class Reaper:
             log("zone", zone_id=zone_id, error=str(error))
             return ""
         return next((z["ZoneName"] for z in zones if z.get("ZoneId") == zone_id), "")
+
+
+def zone_answer(zone: str, offered: list[str], fixed: bool) -> dict:
+    """The zone check's answer: the zone, and where a run may move when it has no capacity
+    (zone_move.py): the others that offer the type, unless the user's subnet or reservation
+    fixes the zone."""
+    others = [] if fixed else [z for z in offered if z != zone]
+    return {"Zone": zone, "Zones": ",".join([zone, *others])}
 
 
 def respond(event: Mapping, response: dict) -> None:
