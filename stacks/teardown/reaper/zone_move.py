@@ -139,6 +139,8 @@ def prepare(ec2, plan: ZonePlan, zone: str, stack_id: str, fleet_tag: str) -> tu
             ],
         )
     except ClientError as error:
+        # "The specified placement group already exists in that AWS Region": a retried move.
+        # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
         if error.response["Error"].get("Code") != "InvalidPlacementGroup.Duplicate":
             raise
     return subnet, group
@@ -164,8 +166,11 @@ def version_for(ec2, template: str, network: tuple[str, str] | None) -> str:
     """The version of `template` that launches into `network` (subnet, placement group): made
     from CloudFormation's newest version, with only its interfaces' subnet and its group
     changed; that version itself for None (the deployed zone). CloudFormation adds a version
-    on each update of the template but leaves the default at the first, so the newest version
-    the reaper did not make is the deployed one, found by the reaper's description."""
+    on each update of the template but leaves the default at the first
+    (https://github.com/aws-cloudformation/cloudformation-coverage-roadmap/issues/1518), so the
+    newest version the reaper did not make is the deployed one, found by the reaper's
+    description. What a new version gives overwrites what it inherits from SourceVersion
+    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateLaunchTemplateVersion.html)."""
     pages = ec2.get_paginator("describe_launch_template_versions").paginate(
         LaunchTemplateId=template
     )
