@@ -1,15 +1,14 @@
-# Everything a developer or CI runs goes through here: `make setup`, `make test`,
-# `make rehearsal`, `make check`. Each target sets the environment up first when needed.
+# Everything a developer or CI runs goes through here: `make setup`, `make test` (and its slower
+# tiers), `make rehearsal`, `make check`. Each target sets the environment up first when needed.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV := .venv
 CHECKOV_VENV := .venv-checkov
-# TensorFlow 2.15.1 (the last release Horovod 0.28.1 builds against) has wheels for 3.9 to 3.11.
+# TensorFlow 2.15.1 (the last release Horovod 0.28.1 builds against) has wheels for 3.9 to 3.11,
+# and aws-cdk-lib 2.275 requires 3.10 or later (its Requires-Python on PyPI): 3.10 or 3.11.
 PYTHON ?= python3
 PY := $(VENV)/bin/python
-export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
 TF_VERSION := 2.15.1
@@ -20,12 +19,16 @@ WHEEL_CACHE ?= $(HOME)/.cache/horovod-fleet/wheels/horovod-$(HOROVOD_VERSION)-tf
 HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 
-.PHONY: help setup test rehearsal check fix synth bench-input bench-preprocess image-lock clean
+.PHONY: help setup test test-slow test-e2e test-all rehearsal check fix synth bench-input \
+	bench-preprocess image-lock clean
 
 help:
 	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
 	@echo "make rehearsal        the whole run offline: local S3, preprocessing, 2 simulated nodes train over Horovod"
-	@echo "make test             every test (runs setup first when needed)"
+	@echo "make test             the default tier: every test that trains nothing (at most 5 minutes)"
+	@echo "make test-slow        training runs, Horovod ranks and benchmarks"
+	@echo "make test-e2e         the rehearsals, and as root the fault rehearsal"
+	@echo "make test-all         all three tiers"
 	@echo "make check            ruff lint + format check, shellcheck, cdk synth + cfn-lint + checkov"
 	@echo "make synth            cdk synth with the defaults in cdk.json"
 	@echo "make bench-preprocess preprocessing images/s per core against the TensorFlow reference"
@@ -35,7 +38,7 @@ help:
 setup: $(VENV)/.ready node_modules/.ready
 
 $(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt bootstrap/requirements.txt pyproject.toml
-	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "error: $(PYTHON) is Python %d.%d; TensorFlow 2.15.1 needs 3.9 to 3.11: run make PYTHON=python3.11 ..." % v)'
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v <= (3, 11) else "error: $(PYTHON) is Python %d.%d; the app needs 3.10 or 3.11 (TensorFlow 2.15.1 has no wheels past 3.11, aws-cdk-lib 2.275 none before 3.10): run make PYTHON=python3.11 ..." % v)'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet -r requirements-dev.txt
@@ -50,12 +53,33 @@ $(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt b
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .   # .venv/bin/horovod-fleet
 	touch $@
 
+# The pinned Node.js LTS comes with the CDK CLI (package.json): node_modules/.bin is first on PATH,
+# so cdk, and jsii under the Python app, run on it whatever Node ran npm.
+NODE_MAJOR_MIN := 22
 node_modules/.ready: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
+	@node -e 'const v = +process.versions.node.split(".")[0]; if (v < $(NODE_MAJOR_MIN)) { console.error(`error: node_modules/.bin/node is Node.js $${process.versions.node}; the CDK runs on $(NODE_MAJOR_MIN) or later (an LTS): run npm ci again`); process.exit(1) }'
 	touch $@
 
+# The tiers (tests/conftest.py): the default one guards itself against training and rehearsals,
+# and gives each test TEST_TIMEOUT_S, so that a slow test fails instead of slowing the suite.
+PYTEST := TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest
+TEST_TIMEOUT_S := 120
+# A worker per core, at most 4: each imports TensorFlow and starts jsii once.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: setup
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest
+	$(PYTEST) -m "not slow and not e2e" --timeout=$(TEST_TIMEOUT_S) -n $(TEST_WORKERS) --dist loadfile
+
+test-slow: setup
+	$(PYTEST) -m slow
+
+# The fault rehearsal needs root (network namespaces, one per simulated host; docs/rehearsal.md).
+test-e2e: setup
+	$(PYTEST) -m e2e
+	@if [[ $$(id -u) -eq 0 ]]; then $(PY) -m rehearsal --faults --workdir "$${TMPDIR:-/tmp}/horovod-fleet-faults"; \
+	else echo "make test-e2e: the fault rehearsal needs root (network namespaces): not run"; fi
+
+test-all: test test-slow test-e2e
 
 rehearsal: setup
 	$(PY) -m rehearsal

@@ -71,43 +71,55 @@ def capacity_note(config: FleetConfig) -> str:
     )
 
 
+def estimates(config: FleetConfig) -> list[str]:
+    """What synthesis prints before it synthesizes: cost, quota, zone, capacity, the bake."""
+    lines = [
+        fleet_estimate(config.gpu, config.nodes, config.max_hours),
+        spot_estimate(config.gpu, config.nodes, config.region),
+    ]
+    if config.benchmark:
+        lines.append(
+            benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
+        )
+    else:
+        global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
+        epochs, pixel_fraction = recipe_plan(
+            config.recipe, global_batch, config.epochs, config.image_size
+        )
+        lines.append(
+            training_estimate(
+                config.gpu,
+                config.nodes,
+                recipe=config.recipe,
+                epochs=epochs,
+                pixel_fraction=pixel_fraction,
+                eval_every=config.eval_every,
+                arch=config.arch,
+                image_size=config.image_size,
+            )
+        )
+    lines += [
+        quota_note(config.gpu, config.nodes, config.market),
+        zone_note(config.gpu, config.region, config.az),
+    ]
+    if config.capacity_reservation:
+        lines.append(capacity_note(config))
+    lines.append(preprocess_estimate(config.preprocess, config.data_volume_gib))
+    if config.ami:
+        lines.append(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed")
+    else:
+        lines.append(bake_estimate(config.image_test))
+    return [*lines, f"prices: {PRICES_AS_OF} list prices"]
+
+
 def main() -> int:
     try:
         app, config, _ = build()
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    print(fleet_estimate(config.gpu, config.nodes, config.max_hours), file=sys.stderr)
-    print(spot_estimate(config.gpu, config.nodes, config.region), file=sys.stderr)
-    if config.benchmark:
-        estimate = benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
-        print(estimate, file=sys.stderr)
-    else:
-        global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
-        epochs, pixel_fraction = recipe_plan(
-            config.recipe, global_batch, config.epochs, config.image_size
-        )
-        estimate = training_estimate(
-            config.gpu,
-            config.nodes,
-            recipe=config.recipe,
-            epochs=epochs,
-            pixel_fraction=pixel_fraction,
-            eval_every=config.eval_every,
-            arch=config.arch,
-            image_size=config.image_size,
-        )
-        print(estimate, file=sys.stderr)
-    print(quota_note(config.gpu, config.nodes, config.market), file=sys.stderr)
-    print(zone_note(config.gpu, config.region, config.az), file=sys.stderr)
-    if config.capacity_reservation:
-        print(capacity_note(config), file=sys.stderr)
-    print(preprocess_estimate(config.preprocess, config.data_volume_gib), file=sys.stderr)
-    if config.ami:
-        print(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed", file=sys.stderr)
-    else:
-        print(bake_estimate(config.image_test), file=sys.stderr)
-    print(f"prices: {PRICES_AS_OF} list prices", file=sys.stderr)
+    for line in estimates(config):
+        print(line, file=sys.stderr)
     app.synth()
     return 0
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fault",
         action="append",
         metavar="TEXT",
-        help="with --faults: only the rows whose name contains TEXT (repeatable; in order)",
+        help="with --faults: only the rows whose name contains TEXT (repeatable), each from its snapshot",
     )
     parser.add_argument(
         "--benchmark",

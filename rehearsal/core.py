@@ -27,7 +27,7 @@ from pathlib import Path
 
 import boto3
 
-from rehearsal import iam_s3
+from rehearsal import iam_s3, snapshots
 from rehearsal.hosts import NODE_INTERFACE, SSH_PORT, Fleet, namespaces_available
 
 REPO = Path(__file__).resolve().parent.parent
@@ -256,18 +256,22 @@ class Rehearsal:
     def run(self) -> int:
         started = time.time()
         steps = self.plan_steps()
+        failure = None
         try:
             for self.step, action in steps:
                 say(f"--- {self.step}")
                 action()
             self.check_no_refusals()
         except (StepFailed, RuntimeError, OSError) as exc:
-            verdict = f"FAILED at step '{self.step}': {exc}{self.leader_said()}{self.refused()}"
+            failure = f"FAILED at step '{self.step}': {exc}{self.leader_said()}{self.refused()}"
             self.keep_s3()
+        finally:
+            # Whatever ended the steps (Ctrl-C, an error nobody foresaw): no namespace, bridge
+            # or process outlives the rehearsal, and the verdict is the last line.
             self.close()
-            say(verdict)
+        if failure:
+            say(failure)
             return 1
-        self.close()
         say(f"rehearsal succeeded in {time.time() - started:.0f} s; files in {self.workdir}")
         return 0
 
@@ -474,13 +478,38 @@ class Rehearsal:
         `spot/instance-action`): a replacement, a new instance, has none."""
         return self.workdir / "imds" / f"{self.instance_id(index)}.instance-action.json"
 
+    def end_nodes(self) -> None:
+        """SIGKILL every node process group, restarted ones included (their sshd too)."""
+        for group in self.node_groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+
+    def renew_fleet(self) -> None:
+        """Every node as a fleet deployed anew has it: no process left, empty disks, the
+        instance it first had (a Spot row may have replaced it)."""
+        self.end_nodes()
+        self.node_processes, self.node_groups = [], []
+        for index in range(self.args.nodes):
+            if self.fleet:
+                self.fleet.renew(self.fleet.nodes[index])
+            else:
+                shutil.rmtree(self.node_home(index), ignore_errors=True)
+        shutil.rmtree(self.workdir / "imds", ignore_errors=True)
+        self.replacements.clear()
+
+    def save_snapshot(self, name: str, leave_out: tuple[str, ...] = ()) -> None:
+        count = snapshots.save(self.s3, BUCKET, self.workdir / "snapshots" / name, leave_out)
+        say(f"snapshot '{name}': {count} objects of s3://{BUCKET}/")
+
+    def restore_snapshot(self, name: str) -> None:
+        count = snapshots.restore(self.s3, BUCKET, self.workdir / "snapshots" / name)
+        say(f"s3://{BUCKET}/ restored from snapshot '{name}' ({count} objects)")
+
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
         """Start every node's train_node.sh and wait for all. A second call is the rerun after a
         reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
         S3 prefix are not, so the pull is skipped and training resumes from S3."""
-        for group in self.node_groups:  # the sshd of a node whose bootstrap restarted too
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+        self.end_nodes()  # the sshd of a node whose bootstrap restarted too
         if self.node_processes:
             # Only S3 may hold the checkpoint a rerun resumes from.
             shutil.rmtree(self.workdir / "node0" / "data" / "model", ignore_errors=True)
@@ -575,9 +604,7 @@ class Rehearsal:
         and instance id. A Spot fleet is terminated and launched again from the nodes' launch
         templates: each node is a new instance (new id and address, nothing left on its disks).
         Either way its boot service then runs train_node.sh again."""
-        for group in self.node_groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+        self.end_nodes()
         if self.market == "spot":
             for index in range(self.args.nodes):
                 self.replacements[index] = self.replacements.get(index, 0) + 1

@@ -154,13 +154,20 @@ class Fleet:
 
     def replace(self, node: Node) -> None:
         """The node comes back as a new instance would (EC2 RunInstances from its launch
-        template): every process gone, a new address, and nothing left of its disks: host key,
-        authorized_keys, state, logs and /data start empty."""
+        template): renewed (below), at a new address."""
         self.kill_host(node.namespace)
         ns = ("ip", "netns", "exec", node.namespace)
         _run(*ns, "ip", "addr", "flush", "dev", NODE_INTERFACE)
         node.ip = self._spare.pop(0)
         _run(*ns, "ip", "addr", "add", f"{node.ip}/24", "dev", NODE_INTERFACE)
+        self.renew(node)
+
+    def renew(self, node: Node) -> None:
+        """The node as a fleet deployed anew has it, at its address: every process gone, its
+        network up, and nothing left of its disks: host key, authorized_keys, state, logs and
+        /data start empty."""
+        self.kill_host(node.namespace)
+        _run("ip", "netns", "exec", node.namespace, "ip", "link", "set", NODE_INTERFACE, "up")
         shutil.rmtree(node.home)
         etc = Path("/etc/netns") / node.namespace
         shutil.rmtree(etc)

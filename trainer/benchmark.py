@@ -33,7 +33,7 @@ import tensorflow as tf
 from trainer import affinity, data
 from trainer.cli import OneLineErrorParser, fail
 from trainer.config import ConfigError, parse_config
-from trainer.train import (
+from trainer.loop import (
     RunError,
     Trainer,
     input_threads,

@@ -1,12 +1,9 @@
-"""Fixtures for the bootstrap tests: moto S3 (in process or as a server) and node.json documents."""
-
-import urllib.request
+"""Fixtures for the bootstrap tests: moto S3 in process and node.json documents (a moto server: tests/conftest.py)."""
 
 import boto3
 import pytest
 from bootstrap_helpers import BUCKET, deny_missing_keys, train_doc
 from moto import mock_aws
-from moto.server import ThreadedMotoServer
 
 from bootstrap.node_config import parse
 
@@ -36,16 +33,3 @@ def s3(monkeypatch):
         client.create_bucket(Bucket=BUCKET)
         deny_missing_keys(client)  # every node-side test sees S3 as the node role does
         yield client
-
-
-@pytest.fixture
-def moto_endpoint():
-    """A moto server for processes the test starts (s5cmd, node scripts), on an empty account:
-    moto keeps its state per process, across servers and mock_aws."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
-    yield url
-    server.stop()

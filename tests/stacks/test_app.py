@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT
 
 import app as fleet_app
+from stacks.config import ConfigError
 
 # Node 20 makes the jsii runtime print a multi-line end-of-life banner on stderr; these tests
 # are about the app's own output.
@@ -80,14 +81,22 @@ def run_app(tmp_path: Path, cwd: Path = ROOT, **context) -> subprocess.Completed
         ("ami", "/aws/service/deeplearning/ami/id", "or an AMI id like ami-0abc1234"),
     ],
 )
-def test_bad_context_fails_with_one_line(tmp_path, key, value, allowed):
-    result = run_app(tmp_path, **{key: value})
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    [line] = lines
+def test_bad_context_fails_with_one_line(key, value, allowed):
+    with pytest.raises(ConfigError) as refused:
+        fleet_app.build({key: value})
+    line = str(refused.value)
+    assert "\n" not in line
     assert line.startswith(f"error: context key {key}={value!r} is invalid; allowed: ")
     assert allowed in line
+
+
+def test_bad_context_is_one_line_and_exit_2_from_the_process(tmp_path):
+    """The process contract, once: what the CLI shows of a bad value, and nothing written."""
+    result = run_app(tmp_path, nodes="abc")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: context key nodes='abc' is invalid; allowed: an integer from 1 to 64"
+    ]
     assert "Traceback" not in result.stderr + result.stdout
     assert not list(tmp_path.glob("*.template.json"))
 
@@ -206,39 +215,50 @@ def test_cfn_lint_finds_no_errors(cli_synth):
     assert not ours, ours
 
 
-@pytest.mark.parametrize(
-    "context",
-    [
-        {"instanceType": "p5.48xlarge", "nodes": 2, "snapshotDataVolume": True},
-        {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "datasetBucket": "my-imagenet"},
-        {"az": "use1-az4"},
-        {"az": "use1-az4", "vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd"},
-        {
-            "instanceType": "g5.xlarge",
-            "nodes": 1,
-            "budgetEmail": "ml@example.com",
-            "notifyEmail": "ml@example.com",
-            "targetTop1": 0.759,
-        },
-    ],
-)
-def test_other_configurations_pass_cdk_nag_and_cfn_lint(tmp_path, context):
-    result = run_app(tmp_path, **context)
-    assert result.returncode == 0, result.stdout + result.stderr
-    findings = cfn_lint(sorted(tmp_path.glob("*.template.json")))
+# Other configurations than cdk.json's, each with the features it turns on: a zone ID for a new
+# subnet (p5) and for a given one (your VPC), your own dataset bucket, e-mails and a target.
+OTHER_CONFIGURATIONS = {
+    "p5, a zone ID, a snapshot": {"instanceType": "p5.48xlarge", "nodes": 2,
+                                  "snapshotDataVolume": True, "az": "use1-az4"},
+    "your VPC and dataset, a zone ID": {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd",
+                                        "datasetBucket": "my-imagenet", "az": "use1-az4"},
+    "one g5, e-mails, a target": {"instanceType": "g5.xlarge", "nodes": 1,
+                                  "budgetEmail": "ml@example.com",
+                                  "notifyEmail": "ml@example.com", "targetTop1": 0.759},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def other_configurations(tmp_path_factory) -> dict[str, Path]:
+    """Each of OTHER_CONFIGURATIONS synthesized in this process as app.py does, cdk-nag included
+    (a finding fails the synthesis)."""
+    synthesized = {}
+    for name, context in OTHER_CONFIGURATIONS.items():
+        outdir = tmp_path_factory.mktemp("other")
+        app, _, _ = fleet_app.build(context, outdir=str(outdir))
+        app.synth()
+        synthesized[name] = outdir
+    return synthesized
+
+
+def test_other_configurations_pass_cdk_nag_and_cfn_lint(other_configurations):
+    templates = [
+        t for d in other_configurations.values() for t in sorted(d.glob("*.template.json"))
+    ]
+    assert len(templates) == 5 * len(OTHER_CONFIGURATIONS) - 1  # your dataset: no DatasetStack
+    findings = cfn_lint(templates)  # one cfn-lint for all of them
     assert not [f for f in findings if f["Level"] == "Error"], findings
 
 
 def test_synthesis_is_deterministic(tmp_path):
-    # A frozen copy of the sources: the assets' hashes follow bootstrap/ and trainer/ exactly.
-    source = copy_sources(tmp_path / "source")
-    outputs = []
-    for name in ("first", "second"):
-        outdir = tmp_path / name
-        outdir.mkdir()
-        assert run_app(outdir, cwd=source).returncode == 0
-        outputs.append(outdir)
-    templates = sorted(outputs[0].glob("*.template.json"))
+    """`python app.py` in another process writes exactly what this process synthesizes: no set
+    order, hash seed or clock reaches a template (the assets' hashes follow the code alone)."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    fleet_app.build(outdir=str(here))[0].synth()
+    assert run_app(there).returncode == 0
+    templates = sorted(here.glob("*.template.json"))
     assert len(templates) == 5
     for template in templates:
-        assert template.read_text() == (outputs[1] / template.name).read_text(), template.name
+        assert template.read_text() == (there / template.name).read_text(), template.name

@@ -37,6 +37,11 @@ ENV = {
 }
 
 
+# One session for every reaper a test makes: a new session loads every service model again
+# (about 0.1 s a client), and moto's mock serves any client, whenever it was made.
+SESSION = boto3.session.Session(region_name=REGION)
+
+
 def stack_template(run: str | None) -> str:
     template = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
     if run is not None:
@@ -146,9 +151,7 @@ def aws(monkeypatch):
 
 @pytest.fixture
 def reaper(aws):
-    return Reaper(
-        ENV, FUNCTION_ARN, session=boto3.session.Session(region_name=REGION), now=lambda: NOW
-    )
+    return Reaper(ENV, FUNCTION_ARN, session=SESSION, now=lambda: NOW)
 
 
 # --- event parsing ---------------------------------------------------------------------------
@@ -501,7 +504,7 @@ def put_checkpoint(at: datetime.datetime) -> None:
 def idle_reaper(aws):
     """A reaper whose clock the test sets (reaper.now = lambda: minutes(...))."""
     set_deployed(DEPLOYED)
-    return Reaper(ENV, FUNCTION_ARN, session=boto3.session.Session(region_name=REGION))
+    return Reaper(ENV, FUNCTION_ARN, session=SESSION)
 
 
 def only_schedule() -> dict:
@@ -694,7 +697,7 @@ def test_manifest_without_snapshot_only_stops(reaper):
 def test_manifest_under_the_configured_dataset_prefix(aws):
     instance_id, _ = register_preprocess(snapshot_volume=False)
     env = {**ENV, "MANIFEST_KEY": "imagenet/v2/manifest.json"}
-    reaper = Reaper(env, FUNCTION_ARN, session=boto3.session.Session(region_name=REGION))
+    reaper = Reaper(env, FUNCTION_ARN, session=SESSION)
     assert reaper.handle(s3_event("tfrecords/manifest.json"))["trigger"] == "ignored"
     assert instance_state(instance_id) == "running"
     reaper.handle(s3_event("imagenet/v2/manifest.json"))

@@ -8,14 +8,17 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
+from trainer_helpers import DIGITS_RUN
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -106,6 +109,37 @@ def _run_trainer(
     )
 
 
+class Result(NamedTuple):
+    """What a trainer command did: a subprocess's CompletedProcess has the same three fields."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def train_main(capsys):
+    """trainer.train's main(argv) in this process, as one rank: a Result. No process start and
+    no second TensorFlow import; the SIGTERM handler the run installs and the float16 policy
+    it may set are put back afterwards."""
+    from trainer import train
+
+    def run(argv: list[str]) -> Result:
+        capsys.readouterr()
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            code = train.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            tf.keras.mixed_precision.set_global_policy("float32")
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    return run
+
+
 @pytest.fixture
 def write_split():
     return _write_split
@@ -133,13 +167,13 @@ def _digit_images(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(images), digits.target
 
 
-@pytest.fixture
-def digits_data(tmp_path) -> Path:
+@pytest.fixture(scope="session")
+def digits_data(tmp_path_factory) -> Path:
     """Digits as 32x32 JPEGs: 1,500 train (4 shards) / 297 validation (2 shards), labels 1..10,
-    with a manifest.json in the preprocessor's format."""
+    with a manifest.json in the preprocessor's format. Written once per session: read-only."""
     images, digits = _digit_images(32)
     labels = digits + 1
-    data_dir = tmp_path / "digits"
+    data_dir = tmp_path_factory.mktemp("digits")
     _write_split(data_dir, "train", images[:1500], labels[:1500], 4)
     _write_split(data_dir, "validation", images[1500:], labels[1500:], 2)
     manifest = {
@@ -153,6 +187,26 @@ def digits_data(tmp_path) -> Path:
     }
     (data_dir / "manifest.json").write_text(json.dumps(manifest))
     return data_dir
+
+
+class TwoRankRun(NamedTuple):
+    model_dir: Path
+    digests: Path  # rank-<r>.sha256 of every checkpoint variable, per rank, at the end
+    result: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def two_rank_digits_run(digits_data, tmp_path_factory) -> TwoRankRun:
+    """One two-rank training on the digits, shared by every test that only reads what it
+    left (learning, identical weights, the stop at the target) or copies its model dir (resume,
+    eval-only): the costliest proof of the suite, made once."""
+    where = tmp_path_factory.mktemp("two-rank-digits")
+    model_dir, digests = where / "model", where / "digests"
+    digests.mkdir()
+    args = ["--data-dir", str(digits_data), "--model-dir", str(model_dir), *DIGITS_RUN]
+    result = _run_trainer(args, ranks=2, timeout=900, TRAINER_WEIGHTS_DIGEST_DIR=str(digests))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return TwoRankRun(model_dir, digests, result)
 
 
 @pytest.fixture

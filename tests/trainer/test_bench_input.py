@@ -31,12 +31,12 @@ def test_empty_data_dir_is_not_the_working_directory(capsys):
     assert capsys.readouterr().err == "error: --data-dir is empty; give a directory path\n"
 
 
-def test_shards_without_records_fail_fast_instead_of_hanging(tmp_path, run_trainer):
+def test_shards_without_records_fail_fast_instead_of_hanging(tmp_path, capsys):
     for index in range(2):
         (tmp_path / f"train-{index:05d}-of-00002").write_bytes(b"")
-    args = ["--data-dir", str(tmp_path), "--seconds", "1", "--warmup", "0"]
-    result = run_trainer(args, module="trainer.bench_input", timeout=60)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [
-        f"error: the train-* shards in {tmp_path} hold no records (every file is empty)"
-    ]
+    with pytest.raises(SystemExit) as exit_:
+        bench_input.main(["--data-dir", str(tmp_path), "--seconds", "1", "--warmup", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: the train-* shards in {tmp_path} hold no records (every file is empty)\n"
+    )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import data
+from trainer import bench_input, data
 
 
 def info_for(data_dir, num_classes=4, label_base=None):
@@ -260,13 +260,10 @@ def test_undecodable_jpeg_names_the_file(tmp_path, write_split, colour_images):
     )
 
 
-def test_bench_input_prints_json_last(tiny_data, run_trainer):
+def test_bench_input_prints_json_last(tiny_data, capsys):
     args = ["--data-dir", str(tiny_data), "--image-size", "32", "--batch-size", "8"]
-    result = run_trainer(
-        [*args, "--seconds", "1", "--warmup", "0.5"], module="trainer.bench_input", timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.splitlines()[-1])
+    assert bench_input.main([*args, "--seconds", "1", "--warmup", "0.5"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert set(report) == {"images_per_s", "images_per_s_per_core", "cores"}
     assert report["images_per_s"] > 0 and report["cores"] >= 1
     assert report["images_per_s_per_core"] == pytest.approx(
@@ -274,9 +271,8 @@ def test_bench_input_prints_json_last(tiny_data, run_trainer):
     )
 
 
-def test_bench_input_without_shards_is_one_error_line(tmp_path, run_trainer):
-    result = run_trainer(["--data-dir", str(tmp_path)], module="trainer.bench_input", timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert [line for line in result.stderr.splitlines() if "error:" in line] == [
-        f"error: no train-* TFRecord shards in {tmp_path}"
-    ]
+def test_bench_input_without_shards_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        bench_input.main(["--data-dir", str(tmp_path)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"error: no train-* TFRecord shards in {tmp_path}\n"

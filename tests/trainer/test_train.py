@@ -1,14 +1,19 @@
-"""trainer.train: --help, bad input as one `error:` line, synthetic, eval-only, step variants."""
+"""trainer.train: --help, bad input as one `error:` line, synthetic, eval-only, step variants,
+SIGTERM; in this process (train_main) but for the command's process contract."""
 
 import json
+import os
 import signal
+import threading
+import time
+from pathlib import Path
 
 import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import recipes, train
+from trainer import loop, recipes
 from trainer.config import ConfigError, build_parser, parse_config
 
 
@@ -35,7 +40,7 @@ def test_config_is_validated_once_at_the_edge(tmp_path, capsys):
         "goyal",
     )
     assert config.epochs is None  # the recipe's: 90 for goyal
-    assert train.settle_recipe(config, 256)[0].epochs == 90
+    assert loop.settle_recipe(config, 256)[0].epochs == 90
     with pytest.raises(ConfigError, match="--base-lr applies to --recipe goyal"):
         parse_config(["--data-dir", "d", "--model-dir", "m", "--recipe", "fast", "--base-lr", "1"])
     with pytest.raises(SystemExit) as exited:
@@ -54,59 +59,60 @@ def test_config_is_validated_once_at_the_edge(tmp_path, capsys):
         parse_config(["--data-dir", "d", "--model-dir", "m", "--seed", "-1"])
 
 
-def test_bad_flag_value_is_one_error_line(tmp_path, run_trainer):
+def test_bad_flag_value_is_one_error_line_from_the_process(tmp_path, run_trainer):
+    """The process contract: exit 2, one line on stderr, no traceback, no TensorFlow import."""
     result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", "m", "--epochs", "-1"])
     assert result.returncode == 2
-    assert error_lines(result) == ["error: --epochs must be > 0, got -1"]
+    assert result.stderr.splitlines() == ["error: --epochs must be > 0, got -1"]
 
 
-def test_missing_data_dir_is_one_error_line(tmp_path, run_trainer):
+def test_missing_data_dir_is_one_error_line(tmp_path, train_main):
     missing = tmp_path / "nowhere"
-    result = run_trainer(["--data-dir", str(missing), "--model-dir", str(tmp_path / "m")])
+    result = train_main(["--data-dir", str(missing), "--model-dir", str(tmp_path / "m")])
     assert result.returncode == 2
     assert error_lines(result) == [f"error: data directory {missing} does not exist"]
 
 
-def test_no_shards_is_one_error_line(tmp_path, run_trainer):
-    result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", str(tmp_path / "m")])
+def test_no_shards_is_one_error_line(tmp_path, train_main):
+    result = train_main(["--data-dir", str(tmp_path), "--model-dir", str(tmp_path / "m")])
     assert result.returncode == 2
     assert error_lines(result) == [f"error: no train-* TFRecord shards in {tmp_path}"]
 
 
-def test_truncated_shard_is_named(tiny_data, tmp_path, run_trainer):
+def test_truncated_shard_is_named(tiny_data, tmp_path, train_main):
     shard = tiny_data / "train-00001-of-00002"
     shard.write_bytes(shard.read_bytes()[:-50])
-    result = run_trainer(["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")])
+    result = train_main(["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")])
     assert result.returncode == 2
     [line] = error_lines(result)
     assert line.startswith(f"error: corrupt or truncated record in {shard}")
 
 
-def test_label_outside_range_is_named(tiny_data, tmp_path, run_trainer):
+def test_label_outside_range_is_named(tiny_data, tmp_path, train_main):
     # tiny_data's labels are 1..4; saying 0-based makes label 4 out of range for 4 classes.
     args = ["--data-dir", str(tiny_data), "--model-dir", str(tmp_path / "m")]
     args += ["--arch", "resnet18", "--image-size", "32", "--batch-size", "4", "--epochs", "1"]
-    result = run_trainer([*args, "--num-classes", "4", "--label-base", "0"])
+    result = train_main([*args, "--num-classes", "4", "--label-base", "0"])
     assert result.returncode == 2
     [line] = error_lines(result)
     assert line.startswith("error: label 4 outside 0..3 in ") and "train-0000" in line
 
 
-def test_eval_only_without_checkpoint_is_an_error(tiny_data, tmp_path, run_trainer):
+def test_eval_only_without_checkpoint_is_an_error(tiny_data, tmp_path, train_main):
     model_dir = tmp_path / "m"
     args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--eval-only"]
-    result = run_trainer([*args, "--arch", "resnet18", "--image-size", "32"])
+    result = train_main([*args, "--arch", "resnet18", "--image-size", "32"])
     assert result.returncode == 2
     assert error_lines(result) == [
         f"error: --eval-only: no checkpoint in {model_dir / 'checkpoints'}"
     ]
 
 
-def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trainer):
+def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, train_main):
     model_dir = tmp_path / "m"
     args = ["--synthetic", "--model-dir", str(model_dir), "--arch", "resnet18"]
     args += ["--image-size", "32", "--batch-size", "4", "--num-classes", "10"]
-    result = run_trainer([*args, "--epochs", "1", "--steps-per-epoch", "3", "--log-every", "1"])
+    result = train_main([*args, "--epochs", "1", "--steps-per-epoch", "3", "--log-every", "1"])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = [line.split() for line in lines].index(
@@ -135,7 +141,7 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
     assert (progress["global_step"], progress["eta_s"]) == (3, 0.0)
     assert 0 <= progress["top1"] <= 1 and progress["images_per_s"] > 0
 
-    result = run_trainer([*args, "--eval-only"])
+    result = train_main([*args, "--eval-only"])
     assert result.returncode == 0, result.stderr
     assert "Resuming from" in result.stdout
     evaluation = json.loads((model_dir / "eval.json").read_text())
@@ -145,7 +151,11 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, run_trai
 
 @pytest.mark.parametrize(
     ("precision", "xla", "recipe", "lars"),
-    [("fp32", "off", "goyal", False), ("fp16", "on", "fast", True)],
+    [
+        ("fp32", "off", "goyal", False),
+        # XLA compiles ResNet-18 for the CPU here: 20 s, the slow tier's.
+        pytest.param("fp16", "on", "fast", True, marks=pytest.mark.slow),
+    ],
 )
 def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, lars):
     """The GPU settings (float16 loss scaling, XLA, LARS) run here on CPU, in one process."""
@@ -153,9 +163,9 @@ def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, la
     args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
     args += ["--recipe", recipe, "--warmup-epochs", "0"]  # no zero-LR first step
     config = parse_config([*args, "--image-size", "32", "--precision", precision, "--xla", xla])
-    config, settled = train.settle_recipe(config, 4)
+    config, settled = loop.settle_recipe(config, 4)
     try:
-        trainer = train.Trainer(config, settled, num_classes=10, steps_per_epoch=2, gpu=False)
+        trainer = loop.Trainer(config, settled, num_classes=10, steps_per_epoch=2, gpu=False)
         assert (trainer.mixed, trainer.xla, trainer.lars) == (
             precision == "fp16",
             xla == "on",
@@ -163,13 +173,13 @@ def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, la
         )
         kernel = trainer.model.get_layer("stem_conv").kernel
         before = kernel.numpy().copy()
-        images, labels = train.data.synthetic_batch(4, 32, 10)
+        images, labels = loop.data.synthetic_batch(4, 32, 10)
         for flags in ([0.0, 0.0], [1.0, 0.0]):
             trainer.train_step(images, labels, tf.constant(flags))
         sums = trainer.read_step_sums()
-        loss, total = sums[train.CROSS_ENTROPY], sums[train.TOTAL_LOSS]
+        loss, total = sums[loop.CROSS_ENTROPY], sums[loop.TOTAL_LOSS]
         assert np.isfinite(total) and total > loss > 0
-        assert (sums[train.BAD_INPUT], sums[train.STOP]) == (1.0, 0.0)
+        assert (sums[loop.BAD_INPUT], sums[loop.STOP]) == (1.0, 0.0)
         assert not trainer.read_step_sums().any()  # read and reset
         assert int(trainer.optimizer.iterations) == 2
         assert not np.allclose(kernel.numpy(), before)
@@ -177,41 +187,67 @@ def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, la
         tf.keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow  # three traces of ResNet-18 (two training sizes, one for evaluation): 20 s
+def test_the_fast_recipe_trains_at_its_resolution_steps_in_process(tmp_path, train_main):
+    """The short run of the fast recipe (its schedule: tests/trainer/test_recipes.py): LARS, the
+    low resolution first, then the ramp's step in the last epoch, evaluation at full size."""
+    args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--recipe", "fast"]
+    args += ["--image-size", "32", "--batch-size", "4", "--num-classes", "10", "--epochs", "6"]
+    result = train_main([*args, "--steps-per-epoch", "1", "--log-every", "1"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(LARS), 2 warmup epochs, poly decay" in result.stdout
+    assert "training at 23x23 from epoch 1 (evaluation at 32)" in result.stdout
+    assert "training at 27x27 from epoch 6 (evaluation at 32)" in result.stdout
+    assert json.loads((tmp_path / "eval.json").read_text())["epoch"] == 6
+
+
+def signal_at_step(progress: Path, step: int, sent: list[int]) -> threading.Thread:
+    """SIGTERM to this process once progress.json says `step` is done (the step goes in `sent`)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                done = json.loads(progress.read_text())["global_step"]
+            except (OSError, ValueError, KeyError):
+                done = 0
+            if done >= step:
+                sent.append(done)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_sigterm_mid_epoch_saves_that_step_and_a_rerun_resumes_there(
-    tiny_data, tmp_path, start_trainer, run_trainer
+    tiny_data, tmp_path, train_main
 ):
     model_dir = tmp_path / "m"
     args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--arch", "resnet18"]
     args += ["--image-size", "32", "--batch-size", "4", "--epochs", "1", "--num-classes", "4"]
-    args += ["--steps-per-epoch", "200", "--log-every", "1"]
-    process = start_trainer(args)
-    seen = []
-    try:
-        for line in process.stdout:
-            fields = line.split()
-            if len(fields) == 6 and fields[0].isdigit():
-                seen.append(int(fields[0]))
-                if seen[-1] >= 3:
-                    process.send_signal(signal.SIGTERM)
-                    break
-        output = process.communicate(timeout=120)[0]
-    finally:
-        process.kill()
-    assert process.returncode == train.EXIT_INTERRUPTED, output
-    marker = json.loads((model_dir / train.INTERRUPTED_FILE).read_text())
+    args += ["--steps-per-epoch", "12", "--log-every", "1"]
+    sent: list[int] = []
+    watcher = signal_at_step(model_dir / "progress.json", 3, sent)
+    result = train_main(args)
+    watcher.join()
+    assert result.returncode == loop.EXIT_INTERRUPTED, result.stdout + result.stderr
+    marker = json.loads((model_dir / loop.INTERRUPTED_FILE).read_text())
     # Stopped at the next check step (every step here, with --log-every 1), mid-epoch.
-    assert seen[-1] <= marker["step"] <= seen[-1] + 2 < 200
+    assert sent[0] <= marker["step"] <= sent[0] + 2 < 12, (sent, marker)
     assert marker["checkpoint"].endswith(f"ckpt-{marker['step']}")
-    assert "interrupted: SIGTERM: stopped at step" in output
+    assert "interrupted: SIGTERM: stopped at step" in result.stdout
 
-    result = run_trainer([*args, "--log-every", "1000"])
+    result = train_main([*args, "--log-every", "1000"])
     assert result.returncode == 0, result.stdout + result.stderr
     step = marker["step"]
     assert f"0 epochs done, {step} steps into epoch 1" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines()]
-    assert [row[0] for row in rows if len(row) == 6 and row[0].isdigit()] == ["200"]
-    assert not (model_dir / train.INTERRUPTED_FILE).exists()  # the finished run removed it
-    assert (model_dir / "checkpoints" / "ckpt-200.index").exists()
+    assert [row[0] for row in rows if len(row) == 6 and row[0].isdigit()] == ["12"]
+    assert not (model_dir / loop.INTERRUPTED_FILE).exists()  # the finished run removed it
+    assert (model_dir / "checkpoints" / "ckpt-12.index").exists()
 
 
 def test_default_recipe_switches_at_a_global_batch_of_16k():
@@ -222,9 +258,9 @@ def test_default_recipe_switches_at_a_global_batch_of_16k():
 
 
 def test_resume_step_keeps_the_fraction_of_the_epoch():
-    assert train.resume_step(20, 200, 200) == 20
-    assert train.resume_step(20, 200, 100) == 10  # twice the ranks: half the steps per epoch
-    assert train.resume_step(0, 78, 39) == 0
+    assert loop.resume_step(20, 200, 200) == 20
+    assert loop.resume_step(20, 200, 100) == 10  # twice the ranks: half the steps per epoch
+    assert loop.resume_step(0, 78, 39) == 0
 
 
 def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
@@ -233,9 +269,9 @@ def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
     hvd.init()
     args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
     config = parse_config([*args, "--image-size", "32", "--precision", "fp16"])
-    config, recipe = train.settle_recipe(config, 4)
+    config, recipe = loop.settle_recipe(config, 4)
     try:
-        trainer = train.Trainer(config, recipe, num_classes=10, steps_per_epoch=2, gpu=False)
+        trainer = loop.Trainer(config, recipe, num_classes=10, steps_per_epoch=2, gpu=False)
         names = {variable.name.split(":")[0] for variable in trainer.state}
         assert {"current_loss_scale", "good_steps", "completed_epochs", "epoch_step"} <= names
         listed = [id(variable) for variable in trainer.state]
@@ -244,6 +280,6 @@ def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
         # Rank 0's saves add a save_counter the other ranks lack: the list must not change.
         trainer.checkpoint.save(str(tmp_path / "ckpt"))
         assert [id(variable) for variable in trainer.state] == listed
-        assert len(train.checkpoint_variables(trainer.checkpoint)) == len(listed) + 1
+        assert len(loop.checkpoint_variables(trainer.checkpoint)) == len(listed) + 1
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")

@@ -1,4 +1,5 @@
-"""trainer.train on user mistakes: exactly one `error:` line, exit 2, no output directory, no hang."""
+"""trainer.train on user mistakes: exactly one `error:` line, exit 2, no output directory, no hang
+(in this process: tests/trainer/test_train.py holds the command's process contract)."""
 
 import json
 
@@ -51,13 +52,13 @@ BAD_MANIFESTS = {
 
 @pytest.mark.parametrize(("document", "problem"), BAD_MANIFESTS.values(), ids=BAD_MANIFESTS)
 def test_bad_manifest_value_is_named_before_any_output(
-    tiny_data, tmp_path, run_trainer, document, problem
+    tiny_data, tmp_path, train_main, document, problem
 ):
     manifest = tiny_data / "manifest.json"
     manifest.write_text(json.dumps(document))
     model_dir = tmp_path / "m"
     args = ["--data-dir", str(tiny_data), "--model-dir", str(model_dir), "--steps-per-epoch", "1"]
-    result = run_trainer([*args, *SMALL_RUN], timeout=120)
+    result = train_main([*args, *SMALL_RUN])
     assert the_error_line(result) == f"error: manifest {manifest}: {problem}"
     assert not model_dir.exists()
 
@@ -70,9 +71,9 @@ def test_empty_path_is_rejected_at_the_edge(flag):
         parse_config([arg for pair in paths.items() for arg in pair])
 
 
-def test_empty_model_dir_is_one_error_line(tmp_path, run_trainer):
+def test_empty_model_dir_is_one_error_line(tmp_path, train_main):
     # The data directory is missing too: even without the check nothing would be written.
-    result = run_trainer(["--data-dir", str(tmp_path / "nowhere"), "--model-dir", ""])
+    result = train_main(["--data-dir", str(tmp_path / "nowhere"), "--model-dir", ""])
     assert the_error_line(result) == "error: --model-dir is empty; give a directory path"
 
 
@@ -93,21 +94,21 @@ def test_non_finite_float_flag_is_rejected(flag, value, allowed):
         parse_config(["--synthetic", "--model-dir", "m", flag, value])
 
 
-def test_data_dir_that_is_a_file_says_so(tmp_path, run_trainer):
+def test_data_dir_that_is_a_file_says_so(tmp_path, train_main):
     regular = tmp_path / "data.tar"
     regular.write_bytes(b"not a directory")
-    result = run_trainer(["--data-dir", str(regular), "--model-dir", str(tmp_path / "m")])
+    result = train_main(["--data-dir", str(regular), "--model-dir", str(tmp_path / "m")])
     assert the_error_line(result) == f"error: data directory {regular} is not a directory"
 
 
-def test_shards_without_records_fail_fast_instead_of_hanging(tmp_path, run_trainer):
+def test_shards_without_records_fail_fast_instead_of_hanging(tmp_path, train_main):
     data_dir, model_dir = tmp_path / "data", tmp_path / "m"
     data_dir.mkdir()
     for name in ("train-00000-of-00001", "validation-00000-of-00001"):
         (data_dir / name).write_bytes(b"")
     # --steps-per-epoch skips counting the records: the run used to wait for a first batch.
     args = ["--data-dir", str(data_dir), "--model-dir", str(model_dir), "--steps-per-epoch", "1"]
-    result = run_trainer([*args, *SMALL_RUN], timeout=60)
+    result = train_main([*args, *SMALL_RUN])
     assert the_error_line(result) == (
         f"error: the train-* shards in {data_dir} hold no records (every file is empty)"
     )

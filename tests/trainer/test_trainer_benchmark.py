@@ -73,8 +73,10 @@ def test_real_data_through_the_input_pipeline(run_trainer, tmp_path, tiny_data):
         (["--input", "data"], "--data-dir is required"),
     ],
 )
-def test_bad_input_is_one_line(run_trainer, tmp_path, args, message):
-    result = run_trainer(["--model-dir", str(tmp_path), *args], module="trainer.benchmark")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert message in result.stderr
+def test_bad_input_is_one_line(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exited:
+        benchmark.main(["--model-dir", str(tmp_path), *args])
+    assert exited.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.strip().splitlines() == [stderr.strip()]
+    assert message in stderr

@@ -1,6 +1,6 @@
 """`python -m rehearsal --benchmark`: the fleet benchmark's schedule on the simulated nodes.
 
-.venv/bin/python -m pytest -m slow tests/bootstrap/test_rehearsal_benchmark.py
+.venv/bin/python -m pytest -m e2e tests/rehearsal/test_rehearsal_benchmark.py
 """
 
 import json
@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_rehearsal_benchmark_prints_the_table_for_1_rank_1_node_and_2_nodes(tmp_path):
     workdir = tmp_path / "rehearsal"
     result = subprocess.run(

@@ -1,6 +1,6 @@
 """The rehearsal as a smoke test: the whole run on this machine, then a rerun that resumes.
 
-.venv/bin/python -m pytest -m slow tests/bootstrap/test_rehearsal.py
+.venv/bin/python -m pytest -m e2e tests/rehearsal/test_rehearsal.py
 """
 
 import argparse
@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     workdir = tmp_path / "rehearsal"
     result = subprocess.run(
@@ -82,15 +82,13 @@ def test_the_rehearsal_restarts_a_killed_node_bootstrap_as_systemd_would(monkeyp
     monkeypatch.setattr(core, "RESTART_SEC", 0)
     rehearsal = core.Rehearsal(argparse.Namespace(workdir=tmp_path))
     again = ["bash", "-c", "echo restarted"]
-    procs = {name: subprocess.Popen(["sleep", "60"]) for name in ("node0", "node1", "node2")}
+    procs = {name: subprocess.Popen(["sleep", "60"]) for name in ("node0", "node1")}
+    procs["node2"] = subprocess.Popen(["bash", "-c", "exit 1"])
     rehearsal.services = {name: (again, dict(os.environ)) for name in procs}
     procs["node0"].kill()
     procs["node1"].terminate()
     for proc in procs.values():
-        if proc.poll() is None:
-            proc.wait()
-    procs["node2"] = subprocess.Popen(["bash", "-c", "exit 1"])
-    procs["node2"].wait()
+        proc.wait()
     rehearsal.restart_killed(procs)
     assert rehearsal.restarts == {"node0": 1}
     assert procs["node0"].wait(10) == 0

@@ -1,0 +1,90 @@
+"""The test tiers (README, "Tests"), and the guard that keeps the default one fast.
+
+    make test        every test without a tier marker, each within 120 s (TIMEOUT_S below)
+    make test-slow   @pytest.mark.slow: training runs, Horovod ranks, benchmarks
+    make test-e2e    @pytest.mark.e2e: the rehearsals (and, as root, the fault rehearsal)
+    make test-all    all three
+
+The guard: while a default-tier test runs, every process it starts carries TEST_ENV in its
+environment, and a watcher thread reads /proc. A process with that mark that runs horovodrun
+or has loaded TensorFlow fails the test, named: such a test belongs to a slower tier. The
+pytest process itself may import TensorFlow (the trainer's pieces are tested in process); only
+the processes it starts are judged. A process started with an environment built from nothing
+escapes the mark: tests build theirs from os.environ.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import urllib.request
+import uuid
+from pathlib import Path
+
+import botocore.loaders
+import botocore.session
+import pytest
+from moto.server import ThreadedMotoServer
+from tier_guard import TEST_ENV, ProcessWatcher
+
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the guard on tests of its own
+
+TIERS = ("slow", "e2e")
+
+
+@functools.cache
+def shared_loader(data_path: str | None) -> botocore.loaders.Loader:
+    return botocore.loaders.create_loader(data_path)
+
+
+def register_shared_loader(session: botocore.session.Session) -> None:
+    session._components.lazy_register_component(
+        "data_loader", lambda: shared_loader(session.get_config_variable("data_path"))
+    )
+
+
+# Every botocore session of the test process reads the service models through one loader, which
+# caches them: moto resets boto3's default session at each mock_aws, and each new session would
+# parse the same JSON models again (most of a moto test's time).
+botocore.session.Session._register_data_loader = register_shared_loader
+# moto's EC2 makes about 1,300 public AMIs (each with a snapshot) for every new backend: seconds
+# per test, for images no test asks for.
+os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+
+
+def tier(item: pytest.Item) -> str:
+    return next((name for name in TIERS if item.get_closest_marker(name)), "default")
+
+
+@pytest.fixture(autouse=True)
+def tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    if tier(request.node) != "default" or not Path("/proc/self/environ").exists():
+        yield
+        return
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(TEST_ENV, token)
+    watcher = ProcessWatcher(token)
+    watcher.start()
+    yield
+    if started := watcher.stop():
+        more = f" and {len(started) - 3} more" if len(started) > 3 else ""
+        pytest.fail(
+            f"a default-tier test started {'; '.join(started[:3])}{more}: mark it "
+            "@pytest.mark.slow "
+            "(training, Horovod ranks, benchmarks) or @pytest.mark.e2e (rehearsals), or test "
+            "the piece in process",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def moto_endpoint():
+    """A moto server for processes the test starts (s5cmd, node scripts, the rehearsal's proxy),
+    on an empty account: moto keeps its state per process, across servers and mock_aws."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
+    yield url
+    server.stop()

@@ -1,0 +1,101 @@
+"""The fault rehearsal's rows as data, their snapshots, their judge, and the cleanup that runs
+whatever ends a rehearsal. The rows themselves run in `python -m rehearsal --faults` (make
+test-e2e)."""
+
+import argparse
+import re
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from rehearsal import core, faults, snapshots
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_docs_table_is_the_rows():
+    text = (REPO / "docs" / "rehearsal.md").read_text()
+    assert faults.markdown_table() in text
+
+
+def test_every_row_starts_from_a_snapshot_and_is_chosen_by_its_name():
+    names = [row.name for row in faults.ROWS]
+    assert len(set(names)) == len(names)
+    assert {row.start for row in faults.ROWS} == {faults.DATASET, faults.CHECKPOINTED}
+    assert {row.family for row in faults.ROWS} == {"S3", "ranks", "nodes", "disk", "Spot"}
+    # Rows keep the table's order, whatever order --fault names them in.
+    chosen = faults.chosen_rows(["Spot", "rank 1 killed"])
+    assert [row.name for row in chosen] == [
+        "rank 1 killed (SIGKILL)",
+        "Spot interruption of node 1 (two-minute notice) after an epoch",
+    ]
+    assert faults.chosen_rows(None) == faults.ROWS
+
+
+@pytest.fixture
+def bucket(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=core.BUCKET)
+        yield s3
+
+
+def test_a_restored_snapshot_is_exactly_what_was_saved(bucket, tmp_path):
+    bucket.put_object(Bucket=core.BUCKET, Key="tfrecords/train-0", Body=b"shard",
+                      Metadata={"sha256": "abc"})  # fmt: skip
+    bucket.put_object(Bucket=core.BUCKET, Key="runs/r/DONE.json", Body=b"{}",
+                      ContentType="application/json")  # fmt: skip
+    bucket.put_object(Bucket=core.BUCKET, Key="runs/r/model/ckpt-1.index", Body=b"i")
+    assert snapshots.save(bucket, core.BUCKET, tmp_path / "s", ("runs/r/DONE.json",)) == 2
+    # What a row does to S3: overwrites, adds, deletes.
+    bucket.put_object(Bucket=core.BUCKET, Key="tfrecords/train-0", Body=b"flipped")
+    bucket.put_object(Bucket=core.BUCKET, Key="runs/r/attempts.json", Body=b"[]")
+    bucket.delete_object(Bucket=core.BUCKET, Key="runs/r/model/ckpt-1.index")
+    assert snapshots.restore(bucket, core.BUCKET, tmp_path / "s") == 2
+    assert sorted(snapshots.keys(bucket, core.BUCKET)) == [
+        "runs/r/model/ckpt-1.index",
+        "tfrecords/train-0",
+    ]
+    shard = bucket.get_object(Bucket=core.BUCKET, Key="tfrecords/train-0")
+    assert (shard["Body"].read(), shard["Metadata"]) == (b"shard", {"sha256": "abc"})
+
+
+def row_expecting(status: str, epochs: int | None, **checks) -> faults.Row:
+    return faults.Row("S3", "r", "e", faults.DATASET, 2, faults.Fault(lambda r: None),
+                      faults.Expect(status, epochs, checks))  # fmt: skip
+
+
+def test_the_judge_reads_status_epochs_and_every_named_check():
+    done = {"status": "succeeded", "epochs": 2, "reason": None}
+    assert faults.judge(None, row_expecting("succeeded", 2), done) == (True, "succeeded, epochs 2")
+    assert faults.judge(None, row_expecting("succeeded", 3), done)[0] is False
+    ok, seen = faults.judge(None, row_expecting("succeeded", 2, named=lambda r, d: False), done)
+    assert (ok, seen) == (False, "succeeded, epochs 2 (not: named)")
+    failed = {
+        "status": "failed",
+        "epochs": None,
+        "reason": "step 'training' failed: RuntimeError: horovodrun exited 1: rank 1 died",
+    }
+    assert faults.judge(None, row_expecting("failed", None), failed) == (
+        True, "failed: step 'training' failed: rank 1 died")  # fmt: skip
+    assert faults.judge(None, row_expecting("failed", None), None) == (False, "no DONE.json")
+
+
+def test_a_rehearsal_cleans_up_whatever_ends_it(monkeypatch, tmp_path):
+    """An error nobody foresaw (a package missing from an unfinished setup, say) still ends
+    every process and removes the namespaces before it propagates."""
+    rehearsal = core.Rehearsal(argparse.Namespace(workdir=tmp_path))
+    closed = []
+    monkeypatch.setattr(rehearsal, "close", lambda: closed.append(True))
+
+    def setup_unfinished():
+        raise LookupError("No package metadata was found for horovod")
+
+    monkeypatch.setattr(rehearsal, "plan_steps", lambda: [("local S3 endpoint", setup_unfinished)])
+    with pytest.raises(LookupError, match=re.escape("No package metadata")):
+        rehearsal.run()
+    assert closed == [True]

@@ -1,0 +1,70 @@
+"""The tier guard (tests/conftest.py) on tests of its own: a default-tier test whose process
+runs horovodrun or loads TensorFlow fails, naming it; marked slow, the same test passes.
+
+TensorFlow's library is recognised by name in a process's memory map, so a child that maps a
+file of that name stands in for one that imported TensorFlow (seconds cheaper)."""
+
+import sys
+from pathlib import Path
+
+from tier_guard import TENSORFLOW_LIBRARY, TEST_ENV
+
+TESTS = Path(__file__).parent
+
+GUARDED = f"""
+import subprocess
+import sys
+import pytest
+
+# What the guard must see: a process that maps TensorFlow's library, and horovodrun's script.
+MAPS_TENSORFLOW = '''
+import mmap, sys, time
+with open(sys.argv[1], "rb") as library:
+    mapped = mmap.mmap(library.fileno(), 0, prot=mmap.PROT_READ)
+    time.sleep(1)
+'''
+SLEEPS = "import time; time.sleep(1)"
+
+def child(*args):
+    subprocess.run([{sys.executable!r}, "-c", *args], check=True)
+
+def test_tensorflow_in_the_default_tier(tmp_path):
+    library = tmp_path / {TENSORFLOW_LIBRARY + ".2"!r}
+    library.write_bytes(b"\\0" * 4096)
+    child(MAPS_TENSORFLOW, str(library))
+
+def horovodrun(tmp_path):
+    script = tmp_path / "horovodrun"
+    script.write_text(SLEEPS)
+    subprocess.run([{sys.executable!r}, str(script), "-np", "2"], check=True)
+
+def test_horovodrun_in_the_default_tier(tmp_path):
+    horovodrun(tmp_path)
+
+@pytest.mark.slow
+def test_horovodrun_in_the_slow_tier(tmp_path):
+    horovodrun(tmp_path)
+
+def test_a_plain_child_process():
+    child(SLEEPS)
+"""
+
+
+def test_the_default_tier_refuses_tensorflow_and_horovodrun_processes(pytester, monkeypatch):
+    monkeypatch.delenv(TEST_ENV)  # the inner tests' processes are theirs to judge, not ours
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.makepyfile(tier_guard=(TESTS / "tier_guard.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    e2e: e2e\n")
+    pytester.makepyfile(test_guarded=GUARDED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_tensorflow_in_the_default_tier*",
+            "*started a process that loaded TensorFlow (pid *",
+            "*ERROR at teardown of test_horovodrun_in_the_default_tier*",
+            "*started horovodrun (pid *: */horovodrun -np 2)*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_horovodrun_in_the_slow_tier"])
+    result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_a_plain_child_process"])
