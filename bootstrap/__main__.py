@@ -314,14 +314,19 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     if cfg.gpus_per_node:
         check = ["python3", "-m", "bootstrap.allreduce_check"]
         status.phase("allreduce_check")
-        fleet = step(
-            "allreduce check",
-            lambda: "NCCL transport: " + health.check_transport(
-                run_horovod(check, "allreduce-check.log", keep=1_000_000),
-                cfg.efa,
-                cfg.gpudirect,
-            ),
-        )  # fmt: skip
+        # What the image baked for the network, in the log above any failure of the check and in
+        # the reason of a wrong transport, which `horovod-fleet status` shows.
+        stack = health.image_network_stack(cfg.image["manifest"])
+        log(f"the image's network stack: {stack}")
+
+        def allreduce_check() -> str:
+            nccl_log = run_horovod(check, "allreduce-check.log", keep=1_000_000)
+            try:
+                return "NCCL transport: " + health.check_transport(nccl_log, cfg.efa, cfg.gpudirect)
+            except health.HealthError as exc:
+                raise health.HealthError(f"{exc} (image: {stack})") from None
+
+        fleet = step("allreduce check", allreduce_check)
         log(fleet)
     step("signal", lambda: fleet_ready(fleet))
     store = launch.ModelStore(s3, cfg, model_dir, log)

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from bootstrap import allreduce_check, aws
+from bootstrap.image.manifest import ImageError, load
 from bootstrap.node_config import Common, TrainConfig
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
@@ -88,8 +89,11 @@ def check_node(cfg: TrainConfig, gpus: int, efa: bool, sold_as: str | None = Non
 # loads but finds no provider also logs "NET/OFI ...", so a bare NET/OFI mention proves nothing.
 _CHANNEL = re.compile(r"\bvia NET/([A-Za-z][A-Za-z ]*?)/\d")
 # One inter-node connection with what follows its device number: "/GDRDMA" when NCCL moves the
-# bytes between the GPU and the EFA device directly, "/Shared" and others besides.
+# bytes between the GPU and the EFA device directly, "/Shared" and others besides. NCCL 2.26.2
+# and later write "/GDRDMA(PCI)" where the GPU reaches the CPU over C2C
+# (https://github.com/NVIDIA/nccl/blob/v2.26.2-1/src/transport/net.cc): GPUDirect all the same.
 _NET_CONNECTION = re.compile(r"\bvia NET/[A-Za-z][A-Za-z ]*?/\d+(\S*)")
+_GDRDMA = re.compile(r"/GDRDMA(\(PCI\))?(/|$)")
 _CHOSEN = re.compile(r"NCCL INFO Using network (.+)")
 _OFI_SELECTED = re.compile(r"NET/OFI Selected Provider is efa", re.IGNORECASE)
 _SOCKET = re.compile(r"NET/Socket")
@@ -135,12 +139,14 @@ def check_transport(nccl_debug_log: str, efa_expected: bool, gpudirect_expected:
             "connection for it ('via NET/...'): run the check with NCCL_DEBUG=INFO"
         )
     connections = _NET_CONNECTION.findall(nccl_debug_log)
-    bounced = [suffix for suffix in connections if "GDRDMA" not in suffix.split("/")]
+    bounced = [suffix for suffix in connections if not _GDRDMA.search(suffix)]
     if gpudirect_expected and crossed and bounced:
+        # The EFA driver names the GPU memory provider it uses in sysfs: "NVIDIA peermem" through
+        # efa_nv_peermem (efa_nvmem_impl.h, amzn-drivers kernel/linux/efa).
         raise HealthError(
             f"GPUDirect RDMA expected but {len(bounced)} of {len(connections)} network connections "
-            "went through host memory (no '/GDRDMA' after 'via NET/...'): check that the "
-            "efa_nv_peermem module is loaded (lsmod) and the driver's open kernel modules"
+            "went through host memory (no '/GDRDMA' after 'via NET/...'): check that lsmod lists "
+            "efa_nv_peermem and that /sys/class/infiniband/*/device/p2p says 'NVIDIA peermem'"
         )
     if gpudirect_expected and crossed:
         transport += " with GPUDirect RDMA"
@@ -149,6 +155,32 @@ def check_transport(nccl_debug_log: str, efa_expected: bool, gpudirect_expected:
     return (
         f"{transport}, {summary['busbw_gbps']:.2f} GB/s bus bandwidth over "
         f"{summary['nodes']} node(s), {summary['ranks']} ranks"
+    )
+
+
+def image_network_stack(manifest: str | Path) -> str:
+    """What the node's image.json says carries NCCL across nodes, for the allreduce check's log
+    line and failure: "EFA installer 1.47.0, efa driver 2.17.3g, aws-ofi-nccl 1.18.0-1,
+    efa_nv_peermem loaded at the GPU proof on g5.xlarge". An image baked before a field
+    existed says "not recorded" for it."""
+    try:
+        document = load(Path(manifest))
+    except ImageError as exc:
+        return f"not known ({exc})"
+    versions = document.get("versions") or {}
+    proof = document.get("proof") or {}
+
+    def version(key: str) -> str:
+        return str(versions.get(key) or "not recorded")
+
+    peermem = (
+        f"loaded at the GPU proof on {proof.get('instance_type')}"
+        if proof.get("efa_nv_peermem_loaded")
+        else "not recorded by a GPU proof"
+    )
+    return (
+        f"EFA installer {version('efa_installer')}, efa driver {version('efa_driver')}, "
+        f"aws-ofi-nccl {version('aws_ofi_nccl')}, efa_nv_peermem {peermem}"
     )
 
 

@@ -3,7 +3,8 @@
 # signed modules for the running AWS kernel (no DKMS, no compiler on the node) and the headless
 # server userspace. The open modules drive every GPU in stacks/instance_types.py (T4, A10G,
 # A100, H100, H200: Turing and later) and carry GPUDirect RDMA over EFA on p4d and p5, through
-# efa_nv_peermem (step 3) or DMA-BUF. Then the kernel and the driver are held.
+# efa_nv_peermem, which step 3 builds against them and requires (why DMA-BUF is no fallback there:
+# 03-efa.sh). Then the kernel and the driver are held.
 #   https://documentation.ubuntu.com/server/how-to/graphics/install-nvidia-drivers/
 #   https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/kernel-modules.html
 #   https://packages.ubuntu.com/jammy/nvidia-headless (nvidia-headless-no-dkms-580-server-open)

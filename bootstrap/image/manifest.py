@@ -34,6 +34,7 @@ VERSION_KEYS = (
     "cudnn",
     "nccl",
     "efa_installer",
+    "efa_driver",
     "libfabric",
     "aws_ofi_nccl",
     "openmpi",
@@ -103,6 +104,10 @@ def collect(pins: Mapping[str, str], run: Run = run_command, root: Path = Path("
         ).strip()
 
     cwagent = root / "opt/aws/amazon-cloudwatch-agent/bin/CWAGENT_VERSION"
+    # The installer's record of itself, whose first line AWS's own ParallelCluster tests match
+    # ("# EFA installer version: 1.47.0"): https://github.com/aws/aws-parallelcluster-cookbook/
+    # blob/develop/cookbooks/aws-parallelcluster-environment/test/controls/efa_spec.rb
+    efa_packages = root / "opt/amazon/efa_installed_packages"
     return {
         "kernel": run(["uname", "-r"]).strip(),
         "nvidia_driver": run(["modinfo", "-F", "version", "nvidia"]).strip(),
@@ -111,12 +116,20 @@ def collect(pins: Mapping[str, str], run: Run = run_command, root: Path = Path("
         ),
         "cudnn": pip_version("nvidia-cudnn-cu12"),
         "nccl": _nccl_version((root / "opt/nccl/include/nccl.h").read_text()),
-        "efa_installer": pins["EFA_INSTALLER_VERSION"],
+        "efa_installer": _first_match(
+            r"^# EFA installer version:\s*(\S+)",
+            efa_packages.read_text() if efa_packages.exists() else f"no {efa_packages}",
+            "EFA installer",
+        ),
+        # The EFA kernel module modprobe would load, by its MODULE_VERSION, such as "2.17.3g"
+        # (efa_main.c in https://github.com/amzn/amzn-drivers/tree/master/kernel/linux/efa).
+        "efa_driver": run(["modinfo", "-F", "version", "efa"]).strip(),
         "libfabric": _first_match(
             r"libfabric:\s*(\S+)",
             run([str(root / "opt/amazon/efa/bin/fi_info"), "--version"]),
             "libfabric",
         ),
+        # The plugin's Debian package (contrib/debian-template/control in aws/aws-ofi-nccl).
         "aws_ofi_nccl": run(["dpkg-query", "-W", "-f", "${Version}", "libnccl-ofi"]).strip(),
         "openmpi": _first_match(
             r"\(Open MPI\)\s*(\S+)",

@@ -1,14 +1,14 @@
 """The training image's GPU proof: on one GPU instance booted from the freshly baked image, before
-any fleet may use it, check that the driver, TensorFlow, Horovod, NCCL and the EFA plugin work
-together, and measure ResNet-50 on one GPU with the project's own trainer.
+any fleet may use it, check that the driver, efa_nv_peermem, TensorFlow, Horovod, NCCL and the EFA
+plugin work together, and measure ResNet-50 on one GPU with the project's own trainer.
 
     python3 -m bootstrap.image_proof.proof run --gpus 1 --image-json /opt/horovod-fleet/image.json
     python3 -m bootstrap.image_proof.proof validate --image-json /opt/horovod-fleet/image.json
 
 `run` records what it measured in image.json's `proof` object and fails (exit 1, one line naming
 the check) at the first check that does not hold, so Image Builder marks the image failed and no
-fleet can boot from it. Every check runs the real program it proves (nvidia-smi, TensorFlow,
-horovodrun, the trainer) as a process; the tests run the same code on CPU with Gloo.
+fleet can boot from it. Every check runs the real program it proves (nvidia-smi, lsmod,
+TensorFlow, horovodrun, the trainer) as a process; the tests run the same code on CPU with Gloo.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ _NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.MULTILINE)
 
 
 EFA_LIBRARY_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib", "/opt/amazon/openmpi/lib")
+# Where the recipe's step 3 (bootstrap/image/03-efa.sh) has efa_nv_peermem loaded at boot.
+PEERMEM_CONF = "/etc/modules-load.d/horovod-fleet-gpudirect.conf"
 
 
 class ProofError(RuntimeError):
@@ -55,6 +57,8 @@ class Tools:
     python: str = "/opt/horovod-fleet/venv/bin/python"
     horovodrun: str = "/opt/horovod-fleet/venv/bin/horovodrun"
     nvidia_smi: str = "nvidia-smi"
+    lsmod: str = "lsmod"
+    modprobe: str = "modprobe"
     code_root: str = "/opt/horovod-fleet/src"
     controller: str = "--mpi"
     env: Mapping[str, str] = field(default_factory=dict)
@@ -107,6 +111,33 @@ def gpus_seen_by_driver(tools: Tools, expected: int) -> list[str]:
     if len(names) != expected:
         raise ProofError(f"nvidia-smi sees {len(names)} GPU(s), the instance has {expected}")
     return names
+
+
+def efa_nv_peermem_loaded(tools: Tools) -> None:
+    """efa_nv_peermem in lsmod after boot, beside the nvidia module: the module GPUDirect RDMA over
+    EFA goes through on p4d and p5 (bootstrap/image/03-efa.sh says why). The proof's g5.xlarge has
+    no EFA device, and needs none for this: the EFA driver takes the module's nvidia_p2p wrappers
+    with symbol_get and asks for it with request_module (efa_nvmem_impl.h in
+    https://github.com/amzn/amzn-drivers/tree/master/kernel/linux/efa), so the module serves the
+    driver, not the device. Its own source is in no public repository (the EFA installer carries
+    it), so that it loads without an EFA device is what this check proves. When it is missing,
+    modprobe tells a module that cannot load (its error) from one the boot did not load."""
+    listed = _run([tools.lsmod], tools, 60, "lsmod").splitlines()[1:]
+    modules = {line.split()[0] for line in listed if line.strip()}
+    if "nvidia" not in modules:
+        raise ProofError("lsmod lists no nvidia module")
+    if "efa_nv_peermem" in modules:
+        return
+    try:
+        _run([tools.modprobe, "efa_nv_peermem"], tools, 120, "modprobe efa_nv_peermem")
+    except ProofError as exc:
+        raise ProofError(
+            f"efa_nv_peermem is not loaded beside nvidia and cannot be: {exc}"
+        ) from None
+    raise ProofError(
+        f"efa_nv_peermem was not loaded at boot, though modprobe loads it: check {PEERMEM_CONF} "
+        "and systemd-modules-load"
+    )
 
 
 def gpus_seen_by_tensorflow(tools: Tools) -> int:
@@ -217,6 +248,8 @@ def prove(
     started = time.time()
     names = gpus_seen_by_driver(tools, gpus)
     print(f"proof: nvidia-smi sees {gpus} GPU(s): {', '.join(sorted(set(names)))}", flush=True)
+    efa_nv_peermem_loaded(tools)
+    print("proof: efa_nv_peermem loaded beside nvidia", flush=True)
     seen = gpus_seen_by_tensorflow(tools)
     if seen != gpus:
         raise ProofError(f"TensorFlow sees {seen} GPU(s), nvidia-smi {gpus}")
@@ -237,6 +270,7 @@ def prove(
         "passed": True,
         "gpus": gpus,
         "gpu_name": names[0],
+        "efa_nv_peermem_loaded": True,
         "allreduce": summary,
         "nccl_net_plugin": plugin,
         "resnet50_images_per_s": record["images_per_s"],

@@ -175,18 +175,33 @@ def leader_up_to_the_check(s3, train_config, monkeypatch):
     aws.client.cache_clear()
 
 
-def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_the_check):
+def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_the_check, tmp_path):
     cfg, events, monkeypatch, attempt = leader_up_to_the_check
     tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+    image = tmp_path / "image.json"
+    versions = {"efa_installer": "1.47.0", "efa_driver": "2.17.3g", "aws_ofi_nccl": "1.18.0-1"}
+    proof = {"passed": True, "instance_type": "g5.xlarge", "efa_nv_peermem_loaded": True}
+    image.write_text(json.dumps({"versions": versions, "proof": proof}))
+    cfg = dataclasses.replace(cfg, image={**cfg.image, "manifest": str(image)})
+    logged: list[str] = []
+    monkeypatch.setattr(bootstrap_main, "log", logged.append)
 
     def horovodrun(command, env, log_path, keep, on_start=None):
         events.append("allreduce check")
         return 0, tcp
 
     monkeypatch.setattr(launch, "stream", horovodrun)
-    with pytest.raises(bootstrap_main.StepFailed, match="EFA expected but NCCL used transport"):
+    with pytest.raises(bootstrap_main.StepFailed) as failed:
         bootstrap_main.train_node(cfg, attempt)
     assert events == ["pull", "allreduce check"]  # no SUCCESS: the deployment rolls back
+    # The reason `horovod-fleet status` shows names what the image baked for the network.
+    stack = (
+        "EFA installer 1.47.0, efa driver 2.17.3g, aws-ofi-nccl 1.18.0-1, efa_nv_peermem loaded "
+        "at the GPU proof on g5.xlarge"
+    )
+    assert failed.value.reason.startswith("HealthError: EFA expected but NCCL used transport")
+    assert failed.value.reason.endswith(f" (image: {stack})")
+    assert f"the image's network stack: {stack}" in logged
 
 
 def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_the_check, s3):

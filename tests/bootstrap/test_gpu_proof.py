@@ -51,6 +51,69 @@ def test_driver_must_see_every_gpu_of_the_type(tmp_path):
         proof.gpus_seen_by_driver(tools, 4)
 
 
+# lsmod's form: a header, then a module a line with its size, use count and users. The users
+# are made up; the proof reads only the names.
+LSMOD = """Module                  Size  Used by
+efa_nv_peermem         16384  0
+nvidia_uvm           2113536  0
+nvidia              14368768  2 nvidia_uvm,efa_nv_peermem
+"""
+
+
+def stub_modules(tmp_path: Path, lsmod: str, modprobe_exit: int, modprobe_says: str) -> Tools:
+    """lsmod and modprobe as stubs; modprobe records its arguments in modprobe.log."""
+    (tmp_path / "lsmod.out").write_text(lsmod)
+    lsmod_stub = tmp_path / "lsmod"
+    lsmod_stub.write_text(f"#!/bin/sh\ncat '{tmp_path}/lsmod.out'\n")
+    modprobe = tmp_path / "modprobe"
+    modprobe.write_text(
+        f"#!/bin/sh\necho \"$*\" >>'{tmp_path}/modprobe.log'\n"
+        f"echo '{modprobe_says}' >&2\nexit {modprobe_exit}\n"
+    )
+    for stub in (lsmod_stub, modprobe):
+        stub.chmod(0o755)
+    tools = stub_nvidia_smi(tmp_path, ["NVIDIA A10G"])
+    return Tools(**{**tools.__dict__, "lsmod": str(lsmod_stub), "modprobe": str(modprobe)})
+
+
+def test_efa_nv_peermem_loaded_after_boot_beside_nvidia_passes(tmp_path):
+    tools = stub_modules(tmp_path, LSMOD, 0, "")
+    proof.efa_nv_peermem_loaded(tools)
+    assert not (tmp_path / "modprobe.log").exists()
+
+
+def test_without_efa_nv_peermem_the_proof_fails_with_modprobes_reason(tmp_path):
+    absent = "".join(line for line in LSMOD.splitlines(True) if "efa_nv_peermem " not in line)
+    says = (
+        "modprobe: FATAL: Module efa_nv_peermem not found in directory /lib/modules/6.8.0-1064-aws"
+    )
+    tools = stub_modules(tmp_path, absent, 1, says)
+    # The whole proof stops there, right after nvidia-smi, before TensorFlow runs.
+    with pytest.raises(ProofError) as error:
+        proof.prove(tools, gpus=1, efa=False, steps=200, batch=256, precision="fp16", xla="on")
+    assert str(error.value) == (
+        "efa_nv_peermem is not loaded beside nvidia and cannot be: modprobe efa_nv_peermem: "
+        f"exit 1: {says}"
+    )
+    assert (tmp_path / "modprobe.log").read_text() == "efa_nv_peermem\n"
+
+
+def test_efa_nv_peermem_that_loads_only_by_hand_fails_the_proof(tmp_path):
+    # The fleet's nodes get no modprobe from anyone: what the boot did not load, they lack.
+    absent = "".join(line for line in LSMOD.splitlines(True) if "efa_nv_peermem " not in line)
+    tools = stub_modules(tmp_path, absent, 0, "")
+    with pytest.raises(
+        ProofError, match="was not loaded at boot, though modprobe loads it: check "
+    ):
+        proof.efa_nv_peermem_loaded(tools)
+
+
+def test_efa_nv_peermem_without_the_nvidia_module_fails_the_proof(tmp_path):
+    tools = stub_modules(tmp_path, "Module  Size  Used by\nefa_nv_peermem 16384 0\n", 0, "")
+    with pytest.raises(ProofError, match=r"^lsmod lists no nvidia module$"):
+        proof.efa_nv_peermem_loaded(tools)
+
+
 def test_a_missing_nvidia_smi_is_named(tmp_path):
     tools = Tools(**{**CPU.__dict__, "nvidia_smi": str(tmp_path / "nvidia-smi")})
     with pytest.raises(ProofError, match=r"nvidia-smi: .*not found"):

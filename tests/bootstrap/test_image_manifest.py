@@ -36,6 +36,7 @@ Available Tensor Operations:
 OUTPUTS = {
     "uname -r": "6.8.0-1064-aws\n",
     "modinfo -F version nvidia": "580.95.05\n",
+    "modinfo -F version efa": "2.17.3g\n",  # MODULE_VERSION of amzn-drivers' efa_main.c
     "nvcc --version": "nvcc: NVIDIA (R) Cuda compiler driver\n"
     "Cuda compilation tools, release 12.2, V12.2.140\n",
     "fi_info --version": "fi_info: 2.4.0amzn1.0\nlibfabric: 2.4.0amzn1.0\nlibfabric api: 2.4\n",
@@ -43,6 +44,12 @@ OUTPUTS = {
     "mpirun --version": "mpirun (Open MPI) 4.1.7\n\nReport bugs to http://www.open-mpi.org/\n",
     "python --version": "Python 3.10.12\n",
 }
+# The head of /opt/amazon/efa_installed_packages as efa_installer.sh's write_package_file writes
+# it (the package list that follows is left out).
+EFA_INSTALLED_PACKAGES = """# EFA installer version: 1.47.0
+# Debug packages installed: no
+# Packages installed:
+"""
 PIP = {
     "nvidia-cudnn-cu12": "8.9.4.25",
     "tensorflow": "2.15.1",
@@ -60,7 +67,9 @@ def fake_run(argv: list[str]) -> str:
 
 @pytest.fixture
 def system(tmp_path):
-    """A root with NCCL's header and the CloudWatch agent's version file."""
+    """A root with NCCL's header, the EFA installer's record and the CloudWatch agent's version."""
+    (tmp_path / "opt/amazon").mkdir(parents=True)
+    (tmp_path / "opt/amazon/efa_installed_packages").write_text(EFA_INSTALLED_PACKAGES)
     header = tmp_path / "opt/nccl/include/nccl.h"
     header.parent.mkdir(parents=True)
     header.write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 23\n#define NCCL_PATCH 4\n")
@@ -79,7 +88,8 @@ def test_collect_reads_every_version_from_the_system(system):
         "cuda": "12.2.140",
         "cudnn": "8.9.4.25",
         "nccl": "2.23.4",
-        "efa_installer": PINS["EFA_INSTALLER_VERSION"],
+        "efa_installer": "1.47.0",
+        "efa_driver": "2.17.3g",
         "libfabric": "2.4.0amzn1.0",
         "aws_ofi_nccl": "1.18.0-1",
         "openmpi": "4.1.7",
@@ -124,6 +134,15 @@ def test_write_refuses_an_image_with_a_gap(system):
             system / "check-build.txt",
             collect(PINS, fake_run, system),
         )
+
+
+def test_the_efa_installer_version_is_read_from_the_installers_record(system):
+    record = system / "opt/amazon/efa_installed_packages"
+    record.write_text(EFA_INSTALLED_PACKAGES.replace("1.47.0", "1.43.3"))
+    assert collect(PINS, fake_run, system)["efa_installer"] == "1.43.3"
+    record.unlink()
+    with pytest.raises(ImageError, match="cannot read the EFA installer version from: no /"):
+        collect(PINS, fake_run, system)
 
 
 def test_an_unreadable_version_is_named(system):

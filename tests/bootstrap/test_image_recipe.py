@@ -194,7 +194,17 @@ def efa_stubs(
     bake: Bake, fingerprint: str = EFA_FPR, signed_by: str = EFA_FPR, peermem: bool = True
 ) -> None:
     if peermem:
-        bake.output("modinfo", "/lib/modules/6.8.0-1040-aws/updates/dkms/efa_nv_peermem.ko")
+        bake.stub(
+            "modinfo",
+            f"""#!/usr/bin/env bash
+printf '%s\\n' "modinfo $*" >>"$STUB_LOG"
+case "$*" in
+*"-F version nvidia") echo 580.95.05;;
+*efa_nv_peermem) echo /lib/modules/{KERNEL}/updates/dkms/efa_nv_peermem.ko;;
+*) exit 1;;
+esac
+""",
+        )
     else:
         bake.exit_code("modinfo", 1)
     bake.stub(
@@ -241,15 +251,26 @@ def test_efa_step_loads_efa_nv_peermem_at_boot_where_the_installer_built_it(bake
     assert result.returncode == 0, result.stdout + result.stderr
     conf = bake.root / "etc/modules-load.d/horovod-fleet-gpudirect.conf"
     assert conf.read_text() == "efa_nv_peermem\n"
-    assert "GPUDirect RDMA: efa_nv_peermem for" in result.stdout
+    assert (
+        f"GPUDirect RDMA: efa_nv_peermem for kernel {KERNEL} and nvidia driver 580.95.05, "
+        "loaded at boot" in result.stdout
+    )
+    assert bake.run("03-efa", "validate").returncode == 0
 
 
-def test_efa_step_without_efa_nv_peermem_says_only_dma_buf_is_left(bake):
+@pytest.mark.parametrize("mode", ["run", "validate"])
+def test_efa_step_without_efa_nv_peermem_stops_the_bake_naming_kernel_and_driver(bake, mode):
+    # DMA-BUF is no fallback on p4d and p5 (03-efa.sh), so an image without the module would
+    # pass the bake and the g5.xlarge proof, then fail every such fleet's allreduce check.
     efa_stubs(bake, peermem=False)
-    result = bake.run("03-efa")
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = bake.run("03-efa", mode)
+    assert result.returncode != 0
+    [failed] = [line for line in result.stdout.splitlines() if "FAILED" in line]
+    assert failed.endswith(
+        f"FAILED: image step '03-efa': no efa_nv_peermem for kernel {KERNEL} and nvidia driver "
+        "none: the EFA installer did not build it, and GPUDirect RDMA over EFA (p4d, p5) needs it"
+    )
     assert not (bake.root / "etc/modules-load.d/horovod-fleet-gpudirect.conf").exists()
-    assert "no efa_nv_peermem" in result.stdout and "only DMA-BUF can carry it" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -483,7 +504,11 @@ def test_the_lock_pins_every_package_exactly_and_satisfies_the_code_requirements
 def test_manifest_step_describes_the_built_system_in_image_json(bake):
     bake.stub(
         "modinfo",
-        "#!/bin/sh\necho 580.95.05\n",
+        '#!/bin/sh\ncase "$*" in *" efa") echo 2.17.3g;; *) echo 580.95.05;; esac\n',
+    )
+    bake.file(
+        "opt/amazon/efa_installed_packages",
+        "# EFA installer version: 1.47.0\n# Debug packages installed: no\n# Packages installed:\n",
     )
     bake.output("dpkg-query", "1.18.0-1")
     cuda = f"usr/local/cuda-{PINS['CUDA_VERSION']}/bin/nvcc"
@@ -513,6 +538,8 @@ def test_manifest_step_describes_the_built_system_in_image_json(bake):
     assert document["recipe_sha256"] == tree_sha256(RECIPE_DIR)
     assert document["versions"]["nvidia_driver"] == "580.95.05"
     assert document["versions"]["aws_ofi_nccl"] == "1.18.0-1"
+    assert document["versions"]["efa_installer"] == "1.47.0"
+    assert document["versions"]["efa_driver"] == "2.17.3g"
     assert document["horovod_build"] == {
         "TensorFlow": True,
         "MPI": True,

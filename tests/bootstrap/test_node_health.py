@@ -3,6 +3,8 @@
 .venv/bin/python -m pytest tests/bootstrap/test_node_health.py
 """
 
+import json
+
 import pytest
 from bootstrap_helpers import train_doc
 
@@ -160,10 +162,15 @@ GDRDMA_COLLECTIVE = """\
 
 
 def test_a_gpudirect_type_fails_without_gdrdma_connections():
-    with pytest.raises(health.HealthError, match="GPUDirect RDMA expected but 2 of 2 network"):
+    with pytest.raises(health.HealthError) as error:
         health.check_transport(
             OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True
         )
+    assert str(error.value) == (
+        "GPUDirect RDMA expected but 2 of 2 network connections went through host memory (no "
+        "'/GDRDMA' after 'via NET/...'): check that lsmod lists efa_nv_peermem and that "
+        "/sys/class/infiniband/*/device/p2p says 'NVIDIA peermem'"
+    )
     one_bounced = GDRDMA_COLLECTIVE.replace("/3/GDRDMA/Shared", "/3/Shared")
     with pytest.raises(health.HealthError, match="1 of 2 network connections went through host"):
         health.check_transport(
@@ -176,10 +183,45 @@ def test_a_gpudirect_type_passes_with_gdrdma_connections():
         GDRDMA_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True
     )
     assert result == "ofi with GPUDirect RDMA, 8.40 GB/s bus bandwidth over 2 node(s), 16 ranks"
+    # NCCL 2.26.2 and later mark GPUDirect over a C2C-attached GPU "/GDRDMA(PCI)" (net.cc).
+    pci = GDRDMA_COLLECTIVE.replace("/0/GDRDMA", "/0/GDRDMA(PCI)").replace(
+        "/3/GDRDMA/Shared", "/3/GDRDMA(PCI)/Shared"
+    )
+    assert "/3/GDRDMA(PCI)/Shared" in pci and "/0/GDRDMA(PCI)\n" in pci
+    assert health.check_transport(
+        pci + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=True
+    ).startswith("ofi with GPUDirect RDMA, 8.40")
+    # A suffix that merely starts like it is no GPUDirect mark.
+    with pytest.raises(health.HealthError, match="1 of 2 network connections"):
+        health.check_transport(
+            pci.replace("/0/GDRDMA(PCI)", "/0/GDRDMAX") + CHECK_SUMMARY,
+            efa_expected=True,
+            gpudirect_expected=True,
+        )
     # Types without GPUDirect (g5.48xlarge) pass through host memory.
     assert health.check_transport(
         OFI_COLLECTIVE + CHECK_SUMMARY, efa_expected=True, gpudirect_expected=False
     ).startswith("ofi, 8.40")
+
+
+def test_the_images_network_stack_is_read_from_its_image_json(tmp_path):
+    manifest = tmp_path / "image.json"
+    versions = {"efa_installer": "1.47.0", "efa_driver": "2.17.3g", "aws_ofi_nccl": "1.18.0-1"}
+    proof = {"passed": True, "instance_type": "g5.xlarge", "efa_nv_peermem_loaded": True}
+    manifest.write_text(json.dumps({"versions": versions, "proof": proof}))
+    assert health.image_network_stack(manifest) == (
+        "EFA installer 1.47.0, efa driver 2.17.3g, aws-ofi-nccl 1.18.0-1, efa_nv_peermem loaded "
+        "at the GPU proof on g5.xlarge"
+    )
+    # An image baked before these fields existed, and a node without image.json.
+    manifest.write_text(json.dumps({"versions": {"aws_ofi_nccl": "1.18.0-1"}, "proof": {}}))
+    assert health.image_network_stack(manifest) == (
+        "EFA installer not recorded, efa driver not recorded, aws-ofi-nccl 1.18.0-1, "
+        "efa_nv_peermem not recorded by a GPU proof"
+    )
+    assert (
+        health.image_network_stack(tmp_path / "none.json") == f"not known (no {tmp_path}/none.json)"
+    )
 
 
 def test_node_health_refuses_a_node_sold_on_another_market():
