@@ -169,8 +169,8 @@ def corrupt_local_shard(rehearsal: Rehearsal) -> None:
     for index in range(rehearsal.args.nodes):
         target = rehearsal.node_home(index) / "data" / "tfrecords"
         target.mkdir(parents=True, exist_ok=True)
-        listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix="tfrecords/")
-        for obj in listing["Contents"]:
+        listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix="tfrecords/", Delimiter="/")
+        for obj in listing["Contents"]:  # the shards and the manifest, not the converter's state
             body = s3_object(rehearsal, obj["Key"])
             name = obj["Key"].removeprefix("tfrecords/")
             (target / name).write_bytes(flipped(body) if name == SHARD else body)
@@ -652,7 +652,10 @@ def run_faults(rehearsal: Rehearsal) -> int:
         for row in chosen_rows(rehearsal.args.fault):
             rehearsal.step = f"fault: {row.name}"
             say(f"--- {rehearsal.step} (from '{row.start}'; expected: {row.expected})")
-            rows.append(run_row(rehearsal, row))
+            try:
+                rows.append(run_row(rehearsal, row))
+            except (RuntimeError, OSError) as exc:  # this row's own; the next starts afresh
+                rows.append((row.name, row.expected, f"the row broke: {exc}", "FAIL"))
     except (RuntimeError, OSError) as exc:
         rows.append((rehearsal.step, "the rehearsal runs", f"{exc}", "FAIL"))
     finally:
