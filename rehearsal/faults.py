@@ -13,7 +13,9 @@ attempt the run controller's own code decides, and a relaunch brings the fleet b
 played by the rehearsal: rehearsal/core.py `relaunch`).
 
 Prints a table of fault, expected and observed outcome, pass or FAIL; exit 0 only if every row
-chosen passes. `--fault TEXT` (repeatable) keeps the rows whose name contains TEXT.
+chosen passes. `--fault TEXT` (repeatable) keeps the rows whose name contains TEXT; `--rows ci`
+keeps CI's subset (the rows marked `in_ci`; CI has 40 minutes for every tier, and the other
+rows run under `make test-all`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Row:
     max_restarts: int | None = None
     before_relaunch: Action | None = None
     needs_hosts: bool = False  # namespaces (root): a link, a tmpfs or a host per node
+    in_ci: bool = False  # one of CI's subset (`--rows ci`): CI has 40 minutes for every tier
 
 
 # ------------------------------------------------------------------ what a fault does
@@ -371,6 +374,7 @@ ROWS = [
             },
         ),
         max_restarts=3,
+        in_ci=True,
     ),
     Row(
         "S3",
@@ -505,6 +509,7 @@ ROWS = [
         EVERY_EPOCH,
         max_restarts=2,
         needs_hosts=True,
+        in_ci=True,
     ),
     Row(
         "disk",
@@ -522,6 +527,7 @@ ROWS = [
             },
         ),
         EVERY_EPOCH,
+        in_ci=True,
     ),
     Row(
         "disk",
@@ -555,14 +561,21 @@ ROWS = [
         ),
         {**EVERY_EPOCH, "market": "spot"},
         max_restarts=2,
+        in_ci=True,
     ),
 ]
 
 
 def markdown_table(rows: list[Row] = ROWS) -> str:
     """docs/rehearsal.md's table of the rows."""
-    lines = ["| family | fault | starts from | expected outcome |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r.family} | {r.name} | {r.start} | {r.expected} |" for r in rows]
+    lines = [
+        "| family | fault | starts from | expected outcome | in CI |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r.family} | {r.name} | {r.start} | {r.expected} | {'yes' if r.in_ci else ''} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -632,8 +645,11 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     return row.name, row.expected, observed, "pass" if ok else "FAIL"
 
 
-def chosen_rows(texts: list[str] | None) -> list[Row]:
-    return [row for row in ROWS if any(text in row.name for text in texts or [""])]
+def chosen_rows(texts: list[str] | None, subset: str = "all") -> list[Row]:
+    """The rows whose name contains one of `texts` (every row without any), of `subset`: "all",
+    or "ci" (the rows marked in_ci)."""
+    rows = [row for row in ROWS if subset == "all" or row.in_ci]
+    return [row for row in rows if any(text in row.name for text in texts or [""])]
 
 
 def run_faults(rehearsal: Rehearsal) -> int:
@@ -649,7 +665,9 @@ def run_faults(rehearsal: Rehearsal) -> int:
             rehearsal.step = step
             say(f"--- {step}")
             action()
-        for row in chosen_rows(rehearsal.args.fault):
+        chosen = chosen_rows(rehearsal.args.fault, rehearsal.args.rows)
+        say(f"fault rows ({rehearsal.args.rows}): {', '.join(row.name for row in chosen)}")
+        for row in chosen:
             rehearsal.step = f"fault: {row.name}"
             say(f"--- {rehearsal.step} (from '{row.start}'; expected: {row.expected})")
             try:
