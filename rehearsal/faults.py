@@ -143,7 +143,12 @@ def kill_rank(rank: int) -> Action:
 
 
 def stop_leader_node(rehearsal: Rehearsal) -> None:
+    """A shutdown: SIGTERM to every process of node 0's host (its rank included, which stops at
+    a step and saves it; horovodrun, which got it too, ends the ranks 5 s later)."""
     say("FAULT: SIGTERM to every process of node 0, as a shutdown does")
+    if rehearsal.fleet:
+        rehearsal.fleet.signal_host(rehearsal.fleet.nodes[0].namespace, signal.SIGTERM)
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(rehearsal.node_processes[0].pid, signal.SIGTERM)
 
@@ -429,7 +434,7 @@ ROWS = [
         "interrupted; its checkpoint and logs in S3",
         DATASET,
         3,
-        Fault(stop_leader_node, when="<stdout>:Epoch "),
+        Fault(stop_leader_node, when=EPOCH_DONE),
         Expect(
             "interrupted",
             checks={
@@ -441,6 +446,8 @@ ROWS = [
                 ),
             },
         ),
+        # Every step a check step: the ranks stop within a step, inside horovodrun's 5 s.
+        {"trainer": {"log_every": 1}},
     ),
     Row(
         "nodes",
