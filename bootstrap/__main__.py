@@ -27,10 +27,13 @@ from botocore.exceptions import ClientError
 from bootstrap import (
     aws,
     benchmark,
+    checkpoints,
     data_pull,
+    failures,
     health,
     launch,
     rendezvous,
+    results,
     spot,
     supervision,
 )
@@ -65,8 +68,8 @@ class StepFailed(RuntimeError):
 
 
 def one_line(exc: BaseException) -> str:
-    """An error as one line of at most launch.REASON_LIMIT characters, cut at a word."""
-    return launch.trim_reason(f"{type(exc).__name__}: {exc}")
+    """An error as one line of at most failures.REASON_LIMIT characters, cut at a word."""
+    return failures.trim_reason(f"{type(exc).__name__}: {exc}")
 
 
 # Each finished step's seconds in this process, for DONE.json's timeline.
@@ -172,7 +175,7 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
             code, tail = launch.stream(command, env, Path(cfg.log_dir) / "preprocess.log")
             if code:
                 raise RuntimeError(
-                    f"trainer.preprocess exited {code}: {launch.failure_reason(tail)} "
+                    f"trainer.preprocess exited {code}: {failures.failure_reason(tail)} "
                     "(details in preprocess.log)"
                 )
 
@@ -195,7 +198,7 @@ class Attempt:
 
     def __init__(self) -> None:
         self.started = time.time()
-        self.store: launch.ModelStore | None = None
+        self.store: checkpoints.ModelStore | None = None
         self.outputs_since: float | None = None
         self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
         self.status: RunStatus | None = None  # the leader's status.json (bootstrap/status.py)
@@ -244,14 +247,14 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
                 fleet_ready=lambda check: signal_fleet_ready(cfg, check["detail"]),
             ),
         )  # fmt: skip
-        step("upload logs", lambda: launch.upload_logs(s3, cfg))
+        step("upload logs", lambda: results.upload_logs(s3, cfg))
         return
     hostfile = Path(cfg.state_dir) / "hostfile"
 
     def meet() -> list[dict]:
         # A restarted bootstrap (systemd, after this one died) first ends what it left running.
         supervision.end_leftovers(cfg, log)
-        launch.clear_done(s3, cfg)
+        results.clear_done(s3, cfg)
         since = time.time()
         key = rendezvous.ensure_leader_key(s3, cfg)
         public_key = key.with_suffix(".pub").read_text()
@@ -324,15 +327,15 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         )  # fmt: skip
         log(fleet)
     step("signal", lambda: fleet_ready(fleet))
-    store = launch.ModelStore(s3, cfg, model_dir, log)
+    store = checkpoints.ModelStore(s3, cfg, model_dir, log)
     restored = step("restore checkpoints", store.restore)
     attempt.store, attempt.outputs_since = store, time.time()
     log(
-        f"restored and verified {launch.model_prefix(cfg)}: the trainer resumes from it"
+        f"restored and verified {checkpoints.model_prefix(cfg)}: the trainer resumes from it"
         if restored
-        else f"{launch.model_prefix(cfg)} is empty: a new run"
+        else f"{checkpoints.model_prefix(cfg)} is empty: a new run"
     )
-    sync = launch.CheckpointSync(store, cfg.checkpoint_sync_s, log)
+    sync = checkpoints.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()
     status.phase("training")
 
@@ -359,14 +362,14 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     # Results are retried until they are in S3: the hard cap bounds the wait (README).
     status.phase("uploading")
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
-    doc = launch.done_document(
+    doc = results.done_document(
         cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since,
         attempt.earlier, STEP_SECONDS,
     )  # fmt: skip
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
-    step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
+    step("upload logs", lambda: results.upload_logs(s3, cfg, aws.UNTIL_DONE))
     status.end("done", None)
-    step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
+    step("write DONE.json", lambda: results.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
     attempt.heartbeat.stop()
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
 
@@ -403,17 +406,17 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
     model_dir = Path(cfg.mount_point) / "model"
     if attempt.store is not None:
         attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
-    attempt_to("upload the logs", lambda: launch.upload_logs(s3, cfg, policy))
+    attempt_to("upload the logs", lambda: results.upload_logs(s3, cfg, policy))
     # status.json before DONE.json: DONE.json starts the teardown, so it is the last word.
     if attempt.status is not None:
         attempt.status.end(failure.status, str(failure))
     if cfg.is_leader:
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
-        doc = launch.done_document(
+        doc = results.done_document(
             cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
             attempt.outputs_since, attempt.earlier, STEP_SECONDS,
         )  # fmt: skip
-        if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
+        if attempt_to(f"write {done}", lambda: results.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")
     if attempt.heartbeat is not None:
         attempt.heartbeat.stop()

@@ -18,7 +18,7 @@ from bootstrap_helpers import train_doc
 from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
 from bootstrap import __main__ as bootstrap_main
-from bootstrap import aws, launch
+from bootstrap import aws, checkpoints, launch, results
 from bootstrap.node_config import parse
 from bootstrap.rendezvous import utc_stamp
 
@@ -98,11 +98,11 @@ def test_failure_report_survives_unreachable_aws(tmp_path, monkeypatch, capsys):
         raise NoCredentialsError()
 
     monkeypatch.setattr(aws, "signal_cloudformation", unreachable)
-    monkeypatch.setattr(launch.ModelStore, "upload", unreachable)
-    monkeypatch.setattr(launch, "write_done", no_credentials)
+    monkeypatch.setattr(checkpoints.ModelStore, "upload", unreachable)
+    monkeypatch.setattr(results, "write_done", no_credentials)
     failure = bootstrap_main.StepFailed("data pull", "RuntimeError: s5cmd cp failed")
     attempt = bootstrap_main.Attempt()
-    attempt.store = launch.ModelStore(None, cfg, tmp_path / "data" / "model")
+    attempt.store = checkpoints.ModelStore(None, cfg, tmp_path / "data" / "model")
 
     bootstrap_main.report_failure(cfg, failure, attempt)
 
@@ -200,7 +200,7 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
         return 0, ofi
 
     monkeypatch.setattr(launch, "stream", horovodrun)
-    monkeypatch.setattr(launch.ModelStore, "restore", lambda store: events.append("restore"))
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: events.append("restore"))
     with pytest.raises(bootstrap_main.StepFailed, match="stop after the check"):
         bootstrap_main.train_node(cfg, attempt)
     assert events[:3] == [
@@ -242,7 +242,7 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
         return 1, stopped
 
     monkeypatch.setattr(launch, "stream", horovodrun)
-    monkeypatch.setattr(launch.ModelStore, "restore", lambda store: False)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
     with pytest.raises(bootstrap_main.StepFailed) as ended:
         bootstrap_main.train_node(cfg, attempt)
     if noticed:

@@ -25,7 +25,7 @@ import pytest
 from bootstrap_helpers import BUCKET, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from bootstrap import aws, checkpoints, data_pull, launch, rendezvous
+from bootstrap import aws, checkpoints, data_pull, rendezvous
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = aws.RetryPolicy(budget_s=2, first_delay_s=0.01, max_delay_s=0.05, note_every_s=0.5)
@@ -207,7 +207,7 @@ def checkpoint_in_s3(s3, epoch=3, state=True):
 
 def test_restore_brings_back_the_checkpoints_verified(endpoint, train_config, tmp_path):
     checkpoint_in_s3(endpoint)
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
     (tmp_path / "m" / "checkpoints").mkdir(parents=True)
     # A stale local state file of the same size must not survive: S3 is the truth.
     (tmp_path / "m" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-9"\n')
@@ -222,7 +222,7 @@ def test_a_restore_whose_copy_does_not_arrive_stops_the_run(
     """The rehearsal's fault: s5cmd exits 0 but nothing arrives. No 'new run', no upload."""
     checkpoint_in_s3(endpoint)
     fake_s5cmd("exit 0")
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
     with pytest.raises(aws.S3Unavailable, match="s5cmd exited 0 but 3 of 3 objects"):
         store.restore()
     (tmp_path / "m" / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -237,7 +237,7 @@ def test_checkpoints_the_trainer_cannot_resume_from_refuse_a_fresh_start(
 ):
     prefix = "runs/r1/model/checkpoints/"
     endpoint.put_object(Bucket=BUCKET, Key=f"{prefix}ckpt-3.data-00000-of-00001", Body=b"w")
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
     with pytest.raises(checkpoints.NoIntactCheckpoint) as refusal:
         store.restore()
     message = str(refusal.value)
@@ -250,7 +250,7 @@ def test_without_a_state_file_the_newest_intact_checkpoint_is_named_for_the_trai
     endpoint, train_config, tmp_path
 ):
     checkpoint_in_s3(endpoint, epoch=3, state=False)
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
     assert store.restore() is True
     state = (tmp_path / "m" / "checkpoints" / "checkpoint").read_text()
     assert state.startswith('model_checkpoint_path: "ckpt-3"\n')
@@ -267,7 +267,7 @@ def uploaded_checkpoint(store, model_dir, step):
 
 
 def test_uploads_record_a_sha256_beside_each_checkpoint_file(endpoint, train_config, tmp_path):
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
     store.restore()
     uploaded_checkpoint(store, tmp_path / "m", 10)
     data = (tmp_path / "m" / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes()
@@ -283,7 +283,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(
 ):
     """Before: the trainer was pointed at the corrupt checkpoint and every rerun failed with
     'does not fit this model/flags ... Checksum does not match'."""
-    first = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
+    first = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
     first.restore()
     for step in (10, 20):
         uploaded_checkpoint(first, tmp_path / "a", step)
@@ -291,7 +291,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(
     good = endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     endpoint.put_object(Bucket=BUCKET, Key=key, Body=good[:-1] + bytes([good[-1] ^ 1]))
     lines = []
-    store = launch.ModelStore(
+    store = checkpoints.ModelStore(
         aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b", lines.append
     )
     assert store.restore() is True
@@ -310,19 +310,19 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(
 def test_when_every_checkpoint_is_corrupt_the_run_is_never_started_over(
     endpoint, train_config, tmp_path
 ):
-    first = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
+    first = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
     first.restore()
     uploaded_checkpoint(first, tmp_path / "a", 10)
     key = "runs/r1/model/checkpoints/ckpt-10.index"
     endpoint.put_object(Bucket=BUCKET, Key=key, Body=b"index 11")
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b")
     with pytest.raises(checkpoints.NoIntactCheckpoint, match="no intact checkpoint in s3://"):
         store.restore()
     assert store.upload() == 0
 
 
 def test_uploads_only_what_changed_and_verifies_it(endpoint, train_config, tmp_path):
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
+    store = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
     assert store.restore() is False  # an empty prefix: a new run, uploads allowed
     (tmp_path / "m" / "checkpoints").mkdir()
     (tmp_path / "m" / "checkpoints" / "ckpt-1.index").write_bytes(b"i" * 10)

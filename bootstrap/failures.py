@@ -1,0 +1,234 @@
+"""Why a training failed, from what its ranks printed: pure functions of the horovodrun output's
+tail and the hostfile (and, for a full disk, the node's mount table). The first known cause a
+rank names (a full disk, a corrupt checkpoint, a collective timeout) wins over which rank died
+of it; then the trainer's `error:` line; then which rank died where and how."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from bootstrap.rank import MARK as RANK_MARK
+
+REASON_LIMIT = 500
+
+
+def trim_reason(text: str, limit: int = REASON_LIMIT) -> str:
+    """One line of at most `limit` characters, cut at a word: the start (the first error line)
+    is what says what happened."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 4]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + " ..."
+
+
+TRAINER_ERROR = re.compile(r"(?<![A-Za-z])error: ")
+
+
+# horovodrun's own summary of the first rank to fail (Gloo: "Process name: <rank>"; OpenMPI:
+# "Process name: [[job,1],<rank>]"), per horovod 0.28.1 horovod/runner/gloo_run.py.
+FIRST_FAILED_RANK = re.compile(
+    r"Process name:\s*(?:\[\[\d+,\d+\],)?(\d+)\]?\s*Exit code:\s*(-?\d+)"
+)
+
+
+RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+
+
+MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+# bootstrap.rank's line for a rank a signal killed (over ssh, horovodrun itself only sees 255).
+RANK_SIGNAL = re.compile(re.escape(RANK_MARK) + r" rank (\d+) killed by (SIG[A-Z0-9]+)")
+
+
+SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native code)"}
+
+
+def rank_hosts(hostfile: str) -> list[str]:
+    """The host of each rank: horovodrun gives ranks host by host, in hostfile order."""
+    return [host for _, host in rank_nodes(hostfile)]
+
+
+def rank_nodes(hostfile: str) -> list[tuple[int, str]]:
+    """The node index and host of each rank: the hostfile lists the nodes in index order
+    (rendezvous.write_hostfile), and horovodrun gives ranks host by host in that order."""
+    nodes = []
+    lines = [line for line in hostfile.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        host, _, slots = line.partition(" slots=")
+        nodes += [(index, host.strip())] * int(slots or 1)
+    return nodes
+
+
+def describe_exit(code: int) -> str:
+    """'killed by SIGKILL' for a signal (a shell's 128+N, or Python's -N), else 'exited N'."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        name = signal.Signals(number).name if number else None
+    except ValueError:
+        name = None
+    return f"killed by {name}{SIGNAL_HINTS.get(name, '')}" if name else f"exited {code}"
+
+
+# Causes that a rank's own failure line names better than which rank died of it; the first
+# line that matches is the cause (what follows are its consequences on the other ranks).
+ENOSPC = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]")
+
+
+ENOSPC_PATHS = (
+    re.compile(r"\[Errno 28\] No space left on device: '([^']+)'"),  # Python's OSError
+    re.compile(r"(/[^\s;'\"]+?)[;:]?\s+No space left on device"),  # TensorFlow's file errors
+)
+
+
+# TensorFlow's tensor_bundle reader on a damaged checkpoint file.
+CORRUPT = re.compile(r"[Cc]hecksum does not match|DataLossError")
+
+
+# Gloo's transport timeouts as Horovod 0.28.1's library spells them (gloo/transport/tcp), and
+# NCCL's.
+COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting|(?:Read|Write|Connect) timeout|Application timeout caused pair closure"
+    r"|NCCL.*(?:timeout|timed out)"
+)
+
+
+RANK_PREFIX = re.compile(r"^(?:\S*)?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+
+
+def size_text(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def describe_filesystem(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """'filesystem SOURCE (TYPE) mounted on DIR: FREE free of TOTAL' for the filesystem that
+    holds path on this node (None: no part of path is here)."""
+    target = Path(path)
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    if not target.exists():
+        return None
+    resolved = str(target.resolve())
+    best = None
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        mount_point = fields.split()[4].replace("\\040", " ")
+        inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best is None or len(mount_point) >= len(best[0])):
+            fstype, source = [*rest.split(), "?", "?"][:2]
+            best = (mount_point, fstype, source)
+    if best is None:
+        return None
+    stat = os.statvfs(resolved)
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    return (
+        f"filesystem {best[2]} ({best[1]}) mounted on {best[0]}: {size_text(free)} free of "
+        f"{size_text(total)}"
+    )
+
+
+def rank_of(line: str) -> int | None:
+    found = RANK_PREFIX.match(line)
+    return int(found.group(1)) if found else None
+
+
+def known_cause(
+    lines: list[str], hosts: list[str], filesystem: Callable[[str], str | None]
+) -> str | None:
+    """A reason naming a known cause (full disk, corrupt checkpoint, collective timeout) and
+    the rank that hit it first, or None."""
+
+    def where(line: str) -> str:
+        rank = rank_of(line)
+        if rank is None:
+            return ""
+        return f" on rank {rank}" + (f" ({hosts[rank]})" if rank < len(hosts) else "")
+
+    def words(line: str) -> str:
+        return RANK_PREFIX.sub("", line).strip()
+
+    for line in lines:
+        if ENOSPC.search(line):
+            path = next((m.group(1) for p in ENOSPC_PATHS if (m := p.search(line))), None)
+            if path is None:
+                return trim_reason(f"no space left on device (ENOSPC){where(line)}: {words(line)}")
+            # Only a rank on this node (the leader, the hostfile's first host) wrote where this
+            # node can look.
+            rank = rank_of(line)
+            local = not hosts or rank is None or (rank < len(hosts) and hosts[rank] == hosts[0])
+            disk = filesystem(path) if local else None
+            return trim_reason(
+                f"no space left on device (ENOSPC) writing {path}{where(line)}"
+                + (f"; {disk}" if disk else "")
+            )
+    for line in lines:
+        if CORRUPT.search(line):
+            return trim_reason(
+                f"corrupt checkpoint (checksum does not match){where(line)}: {words(line)}"
+            )
+    for line in lines:
+        if COLLECTIVE_TIMEOUT.search(line):
+            return trim_reason(f"collective timeout{where(line)}: {words(line)}")
+    return None
+
+
+def failure_reason(
+    tail: str, hostfile: str = "", filesystem: Callable[[str], str | None] = describe_filesystem
+) -> str:
+    """The most telling line of a failed run: a known cause (full disk, corrupt checkpoint,
+    collective timeout) where the rank that hit it first says so, else the trainer's
+    `error: ...` line, else which rank died where and how, else the last line. Tracebacks stay
+    in the log file."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if cause := known_cause(lines, rank_hosts(hostfile), filesystem):
+        return cause
+    # The trainer's lowercase `error:` (after horovodrun's `[1]<stderr>:` prefix), not the
+    # `RuntimeError: Horovod detected that one or more processes exited` horovodrun adds last.
+    errors = [line for line in lines if TRAINER_ERROR.search(line)]
+    if errors:
+        return trim_reason(errors[-1])
+    nodes = rank_nodes(hostfile)
+    if found := MPI_SIGNAL.search(tail):
+        rank, node = int(found.group(1)), found.group(2)
+        return describe_rank(rank, f" on {node}", 128 + int(found.group(3)), lines)
+    killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
+    first = FIRST_FAILED_RANK.search(tail) or RANK_EXIT.search(tail)
+    if first or killed:
+        rank = int(first.group(1)) if first else next(iter(killed))
+        code = int(first.group(2)) if first else 1
+        if rank in killed:
+            code = 128 + signal.Signals[killed[rank]].value
+        where = f" on node {nodes[rank][0]} ({nodes[rank][1]})" if rank < len(nodes) else ""
+        return describe_rank(rank, where, code, lines)
+    return trim_reason((lines or ["no output"])[-1])
+
+
+# ssh exits 255 when the connection fails or drops (ssh(1), EXIT STATUS): a remote rank whose
+# host died or went off the network, as no rank's own exit says 255.
+SSH_LOST = 255
+
+
+def describe_rank(rank: int, where: str, code: int, lines: list[str]) -> str:
+    """A rank that exited on its own gets its last stderr line; a killed one has none worth it."""
+    how = describe_exit(code)
+    if code == SSH_LOST:
+        how += " (ssh's code for a lost connection: its host is gone or unreachable)"
+    said = [
+        line.split(":", 1)[1].strip() for line in lines if line.startswith(f"[{rank}]<stderr>:")
+    ]
+    said = [words for words in said if words]
+    last = f"; its last words: {said[-1]}" if said else ""
+    return trim_reason(f"rank {rank}{where} {how}{'' if how.startswith('killed') else last}")
