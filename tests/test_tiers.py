@@ -14,6 +14,7 @@ TESTS = Path(__file__).parent
 GUARDED = f"""
 import subprocess
 import sys
+from pathlib import Path
 import pytest
 
 # What the guard must see: a process that maps TensorFlow's library, and horovodrun's script.
@@ -34,9 +35,14 @@ def test_tensorflow_in_the_default_tier(tmp_path):
     child(MAPS_TENSORFLOW, str(library))
 
 def horovodrun(tmp_path):
-    script = tmp_path / "horovodrun"
-    script.write_text(SLEEPS)
-    subprocess.run([{sys.executable!r}, str(script), "-np", "2"], check=True)
+    # The installed horovodrun on the command line, as Python runs it; a sleep in its place.
+    installed = Path({sys.executable!r}).parent / "horovodrun"
+    child(SLEEPS, str(installed), "-np", "2")
+
+def test_a_stub_named_horovodrun_in_the_default_tier(tmp_path):
+    stub = tmp_path / "horovodrun"
+    stub.write_text(SLEEPS)
+    subprocess.run([{sys.executable!r}, str(stub), "-np", "2"], check=True)
 
 def test_horovodrun_in_the_default_tier(tmp_path):
     horovodrun(tmp_path)
@@ -57,14 +63,15 @@ def test_the_default_tier_refuses_tensorflow_and_horovodrun_processes(pytester, 
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    e2e: e2e\n")
     pytester.makepyfile(test_guarded=GUARDED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
-    result.assert_outcomes(passed=4, errors=2)
+    result.assert_outcomes(passed=5, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_tensorflow_in_the_default_tier*",
             "*started a process that loaded TensorFlow (pid *",
             "*ERROR at teardown of test_horovodrun_in_the_default_tier*",
-            "*started horovodrun (pid *: */horovodrun -np 2)*",
+            "*started horovodrun (pid *: * -c import time; time.sleep(1) */bin/horovodrun -np 2)*",
         ]
     )
     result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_horovodrun_in_the_slow_tier"])
     result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_a_plain_child_process"])
+    result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_a_stub_named_horovodrun_*"])

@@ -5,13 +5,15 @@ that watches for them."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
 TEST_ENV = "HOROVOD_FLEET_DEFAULT_TIER_TEST"
-# What a default-tier test may not start: a Horovod launch, or a process that loaded TensorFlow
-# (its native library shows in the process's memory map).
-HOROVODRUN = "horovodrun"
+# What a default-tier test may not start: a Horovod launch (the installed horovodrun; a stub of
+# that name in a test's own directory is fine), or a process that loaded TensorFlow (its native
+# library shows in the process's memory map).
+HOROVODRUN = (Path(sys.executable).parent / "horovodrun").resolve()
 TENSORFLOW_LIBRARY = "libtensorflow_framework.so"
 SCAN_EVERY_S = 0.25  # TensorFlow takes seconds to import: no such process comes and goes unseen
 
@@ -25,7 +27,7 @@ def offence(pid: str, mark: bytes) -> str | None:
         argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
         command = " ".join(argv)
         # Its script, run by Python (python .../horovodrun ...) or as itself.
-        if any(Path(arg).name == HOROVODRUN for arg in argv[:2]):
+        if any(arg.endswith("horovodrun") and Path(arg).resolve() == HOROVODRUN for arg in argv):
             return f"horovodrun (pid {pid}: {command.strip()[:200]})"
         if TENSORFLOW_LIBRARY in (proc / "maps").read_text(errors="replace"):
             return f"a process that loaded TensorFlow (pid {pid}: {command.strip()[:200]})"
