@@ -27,6 +27,7 @@ from botocore.exceptions import ClientError
 from bootstrap import (
     aws,
     benchmark,
+    causes,
     checkpoints,
     data_pull,
     failures,
@@ -57,14 +58,19 @@ FLUSH_AFTER_SIGTERM_S = 75
 
 
 class Interrupted(Exception):
-    """The node was told to stop (SIGTERM)."""
+    """The node was told to stop (SIGTERM), or a Spot notice stopped the ranks."""
+
+    cause = causes.INTERRUPTED
 
 
 class StepFailed(RuntimeError):
-    def __init__(self, step: str, reason: str, status: str = "failed"):
+    """A step of the node's bootstrap ended the attempt: why, for people, and its cause
+    (bootstrap/causes.py), for the run controller."""
+
+    def __init__(self, step: str, reason: str, cause: str, status: str = "failed"):
         verb = "was interrupted" if status == "interrupted" else "failed"
         super().__init__(f"step '{step}' {verb}: {reason}")
-        self.step, self.reason, self.status = step, reason, status
+        self.step, self.reason, self.cause, self.status = step, reason, cause, status
 
 
 def one_line(exc: BaseException) -> str:
@@ -83,9 +89,9 @@ def step(name: str, action: Callable[[], object]):
     try:
         result = action()
     except Interrupted as exc:
-        raise StepFailed(name, str(exc), "interrupted") from exc
+        raise StepFailed(name, str(exc), causes.INTERRUPTED, "interrupted") from exc
     except Exception as exc:
-        raise StepFailed(name, one_line(exc)) from exc
+        raise StepFailed(name, one_line(exc), causes.of(name, exc)) from exc
     took = time.time() - started
     STEP_SECONDS[name] = round(STEP_SECONDS.get(name, 0.0) + took, 1)
     log(f"step '{name}': done in {took:.1f} s")
@@ -414,7 +420,7 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
         done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
         doc = results.done_document(
             cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
-            attempt.outputs_since, attempt.earlier, STEP_SECONDS,
+            attempt.outputs_since, attempt.earlier, STEP_SECONDS, cause=failure.cause,
         )  # fmt: skip
         if attempt_to(f"write {done}", lambda: results.write_done(s3, cfg, doc)):
             log(f"wrote {done} (status {failure.status})")
@@ -463,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     attempt = Attempt()
     try:
         if args.command == "fail":
-            raise StepFailed(args.step, args.reason)
+            raise StepFailed(
+                args.step, args.reason, causes.STEP_CAUSES.get(args.step, causes.UNKNOWN)
+            )
         if args.command == "preprocess-node" and isinstance(cfg, PreprocessConfig):
             preprocess_node(cfg)
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):
@@ -475,13 +483,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             return usage_error(f"node.json role '{cfg.role}' cannot run {args.command}")
     except Interrupted as exc:  # between steps
-        report_failure(cfg, StepFailed("between steps", str(exc), "interrupted"), attempt)
+        failure = StepFailed("between steps", str(exc), causes.INTERRUPTED, "interrupted")
+        report_failure(cfg, failure, attempt)
         return 1
     except StepFailed as failure:
         report_failure(cfg, failure, attempt)
         return 1
     except Exception as exc:  # a bug between steps: still reported, never a silent death
-        report_failure(cfg, StepFailed("bootstrap", one_line(exc)), attempt)
+        report_failure(cfg, StepFailed("bootstrap", one_line(exc), causes.UNKNOWN), attempt)
         return 1
     return 0
 

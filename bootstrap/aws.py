@@ -37,6 +37,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from bootstrap import causes
+
 IMDS = "http://169.254.169.254/latest"
 
 
@@ -101,6 +103,8 @@ def shutdown_within(seconds: float, clock: Callable[[], float] = time.monotonic)
 
 class S3Unavailable(RuntimeError):
     """S3 stayed unreachable for a step's whole budget."""
+
+    cause = causes.S3_UNREACHABLE
 
 
 class TransferNotVerified(RuntimeError):

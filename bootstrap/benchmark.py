@@ -39,7 +39,7 @@ COLUMNS = (
 )
 
 
-class BenchmarkError(RuntimeError):
+class BenchmarkError(launch.TrainingFailed):
     pass
 
 

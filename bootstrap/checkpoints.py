@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from bootstrap import aws
+from bootstrap import aws, causes
 from bootstrap.node_config import TrainConfig
 
 SIDECAR = ".sha256"
@@ -34,6 +34,8 @@ CHECKPOINT_FILE = re.compile(r"^checkpoints/(?P<name>[^/]+?)\.(?:index|data-(\d{
 
 class NoIntactCheckpoint(RuntimeError):
     """S3 holds checkpoints of the run and none of them is intact."""
+
+    cause = causes.NO_INTACT_CHECKPOINT
 
 
 def sha256_file(path: Path) -> str:
@@ -177,6 +179,8 @@ def model_prefix(cfg: TrainConfig) -> str:
 class RefusedFreshStart(RuntimeError):
     """S3 holds the run's checkpoints, and this attempt could not put them where the trainer
     resumes from: training now would start the run over."""
+
+    cause = causes.NO_INTACT_CHECKPOINT
 
 
 CHECKPOINT_STATE = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.MULTILINE)

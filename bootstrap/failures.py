@@ -10,7 +10,9 @@ import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+from bootstrap import causes
 from bootstrap.rank import MARK as RANK_MARK
 
 REASON_LIMIT = 500
@@ -44,6 +46,11 @@ MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited o
 
 # bootstrap.rank's line for a rank a signal killed (over ssh, horovodrun itself only sees 255).
 RANK_SIGNAL = re.compile(re.escape(RANK_MARK) + r" rank (\d+) killed by (SIG[A-Z0-9]+)")
+# ... and for a rank that exited with a code of its own.
+RANK_CODE = re.compile(re.escape(RANK_MARK) + r" rank (\d+) exited (\d+)")
+# The trainer's exit statuses (docs/contracts.md, "Trainer command line and outputs").
+TRAINER_USAGE = 2
+TRAINER_INTERRUPTED = 75
 
 
 SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native code)"}
@@ -145,11 +152,16 @@ def rank_of(line: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+class Failure(NamedTuple):
+    cause: str  # bootstrap/causes.py
+    reason: str  # one line, for people
+
+
 def known_cause(
     lines: list[str], hosts: list[str], filesystem: Callable[[str], str | None]
-) -> str | None:
-    """A reason naming a known cause (full disk, corrupt checkpoint, collective timeout) and
-    the rank that hit it first, or None."""
+) -> Failure | None:
+    """A known cause (full disk, corrupt checkpoint, collective timeout) and the rank that hit it
+    first, or None."""
 
     def where(line: str) -> str:
         rank = rank_of(line)
@@ -164,56 +176,82 @@ def known_cause(
         if ENOSPC.search(line):
             path = next((m.group(1) for p in ENOSPC_PATHS if (m := p.search(line))), None)
             if path is None:
-                return trim_reason(f"no space left on device (ENOSPC){where(line)}: {words(line)}")
+                reason = f"no space left on device (ENOSPC){where(line)}: {words(line)}"
+                return Failure(causes.DISK_FULL, trim_reason(reason))
             # Only a rank on this node (the leader, the hostfile's first host) wrote where this
             # node can look.
             rank = rank_of(line)
             local = not hosts or rank is None or (rank < len(hosts) and hosts[rank] == hosts[0])
             disk = filesystem(path) if local else None
-            return trim_reason(
-                f"no space left on device (ENOSPC) writing {path}{where(line)}"
-                + (f"; {disk}" if disk else "")
-            )
+            reason = f"no space left on device (ENOSPC) writing {path}{where(line)}"
+            return Failure(causes.DISK_FULL, trim_reason(reason + (f"; {disk}" if disk else "")))
     for line in lines:
         if CORRUPT.search(line):
-            return trim_reason(
-                f"corrupt checkpoint (checksum does not match){where(line)}: {words(line)}"
-            )
+            reason = f"corrupt checkpoint (checksum does not match){where(line)}: {words(line)}"
+            return Failure(causes.CORRUPT_CHECKPOINT, trim_reason(reason))
     for line in lines:
         if COLLECTIVE_TIMEOUT.search(line):
-            return trim_reason(f"collective timeout{where(line)}: {words(line)}")
+            reason = f"collective timeout{where(line)}: {words(line)}"
+            return Failure(causes.COLLECTIVE_TIMEOUT, trim_reason(reason))
     return None
 
 
-def failure_reason(
+def exit_cause(code: int) -> str:
+    """The cause a rank's exit code says: the trainer's contract (2: its input refused, 75: a
+    SIGTERM turned into a checkpoint), a signal, or ssh's lost connection."""
+    if code == TRAINER_USAGE:
+        return causes.TRAINER_INPUT
+    if code == TRAINER_INTERRUPTED:
+        return causes.INTERRUPTED
+    if code == SSH_LOST:
+        return causes.NODE_LOST
+    if code > 128 or code < 0:
+        return causes.RANK_KILLED
+    return causes.UNKNOWN
+
+
+def classify(
     tail: str, hostfile: str = "", filesystem: Callable[[str], str | None] = describe_filesystem
-) -> str:
-    """The most telling line of a failed run: a known cause (full disk, corrupt checkpoint,
-    collective timeout) where the rank that hit it first says so, else the trainer's
-    `error: ...` line, else which rank died where and how, else the last line. Tracebacks stay
-    in the log file."""
+) -> Failure:
+    """Why a run failed, from its output's tail: a known cause (full disk, corrupt checkpoint,
+    collective timeout) where the rank that hit it first says so, else what the first rank to
+    fail exited with (bootstrap.rank's line: its exit code; the trainer's `error: ...` line is
+    the reason of an input it refused), else which rank died where and how, else the last line.
+    Tracebacks stay in the log file."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    if cause := known_cause(lines, rank_hosts(hostfile), filesystem):
-        return cause
+    if known := known_cause(lines, rank_hosts(hostfile), filesystem):
+        return known
+    exits = {int(rank): int(code) for rank, code in RANK_CODE.findall(tail)}
+    killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
     # The trainer's lowercase `error:` (after horovodrun's `[1]<stderr>:` prefix), not the
     # `RuntimeError: Horovod detected that one or more processes exited` horovodrun adds last.
+    # It is the cause where a rank exited 2 (or no rank's end is known: output not from ranks).
     errors = [line for line in lines if TRAINER_ERROR.search(line)]
-    if errors:
-        return trim_reason(errors[-1])
+    if errors and (TRAINER_USAGE in exits.values() or not (exits or killed)):
+        return Failure(causes.TRAINER_INPUT, trim_reason(errors[-1]))
     nodes = rank_nodes(hostfile)
     if found := MPI_SIGNAL.search(tail):
         rank, node = int(found.group(1)), found.group(2)
-        return describe_rank(rank, f" on {node}", 128 + int(found.group(3)), lines)
-    killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
+        code = 128 + int(found.group(3))
+        return Failure(exit_cause(code), describe_rank(rank, f" on {node}", code, lines))
     first = FIRST_FAILED_RANK.search(tail) or RANK_EXIT.search(tail)
     if first or killed:
         rank = int(first.group(1)) if first else next(iter(killed))
         code = int(first.group(2)) if first else 1
         if rank in killed:
             code = 128 + signal.Signals[killed[rank]].value
+        elif rank in exits:
+            code = exits[rank]
         where = f" on node {nodes[rank][0]} ({nodes[rank][1]})" if rank < len(nodes) else ""
-        return describe_rank(rank, where, code, lines)
-    return trim_reason((lines or ["no output"])[-1])
+        return Failure(exit_cause(code), describe_rank(rank, where, code, lines))
+    return Failure(causes.UNKNOWN, trim_reason((lines or ["no output"])[-1]))
+
+
+def failure_reason(
+    tail: str, hostfile: str = "", filesystem: Callable[[str], str | None] = describe_filesystem
+) -> str:
+    """classify's reason alone."""
+    return classify(tail, hostfile, filesystem).reason
 
 
 # ssh exits 255 when the connection fails or drops (ssh(1), EXIT STATUS): a remote rank whose

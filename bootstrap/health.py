@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws
+from bootstrap import allreduce_check, aws, causes
 from bootstrap.node_config import Common, TrainConfig
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
@@ -19,7 +19,9 @@ LOG_FILES = (
 
 
 class HealthError(RuntimeError):
-    pass
+    """A node, or the fleet's network, failed its check."""
+
+    cause = causes.NODE_UNHEALTHY
 
 
 def count_gpus() -> int:

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws, supervision, watchdog
-from bootstrap.failures import failure_reason
+from bootstrap import allreduce_check, aws, causes, supervision, watchdog
+from bootstrap.failures import classify
 from bootstrap.node_config import TrainConfig
 
 # Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
@@ -118,6 +118,14 @@ def trainer_command(cfg: TrainConfig, data_dir: Path, model_dir: Path) -> list[s
     ]
 
 
+class TrainingFailed(RuntimeError):
+    """horovodrun's job failed: the reason for people, the cause for the run controller."""
+
+    def __init__(self, reason: str, cause: str = causes.UNKNOWN):
+        super().__init__(reason)
+        self.cause = cause
+
+
 STOP_GRACE_S = 30  # what a stopped horovodrun gets to end its ranks (and their last checkpoint)
 
 
@@ -197,22 +205,24 @@ def run_horovodrun(
     name_hosts: bool = True,
     lost: Callable[[float], list[str]] | None = None,
     details: bool = True,
-    error: Callable[[str], Exception] = RuntimeError,
+    error: type[TrainingFailed] | None = None,
     log: Callable[[str], None] = aws.log,
 ) -> str:
     """Run program on `ranks` ranks of hostfile under horovodrun (horovodrun_command), its output
     streamed to <log_dir>/log_name; returns the last `keep` lines. horovodrun dies with this
     process (supervision.guarded): no run goes on unsupervised. A non-zero exit raises
-    error(reason):
+    error(reason, cause) (TrainingFailed unless given):
 
     - one_host: a one-host job, which horovodrun runs on 127.0.0.1: no --network-interface, which
       the rehearsal's node interface would make horovodrun refuse;
     - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
       the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
       the reason;
-    - the reason is `horovodrun exited N: ` failure_reason's, which names each rank's host when
+    - the reason is `horovodrun exited N: ` classify's, which names each rank's host when
       name_hosts, after the nodes `lost(failed_at)` names (supervision.lost_nodes), joined by
-      "; "; with details, `(details in LOG_NAME)` follows."""
+      "; "; with details, `(details in LOG_NAME)` follows. The cause is node_lost when a node
+      is named, else classify's (bootstrap/causes.py)."""
+    error = error or TrainingFailed
     command = horovodrun_command(cfg, hostfile, key, ranks, program)
     if one_host and "--network-interface" in command:
         at = command.index("--network-interface")
@@ -242,11 +252,11 @@ def run_horovodrun(
             stall.stop()
     where = f" (details in {log_name})" if details else ""
     if code and stall and stall.reason:
-        raise error(f"{stall.reason}{where}")
+        raise error(f"{stall.reason}{where}", causes.STALLED)
     if code:
         failed_at = time.time()
-        reason = failure_reason(tail, hostfile.read_text() if name_hosts else "")
+        failure = classify(tail, hostfile.read_text() if name_hosts else "")
         named = lost(failed_at) if lost else []
-        cause = "; ".join([*named, f"horovodrun exited {code}: {reason}"])
-        raise error(f"{cause}{where}")
+        reason = "; ".join([*named, f"horovodrun exited {code}: {failure.reason}"])
+        raise error(f"{reason}{where}", causes.NODE_LOST if named else failure.cause)
     return tail

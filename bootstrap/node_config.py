@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bootstrap import causes
 from bootstrap.cli import OneLineErrorParser, usage_error
 
 DEFAULT_PATH = "/etc/horovod-fleet/node.json"
@@ -47,6 +48,8 @@ REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 
 class ConfigError(ValueError):
     """A bad node.json; str() is the one line the scripts print."""
+
+    cause = causes.CONFIG_INVALID
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import aws
+from bootstrap import aws, causes
 from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
 
@@ -33,7 +33,15 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class RendezvousError(RuntimeError):
-    pass
+    """Nodes of the fleet did not register in time."""
+
+    cause = causes.NODES_MISSING
+
+
+class LeaderLost(RendezvousError):
+    """A member's leader went silent: its heartbeat is stale, or it never beat."""
+
+    cause = causes.NODE_LOST
 
 
 def utc_stamp(now: float) -> str:
@@ -276,6 +284,6 @@ def serve_as_member(
             log(f"installed the run's public key in {cfg.authorized_keys_file}")
         register_node(s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key))
         if why := leader_lost(clock()):
-            raise RendezvousError(why)
+            raise LeaderLost(why)
         sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))
     log("the leader wrote DONE.json: this member's part is over")

@@ -49,17 +49,22 @@ def done_document(
     outputs_since: float | None = None,
     earlier: list[dict] | None = None,
     steps: dict[str, float] | None = None,
+    *,
+    cause: str | None = None,
+    written_by: str = "leader",
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
     wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
     is new on disk but the previous attempt's), else the leader's wall time and no epochs.
     `earlier` is the run controller's record of the attempts before this one (attempts.json),
-    `steps` the seconds of each bootstrap step this attempt finished (its timeline)."""
+    `steps` the seconds of each bootstrap step this attempt finished (its timeline), `cause` why
+    it ended (bootstrap/causes.py; None when it succeeded), `written_by` which node writes it."""
     succeeded = status == "succeeded"
     earlier = earlier or []
     own = {
         "attempt": len(earlier) + 1,
         "status": status,
+        "cause": cause,
         "reason": trim_reason(reason) if reason else None,
     }
     since = outputs_since or started
@@ -68,7 +73,9 @@ def done_document(
     return {
         "run": cfg.run,
         "status": status,
+        "cause": cause,
         "reason": trim_reason(reason) if reason else None,
+        "written_by": written_by,
         "top1": evaluation.get("top1"),
         "top5": evaluation.get("top5"),
         "epochs": training.get("epochs", cfg.trainer.get("epochs") if succeeded else None),
@@ -83,7 +90,10 @@ def done_document(
         "timeline": timeline(steps or {}, training),
         "attempt": own["attempt"],
         "attempts": [
-            *({k: entry.get(k) for k in ("attempt", "status", "reason")} for entry in earlier),
+            *(
+                {k: entry.get(k) for k in ("attempt", "status", "cause", "reason")}
+                for entry in earlier
+            ),
             own,
         ],
     }

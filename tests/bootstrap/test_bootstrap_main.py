@@ -100,7 +100,7 @@ def test_failure_report_survives_unreachable_aws(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(aws, "signal_cloudformation", unreachable)
     monkeypatch.setattr(checkpoints.ModelStore, "upload", unreachable)
     monkeypatch.setattr(results, "write_done", no_credentials)
-    failure = bootstrap_main.StepFailed("data pull", "RuntimeError: s5cmd cp failed")
+    failure = bootstrap_main.StepFailed("data pull", "RuntimeError: s5cmd cp failed", "unknown")
     attempt = bootstrap_main.Attempt()
     attempt.store = checkpoints.ModelStore(None, cfg, tmp_path / "data" / "model")
 

@@ -117,14 +117,16 @@ def test_done_document_on_success_and_failure(tmp_path):
     )
     started = time.time() - 10
     ok = results.done_document(cfg, "succeeded", None, tmp_path, started + 10, started)
-    assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
-                      "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
-                      "target_top1", "reached_target_at_epoch", "time_to_target_s",
-                      "finished_at", "timeline", "attempt", "attempts"}  # fmt: skip
+    assert set(ok) == {"run", "status", "cause", "reason", "written_by", "top1", "top5",
+                      "epochs", "duration_s", "images_per_s", "end_to_end_images_per_s",
+                      "allreduce_busbw_gbps", "target_top1", "reached_target_at_epoch",
+                      "time_to_target_s", "finished_at", "timeline", "attempt",
+                      "attempts"}  # fmt: skip
     assert (ok["attempt"], ok["attempts"]) == (
         1,
-        [{"attempt": 1, "status": "succeeded", "reason": None}],
+        [{"attempt": 1, "status": "succeeded", "cause": None, "reason": None}],
     )
+    assert (ok["cause"], ok["written_by"]) == (None, "leader")
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
         0.93,
@@ -136,9 +138,10 @@ def test_done_document_on_success_and_failure(tmp_path):
                                     "x", tmp_path, started + 10, started)  # fmt: skip
     assert no_check["allreduce_busbw_gbps"] is None and no_check["end_to_end_images_per_s"] is None
     failed = results.done_document(
-        cfg, "failed", "step 'x' failed", tmp_path, started + 10, started
+        cfg, "failed", "step 'x' failed", tmp_path, started + 10, started, cause="node_lost"
     )
     assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
+    assert failed["cause"] == "node_lost" and failed["attempts"][-1]["cause"] == "node_lost"
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
 
 
@@ -179,7 +182,7 @@ def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path)
         (2, "interrupted"),
         (3, "failed"),
     ]
-    assert set(done["attempts"][0]) == {"attempt", "status", "reason"}
+    assert set(done["attempts"][0]) == {"attempt", "status", "cause", "reason"}
     assert done["attempts"][2]["reason"] == done["reason"]  # one line, trimmed alike
 
 
@@ -427,17 +430,18 @@ def test_run_horovodrun_composes_training_s_reason_lost_members_first(train_conf
             cfg, hostfile, Path("/k"), 2, ["t"], {}, "train.log",
             lost=lambda failed_at: ["node 1 (i-1, 10.0.1.23) lost"], log=lambda line: None,
         )  # fmt: skip
-    assert type(failed.value) is RuntimeError
+    assert type(failed.value) is launch.TrainingFailed
     assert str(failed.value) == (
         "node 1 (i-1, 10.0.1.23) lost; horovodrun exited 1: [1]<stderr>:error: bad flag "
         "(details in train.log)"
     )
+    assert failed.value.cause == "node_lost"  # a node named lost is the cause, not the flag
     assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]  # guarded
     assert seen["log_path"] == Path(cfg.log_dir) / "train.log" and seen["keep"] == 1000
 
 
 def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_path):
-    class Refused(RuntimeError):
+    class Refused(launch.TrainingFailed):
         pass
 
     cfg = train_config(network_interface="eth9")
@@ -455,6 +459,7 @@ def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_
             log=lambda line: None,
         )  # fmt: skip
     assert str(failed.value) == "horovodrun exited 2: last words"
+    assert failed.value.cause == "unknown"
     horovodrun_at = seen["command"].index("horovodrun")  # under the supervision guard
     assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]
     assert "--network-interface" not in seen["command"][horovodrun_at:]
