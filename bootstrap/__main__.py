@@ -334,12 +334,14 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         log(fleet)
     step("signal", lambda: fleet_ready(fleet))
     store = checkpoints.ModelStore(s3, cfg, model_dir, log)
-    restored = step("restore checkpoints", store.restore)
+    resumes_from = step("restore checkpoints", store.restore)
     attempt.store, attempt.outputs_since = store, time.time()
     log(
-        f"restored and verified {checkpoints.model_prefix(cfg)}: the trainer resumes from it"
-        if restored
-        else f"{checkpoints.model_prefix(cfg)} is empty: a new run"
+        f"restored and verified {checkpoints.model_prefix(cfg)}: the trainer resumes from "
+        f"{resumes_from}"
+        if resumes_from
+        else f"no checkpoint in {checkpoints.model_prefix(cfg)} yet: the trainer starts run "
+        f"{cfg.run} from its first step"
     )
     sync = checkpoints.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()

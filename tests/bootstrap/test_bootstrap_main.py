@@ -214,6 +214,36 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
     assert check["passed"] and check["detail"] == "NCCL transport: ofi"
 
 
+@pytest.mark.parametrize(
+    ("chosen", "said"),
+    [
+        ("ckpt-7", "restored and verified s3://fleet-data/runs/r1/model/: the trainer resumes "
+         "from ckpt-7"),
+        (None, "no checkpoint in s3://fleet-data/runs/r1/model/ yet: the trainer starts run r1 "
+         "from its first step"),
+    ],
+)  # fmt: skip
+def test_the_leader_says_which_checkpoint_the_trainer_resumes_from(
+    leader_up_to_the_check, capsys, chosen, said
+):
+    """Before: "restored and verified ...: the trainer resumes from it" whenever S3 held any
+    file of the model dir, tensorboard's alone included, and the trainer then started over."""
+    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.allreduce_check" in command:
+            return 0, ofi
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: chosen)
+    with pytest.raises(bootstrap_main.StepFailed, match="stop before training"):
+        bootstrap_main.train_node(cfg, attempt)
+    messages = [line.split(" [bootstrap] ", 1)[-1] for line in capsys.readouterr().out.splitlines()]
+    assert said in messages
+
+
 @pytest.mark.parametrize("noticed", [True, False])
 def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
     leader_up_to_the_check, s3, tmp_path, noticed
