@@ -1,7 +1,8 @@
 """Why a training failed, from what its ranks printed: pure functions of the horovodrun output's
 tail and the hostfile (and, for a full disk, the node's mount table). The first known cause a
-rank names (a full disk, a corrupt checkpoint, a collective timeout) wins over which rank died
-of it; then the trainer's `error:` line; then which rank died where and how."""
+rank names (a full disk, a corrupt checkpoint) wins over which rank died of it, and a collective
+timeout names the rank that stopped answering, not the ones that waited for it; then the
+trainer's `error:` line; then which rank died where and how."""
 
 from __future__ import annotations
 
@@ -56,11 +57,6 @@ TRAINER_INTERRUPTED = 75
 SIGNAL_HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in native code)"}
 
 
-def rank_hosts(hostfile: str) -> list[str]:
-    """The host of each rank: horovodrun gives ranks host by host, in hostfile order."""
-    return [host for _, host in rank_nodes(hostfile)]
-
-
 def rank_nodes(hostfile: str) -> list[tuple[int, str]]:
     """The node index and host of each rank: the hostfile lists the nodes in index order
     (rendezvous.write_hostfile), and horovodrun gives ranks host by host in that order."""
@@ -97,12 +93,25 @@ ENOSPC_PATHS = (
 CORRUPT = re.compile(r"[Cc]hecksum does not match|DataLossError")
 
 
-# Gloo's transport timeouts as Horovod 0.28.1's library spells them (gloo/transport/tcp), and
-# NCCL's.
-COLLECTIVE_TIMEOUT = re.compile(
+# Gloo's transport timeouts as the Gloo that Horovod 0.28.1 vendors spells them (third_party/gloo
+# at d96897b: gloo/transport/tcp/unbound_buffer.cc, pair.cc, pair.h, buffer.cc). Horovod waits on
+# unbound buffers, whose "Timed out waiting <ms>ms for recv|send operation to complete" names no
+# peer: who stopped answering is read from which ranks timed out.
+# https://github.com/facebookincubator/gloo/blob/d96897b339a07087f588223ca216e75f64e3ca58/gloo/transport/tcp/unbound_buffer.cc
+GLOO_TIMEOUT = re.compile(
     r"Timed out waiting|(?:Read|Write|Connect) timeout|Application timeout caused pair closure"
-    r"|NCCL.*(?:timeout|timed out)"
 )
+# NCCL's (e.g. "NCCL WARN Net : Connect to <peer> failed : Connection timed out"): one rank's
+# error, which says nothing of the ranks that did not print one.
+NCCL_TIMEOUT = re.compile(r"NCCL.*(?:timeout|timed out)")
+
+
+# Horovod's stall inspector on rank 0: "Missing ranks:", then one "<rank>: [<tensors>]" line per
+# rank that has not submitted a tensor the others wait on ("<rank>!: " once past
+# HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), per horovod/common/stall_inspector.cc at v0.28.1
+# (https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/stall_inspector.cc).
+MISSING_RANKS = "Missing ranks:"
+MISSING_RANK = re.compile(r"(\d+)!?: \[")
 
 
 RANK_PREFIX = re.compile(r"^(?:\S*)?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
@@ -158,10 +167,12 @@ class Failure(NamedTuple):
 
 
 def known_cause(
-    lines: list[str], hosts: list[str], filesystem: Callable[[str], str | None]
+    lines: list[str], nodes: list[tuple[int, str]], filesystem: Callable[[str], str | None]
 ) -> Failure | None:
     """A known cause (full disk, corrupt checkpoint, collective timeout) and the rank that hit it
-    first, or None."""
+    first (for a collective timeout, the rank that stopped answering), or None. `nodes`: each
+    rank's node index and host (rank_nodes)."""
+    hosts = [host for _, host in nodes]
 
     def where(line: str) -> str:
         rank = rank_of(line)
@@ -189,11 +200,90 @@ def known_cause(
         if CORRUPT.search(line):
             reason = f"corrupt checkpoint (checksum does not match){where(line)}: {words(line)}"
             return Failure(causes.CORRUPT_CHECKPOINT, trim_reason(reason))
+    return collective_timeout(lines, nodes)
+
+
+def name_ranks(ranks: list[int], nodes: list[tuple[int, str]]) -> str:
+    """'rank 1 on node 1 (10.0.0.6)'; several, grouped by node in rank order: 'ranks 0, 1 on
+    node 0 (10.0.0.5) and rank 2 on node 1 (10.0.0.6)'."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(ranks):
+        where = f" on node {nodes[rank][0]} ({nodes[rank][1]})" if rank < len(nodes) else ""
+        groups.setdefault(where, []).append(rank)
+    return " and ".join(
+        f"rank{'s' if len(group) > 1 else ''} {', '.join(map(str, group))}{where}"
+        for where, group in groups.items()
+    )
+
+
+def missing_ranks(lines: list[str]) -> list[int]:
+    """The ranks Horovod's stall inspector last listed as missing (none: it listed none). It
+    lists a rank whose background thread still negotiates but whose program has not submitted
+    the tensor: a rank stuck in Python, not a stopped process or host."""
+    missing: list[int] = []
+    lister = None  # the rank whose "Missing ranks:" list is being read
     for line in lines:
-        if COLLECTIVE_TIMEOUT.search(line):
-            reason = f"collective timeout{where(line)}: {words(line)}"
+        rank, said = rank_of(line), RANK_PREFIX.sub("", line).strip()
+        if said == MISSING_RANKS:
+            missing, lister = [], rank
+        elif lister is not None and rank == lister:
+            if found := MISSING_RANK.match(said):
+                missing.append(int(found.group(1)))
+            else:
+                lister = None
+    return missing
+
+
+def collective_timeout(lines: list[str], nodes: list[tuple[int, str]]) -> Failure | None:
+    """A Gloo collective timeout, named by who stopped answering whom. A rank waiting on a
+    stopped peer times out; the stopped one prints no timeout (a paused process prints nothing,
+    one cut off from the leader cannot reach its output, one that resumes finds its peers gone).
+    So the stalled ranks are those the stall inspector lists as missing, else those of the
+    hostfile that reported no timeout; when every rank timed out, each waited on another: a
+    partition, and the reason names every end. Without the hostfile, or for NCCL's timeouts,
+    the rank that reported one first (first_timeout)."""
+    timed_out: dict[int | None, str] = {}
+    for line in lines:
+        if found := GLOO_TIMEOUT.search(line):
+            timed_out.setdefault(rank_of(line), line[found.start() :])
+    waiters = sorted(rank for rank in timed_out if rank is not None)
+    if not nodes or not waiters:
+        return first_timeout(lines, nodes)
+    said = next(iter(timed_out.values()))
+    stalled = missing_ranks(lines) or [r for r in range(len(nodes)) if r not in timed_out]
+    if stalled:
+        reason = (
+            f"collective timeout: {name_ranks(stalled, nodes)} stopped answering "
+            f"{name_ranks(waiters, nodes)}, which timed out: {said}"
+        )
+    else:
+        reason = (
+            f"collective timeout: every rank timed out waiting for another "
+            f"({name_ranks(waiters, nodes)}), so none stalled alone: their nodes stopped "
+            f"reaching each other (a network partition?): {said}"
+        )
+    return Failure(causes.COLLECTIVE_TIMEOUT, trim_reason(reason))
+
+
+def first_timeout(lines: list[str], nodes: list[tuple[int, str]]) -> Failure | None:
+    """The first line that reports a collective timeout, by the rank that printed it."""
+    for line in lines:
+        if found := GLOO_TIMEOUT.search(line) or NCCL_TIMEOUT.search(line):
+            rank = rank_of(line)
+            where = "" if rank is None else f" on {name_ranks([rank], nodes)}"
+            reason = f"collective timeout{where}: {line[found.start() :]}"
             return Failure(causes.COLLECTIVE_TIMEOUT, trim_reason(reason))
     return None
+
+
+def stall_inspector_names(tail: str, hostfile: str) -> str | None:
+    """What Horovod's stall inspector says of a stalled training: 'Horovod's stall inspector
+    lists rank 1 on node 1 (10.0.0.6) as missing', or None when it listed no rank."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    missing = missing_ranks(lines)
+    if not missing:
+        return None
+    return f"Horovod's stall inspector lists {name_ranks(missing, rank_nodes(hostfile))} as missing"
 
 
 def exit_cause(code: int) -> str:
@@ -219,7 +309,8 @@ def classify(
     the reason of an input it refused), else which rank died where and how, else the last line.
     Tracebacks stay in the log file."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    if known := known_cause(lines, rank_hosts(hostfile), filesystem):
+    nodes = rank_nodes(hostfile)
+    if known := known_cause(lines, nodes, filesystem):
         return known
     exits = {int(rank): int(code) for rank, code in RANK_CODE.findall(tail)}
     killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
@@ -229,7 +320,6 @@ def classify(
     errors = [line for line in lines if TRAINER_ERROR.search(line)]
     if errors and (TRAINER_USAGE in exits.values() or not (exits or killed)):
         return Failure(causes.TRAINER_INPUT, trim_reason(errors[-1]))
-    nodes = rank_nodes(hostfile)
     if found := MPI_SIGNAL.search(tail):
         rank, node = int(found.group(1)), found.group(2)
         code = 128 + int(found.group(3))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap import allreduce_check, aws, causes, supervision, watchdog
-from bootstrap.failures import classify
+from bootstrap.failures import classify, stall_inspector_names
 from bootstrap.node_config import TrainConfig
 
 # Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
@@ -49,6 +49,26 @@ EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}
 # What bootstrap.allreduce_check reads: the bus bandwidth below which it fails, and the type.
 
 
+# How long a Gloo collective waits on a peer before it fails the attempt: node.json
+# `collective_timeout_s`. Horovod reads it per rank (horovod/common/gloo/gloo_context.cc,
+# GetIntEnvOrDefault(HOROVOD_GLOO_TIMEOUT_SECONDS, 30), whole seconds) for Gloo's controller and
+# collectives, which horovodrun --gloo chooses (horovod/runner/gloo_run.py: HOROVOD_CONTROLLER and
+# HOROVOD_CPU_OPERATIONS "gloo"): the CPU nodes. Under --mpi both default to MPI
+# (horovod/common/utils/env_parser.cc) and the GPUs' collectives are NCCL's, so Gloo carries
+# nothing there, and a hung collective is the progress watchdog's (bootstrap/watchdog.py).
+# https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/gloo/gloo_context.cc
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+# Every STALL_CHECK_S, Horovod's rank 0 lists the ranks that have not submitted a tensor the
+# others wait on ("Missing ranks:", horovod/common/stall_inspector.cc, default 60 s): a rank
+# stuck in Python. Well under the watchdog's 10 minutes, so a stall it ends has that list in its
+# tail. Under the MPI controller only: Horovod 0.28.1's Gloo controller never lists a rank (it
+# reserves global_ranks_ without filling its size, horovod/common/gloo/gloo_controller.cc,
+# GlooController::DoInitialization; seen in a two-rank run stuck for 90 s with a 3 s check).
+# https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/stall_inspector.cc
+STALL_CHECK_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+STALL_CHECK_S = 60
+
+
 # Where the EFA installer puts libfabric and the aws-ofi-nccl plugin (the directory moved
 # between releases; the training image has /opt/amazon/ofi-nccl). NCCL loads the plugin only
 # from LD_LIBRARY_PATH; without it NCCL falls back to sockets, which the allreduce check catches.
@@ -58,8 +78,11 @@ EFA_LIBRARY_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/opt/aws
 def launcher_env(
     cfg: TrainConfig, base: dict[str, str], is_dir: Callable[[str], bool] = os.path.isdir
 ) -> dict[str, str]:
-    """The environment horovodrun exports to every rank, from node.json's per-type settings."""
+    """The environment horovodrun exports to every rank, from node.json's per-type settings and
+    its collective timeout."""
     env = dict(base)
+    env[GLOO_TIMEOUT_ENV] = str(cfg.collective_timeout_s)
+    env[STALL_CHECK_ENV] = str(STALL_CHECK_S)
     if cfg.gpus_per_node:
         env.update(GPU_ENV)
         env[allreduce_check.TYPE_ENV] = cfg.instance_type
@@ -217,7 +240,7 @@ def run_horovodrun(
       the rehearsal's node interface would make horovodrun refuse;
     - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
       the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
-      the reason;
+      the reason, followed by the ranks Horovod's stall inspector lists as missing;
     - the reason is `horovodrun exited N: ` classify's, which names each rank's host when
       name_hosts, after the nodes `lost(failed_at)` names (supervision.lost_nodes), joined by
       "; "; with details, `(details in LOG_NAME)` follows. The cause is node_lost when a node
@@ -251,11 +274,14 @@ def run_horovodrun(
         if stall:
             stall.stop()
     where = f" (details in {log_name})" if details else ""
+    hostfile_text = hostfile.read_text() if code and name_hosts else ""
     if code and stall and stall.reason:
-        raise error(f"{stall.reason}{where}", causes.STALLED)
+        missing = stall_inspector_names(tail, hostfile_text)
+        reason = "; ".join(filter(None, [stall.reason, missing]))
+        raise error(f"{reason}{where}", causes.STALLED)
     if code:
         failed_at = time.time()
-        failure = classify(tail, hostfile.read_text() if name_hosts else "")
+        failure = classify(tail, hostfile_text)
         named = lost(failed_at) if lost else []
         reason = "; ".join([*named, f"horovodrun exited {code}: {failure.reason}"])
         raise error(f"{reason}{where}", causes.NODE_LOST if named else failure.cause)

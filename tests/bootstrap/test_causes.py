@@ -49,7 +49,7 @@ def test_a_failure_s_cause_comes_from_its_error_else_its_step(step, error, cause
         ("[0]<stderr>:DataLossError: Checksum does not match", "corrupt_checkpoint",
          "corrupt checkpoint (checksum does not match) on rank 0"),
         ("[0]<stderr>:RuntimeError: Timed out waiting 30000ms for recv operation to complete",
-         "collective_timeout", "collective timeout on rank 0"),
+         "collective_timeout", "rank 1 on node 1 (10.0.0.6) stopped answering rank 0"),
         (f"[0]<stdout>:interrupted\n{MARK} rank 0 exited 75\nProcess 0 exit with status code 75",
          "interrupted", "rank 0 on node 0 (10.0.0.5) exited 75"),
         ("something else entirely", "unknown", "something else entirely"),

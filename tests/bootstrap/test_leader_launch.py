@@ -92,7 +92,11 @@ def test_cpu_nodes_use_gloo_without_gpu_settings():
     assert "--gloo" in cmd and "--mpi" not in cmd
     assert cmd[cmd.index("--ssh-port") + 1] == "2222"
     assert cmd[cmd.index("--network-interface") + 1] == "hf0"
-    assert launch.launcher_env(cfg, {"PATH": "/bin"}) == {"PATH": "/bin"}
+    assert launch.launcher_env(cfg, {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    }
 
 
 def test_trainer_command_follows_the_contract():
@@ -373,13 +377,14 @@ def test_a_checksum_mismatch_is_called_a_corrupt_checkpoint_not_a_flag_mismatch(
 
 
 def test_a_collective_timeout_is_named_before_the_rank_that_died_of_it():
+    """Rank 1 timed out and died of it; rank 0, which reported no timeout, is the one named."""
     tail = (
-        "[1]<stderr>:[/tmp/pip/gloo/transport/tcp/pair.cc:598] Read timeout [10.0.1.5]:4242\n"
+        "[1]<stderr>:[/tmp/pip/gloo/transport/tcp/pair.cc:574] Read timeout [10.0.1.5]:4242\n"
         + HOROVOD_SHUT_DOWN
     )
-    assert failures.failure_reason(tail, HOSTS).startswith(
-        "collective timeout on rank 1 (10.0.1.23): [/tmp/pip/gloo/transport/tcp/pair.cc:598] "
-        "Read timeout"
+    assert failures.failure_reason(tail, HOSTS) == (
+        "collective timeout: rank 0 on node 0 (10.0.1.5) stopped answering rank 1 on node 1 "
+        "(10.0.1.23), which timed out: Read timeout [10.0.1.5]:4242"
     )
 
 
