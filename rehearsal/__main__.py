@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --faults: only the rows whose name contains TEXT (repeatable), each from its snapshot",
     )
     parser.add_argument(
+        "--rows",
+        choices=("all", "ci"),
+        default="all",
+        help="with --faults: every row, or CI's subset (the rows docs/rehearsal.md marks in CI)",
+    )
+    parser.add_argument(
         "--benchmark",
         action="store_true",
         help="the fleet benchmark instead of a run: 1 rank, 1 node, 2 nodes (rehearsal/benchmark.py)",

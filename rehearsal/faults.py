@@ -13,7 +13,9 @@ attempt the run controller's own code decides, and a relaunch brings the fleet b
 played by the rehearsal: rehearsal/core.py `relaunch`).
 
 Prints a table of fault, expected and observed outcome, pass or FAIL; exit 0 only if every row
-chosen passes. `--fault TEXT` (repeatable) keeps the rows whose name contains TEXT.
+chosen passes. `--fault TEXT` (repeatable) keeps the rows whose name contains TEXT; `--rows ci`
+keeps CI's subset (the rows marked `in_ci`; CI has 40 minutes for every tier, and the other
+rows run under `make test-all`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Row:
     max_restarts: int | None = None
     before_relaunch: Action | None = None
     needs_hosts: bool = False  # namespaces (root): a link, a tmpfs or a host per node
+    in_ci: bool = False  # one of CI's subset (`--rows ci`): CI has 40 minutes for every tier
 
 
 # ------------------------------------------------------------------ what a fault does
@@ -140,7 +143,12 @@ def kill_rank(rank: int) -> Action:
 
 
 def stop_leader_node(rehearsal: Rehearsal) -> None:
+    """A shutdown: SIGTERM to every process of node 0's host (its rank included, which stops at
+    a step and saves it; horovodrun, which got it too, ends the ranks 5 s later)."""
     say("FAULT: SIGTERM to every process of node 0, as a shutdown does")
+    if rehearsal.fleet:
+        rehearsal.fleet.signal_host(rehearsal.fleet.nodes[0].namespace, signal.SIGTERM)
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(rehearsal.node_processes[0].pid, signal.SIGTERM)
 
@@ -169,8 +177,8 @@ def corrupt_local_shard(rehearsal: Rehearsal) -> None:
     for index in range(rehearsal.args.nodes):
         target = rehearsal.node_home(index) / "data" / "tfrecords"
         target.mkdir(parents=True, exist_ok=True)
-        listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix="tfrecords/")
-        for obj in listing["Contents"]:
+        listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix="tfrecords/", Delimiter="/")
+        for obj in listing["Contents"]:  # the shards and the manifest, not the converter's state
             body = s3_object(rehearsal, obj["Key"])
             name = obj["Key"].removeprefix("tfrecords/")
             (target / name).write_bytes(flipped(body) if name == SHARD else body)
@@ -371,6 +379,7 @@ ROWS = [
             },
         ),
         max_restarts=3,
+        in_ci=True,
     ),
     Row(
         "S3",
@@ -425,7 +434,7 @@ ROWS = [
         "interrupted; its checkpoint and logs in S3",
         DATASET,
         3,
-        Fault(stop_leader_node, when="<stdout>:Epoch "),
+        Fault(stop_leader_node, when=EPOCH_DONE),
         Expect(
             "interrupted",
             checks={
@@ -437,6 +446,8 @@ ROWS = [
                 ),
             },
         ),
+        # Every step a check step: the ranks stop within a step, inside horovodrun's 5 s.
+        {"trainer": {"log_every": 1}},
     ),
     Row(
         "nodes",
@@ -505,6 +516,7 @@ ROWS = [
         EVERY_EPOCH,
         max_restarts=2,
         needs_hosts=True,
+        in_ci=True,
     ),
     Row(
         "disk",
@@ -522,6 +534,7 @@ ROWS = [
             },
         ),
         EVERY_EPOCH,
+        in_ci=True,
     ),
     Row(
         "disk",
@@ -555,14 +568,21 @@ ROWS = [
         ),
         {**EVERY_EPOCH, "market": "spot"},
         max_restarts=2,
+        in_ci=True,
     ),
 ]
 
 
 def markdown_table(rows: list[Row] = ROWS) -> str:
     """docs/rehearsal.md's table of the rows."""
-    lines = ["| family | fault | starts from | expected outcome |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r.family} | {r.name} | {r.start} | {r.expected} |" for r in rows]
+    lines = [
+        "| family | fault | starts from | expected outcome | in CI |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r.family} | {r.name} | {r.start} | {r.expected} | {'yes' if r.in_ci else ''} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -632,8 +652,11 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     return row.name, row.expected, observed, "pass" if ok else "FAIL"
 
 
-def chosen_rows(texts: list[str] | None) -> list[Row]:
-    return [row for row in ROWS if any(text in row.name for text in texts or [""])]
+def chosen_rows(texts: list[str] | None, subset: str = "all") -> list[Row]:
+    """The rows whose name contains one of `texts` (every row without any), of `subset`: "all",
+    or "ci" (the rows marked in_ci)."""
+    rows = [row for row in ROWS if subset == "all" or row.in_ci]
+    return [row for row in rows if any(text in row.name for text in texts or [""])]
 
 
 def run_faults(rehearsal: Rehearsal) -> int:
@@ -649,10 +672,15 @@ def run_faults(rehearsal: Rehearsal) -> int:
             rehearsal.step = step
             say(f"--- {step}")
             action()
-        for row in chosen_rows(rehearsal.args.fault):
+        chosen = chosen_rows(rehearsal.args.fault, rehearsal.args.rows)
+        say(f"fault rows ({rehearsal.args.rows}): {', '.join(row.name for row in chosen)}")
+        for row in chosen:
             rehearsal.step = f"fault: {row.name}"
             say(f"--- {rehearsal.step} (from '{row.start}'; expected: {row.expected})")
-            rows.append(run_row(rehearsal, row))
+            try:
+                rows.append(run_row(rehearsal, row))
+            except (RuntimeError, OSError) as exc:  # this row's own; the next starts afresh
+                rows.append((row.name, row.expected, f"the row broke: {exc}", "FAIL"))
     except (RuntimeError, OSError) as exc:
         rows.append((rehearsal.step, "the rehearsal runs", f"{exc}", "FAIL"))
     finally:

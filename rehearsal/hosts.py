@@ -177,12 +177,16 @@ class Fleet:
     def kill_host(self, namespace: str) -> list[int]:
         """SIGKILL every process of a node's namespace (bootstrap, ranks, sshd): the host is
         gone, as when its hardware fails. Returns the pids."""
+        return self.signal_host(namespace, signal.SIGKILL)
+
+    def signal_host(self, namespace: str, signum: signal.Signals) -> list[int]:
+        """Send signum to every process of a node's namespace; returns the pids."""
         pids = subprocess.run(
             ["ip", "netns", "pids", namespace], capture_output=True, text=True
         ).stdout.split()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(pid), signum)
         return [int(pid) for pid in pids]
 
     def close(self) -> None:

@@ -32,6 +32,9 @@ def test_every_row_starts_from_a_snapshot_and_is_chosen_by_its_name():
         "Spot interruption of node 1 (two-minute notice) after an epoch",
     ]
     assert faults.chosen_rows(None) == faults.ROWS
+    ci = faults.chosen_rows(None, "ci")
+    assert ci and all(row.in_ci for row in ci) and len(ci) < len(faults.ROWS)
+    assert faults.chosen_rows(["Spot"], "ci") == [r for r in ci if "Spot" in r.name]
 
 
 @pytest.fixture
