@@ -5,6 +5,7 @@ import pytest
 from bootstrap_helpers import BUCKET, deny_missing_keys, train_doc
 from moto import mock_aws
 
+from bootstrap import aws
 from bootstrap.node_config import parse
 
 
@@ -33,3 +34,11 @@ def s3(monkeypatch):
         client.create_bucket(Bucket=BUCKET)
         deny_missing_keys(client)  # every node-side test sees S3 as the node role does
         yield client
+
+
+@pytest.fixture(autouse=True)
+def s3_reachability(monkeypatch):
+    """Each test starts with a node that never missed S3 (the record is the process's)."""
+    fresh = aws.S3Reachability()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", fresh)
+    return fresh
