@@ -286,7 +286,8 @@ def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
 ):
     """A member found the leader lost while systemd restarted it: the member's DONE.json is the
     attempt's record, and the restarted leader neither clears nor overwrites it."""
-    cfg, _events, _monkeypatch, attempt = leader_up_to_the_check
+    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    monkeypatch.setattr(launch, "stream", lambda *a, **k: events.append("horovodrun") or (1, ""))
     ended = {"status": "failed", "cause": "node_lost", "written_by": "member 1"}
     s3.put_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json", Body=json.dumps(ended))
     attempt.started = time.time() - 600  # the attempt's first start, before the member wrote
@@ -303,4 +304,4 @@ def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
         "holds this attempt's record, written by member 1 (status failed, cause node_lost): it "
         "stands"
     ) in out
-    assert "wrote s3://" not in out
+    assert "wrote s3://" not in out and "horovodrun" not in events

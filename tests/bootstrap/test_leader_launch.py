@@ -146,7 +146,7 @@ def test_done_document_on_success_and_failure(tmp_path):
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
 
 
-def test_done_document_has_the_attempt_s_timeline(tmp_path):
+def test_done_document_has_the_attempt_s_timeline(tmp_path, s3_reachability):
     cfg = parse(train_doc())
     training = {"epochs": 2, "duration_s": 600.0, "startup_s": 40.0, "evaluation_s": 20.0,
                 "checkpoint_s": 5.0, "time_to_target_s": 500.0}  # fmt: skip
@@ -161,12 +161,18 @@ def test_done_document_has_the_attempt_s_timeline(tmp_path):
                       "training_s": 535.0, "time_to_target_s": 500.0},
         "s3_unreachable_s": 0.0,
     }  # fmt: skip
-    # A failure before the trainer wrote train.json: the steps alone.
+    # A failure before the trainer wrote train.json: the steps alone, and the 45 s S3 did not
+    # answer this node (an outage before the attempt began is not its own).
+    times = iter([started - 100, started - 50, started + 100, started + 145])
+    s3_reachability.clock = lambda: next(times)
+    for _ in range(2):
+        s3_reachability.unanswered()
+        s3_reachability.answered()
     os.remove(tmp_path / "train.json")
     failed = results.done_document(cfg, "failed", "x", tmp_path, time.time(), started, None, None,
                                   {"data pull": 1.0})  # fmt: skip
     assert failed["timeline"] == {
-        "steps_s": {"data pull": 1.0}, "trainer_s": {}, "s3_unreachable_s": 0.0,
+        "steps_s": {"data pull": 1.0}, "trainer_s": {}, "s3_unreachable_s": 45.0,
     }  # fmt: skip
 
 

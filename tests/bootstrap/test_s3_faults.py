@@ -161,7 +161,7 @@ def test_outages_seen_by_several_threads_count_once(monkeypatch):
         thread.start()
     for thread in threads:
         thread.join()
-    assert 0.35 <= aws.s3_unreachable_s(started, time.time()) <= 0.6
+    assert 0.35 <= aws.s3_unreachable_s(started, time.time()) <= 0.9  # their sum: 1.2
     assert aws.s3_answered_again_at() >= started + 0.4
 
 
@@ -172,9 +172,12 @@ def test_a_refusal_is_s3_answering_and_cloudformation_is_not_s3(monkeypatch):
     aws.with_retries("signal", action, aws.STEP_POLICY, print, clock, clock.sleep, of_s3=False)
     assert aws.s3_answered_again_at() is None and aws.s3_unreachable_s(0, clock()) == 0
     aws.S3_REACHABILITY.unanswered()
-    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetObject")
+
+    def refuse():
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetObject")
+
     with pytest.raises(ClientError):
-        aws.with_retries("get", lambda: (_ for _ in ()).throw(denied), aws.STEP_POLICY, print)
+        aws.with_retries("get", refuse, aws.STEP_POLICY, print)
     assert aws.s3_answered_again_at() == clock()
 
 
