@@ -347,5 +347,5 @@ def lead(
     done |= {"benchmark": cfg.benchmark.mode, "images_per_s": largest["images_per_s"]}
     done["allreduce_busbw_gbps"] = largest["allreduce_busbw_gbps"]
     step("upload logs", lambda: results.upload_logs(s3, cfg, aws.UNTIL_DONE))
-    step("write DONE.json", lambda: results.write_done(s3, cfg, done))
+    step("write DONE.json", lambda: results.write_done(s3, cfg, done, started))
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")

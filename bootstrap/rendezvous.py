@@ -266,8 +266,9 @@ def serve_as_member(
     leader_lost: Callable[[float], str | None] = lambda now: None,
     fleet_ready: Callable[[dict], None] = lambda check: None,
 ) -> None:
-    """Install the leader's key, register, then heartbeat until the run's DONE.json appears, or
-    until leader_lost(now) says why the leader is gone (bootstrap.supervision.LeaderWatch).
+    """Install the leader's key, register, then heartbeat until the run's DONE.json appears (the
+    leader's, or another member's that found the leader lost), or until leader_lost(now) says
+    why the leader is gone (bootstrap.supervision.LeaderWatch): this member then writes it.
     fleet_ready(check) is called once, when the leader's fleet check of this deployment appears.
 
     The key goes in before the registration, so the leader never ssh-es to a node that would

@@ -68,3 +68,11 @@ def fake_s5cmd(tmp_path, monkeypatch):
         monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
 
     return install
+
+
+@pytest.fixture(autouse=True)
+def s3_reachability(monkeypatch):
+    """Each test starts with a node that never missed S3 (the record is the process's)."""
+    fresh = aws.S3Reachability()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", fresh)
+    return fresh

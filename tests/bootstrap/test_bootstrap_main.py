@@ -285,3 +285,53 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
     else:  # every other end keeps its reason
         assert ended.value.status == "failed"
         assert "horovodrun exited 1: " in str(ended.value)
+
+
+def test_a_leader_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
+    leader_up_to_the_check, s3
+):
+    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    began = time.time() - 3600
+    record = {"run": "r1", "attempt": 1, "started_at": utc_stamp(began), "restarts": []}
+    Path(cfg.state_dir).mkdir(parents=True)
+    (Path(cfg.state_dir) / "attempt.json").write_text(json.dumps(record))
+    tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+    monkeypatch.setattr(
+        launch, "stream", lambda command, env, log_path, keep, on_start=None: (0, tcp)
+    )
+    with pytest.raises(bootstrap_main.StepFailed) as failed:
+        bootstrap_main.train_node(cfg, attempt)
+    bootstrap_main.report_failure(cfg, failed.value, attempt)
+    read = lambda key: json.loads(s3.get_object(Bucket=cfg.bucket, Key=key)["Body"].read())  # noqa: E731
+    done, status = read("runs/r1/DONE.json"), read("runs/r1/status.json")
+    assert done["attempt_started_at"] == status["attempt_started_at"] == utc_stamp(began)
+    assert done["restarts"] == [
+        {"at": done["restarts"][0]["at"], "resumed_from_step": None, "reached_step": None}
+    ]
+    assert done["restarts"][0]["at"] >= utc_stamp(time.time() - 60)
+
+
+def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
+    leader_up_to_the_check, s3, capsys
+):
+    """A member found the leader lost while systemd restarted it: the member's DONE.json is the
+    attempt's record, and the restarted leader neither clears nor overwrites it."""
+    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    monkeypatch.setattr(launch, "stream", lambda *a, **k: events.append("horovodrun") or (1, ""))
+    ended = {"status": "failed", "cause": "node_lost", "written_by": "member 1"}
+    s3.put_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json", Body=json.dumps(ended))
+    attempt.started = time.time() - 600  # the attempt's first start, before the member wrote
+    with pytest.raises(bootstrap_main.StepFailed) as failed:
+        bootstrap_main.train_node(cfg, attempt)
+    bootstrap_main.report_failure(cfg, failed.value, attempt)
+    assert (
+        json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json")["Body"].read())
+        == ended
+    )
+    out = capsys.readouterr().out
+    assert (
+        "FAILED: step 'rendezvous' failed: RecordTaken: s3://fleet-data/runs/r1/DONE.json already "
+        "holds this attempt's record, written by member 1 (status failed, cause node_lost): it "
+        "stands"
+    ) in out
+    assert "wrote s3://" not in out and "horovodrun" not in events

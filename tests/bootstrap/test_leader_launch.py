@@ -124,13 +124,14 @@ def test_done_document_on_success_and_failure(tmp_path):
     assert set(ok) == {"run", "status", "cause", "reason", "written_by", "top1", "top5",
                       "epochs", "duration_s", "images_per_s", "end_to_end_images_per_s",
                       "allreduce_busbw_gbps", "target_top1", "reached_target_at_epoch",
-                      "time_to_target_s", "finished_at", "timeline", "attempt",
-                      "attempts"}  # fmt: skip
+                      "time_to_target_s", "attempt_started_at", "finished_at", "timeline",
+                      "restarts", "attempt", "attempts"}  # fmt: skip
     assert (ok["attempt"], ok["attempts"]) == (
         1,
         [{"attempt": 1, "status": "succeeded", "cause": None, "reason": None}],
     )
-    assert (ok["cause"], ok["written_by"]) == (None, "leader")
+    assert (ok["cause"], ok["written_by"], ok["restarts"]) == (None, "leader", [])
+    assert ok["attempt_started_at"] == utc_stamp(started)
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
         0.93,
@@ -149,7 +150,7 @@ def test_done_document_on_success_and_failure(tmp_path):
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
 
 
-def test_done_document_has_the_attempt_s_timeline(tmp_path):
+def test_done_document_has_the_attempt_s_timeline(tmp_path, s3_reachability):
     cfg = parse(train_doc())
     training = {"epochs": 2, "duration_s": 600.0, "startup_s": 40.0, "evaluation_s": 20.0,
                 "checkpoint_s": 5.0, "time_to_target_s": 500.0}  # fmt: skip
@@ -162,12 +163,21 @@ def test_done_document_has_the_attempt_s_timeline(tmp_path):
         "steps_s": steps,
         "trainer_s": {"startup_s": 40.0, "evaluation_s": 20.0, "checkpoint_s": 5.0,
                       "training_s": 535.0, "time_to_target_s": 500.0},
+        "s3_unreachable_s": 0.0,
     }  # fmt: skip
-    # A failure before the trainer wrote train.json: the steps alone.
+    # A failure before the trainer wrote train.json: the steps alone, and the 45 s S3 did not
+    # answer this node (an outage before the attempt began is not its own).
+    times = iter([started - 100, started - 50, started + 100, started + 145])
+    s3_reachability.clock = lambda: next(times)
+    for _ in range(2):
+        s3_reachability.unanswered()
+        s3_reachability.answered()
     os.remove(tmp_path / "train.json")
     failed = results.done_document(cfg, "failed", "x", tmp_path, time.time(), started, None, None,
                                   {"data pull": 1.0})  # fmt: skip
-    assert failed["timeline"] == {"steps_s": {"data pull": 1.0}, "trainer_s": {}}
+    assert failed["timeline"] == {
+        "steps_s": {"data pull": 1.0}, "trainer_s": {}, "s3_unreachable_s": 45.0,
+    }  # fmt: skip
 
 
 def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path):

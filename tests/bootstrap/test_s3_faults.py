@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -115,6 +116,66 @@ def test_a_shutdown_ends_every_wait_within_its_time(monkeypatch):
     with pytest.raises(aws.S3Unavailable):
         aws.with_retries("upload", action, aws.UNTIL_DONE, print, clock, clock.sleep)
     assert 40 <= clock() <= 41
+
+
+def test_a_call_that_waited_through_an_outage_marks_when_s3_answered_again(monkeypatch):
+    clock = FakeClock()
+    reachability = aws.S3Reachability(clock)
+    monkeypatch.setattr(aws, "S3_REACHABILITY", reachability)
+    clock.now = 1000.0
+    action, _ = failing_for(1075, clock)
+    aws.with_retries("put_object s3://b/k", action, aws.STEP_POLICY, print, clock, clock.sleep)
+    assert 1075 <= aws.s3_answered_again_at() == clock() <= 1075 + aws.STEP_POLICY.max_delay_s
+    assert aws.s3_unreachable_s(0, clock()) == pytest.approx(clock() - 1000)
+    # Only the part inside the window counts, and an outage still going on counts up to now.
+    assert aws.s3_unreachable_s(1050, 1060) == 10
+    reachability.unanswered()
+    assert aws.s3_unreachable_s(clock(), clock() + 30) == 30
+
+
+def test_outages_seen_by_several_threads_count_once(monkeypatch):
+    """The heartbeat, status and checkpoint-sync threads wait through the same outage: the
+    timeline gets its length, not their sum."""
+    reachability = aws.S3Reachability()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", reachability)
+    started = time.time()
+    quick = aws.RetryPolicy(budget_s=5, first_delay_s=0.01, max_delay_s=0.02)
+
+    def outage_until(end):
+        def action():
+            if time.time() < end:
+                raise refused()
+
+        return action
+
+    threads = [
+        threading.Thread(
+            target=aws.with_retries, args=("x", outage_until(started + 0.4), quick, print)
+        )
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert 0.35 <= aws.s3_unreachable_s(started, time.time()) <= 0.9  # their sum: 1.2
+    assert aws.s3_answered_again_at() >= started + 0.4
+
+
+def test_a_refusal_is_s3_answering_and_cloudformation_is_not_s3(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", aws.S3Reachability(clock))
+    action, _ = failing_for(30, clock)
+    aws.with_retries("signal", action, aws.STEP_POLICY, print, clock, clock.sleep, of_s3=False)
+    assert aws.s3_answered_again_at() is None and aws.s3_unreachable_s(0, clock()) == 0
+    aws.S3_REACHABILITY.unanswered()
+
+    def refuse():
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetObject")
+
+    with pytest.raises(ClientError):
+        aws.with_retries("get", refuse, aws.STEP_POLICY, print)
+    assert aws.s3_answered_again_at() == clock()
 
 
 def test_boto3_clients_time_out_every_request():
