@@ -27,15 +27,20 @@ from botocore.exceptions import ClientError
 from bootstrap import (
     aws,
     benchmark,
+    causes,
+    checkpoints,
     data_pull,
+    failures,
     health,
     launch,
     rendezvous,
+    results,
     spot,
     supervision,
 )
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
+from bootstrap.results import Attempt
 from bootstrap.status import RunStatus
 
 RAW_FILES = {
@@ -54,19 +59,24 @@ FLUSH_AFTER_SIGTERM_S = 75
 
 
 class Interrupted(Exception):
-    """The node was told to stop (SIGTERM)."""
+    """The node was told to stop (SIGTERM), or a Spot notice stopped the ranks."""
+
+    cause = causes.INTERRUPTED
 
 
 class StepFailed(RuntimeError):
-    def __init__(self, step: str, reason: str, status: str = "failed"):
+    """A step of the node's bootstrap ended the attempt: why, for people, and its cause
+    (bootstrap/causes.py), for the run controller."""
+
+    def __init__(self, step: str, reason: str, cause: str, status: str = "failed"):
         verb = "was interrupted" if status == "interrupted" else "failed"
         super().__init__(f"step '{step}' {verb}: {reason}")
-        self.step, self.reason, self.status = step, reason, status
+        self.step, self.reason, self.cause, self.status = step, reason, cause, status
 
 
 def one_line(exc: BaseException) -> str:
-    """An error as one line of at most launch.REASON_LIMIT characters, cut at a word."""
-    return launch.trim_reason(f"{type(exc).__name__}: {exc}")
+    """An error as one line of at most failures.REASON_LIMIT characters, cut at a word."""
+    return failures.trim_reason(f"{type(exc).__name__}: {exc}")
 
 
 # Each finished step's seconds in this process, for DONE.json's timeline.
@@ -80,9 +90,9 @@ def step(name: str, action: Callable[[], object]):
     try:
         result = action()
     except Interrupted as exc:
-        raise StepFailed(name, str(exc), "interrupted") from exc
+        raise StepFailed(name, str(exc), causes.INTERRUPTED, "interrupted") from exc
     except Exception as exc:
-        raise StepFailed(name, one_line(exc)) from exc
+        raise StepFailed(name, one_line(exc), causes.of(name, exc)) from exc
     took = time.time() - started
     STEP_SECONDS[name] = round(STEP_SECONDS.get(name, 0.0) + took, 1)
     log(f"step '{name}': done in {took:.1f} s")
@@ -172,7 +182,7 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
             code, tail = launch.stream(command, env, Path(cfg.log_dir) / "preprocess.log")
             if code:
                 raise RuntimeError(
-                    f"trainer.preprocess exited {code}: {launch.failure_reason(tail)} "
+                    f"trainer.preprocess exited {code}: {failures.failure_reason(tail)} "
                     "(details in preprocess.log)"
                 )
 
@@ -189,19 +199,6 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
 # ---------------------------------------------------------------- training node
 
 
-class Attempt:
-    """What report_failure needs to know about this attempt: when it began, and its model store
-    (None until the restore step, and on members)."""
-
-    def __init__(self) -> None:
-        self.started = time.time()
-        self.store: launch.ModelStore | None = None
-        self.outputs_since: float | None = None
-        self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
-        self.status: RunStatus | None = None  # the leader's status.json (bootstrap/status.py)
-        self.earlier: list[dict] = []  # the run controller's record of the attempts before
-
-
 def signal_fleet_ready(cfg: TrainConfig, detail: str) -> None:
     """SUCCESS to CloudFormation: this node is healthy with its data, and the fleet passed."""
     log(aws.signal_cloudformation(cfg, True, f"healthy, data verified; fleet check: {detail}"))
@@ -212,10 +209,10 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     data_dir = Path(cfg.mount_point) / "tfrecords"
     model_dir = Path(cfg.mount_point) / "model"
     attempt.status = status = RunStatus(cfg, s3, model_dir, attempt_started=attempt.started)
+    attempt.earlier = status.earlier_attempts()
+    attempt.begin(cfg, model_dir)
+    status.attempt_started = attempt.started
     status.phase("booting")
-    if cfg.is_leader:
-        attempt.earlier = status.earlier_attempts()
-        log(f"attempt {len(attempt.earlier) + 1} of run {cfg.run}")
     step(
         "health",
         lambda: log(
@@ -244,14 +241,15 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
                 fleet_ready=lambda check: signal_fleet_ready(cfg, check["detail"]),
             ),
         )  # fmt: skip
-        step("upload logs", lambda: launch.upload_logs(s3, cfg))
+        step("upload logs", lambda: results.upload_logs(s3, cfg))
         return
     hostfile = Path(cfg.state_dir) / "hostfile"
 
     def meet() -> list[dict]:
         # A restarted bootstrap (systemd, after this one died) first ends what it left running.
         supervision.end_leftovers(cfg, log)
-        launch.clear_done(s3, cfg)
+        if recorded := results.clear_done(s3, cfg, attempt.started):
+            raise results.RecordTaken(f"{results.describe_record(cfg, recorded)}: it stands")
         since = time.time()
         key = rendezvous.ensure_leader_key(s3, cfg)
         public_key = key.with_suffix(".pub").read_text()
@@ -329,15 +327,18 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
         fleet = step("allreduce check", allreduce_check)
         log(fleet)
     step("signal", lambda: fleet_ready(fleet))
-    store = launch.ModelStore(s3, cfg, model_dir, log)
-    restored = step("restore checkpoints", store.restore)
+    store = checkpoints.ModelStore(s3, cfg, model_dir, log)
+    resumes_from = step("restore checkpoints", store.restore)
     attempt.store, attempt.outputs_since = store, time.time()
+    attempt.resumes_from(model_dir)
     log(
-        f"restored and verified {launch.model_prefix(cfg)}: the trainer resumes from it"
-        if restored
-        else f"{launch.model_prefix(cfg)} is empty: a new run"
+        f"restored and verified {checkpoints.model_prefix(cfg)}: the trainer resumes from "
+        f"{resumes_from}"
+        if resumes_from
+        else f"no checkpoint in {checkpoints.model_prefix(cfg)} yet: the trainer starts run "
+        f"{cfg.run} from its first step"
     )
-    sync = launch.CheckpointSync(store, cfg.checkpoint_sync_s, log)
+    sync = checkpoints.CheckpointSync(store, cfg.checkpoint_sync_s, log)
     sync.start()
     status.phase("training")
 
@@ -364,14 +365,17 @@ def train_node(cfg: TrainConfig, attempt: Attempt) -> None:
     # Results are retried until they are in S3: the hard cap bounds the wait (README).
     status.phase("uploading")
     step("upload results", lambda: store.upload(aws.UNTIL_DONE))
-    doc = launch.done_document(
+    doc = results.done_document(
         cfg, "succeeded", None, model_dir, time.time(), attempt.started, attempt.outputs_since,
-        attempt.earlier, STEP_SECONDS,
+        attempt.earlier, STEP_SECONDS, restarts=attempt.restarts,
     )  # fmt: skip
     log(f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}")
-    step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
+    step("upload logs", lambda: results.upload_logs(s3, cfg, aws.UNTIL_DONE))
     status.end("done", None)
-    step("write DONE.json", lambda: launch.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc))
+    step(
+        "write DONE.json",
+        lambda: results.write_done(s3.with_policy(aws.UNTIL_DONE), cfg, doc, attempt.started),
+    )
     attempt.heartbeat.stop()
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
 
@@ -389,9 +393,11 @@ def attempt_to(what: str, action: Callable[[], object]) -> bool:
 
 def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> None:
     """Whatever failed: tell CloudFormation (rolls the fleet back while it is being created), keep
-    the logs and the checkpoints this attempt may upload, and on the leader write DONE.json
-    (status failed, or interrupted after a SIGTERM) so teardown reacts; a preprocessing node
-    stops. After a SIGTERM everything here fits in the shutdown's time."""
+    the logs and the checkpoints this attempt may upload, and write the attempt's DONE.json
+    (status failed, or interrupted after a SIGTERM) so teardown reacts: the leader does, and a
+    member that found the leader lost; a preprocessing node stops. After a SIGTERM everything
+    here fits in the shutdown's time. A failure that found this attempt's DONE.json already
+    written by another node adds nothing to it."""
     attempt = attempt or Attempt()
     log(f"{failure.status.upper()}: {failure}")
     attempt_to(
@@ -405,23 +411,30 @@ def report_failure(cfg, failure: StepFailed, attempt: Attempt | None = None) -> 
     # are in S3 (the hard cap, or a shutdown's deadline, bounds it).
     policy = aws.UNTIL_DONE if cfg.is_leader else aws.STEP_POLICY
     s3 = aws.s3_client(cfg.region, policy)
-    model_dir = Path(cfg.mount_point) / "model"
     if attempt.store is not None:
         attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
-    attempt_to("upload the logs", lambda: launch.upload_logs(s3, cfg, policy))
+    attempt_to("upload the logs", lambda: results.upload_logs(s3, cfg, policy))
+    recorded = isinstance(failure.__cause__, results.RecordTaken)
     # status.json before DONE.json: DONE.json starts the teardown, so it is the last word.
-    if attempt.status is not None:
+    if attempt.status is not None and not recorded:
         attempt.status.end(failure.status, str(failure))
-    if cfg.is_leader:
-        done = f"s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json"
-        doc = launch.done_document(
-            cfg, failure.status, str(failure), model_dir, time.time(), attempt.started,
-            attempt.outputs_since, attempt.earlier, STEP_SECONDS,
-        )  # fmt: skip
-        if attempt_to(f"write {done}", lambda: launch.write_done(s3, cfg, doc)):
-            log(f"wrote {done} (status {failure.status})")
+    found_leader_lost = isinstance(failure.__cause__, rendezvous.LeaderLost)
+    if (cfg.is_leader or found_leader_lost) and not recorded:
+        write_failure_record(cfg, failure, attempt)
     if attempt.heartbeat is not None:
         attempt.heartbeat.stop()
+
+
+def write_failure_record(cfg: TrainConfig, failure: StepFailed, attempt: Attempt) -> None:
+    if attempt.status is not None:  # a read of attempts.json that failed at the start retries
+        attempt.earlier = attempt.status.earlier_attempts()
+    doc = results.done_document(
+        cfg, failure.status, str(failure), Path(cfg.mount_point) / "model" if cfg.is_leader
+        else None, time.time(), attempt.started, attempt.outputs_since, attempt.earlier,
+        STEP_SECONDS, cause=failure.cause, restarts=attempt.restarts,
+        written_by="leader" if cfg.is_leader else f"member {cfg.node_index}",
+    )  # fmt: skip
+    results.record_failure(aws.s3_client(cfg.region, aws.UNTIL_DONE), cfg, doc, attempt.started)
 
 
 def interrupt_on_sigterm() -> None:
@@ -465,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     attempt = Attempt()
     try:
         if args.command == "fail":
-            raise StepFailed(args.step, args.reason)
+            raise StepFailed(
+                args.step, args.reason, causes.STEP_CAUSES.get(args.step, causes.UNKNOWN)
+            )
         if args.command == "preprocess-node" and isinstance(cfg, PreprocessConfig):
             preprocess_node(cfg)
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):
@@ -477,14 +492,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             return usage_error(f"node.json role '{cfg.role}' cannot run {args.command}")
     except Interrupted as exc:  # between steps
-        report_failure(cfg, StepFailed("between steps", str(exc), "interrupted"), attempt)
+        failure = StepFailed("between steps", str(exc), causes.INTERRUPTED, "interrupted")
+        report_failure(cfg, failure, attempt)
         return 1
     except StepFailed as failure:
         report_failure(cfg, failure, attempt)
         return 1
     except Exception as exc:  # a bug between steps: still reported, never a silent death
-        report_failure(cfg, StepFailed("bootstrap", one_line(exc)), attempt)
+        report_failure(cfg, StepFailed("bootstrap", one_line(exc), causes.UNKNOWN), attempt)
         return 1
+    finally:
+        attempt.end()  # this bootstrap ended it: a next start is a new attempt, not a restart
     return 0
 
 

@@ -11,6 +11,10 @@ exponential backoff and full jitter until its budget is spent, saying once a min
 for. Other errors (access denied, no such key) fail at once. An s5cmd transfer counts only when
 what it should have moved is verified to be there: its exit code alone proves nothing (s5cmd
 v2.3.0 exits 0 when the listing behind a sync fails).
+
+Every S3 call also tells S3Reachability whether S3 answered it: what this node's heartbeat
+judgements (a heartbeat could not be refreshed while S3 was down) and DONE.json's timeline
+(the seconds S3 did not answer) read.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from bootstrap import causes
 
 IMDS = "http://169.254.169.254/latest"
 
@@ -102,6 +108,8 @@ def shutdown_within(seconds: float, clock: Callable[[], float] = time.monotonic)
 class S3Unavailable(RuntimeError):
     """S3 stayed unreachable for a step's whole budget."""
 
+    cause = causes.S3_UNREACHABLE
+
 
 class TransferNotVerified(RuntimeError):
     """s5cmd said it succeeded, but what it should have moved is not all there."""
@@ -145,6 +153,56 @@ def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
+class S3Reachability:
+    """When S3 did not answer this process. An outage runs from a call that S3 left unanswered
+    (an error is_outage counts) to the next call it answered, whichever threads made them, so
+    the heartbeat, status and checkpoint-sync threads waiting through the same outage count it
+    once. Times are time.time(): heartbeats carry wall-clock stamps."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._outages: list[tuple[float, float]] = []
+        self._answered_again_at: float | None = None
+
+    def unanswered(self) -> None:
+        with self._lock:
+            if self._down_since is None:
+                self._down_since = self.clock()
+
+    def answered(self) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                now = self.clock()
+                self._outages.append((self._down_since, now))
+                self._down_since, self._answered_again_at = None, now
+
+    def answered_again_at(self) -> float | None:
+        """When S3 last answered this process after an outage (None: it never missed one)."""
+        with self._lock:
+            return self._answered_again_at
+
+    def unreachable_s(self, since: float, now: float) -> float:
+        """Seconds between since and now during which S3 did not answer this process."""
+        with self._lock:
+            spans = [*self._outages]
+            if self._down_since is not None:
+                spans.append((self._down_since, now))
+        return sum(max(0.0, min(end, now) - max(start, since)) for start, end in spans)
+
+
+S3_REACHABILITY = S3Reachability()
+
+
+def s3_answered_again_at() -> float | None:
+    return S3_REACHABILITY.answered_again_at()
+
+
+def s3_unreachable_s(since: float, now: float) -> float:
+    return S3_REACHABILITY.unreachable_s(since, now)
+
+
 def with_retries(
     what: str,
     action: Callable[[], object],
@@ -153,20 +211,30 @@ def with_retries(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     draw: Callable[[], float] = random.random,
+    of_s3: bool = True,
 ):
     """Run action until it succeeds, retrying outages per `policy`; raises S3Unavailable naming
-    `what` and the last error once the budget (or a shutdown's deadline) is spent."""
+    `what` and the last error once the budget (or a shutdown's deadline) is spent. Each answer
+    and each outage error goes to S3_REACHABILITY unless the action is not S3's (of_s3 False)."""
     policy = policy or STEP_POLICY
+    # Another service's outage is not S3's: told to a record nothing reads.
+    reachability = S3_REACHABILITY if of_s3 else S3Reachability()
     started = clock()
     next_note = started + policy.note_every_s
     attempt = 0
     while True:
         try:
-            return action()
+            result = action()
         except Exception as exc:
             if not is_outage(exc):
+                if isinstance(exc, ClientError):  # a refusal is an answer
+                    reachability.answered()
                 raise
+            reachability.unanswered()
             last = exc
+        else:
+            reachability.answered()
+            return result
         attempt += 1
         now = clock()
         deadline = started + policy.budget_s if policy.budget_s is not None else float("inf")
@@ -306,6 +374,7 @@ def signal_cloudformation(cfg, success: bool, reason: str) -> str:
                 UniqueId=instance_id(cfg),
                 Status=status,
             ),
+            of_s3=False,
         )
     except ClientError as exc:
         # A second signal (a rerun after the stack finished creating) is refused; that is fine.

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws, launch, rendezvous
+from bootstrap import allreduce_check, aws, launch, rendezvous, results
 from bootstrap.node_config import Benchmark, BenchmarkSize, TrainConfig
 from bootstrap.rendezvous import utc_stamp
 
@@ -39,7 +39,7 @@ COLUMNS = (
 )
 
 
-class BenchmarkError(RuntimeError):
+class BenchmarkError(launch.TrainingFailed):
     pass
 
 
@@ -342,10 +342,10 @@ def lead(
     keys = step("upload benchmark", lambda: upload(s3, cfg, files))
     log("benchmark written: " + ", ".join(f"s3://{cfg.bucket}/{k}" for k in keys))
     log("benchmark table:\n" + markdown(doc))
-    done = launch.done_document(cfg, "succeeded", None, None, time.time(), started)
+    done = results.done_document(cfg, "succeeded", None, None, time.time(), started)
     largest = doc["rows"][-1]
     done |= {"benchmark": cfg.benchmark.mode, "images_per_s": largest["images_per_s"]}
     done["allreduce_busbw_gbps"] = largest["allreduce_busbw_gbps"]
-    step("upload logs", lambda: launch.upload_logs(s3, cfg, aws.UNTIL_DONE))
-    step("write DONE.json", lambda: launch.write_done(s3, cfg, done))
+    step("upload logs", lambda: results.upload_logs(s3, cfg, aws.UNTIL_DONE))
+    step("write DONE.json", lambda: results.write_done(s3, cfg, done, started))
     log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")

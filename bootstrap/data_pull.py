@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
-from bootstrap import aws
+from bootstrap import aws, causes
 from bootstrap.aws import poll_until
 
 WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
@@ -28,7 +28,9 @@ VERIFIED_MARKER = ".verified-manifest-sha256"
 
 
 class VerificationError(RuntimeError):
-    pass
+    """The dataset here or in S3 differs from its manifest."""
+
+    cause = causes.CORRUPT_SHARD
 
 
 def count_records(path: Path) -> int:

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bootstrap import allreduce_check, aws
+from bootstrap import allreduce_check, aws, causes
 from bootstrap.image.manifest import ImageError, load
 from bootstrap.node_config import Common, TrainConfig
 
@@ -20,7 +20,9 @@ LOG_FILES = (
 
 
 class HealthError(RuntimeError):
-    pass
+    """A node, or the fleet's network, failed its check."""
+
+    cause = causes.NODE_UNHEALTHY
 
 
 def count_gpus() -> int:

@@ -11,7 +11,9 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   preprocess only: raw_wait_s (86400: how long to wait for the raw archives in S3),
   train only: instance_store (true: RAID0 the NVMe instance store at mount_point),
   ssh_port (22), authorized_keys_file ("/root/.ssh/authorized_keys"), network_interface (null),
-  heartbeat_timeout_s (120), checkpoint_sync_s (60: what a crash can lose on top of the epoch
+  heartbeat_timeout_s (120), collective_timeout_s (120: how long a rank waits on a peer in a
+  Gloo collective before the attempt fails, see docs/faults-and-recovery.md),
+  checkpoint_sync_s (60: what a crash can lose on top of the epoch
   in progress, see docs/faults-and-recovery.md), status_every_s (15: how often the leader rewrites status.json
   while the trainer runs),
   gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bootstrap import causes
 from bootstrap.cli import OneLineErrorParser, usage_error
 
 DEFAULT_PATH = "/etc/horovod-fleet/node.json"
@@ -45,8 +48,17 @@ BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 
 
+# Horovod's own 30 s made any pause of a rank over 30 s (a stopped process, a host or network
+# hiccup) cost a whole attempt; a peer that is really gone costs this much waiting instead. Well
+# under the progress watchdog's 10 minutes, so a timeout, which names the peer, ends it first.
+# Whole seconds: Horovod reads the value as an integer.
+COLLECTIVE_TIMEOUT_S = 120
+
+
 class ConfigError(ValueError):
     """A bad node.json; str() is the one line the scripts print."""
+
+    cause = causes.CONFIG_INVALID
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,7 @@ class TrainConfig(Common):
     status_every_s: float = 15.0
     market: str = "on-demand"
     spot_notice_file: str | None = None
+    collective_timeout_s: int = COLLECTIVE_TIMEOUT_S
 
     @property
     def is_leader(self) -> bool:
@@ -331,6 +344,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         status_every_s=r.number("status_every_s", 15, minimum=1),
         market=r.choice("market", MARKETS, "on-demand"),
         spot_notice_file=r.text("spot_notice_file", None, nullable=True),
+        collective_timeout_s=r.integer("collective_timeout_s", COLLECTIVE_TIMEOUT_S, minimum=1),
     )
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import aws
+from bootstrap import aws, causes
 from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
 
@@ -33,7 +33,15 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class RendezvousError(RuntimeError):
-    pass
+    """Nodes of the fleet did not register in time."""
+
+    cause = causes.NODES_MISSING
+
+
+class LeaderLost(RendezvousError):
+    """A member's leader went silent: its heartbeat is stale, or it never beat."""
+
+    cause = causes.NODE_LOST
 
 
 def utc_stamp(now: float) -> str:
@@ -258,8 +266,9 @@ def serve_as_member(
     leader_lost: Callable[[float], str | None] = lambda now: None,
     fleet_ready: Callable[[dict], None] = lambda check: None,
 ) -> None:
-    """Install the leader's key, register, then heartbeat until the run's DONE.json appears, or
-    until leader_lost(now) says why the leader is gone (bootstrap.supervision.LeaderWatch).
+    """Install the leader's key, register, then heartbeat until the run's DONE.json appears (the
+    leader's, or another member's that found the leader lost), or until leader_lost(now) says
+    why the leader is gone (bootstrap.supervision.LeaderWatch): this member then writes it.
     fleet_ready(check) is called once, when the leader's fleet check of this deployment appears.
 
     The key goes in before the registration, so the leader never ssh-es to a node that would
@@ -276,6 +285,6 @@ def serve_as_member(
             log(f"installed the run's public key in {cfg.authorized_keys_file}")
         register_node(s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key))
         if why := leader_lost(clock()):
-            raise RendezvousError(why)
+            raise LeaderLost(why)
         sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))
     log("the leader wrote DONE.json: this member's part is over")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from bootstrap import aws, launch, supervision
+from bootstrap import aws, results, supervision
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import parse_stamp, read_object, utc_stamp
 
@@ -216,7 +216,7 @@ def interruption_reason(
     """DONE.json's reason when this attempt's training ended in the trainer's coordinated stop
     (interrupted.json written since the restore) because of Spot notices of this attempt; None
     otherwise, so every other end keeps its reason."""
-    stopped = launch.this_attempts(model_dir / INTERRUPTED_FILE, outputs_since)
+    stopped = results.this_attempts(model_dir / INTERRUPTED_FILE, outputs_since)
     if not stopped:
         return None
     try:

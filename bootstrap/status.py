@@ -13,7 +13,9 @@ https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedd
 With a topic in node.json, the start of training and the end of the run are published to SNS.
 
 Watching must never cost the run: every S3 and SNS call here is best effort, on the thread, with
-one quick try (a failure is one log line and the next write tries again).
+one quick try (a failure is one log line and the next write tries again). An S3 outage is not a
+line per call: one when S3 stops answering, about one a minute while it lasts, with its true
+age, and one when S3 answers again (OutageLog).
 """
 
 from __future__ import annotations
@@ -47,7 +49,45 @@ METRIC_UNITS = {
 }
 # One try, quickly: a status that misses a beat is rewritten 15 s later.
 QUICK = aws.RetryPolicy(budget_s=0)
+OUTAGE_NOTE_EVERY_S = 60
 _CHECKPOINT = re.compile(r"ckpt-(\d+)\.index$")
+
+
+class OutageLog:
+    """The status writer's lines about an S3 outage: one when its calls stop being answered, one
+    about every minute while that lasts (the age counted from the first failure), one when S3
+    answers again. Thread-safe: the status thread and the bootstrap's own thread both call S3."""
+
+    def __init__(
+        self, log: Callable[[str], None], clock: Callable[[], float], every_s=OUTAGE_NOTE_EVERY_S
+    ):
+        self.log, self.clock, self.every_s = log, clock, every_s
+        self.lock = threading.Lock()
+        self.since: float | None = None
+        self.next_note = 0.0
+
+    def unanswered(self, what: str, error: BaseException) -> None:
+        with self.lock:
+            now = self.clock()
+            last = aws.one_line(error.__cause__ or error)
+            if self.since is None:
+                self.since, self.next_note = now, now + self.every_s
+                self.log(
+                    f"status: S3 unreachable since {utc_stamp(now)} (could not {what}: {last}); "
+                    "status.json is rewritten once it answers"
+                )
+            elif now >= self.next_note:
+                self.next_note = now + self.every_s
+                self.log(
+                    f"status: S3 unreachable for {now - self.since:.0f} s (since "
+                    f"{utc_stamp(self.since)}); last error: {last}"
+                )
+
+    def answered(self) -> None:
+        with self.lock:
+            if self.since is not None:
+                self.log(f"status: S3 answers again after {self.clock() - self.since:.0f} s")
+                self.since = None
 
 
 class RunStatus:
@@ -75,6 +115,7 @@ class RunStatus:
         self.progress: dict | None = None
         self.emitted_at: str | None = None
         self.notified: set[str] = set()
+        self.outage = OutageLog(log, clock)
         self.wake = threading.Event()
         self.stopping = False
         self.lock = threading.Lock()
@@ -117,7 +158,7 @@ class RunStatus:
             if phase == "training" and self.progress:
                 phase = self.progress["phase"]  # the trainer knows when it evaluates
             doc = self.document(phase)
-            self._try("write status.json", lambda: self._put(doc))
+            self._s3("write status.json", lambda: self._put(doc))
             self._notify(doc)
             return doc
 
@@ -133,9 +174,9 @@ class RunStatus:
             "instance_type": cfg.instance_type,
             "nodes": cfg.nodes,
             "gpus_per_node": cfg.gpus_per_node,
-            "nodes_healthy": self._try("count healthy nodes", self._nodes_healthy),
+            "nodes_healthy": self._s3("count healthy nodes", self._nodes_healthy),
             "progress": self.progress,
-            "checkpoint": self._try("find the newest checkpoint", self._newest_checkpoint),
+            "checkpoint": self._s3("find the newest checkpoint", self._newest_checkpoint),
             "reason": self.reason if phase in ENDED else None,
             "cost": cfg.cost,
         }
@@ -180,7 +221,7 @@ class RunStatus:
         when S3 cannot say: the count is a report, never a reason to stop). Read once per
         attempt (the controller writes it only between attempts); a failed read is retried."""
         if self.earlier is None:
-            self.earlier = self._try("read attempts.json", self._recorded_attempts)
+            self.earlier = self._s3("read attempts.json", self._recorded_attempts)
         return self.earlier or []
 
     def _recorded_attempts(self) -> list[dict]:
@@ -246,6 +287,19 @@ class RunStatus:
         except Exception as exc:
             self.log(f"status: could not {what}: {aws.one_line(exc)}")
             return None
+
+    def _s3(self, what: str, action: Callable[[], object]):
+        """_try for an action of S3 calls: an outage goes to the OutageLog, not a line per call."""
+        try:
+            result = action()
+        except aws.S3Unavailable as exc:
+            self.outage.unanswered(what, exc)
+            return None
+        except Exception as exc:
+            self.log(f"status: could not {what}: {aws.one_line(exc)}")
+            return None
+        self.outage.answered()
+        return result
 
 
 def emf_line(cfg: TrainConfig, values: dict, now: float) -> dict:

@@ -13,6 +13,10 @@ failure (docs/contracts.md, "A run as it goes").
   in one line naming it instead of waiting for DONE.json forever.
 - A failed training names a node whose heartbeat went stale (its network or its instance died)
   as `node <index> (<instance_id>, <ip>)`, before any rank on a surviving node is blamed.
+- A heartbeat is only as fresh as S3 lets it be: while S3 did not answer, no node could rewrite
+  its heartbeat or see another's. After an outage, staleness is counted from when S3 answered
+  this node again (aws.s3_answered_again_at), so an outage longer than heartbeat_timeout_s
+  never makes a node blame another.
 """
 
 from __future__ import annotations
@@ -124,59 +128,91 @@ def read_entry(s3, cfg: TrainConfig, index: int) -> dict | None:
     return json.loads(body) if body else None
 
 
+def stale_for(beat: float | None, now: float, s3_back_at: float | None) -> float:
+    """How long a heartbeat has gone unrefreshed as far as this node can tell: since the beat,
+    or since S3 answered this node again when that is later."""
+    return now - max(beat or 0.0, s3_back_at or 0.0)
+
+
+def since_s3_returned(beat: float | None, now: float, s3_back_at: float | None) -> str:
+    """What a verdict adds when it counted from S3's return rather than from the beat."""
+    if s3_back_at is None or s3_back_at <= (beat or 0.0):
+        return ""
+    return f"; counted from S3 answering this node again {now - s3_back_at:.0f} s ago"
+
+
 class LeaderWatch:
     """A member's view of the leader's heartbeat: lost once it was seen alive and then went
-    stale, or never seen alive within rendezvous_timeout_s of this member's start."""
+    stale, or never seen alive within rendezvous_timeout_s of this member's start; never while
+    S3 answered this member again less than heartbeat_timeout_s ago."""
 
-    def __init__(self, cfg: TrainConfig, started: float):
-        self.cfg, self.started = cfg, started
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        started: float,
+        s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
+    ):
+        self.cfg, self.started, self.s3_back_at = cfg, started, s3_back_at
         self.seen_alive = False
 
     def lost(self, entry: dict | None, now: float) -> str | None:
         key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}nodes/0.json"
-        age = now - parse_stamp(entry["registered_at"]) if entry else None
-        if age is not None and age <= self.cfg.heartbeat_timeout_s:
+        timeout = self.cfg.heartbeat_timeout_s
+        beat = parse_stamp(entry["registered_at"]) if entry else None
+        if beat is not None and now - beat <= timeout:
             self.seen_alive = True
             return None
+        back = self.s3_back_at()
+        if stale_for(beat, now, back) <= timeout:
+            return None  # S3 answered again too recently for the leader to have beaten since
         who = name_node(entry) if entry else "node 0"
+        counted = since_s3_returned(beat, now, back)
         if self.seen_alive:
             return (
-                f"the leader, {who}, is lost: its heartbeat {key} is {age:.0f} s old "
-                f"(heartbeat_timeout_s {self.cfg.heartbeat_timeout_s:.0f}); this member stops "
-                "waiting for the run's DONE.json"
+                f"the leader, {who}, is lost: its heartbeat {key} is {now - beat:.0f} s old "
+                f"(heartbeat_timeout_s {timeout:.0f}{counted}); this member stops waiting for "
+                "the run's DONE.json"
             )
         if now - self.started > self.cfg.rendezvous_timeout_s:
-            since = f"last beat {age:.0f} s ago" if entry else "no heartbeat at all"
+            since = f"last beat {now - beat:.0f} s ago" if entry else "no heartbeat at all"
             return (
                 f"the leader, {who}, did not heartbeat ({key}) within "
-                f"{self.cfg.rendezvous_timeout_s:.0f} s of this member's start ({since})"
+                f"{self.cfg.rendezvous_timeout_s:.0f} s of this member's start ({since}{counted})"
             )
         return None
 
 
 def lost_nodes(
-    s3, cfg: TrainConfig, failed_at: float, clock=time.time, sleep=time.sleep
+    s3,
+    cfg: TrainConfig,
+    failed_at: float,
+    clock=time.time,
+    sleep=time.sleep,
+    s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
 ) -> list[str]:
     """After a failed training, the members whose heartbeat went stale, named. Waits until each
     member has either beaten since failed_at (alive: members keep beating after their ranks
-    end) or gone heartbeat_timeout_s without a beat (lost)."""
+    end) or gone heartbeat_timeout_s without a beat (lost), counted from S3's return to this
+    node when that is later."""
     pending = set(range(1, cfg.nodes))
     lost: list[str] = []
-    deadline = failed_at + cfg.heartbeat_timeout_s + heartbeat_interval(cfg) + cfg.poll_interval_s
+    wait_s = cfg.heartbeat_timeout_s + heartbeat_interval(cfg) + cfg.poll_interval_s
     while pending:
-        now = clock()
         for index in sorted(pending):
             entry = read_entry(s3, cfg, index)
+            # After the read, which may have waited through an outage.
+            now, back = clock(), s3_back_at()
             last = parse_stamp(entry["registered_at"]) if entry else 0.0
             if last >= math.floor(failed_at):  # heartbeats carry whole seconds
                 pending.discard(index)
-            elif now - last > cfg.heartbeat_timeout_s:
+            elif stale_for(last, now, back) > cfg.heartbeat_timeout_s:
                 pending.discard(index)
                 lost.append(
                     f"{name_node(entry or {'index': index})} lost: no heartbeat for "
-                    f"{now - last:.0f} s (heartbeat_timeout_s {cfg.heartbeat_timeout_s:.0f})"
+                    f"{now - last:.0f} s (heartbeat_timeout_s {cfg.heartbeat_timeout_s:.0f}"
+                    f"{since_s3_returned(last, now, back)})"
                 )
-        if not pending or clock() >= deadline:
+        if not pending or clock() >= max(failed_at, s3_back_at() or 0.0) + wait_s:
             break
         sleep(min(cfg.poll_interval_s, heartbeat_interval(cfg)))
     return lost

@@ -54,7 +54,9 @@ class StepFailed(RuntimeError):
     pass
 
 
-REPORT_GRACE_S = 60  # after one node fails, how long the others get to report theirs
+# After one node fails, how long the others get to report theirs: a member needs the heartbeat
+# timeout (heartbeat_timeout_s below) and a poll to find its leader lost and write DONE.json.
+REPORT_GRACE_S = 100
 # The node unit's Restart=on-abnormal (bootstrap/lib.sh): a bootstrap killed by any signal but
 # these is started again after RestartSec, at most StartLimitBurst times.
 CLEAN_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE}
@@ -87,6 +89,7 @@ class Rehearsal:
         self.iam: iam_s3.IamS3Proxy | None = None  # the local S3's IAM judge
         self.market = "on-demand"  # the market of the newest attempt's node.json
         self.replacements: dict[int, int] = {}  # node index -> times EC2 launched it anew
+        self.fault_threads: list[threading.Thread] = []  # a fault that goes on (the rehearsal's)
 
     # ------------------------------------------------------------ processes
 

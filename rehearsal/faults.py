@@ -41,6 +41,15 @@ CHECKPOINTED_EPOCHS = 2  # the run of that snapshot: a checkpoint after each of 
 # Longer than boto3's read timeout (20 s), so every kind of S3 call sees it time out and retry;
 # short enough for CI.
 OUTAGE_S = 40
+# Longer than the rehearsal's heartbeat_timeout_s (60 s, rehearsal/core.py), inside the 5
+# minutes an outage may last (bootstrap/aws.py OUTAGE_S): no heartbeat can be fresh through it.
+LONG_OUTAGE_S = 75
+# The paused rank's row: a collective timeout shorter than the pause, so the attempt ends.
+PAUSE_S = 90
+PAUSED_COLLECTIVE_TIMEOUT_S = 30
+# How long the dead leader's host stays dead: its processes, a restarted bootstrap included,
+# are killed every second for this long.
+DEAD_FOR_S = 60
 SHARD = "train-00001-of-00004"
 MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
 # The trainer's line at an epoch's end ("Epoch 3/5 done in 3.0 s: ...").
@@ -53,12 +62,21 @@ Action = Callable[[Rehearsal], None]
 
 
 @dataclass(frozen=True)
+class Request:
+    """A request the local S3 answered: its method and a pattern of its path."""
+
+    method: str
+    path: re.Pattern
+
+
+@dataclass(frozen=True)
 class Fault:
     """What is done to the run, and when: at node 0's first output line that matches `when`
-    (text or pattern), or before the attempt starts (None)."""
+    (text or pattern), once the local S3 has answered a Request, or before the attempt starts
+    (None)."""
 
     what: Action
-    when: str | re.Pattern | None = None
+    when: str | re.Pattern | Request | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +277,57 @@ def kill_host(index: int) -> Action:
     return kill
 
 
+def kill_host_for(index: int, seconds: float) -> Action:
+    """Node `index`'s host killed now and kept dead: every process of it killed every second
+    for `seconds` (before_relaunch waits for that to end)."""
+
+    def kill(rehearsal: Rehearsal) -> None:
+        rehearsal.services.pop(f"node{index}")
+        namespace = rehearsal.fleet.nodes[index].namespace
+        say(f"FAULT: node {index}'s host is dead for {seconds:.0f} s")
+
+        def keep_dead() -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                rehearsal.fleet.kill_host(namespace)
+                time.sleep(1)
+            say(f"FAULT over: node {index}'s host is no longer killed")
+
+        rehearsal.fault_threads.append(threading.Thread(target=keep_dead, daemon=True))
+        rehearsal.fault_threads[-1].start()
+
+    return kill
+
+
+def wait_for_fault_threads(rehearsal: Rehearsal) -> None:
+    for thread in rehearsal.fault_threads:
+        thread.join()
+
+
+def pause_rank(rank: int, seconds: float) -> Action:
+    """SIGSTOP to rank `rank`'s trainer, SIGCONT `seconds` later (if it still exists)."""
+
+    def pause(rehearsal: Rehearsal) -> None:
+        pids = processes_with(
+            [f"HOROVOD_RANK={rank}", f"AWS_ENDPOINT_URL={rehearsal.endpoint}"], "trainer.train"
+        )
+        say(f"FAULT: rank {rank}'s trainer paused for {seconds:.0f} s (pid {pids})")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+        def resume() -> None:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+        timer = threading.Timer(seconds, resume)
+        timer.daemon = True
+        timer.start()
+
+    return pause
+
+
 def spot_notice(index: int) -> Action:
     """EC2's two-minute warning to node `index`'s instance: its IMDS `spot/instance-action`
     starts answering (the notice file stands in for it)."""
@@ -334,6 +403,22 @@ def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
     )
 
 
+def first_attempt_ended(cause: str, *texts: str) -> Check:
+    """The row's first attempt ended with `cause`, its reason holding every text."""
+    return lambda r, done: (
+        r.entries[0].get("cause") == cause
+        and all(text in (r.entries[0]["reason"] or "") for text in texts)
+    )
+
+
+def no_node_blamed(rehearsal: Rehearsal, done: dict) -> bool:
+    return not any(
+        node_said(rehearsal, index, text)
+        for index in range(rehearsal.args.nodes)
+        for text in ("is lost", "lost: no heartbeat")
+    )
+
+
 def no_epoch_retrained(first_epoch: int) -> Check:
     return lambda r, done: (
         not any(node_said(r, 0, f"Epoch {e}/") for e in range(1, first_epoch))
@@ -361,6 +446,40 @@ ROWS = [
         3,
         Fault(freeze_s3(OUTAGE_S), when="step 'restore checkpoints': start"),
         Expect("succeeded", 3, {"resumed_at_epoch_3": no_epoch_retrained(3)}),
+    ),
+    Row(
+        "S3",
+        f"S3 unanswered for {LONG_OUTAGE_S} s mid-training (past heartbeat_timeout_s)",
+        "no node is blamed for S3's silence; succeeded with every epoch",
+        DATASET,
+        2,
+        Fault(freeze_s3(LONG_OUTAGE_S), when="Epoch 1/"),
+        Expect("succeeded", 2, {"no_node_blamed": no_node_blamed}),
+    ),
+    Row(
+        "S3",
+        "the first checkpoint's upload cut: node 0's host killed when its .index reaches S3",
+        "node 1 finds its leader lost and writes the attempt's DONE.json (node_lost); relaunched, "
+        "the restore takes no half-uploaded checkpoint; succeeded with every epoch",
+        DATASET,
+        3,
+        Fault(
+            kill_host(0),
+            when=Request("PUT", re.compile(r"/runs/[^/]+/model/checkpoints/ckpt-\d+\.index$")),
+        ),
+        Expect(
+            "succeeded",
+            3,
+            {
+                "member_recorded_the_lost_leader": first_attempt_ended("node_lost", "leader"),
+                "relaunched_once": decisions("relaunch", "teardown"),
+                "counted": every_attempt_counted,
+            },
+        ),
+        EVERY_EPOCH,
+        max_restarts=2,
+        needs_hosts=True,
+        in_ci=True,
     ),
     Row(
         "S3",
@@ -429,6 +548,28 @@ ROWS = [
         EVERY_EPOCH,
     ),
     Row(
+        "ranks",
+        f"rank 1's trainer paused (SIGSTOP) for {PAUSE_S} s, past a "
+        f"{PAUSED_COLLECTIVE_TIMEOUT_S} s collective timeout",
+        "attempt 1 failed: collective timeout: rank 1 on node 1 (<its ip>) stopped answering "
+        "rank 0 ...; relaunched, succeeded with every epoch",
+        DATASET,
+        3,
+        Fault(pause_rank(1, PAUSE_S), when=EPOCH_DONE),
+        Expect(
+            "succeeded",
+            3,
+            {
+                "names_rank_1_and_node_1": first_attempt_ended(
+                    "collective_timeout", "rank 1 on node 1 (", "stopped answering"
+                ),
+                "relaunched_once": decisions("relaunch", "teardown"),
+            },
+        ),
+        {"collective_timeout_s": PAUSED_COLLECTIVE_TIMEOUT_S},
+        max_restarts=2,
+    ),
+    Row(
         "nodes",
         "leader's node stopped (SIGTERM)",
         "interrupted; its checkpoint and logs in S3",
@@ -476,6 +617,29 @@ ROWS = [
         ),
         {"absent": (1,), "rendezvous_timeout_s": MISSING_NODE_TIMEOUT_S},
         max_restarts=1,
+    ),
+    Row(
+        "nodes",
+        f"node 0's host dead for {DEAD_FOR_S} s after an epoch (the leader lost)",
+        "node 1 finds its leader lost and writes the attempt's DONE.json (node_lost); relaunched, "
+        "succeeded with every epoch, DONE.json counts 2 attempts",
+        DATASET,
+        3,
+        Fault(kill_host_for(0, DEAD_FOR_S), when=EPOCH_DONE),
+        Expect(
+            "succeeded",
+            3,
+            {
+                "member_recorded_the_lost_leader": first_attempt_ended("node_lost", "leader"),
+                "relaunched_once": decisions("relaunch", "teardown"),
+                "counted": every_attempt_counted,
+            },
+        ),
+        EVERY_EPOCH,
+        max_restarts=2,
+        before_relaunch=wait_for_fault_threads,
+        needs_hosts=True,
+        in_ci=True,
     ),
     Row(
         "nodes",
@@ -627,11 +791,17 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
         return row.name, row.expected, "needs the namespaces (root): a host per node", "FAIL"
     prepare_start(rehearsal, row.start)
     rehearsal.watches.clear()
+    if rehearsal.iam:
+        rehearsal.iam.watches.clear()
+    rehearsal.fault_threads.clear()
     rehearsal.entries = []
-    if row.fault.when is None:
+    when = row.fault.when
+    if when is None:
         row.fault.what(rehearsal)
+    elif isinstance(when, Request):
+        rehearsal.iam.on_request(when.method, when.path, lambda: row.fault.what(rehearsal))
     else:
-        rehearsal.watches.append(("node0", row.fault.when, lambda: row.fault.what(rehearsal)))
+        rehearsal.watches.append(("node0", when, lambda: row.fault.what(rehearsal)))
     refused_before = len(rehearsal.iam.refusals) if rehearsal.iam else 0
     overrides = dict(row.overrides)
     try:
@@ -644,7 +814,8 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     except StepFailed as exc:  # a node failed, as the fault may want
         say(f"the nodes: {exc}")
     ok, observed = judge(rehearsal, row, rehearsal.done_json())
-    if rehearsal.watches:
+    wait_for_fault_threads(rehearsal)
+    if rehearsal.watches or (rehearsal.iam and rehearsal.iam.watches):
         return row.name, row.expected, "the fault was never injected", "FAIL"
     # A request a deployed role may not make fails on AWS, whatever the row's outcome.
     if refused := rehearsal.iam.refusals[refused_before:] if rehearsal.iam else []:

@@ -25,6 +25,7 @@ import json
 import re
 import threading
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -168,6 +169,9 @@ class IamS3Proxy:
         self.statements = statements
         self.log_path = log_path
         self.refusals: list[str] = []
+        # (method, path pattern, action): the first request that matches, once S3 has answered
+        # it, runs the action (the fault rehearsal injects faults at a request this way).
+        self.watches: list[tuple[str, re.Pattern, Callable[[], None]]] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -222,6 +226,18 @@ class IamS3Proxy:
                 # S3 does not tell a caller that may not list the bucket what is absent.
                 return reply(request, 403, access_denied(parsed.path))
         reply(request, status, answer, headers)
+        self.run_watches(request.command, parsed.path)
+
+    def on_request(self, method: str, path: re.Pattern, action: Callable[[], None]) -> None:
+        with self.lock:
+            self.watches.append((method, path, action))
+
+    def run_watches(self, method: str, path: str) -> None:
+        with self.lock:
+            due = [w for w in self.watches if w[0] == method and w[1].search(path)]
+            self.watches = [w for w in self.watches if w not in due]
+        for _, _, action in due:
+            action()
 
     def forward(self, request: BaseHTTPRequestHandler, body: bytes):
         connection = http.client.HTTPConnection(*self.upstream, timeout=600)

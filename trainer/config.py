@@ -25,7 +25,10 @@ ARCHS = ("resnet50", "resnet18")
 # 1% of a 64-GPU run's time (an epoch is ~16 s there); the last epoch is always evaluated.
 DEFAULT_EVAL_EVERY = 10
 # A checkpoint at an epoch end once this long has passed since the last (and at the end, and on
-# SIGTERM): a 200 MB save every 16 s epoch would cost a fleet several percent.
+# SIGTERM). Each save (~205 MB, 1-2 s) stalls every rank: every epoch would cost 8 p4d nodes
+# 10-18% of their time, 600 s costs 0.2-0.3%, and a crash then loses at most ~10 minutes of
+# training, Young's optimum for a fleet crashing once in 25-50 hours (docs/faults-and-recovery.md,
+# "A crash", has the table and the reasoning).
 DEFAULT_CHECKPOINT_EVERY_S = 600
 
 

@@ -4,7 +4,11 @@ import json
 import struct
 from pathlib import Path
 
+from bootstrap import aws
+
 BUCKET = "fleet-data"
+# S3 calls that give up within 2 s: a test's outage or missing file fails fast.
+QUICK = aws.RetryPolicy(budget_s=2, first_delay_s=0.01, max_delay_s=0.05, note_every_s=0.5)
 
 
 def train_doc(**overrides) -> dict:

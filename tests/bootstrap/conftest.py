@@ -1,10 +1,17 @@
-"""Fixtures for the bootstrap tests: moto S3 in process and node.json documents (a moto server: tests/conftest.py)."""
+"""Fixtures for the bootstrap tests: moto S3 in process, moto as a server with the real s5cmd
+(for what a node copies with s5cmd), a stub s5cmd, and node.json documents."""
+
+import os
+import stat
+import sys
+from pathlib import Path
 
 import boto3
 import pytest
-from bootstrap_helpers import BUCKET, deny_missing_keys, train_doc
+from bootstrap_helpers import BUCKET, QUICK, deny_missing_keys, train_doc
 from moto import mock_aws
 
+from bootstrap import aws
 from bootstrap.node_config import parse
 
 
@@ -33,3 +40,39 @@ def s3(monkeypatch):
         client.create_bucket(Bucket=BUCKET)
         deny_missing_keys(client)  # every node-side test sees S3 as the node role does
         yield client
+
+
+@pytest.fixture
+def endpoint(monkeypatch, moto_endpoint):
+    url = moto_endpoint
+    for name, value in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "t",
+                        "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(aws, "STEP_POLICY", QUICK)
+    s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    return s3
+
+
+@pytest.fixture
+def fake_s5cmd(tmp_path, monkeypatch):
+    """Put an s5cmd running `body` (bash) first on PATH."""
+
+    def install(body: str) -> None:
+        exe = tmp_path / "bin" / "s5cmd"
+        exe.parent.mkdir(exist_ok=True)
+        exe.write_text(f"#!/usr/bin/env bash\n{body}\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
+
+    return install
+
+
+@pytest.fixture(autouse=True)
+def s3_reachability(monkeypatch):
+    """Each test starts with a node that never missed S3 (the record is the process's)."""
+    fresh = aws.S3Reachability()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", fresh)
+    return fresh

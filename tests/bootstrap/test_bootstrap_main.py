@@ -18,7 +18,7 @@ from bootstrap_helpers import train_doc
 from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
 from bootstrap import __main__ as bootstrap_main
-from bootstrap import aws, launch
+from bootstrap import aws, checkpoints, launch, results
 from bootstrap.node_config import parse
 from bootstrap.rendezvous import utc_stamp
 
@@ -98,11 +98,11 @@ def test_failure_report_survives_unreachable_aws(tmp_path, monkeypatch, capsys):
         raise NoCredentialsError()
 
     monkeypatch.setattr(aws, "signal_cloudformation", unreachable)
-    monkeypatch.setattr(launch.ModelStore, "upload", unreachable)
-    monkeypatch.setattr(launch, "write_done", no_credentials)
-    failure = bootstrap_main.StepFailed("data pull", "RuntimeError: s5cmd cp failed")
+    monkeypatch.setattr(checkpoints.ModelStore, "upload", unreachable)
+    monkeypatch.setattr(results, "write_done", no_credentials)
+    failure = bootstrap_main.StepFailed("data pull", "RuntimeError: s5cmd cp failed", "unknown")
     attempt = bootstrap_main.Attempt()
-    attempt.store = launch.ModelStore(None, cfg, tmp_path / "data" / "model")
+    attempt.store = checkpoints.ModelStore(None, cfg, tmp_path / "data" / "model")
 
     bootstrap_main.report_failure(cfg, failure, attempt)
 
@@ -215,7 +215,7 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
         return 0, ofi
 
     monkeypatch.setattr(launch, "stream", horovodrun)
-    monkeypatch.setattr(launch.ModelStore, "restore", lambda store: events.append("restore"))
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: events.append("restore"))
     with pytest.raises(bootstrap_main.StepFailed, match="stop after the check"):
         bootstrap_main.train_node(cfg, attempt)
     assert events[:3] == [
@@ -227,6 +227,36 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
         s3.get_object(Bucket=cfg.bucket, Key="runs/r1/fleet-check.json")["Body"].read()
     )
     assert check["passed"] and check["detail"] == "NCCL transport: ofi"
+
+
+@pytest.mark.parametrize(
+    ("chosen", "said"),
+    [
+        ("ckpt-7", "restored and verified s3://fleet-data/runs/r1/model/: the trainer resumes "
+         "from ckpt-7"),
+        (None, "no checkpoint in s3://fleet-data/runs/r1/model/ yet: the trainer starts run r1 "
+         "from its first step"),
+    ],
+)  # fmt: skip
+def test_the_leader_says_which_checkpoint_the_trainer_resumes_from(
+    leader_up_to_the_check, capsys, chosen, said
+):
+    """Before: "restored and verified ...: the trainer resumes from it" whenever S3 held any
+    file of the model dir, tensorboard's alone included, and the trainer then started over."""
+    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.allreduce_check" in command:
+            return 0, ofi
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: chosen)
+    with pytest.raises(bootstrap_main.StepFailed, match="stop before training"):
+        bootstrap_main.train_node(cfg, attempt)
+    messages = [line.split(" [bootstrap] ", 1)[-1] for line in capsys.readouterr().out.splitlines()]
+    assert said in messages
 
 
 @pytest.mark.parametrize("noticed", [True, False])
@@ -257,7 +287,7 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
         return 1, stopped
 
     monkeypatch.setattr(launch, "stream", horovodrun)
-    monkeypatch.setattr(launch.ModelStore, "restore", lambda store: False)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
     with pytest.raises(bootstrap_main.StepFailed) as ended:
         bootstrap_main.train_node(cfg, attempt)
     if noticed:
@@ -270,3 +300,53 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
     else:  # every other end keeps its reason
         assert ended.value.status == "failed"
         assert "horovodrun exited 1: " in str(ended.value)
+
+
+def test_a_leader_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
+    leader_up_to_the_check, s3
+):
+    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    began = time.time() - 3600
+    record = {"run": "r1", "attempt": 1, "started_at": utc_stamp(began), "restarts": []}
+    Path(cfg.state_dir).mkdir(parents=True)
+    (Path(cfg.state_dir) / "attempt.json").write_text(json.dumps(record))
+    tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+    monkeypatch.setattr(
+        launch, "stream", lambda command, env, log_path, keep, on_start=None: (0, tcp)
+    )
+    with pytest.raises(bootstrap_main.StepFailed) as failed:
+        bootstrap_main.train_node(cfg, attempt)
+    bootstrap_main.report_failure(cfg, failed.value, attempt)
+    read = lambda key: json.loads(s3.get_object(Bucket=cfg.bucket, Key=key)["Body"].read())  # noqa: E731
+    done, status = read("runs/r1/DONE.json"), read("runs/r1/status.json")
+    assert done["attempt_started_at"] == status["attempt_started_at"] == utc_stamp(began)
+    assert done["restarts"] == [
+        {"at": done["restarts"][0]["at"], "resumed_from_step": None, "reached_step": None}
+    ]
+    assert done["restarts"][0]["at"] >= utc_stamp(time.time() - 60)
+
+
+def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
+    leader_up_to_the_check, s3, capsys
+):
+    """A member found the leader lost while systemd restarted it: the member's DONE.json is the
+    attempt's record, and the restarted leader neither clears nor overwrites it."""
+    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    monkeypatch.setattr(launch, "stream", lambda *a, **k: events.append("horovodrun") or (1, ""))
+    ended = {"status": "failed", "cause": "node_lost", "written_by": "member 1"}
+    s3.put_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json", Body=json.dumps(ended))
+    attempt.started = time.time() - 600  # the attempt's first start, before the member wrote
+    with pytest.raises(bootstrap_main.StepFailed) as failed:
+        bootstrap_main.train_node(cfg, attempt)
+    bootstrap_main.report_failure(cfg, failed.value, attempt)
+    assert (
+        json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json")["Body"].read())
+        == ended
+    )
+    out = capsys.readouterr().out
+    assert (
+        "FAILED: step 'rendezvous' failed: RecordTaken: s3://fleet-data/runs/r1/DONE.json already "
+        "holds this attempt's record, written by member 1 (status failed, cause node_lost): it "
+        "stands"
+    ) in out
+    assert "wrote s3://" not in out and "horovodrun" not in events

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap import allreduce_check, launch, spot
+from bootstrap import allreduce_check, checkpoints, failures, launch, results, spot
 from bootstrap.node_config import parse
 from bootstrap.rendezvous import utc_stamp
 from stacks.instance_types import GPU_TYPES, GpuType
@@ -92,7 +92,11 @@ def test_cpu_nodes_use_gloo_without_gpu_settings():
     assert "--gloo" in cmd and "--mpi" not in cmd
     assert cmd[cmd.index("--ssh-port") + 1] == "2222"
     assert cmd[cmd.index("--network-interface") + 1] == "hf0"
-    assert launch.launcher_env(cfg, {"PATH": "/bin"}) == {"PATH": "/bin"}
+    assert launch.launcher_env(cfg, {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    }
 
 
 def test_trainer_command_follows_the_contract():
@@ -116,15 +120,18 @@ def test_done_document_on_success_and_failure(tmp_path):
         "bus bandwidth 8.40 GB/s\n"
     )
     started = time.time() - 10
-    ok = launch.done_document(cfg, "succeeded", None, tmp_path, started + 10, started)
-    assert set(ok) == {"run", "status", "reason", "top1", "top5", "epochs", "duration_s",
-                      "images_per_s", "end_to_end_images_per_s", "allreduce_busbw_gbps",
-                      "target_top1", "reached_target_at_epoch", "time_to_target_s",
-                      "finished_at", "timeline", "attempt", "attempts"}  # fmt: skip
+    ok = results.done_document(cfg, "succeeded", None, tmp_path, started + 10, started)
+    assert set(ok) == {"run", "status", "cause", "reason", "written_by", "top1", "top5",
+                      "epochs", "duration_s", "images_per_s", "end_to_end_images_per_s",
+                      "allreduce_busbw_gbps", "target_top1", "reached_target_at_epoch",
+                      "time_to_target_s", "attempt_started_at", "finished_at", "timeline",
+                      "restarts", "attempt", "attempts"}  # fmt: skip
     assert (ok["attempt"], ok["attempts"]) == (
         1,
-        [{"attempt": 1, "status": "succeeded", "reason": None}],
+        [{"attempt": 1, "status": "succeeded", "cause": None, "reason": None}],
     )
+    assert (ok["cause"], ok["written_by"], ok["restarts"]) == (None, "leader", [])
+    assert ok["attempt_started_at"] == utc_stamp(started)
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
         0.93,
@@ -132,33 +139,45 @@ def test_done_document_on_success_and_failure(tmp_path):
         3600.0,
     )
     assert (ok["end_to_end_images_per_s"], ok["allreduce_busbw_gbps"]) == (8600.0, 8.4)
-    no_check = launch.done_document(parse(train_doc(log_dir=str(tmp_path / "none"))), "failed",
+    no_check = results.done_document(parse(train_doc(log_dir=str(tmp_path / "none"))), "failed",
                                     "x", tmp_path, started + 10, started)  # fmt: skip
     assert no_check["allreduce_busbw_gbps"] is None and no_check["end_to_end_images_per_s"] is None
-    failed = launch.done_document(cfg, "failed", "step 'x' failed", tmp_path, started + 10, started)
+    failed = results.done_document(
+        cfg, "failed", "step 'x' failed", tmp_path, started + 10, started, cause="node_lost"
+    )
     assert failed["status"] == "failed" and failed["reason"] == "step 'x' failed"
+    assert failed["cause"] == "node_lost" and failed["attempts"][-1]["cause"] == "node_lost"
     assert failed["top1"] is None and failed["top5"] is None and failed["images_per_s"] is None
 
 
-def test_done_document_has_the_attempt_s_timeline(tmp_path):
+def test_done_document_has_the_attempt_s_timeline(tmp_path, s3_reachability):
     cfg = parse(train_doc())
     training = {"epochs": 2, "duration_s": 600.0, "startup_s": 40.0, "evaluation_s": 20.0,
                 "checkpoint_s": 5.0, "time_to_target_s": 500.0}  # fmt: skip
     (tmp_path / "train.json").write_text(json.dumps(training))
     steps = {"data pull": 120.4, "rendezvous": 3.1, "allreduce check": 9.8, "training": 610.2}
     started = time.time() - 700
-    done = launch.done_document(cfg, "succeeded", None, tmp_path, time.time(), started, None,
+    done = results.done_document(cfg, "succeeded", None, tmp_path, time.time(), started, None,
                                 None, steps)  # fmt: skip
     assert done["timeline"] == {
         "steps_s": steps,
         "trainer_s": {"startup_s": 40.0, "evaluation_s": 20.0, "checkpoint_s": 5.0,
                       "training_s": 535.0, "time_to_target_s": 500.0},
+        "s3_unreachable_s": 0.0,
     }  # fmt: skip
-    # A failure before the trainer wrote train.json: the steps alone.
+    # A failure before the trainer wrote train.json: the steps alone, and the 45 s S3 did not
+    # answer this node (an outage before the attempt began is not its own).
+    times = iter([started - 100, started - 50, started + 100, started + 145])
+    s3_reachability.clock = lambda: next(times)
+    for _ in range(2):
+        s3_reachability.unanswered()
+        s3_reachability.answered()
     os.remove(tmp_path / "train.json")
-    failed = launch.done_document(cfg, "failed", "x", tmp_path, time.time(), started, None, None,
+    failed = results.done_document(cfg, "failed", "x", tmp_path, time.time(), started, None, None,
                                   {"data pull": 1.0})  # fmt: skip
-    assert failed["timeline"] == {"steps_s": {"data pull": 1.0}, "trainer_s": {}}
+    assert failed["timeline"] == {
+        "steps_s": {"data pull": 1.0}, "trainer_s": {}, "s3_unreachable_s": 45.0,
+    }  # fmt: skip
 
 
 def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path):
@@ -169,7 +188,7 @@ def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path)
         {"attempt": 2, "status": "interrupted", "reason": "SIGTERM", "decision": "relaunch"},
     ]  # fmt: skip
     started = time.time() - 5
-    done = launch.done_document(cfg, "failed", "x " * 400, tmp_path, started + 5, started, None,
+    done = results.done_document(cfg, "failed", "x " * 400, tmp_path, started + 5, started, None,
                                 earlier)  # fmt: skip
     assert done["attempt"] == 3
     assert [(a["attempt"], a["status"]) for a in done["attempts"]] == [
@@ -177,14 +196,14 @@ def test_done_document_counts_the_attempts_the_run_controller_recorded(tmp_path)
         (2, "interrupted"),
         (3, "failed"),
     ]
-    assert set(done["attempts"][0]) == {"attempt", "status", "reason"}
+    assert set(done["attempts"][0]) == {"attempt", "status", "cause", "reason"}
     assert done["attempts"][2]["reason"] == done["reason"]  # one line, trimmed alike
 
 
 def test_failure_reason_prefers_the_trainer_error_line():
     tail = "Epoch 1/90\n[1]<stderr>:error: shard train-00003 record 17: label 1001 outside 1..1000\nTraceback...\n"
-    assert "label 1001 outside" in launch.failure_reason(tail)
-    assert launch.failure_reason("") == "no output"
+    assert "label 1001 outside" in failures.failure_reason(tail)
+    assert failures.failure_reason("") == "no output"
 
 
 def test_failure_reason_skips_horovodrun_s_own_runtime_error():
@@ -196,7 +215,7 @@ def test_failure_reason_skips_horovodrun_s_own_runtime_error():
         "RuntimeError: Horovod detected that one or more processes exited with non-zero "
         "status, thus causing the job to be terminated.\n"
     )
-    assert launch.failure_reason(tail).endswith(
+    assert failures.failure_reason(tail).endswith(
         "error: label 9 outside 1..4 in /data/train-00001-of-00004"
     )
 
@@ -207,11 +226,11 @@ def test_done_document_ignores_figures_a_previous_attempt_left(tmp_path):
     (tmp_path / "train.json").write_text(json.dumps({"epochs": 3, "duration_s": 3600.0}))
     os.utime(tmp_path / "train.json", (time.time() - 3600, time.time() - 3600))
     started = time.time() - 42
-    failed = launch.done_document(cfg, "failed", "x", tmp_path, started + 42, started)
+    failed = results.done_document(cfg, "failed", "x", tmp_path, started + 42, started)
     assert failed["epochs"] is None and failed["duration_s"] == 42.0
     # Restored with the checkpoints just now: new on disk, still the previous attempt's.
     (tmp_path / "train.json").write_text(json.dumps({"epochs": 3, "duration_s": 3600.0}))
-    failed = launch.done_document(cfg, "failed", "x", tmp_path, started + 42, started, time.time())
+    failed = results.done_document(cfg, "failed", "x", tmp_path, started + 42, started, time.time())
     assert failed["epochs"] is None
 
 
@@ -223,7 +242,7 @@ def test_a_rank_whose_host_is_gone_names_its_node_and_the_lost_connection():
         "Process 1 exit with status code 255.\n"
         "Terminating remaining workers after failure of Process 1.\n"
     )
-    assert launch.failure_reason(tail, "10.0.1.7 slots=1\n10.0.1.23 slots=1\n") == (
+    assert failures.failure_reason(tail, "10.0.1.7 slots=1\n10.0.1.23 slots=1\n") == (
         "rank 1 on node 1 (10.0.1.23) exited 255 (ssh's code for a lost connection: its host "
         "is gone or unreachable)"
     )
@@ -244,7 +263,7 @@ Exit code: 137
 def test_dead_rank_is_named_by_rank_host_and_signal():
     """Gloo's summary (horovod 0.28.1 gloo_run.py) with the hostfile's rank placement."""
     hostfile = "10.0.1.5 slots=1\n10.0.1.23 slots=1\n"
-    assert launch.failure_reason(GLOO_RANK_KILLED, hostfile) == (
+    assert failures.failure_reason(GLOO_RANK_KILLED, hostfile) == (
         "rank 1 on node 1 (10.0.1.23) killed by SIGKILL (out of memory?)"
     )
 
@@ -252,19 +271,21 @@ def test_dead_rank_is_named_by_rank_host_and_signal():
 def test_ranks_map_to_hosts_slot_by_slot():
     hostfile = "10.0.1.5 slots=8\n10.0.1.23 slots=8\n"
     tail = "Process name: [[4242,1],9]\n  Exit code:    139\n"
-    assert launch.failure_reason(tail, hostfile) == (
+    assert failures.failure_reason(tail, hostfile) == (
         "rank 9 on node 1 (10.0.1.23) killed by SIGSEGV (a crash in native code)"
     )
 
 
 def test_mpirun_signal_report_names_rank_node_and_signal():
     tail = "mpirun noticed that process rank 3 with PID 77 on node ip-10-0-1-9 exited on signal 9 (Killed).\n"
-    assert launch.failure_reason(tail) == "rank 3 on ip-10-0-1-9 killed by SIGKILL (out of memory?)"
+    assert (
+        failures.failure_reason(tail) == "rank 3 on ip-10-0-1-9 killed by SIGKILL (out of memory?)"
+    )
 
 
 def test_rank_that_exits_with_a_code_keeps_its_last_words():
     tail = "[2]<stderr>:Traceback\n[2]<stderr>:ZeroDivisionError: division by zero\nProcess name: 2\nExit code: 1\n"
-    assert launch.failure_reason(tail, "h slots=4\n") == (
+    assert failures.failure_reason(tail, "h slots=4\n") == (
         "rank 2 on node 0 (h) exited 1; its last words: ZeroDivisionError: division by zero"
     )
 
@@ -272,9 +293,9 @@ def test_rank_that_exits_with_a_code_keeps_its_last_words():
 @pytest.mark.parametrize("length", [499, 500, 501, 5000])
 def test_reasons_are_cut_at_a_word_keeping_the_start(length):
     text = ("first error line " * 400)[:length]
-    trimmed = launch.trim_reason(text)
-    assert len(trimmed) <= launch.REASON_LIMIT and trimmed.startswith("first error line")
-    if length > launch.REASON_LIMIT:
+    trimmed = failures.trim_reason(text)
+    assert len(trimmed) <= failures.REASON_LIMIT and trimmed.startswith("first error line")
+    if length > failures.REASON_LIMIT:
         assert trimmed.endswith(" ...") and trimmed[:-4].split(" ")[-1] in {
             "first",
             "error",
@@ -292,7 +313,7 @@ def test_a_rank_killed_behind_ssh_is_named_by_its_wrapper():
         "Process 0 exit with status code 143.\n"
         "Process name: 1\nExit code: 255\n"
     )
-    assert launch.failure_reason(tail, "10.0.1.5 slots=1\n10.0.1.23 slots=1\n") == (
+    assert failures.failure_reason(tail, "10.0.1.5 slots=1\n10.0.1.23 slots=1\n") == (
         "rank 1 on node 1 (10.0.1.23) killed by SIGKILL (out of memory?)"
     )
 
@@ -329,7 +350,7 @@ def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
         looked.append(path)
         return "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
 
-    reason = launch.failure_reason(tail, HOSTS, filesystem)
+    reason = failures.failure_reason(tail, HOSTS, filesystem)
     assert reason == (
         "no space left on device (ENOSPC) writing /data/model/checkpoints/ckpt-40_temp/"
         "part-00000-of-00001.data-00000-of-00001.tempstate1 on rank 0 (10.0.1.5); "
@@ -342,14 +363,14 @@ def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
 
 def test_a_full_disk_on_another_node_is_not_described_by_the_leader_s_filesystem():
     tail = "[1]<stderr>:OSError: [Errno 28] No space left on device: '/data/model/x.json'\n"
-    reason = launch.failure_reason(tail, HOSTS, lambda path: "the leader's disk")
+    reason = failures.failure_reason(tail, HOSTS, lambda path: "the leader's disk")
     assert reason == (
         "no space left on device (ENOSPC) writing /data/model/x.json on rank 1 (10.0.1.23)"
     )
 
 
 def test_the_filesystem_of_a_path_is_read_from_this_node_s_mount_table(tmp_path):
-    described = launch.describe_filesystem(str(tmp_path / "not" / "yet" / "there"))
+    described = failures.describe_filesystem(str(tmp_path / "not" / "yet" / "there"))
     assert described.startswith("filesystem ") and " mounted on /" in described
     assert " free of " in described
 
@@ -360,26 +381,27 @@ def test_a_checksum_mismatch_is_called_a_corrupt_checkpoint_not_a_flag_mismatch(
         "model/flags: Checksum does not match: stored 2155375837 vs. calculated on the "
         "restored bytes 4069357345\n" + HOROVOD_SHUT_DOWN
     )
-    reason = launch.failure_reason(tail, HOSTS)
+    reason = failures.failure_reason(tail, HOSTS)
     assert reason.startswith("corrupt checkpoint (checksum does not match) on rank 0 (10.0.1.5): ")
     assert "ckpt-40" in reason
 
 
 def test_a_collective_timeout_is_named_before_the_rank_that_died_of_it():
+    """Rank 1 timed out and died of it; rank 0, which reported no timeout, is the one named."""
     tail = (
-        "[1]<stderr>:[/tmp/pip/gloo/transport/tcp/pair.cc:598] Read timeout [10.0.1.5]:4242\n"
+        "[1]<stderr>:[/tmp/pip/gloo/transport/tcp/pair.cc:574] Read timeout [10.0.1.5]:4242\n"
         + HOROVOD_SHUT_DOWN
     )
-    assert launch.failure_reason(tail, HOSTS).startswith(
-        "collective timeout on rank 1 (10.0.1.23): [/tmp/pip/gloo/transport/tcp/pair.cc:598] "
-        "Read timeout"
+    assert failures.failure_reason(tail, HOSTS) == (
+        "collective timeout: rank 0 on node 0 (10.0.1.5) stopped answering rank 1 on node 1 "
+        "(10.0.1.23), which timed out: Read timeout [10.0.1.5]:4242"
     )
 
 
 def test_the_model_dir_is_synced_as_soon_as_a_checkpoint_is_written(tmp_path, monkeypatch):
     """Before: only every checkpoint_sync_s (60 s), so a killed bootstrap lost up to a minute
     of checkpoints; now a new checkpoints/checkpoint is uploaded within CheckpointSync.WATCH_S."""
-    monkeypatch.setattr(launch.CheckpointSync, "WATCH_S", 0.05)
+    monkeypatch.setattr(checkpoints.CheckpointSync, "WATCH_S", 0.05)
     uploads, lines = [], []
 
     class Store:
@@ -389,7 +411,7 @@ def test_the_model_dir_is_synced_as_soon_as_a_checkpoint_is_written(tmp_path, mo
         def upload(self):
             uploads.append(time.monotonic())
 
-    sync = launch.CheckpointSync(Store(), 3600, lines.append)
+    sync = checkpoints.CheckpointSync(Store(), 3600, lines.append)
     sync.start()
     time.sleep(0.3)
     assert uploads == []  # nothing written, and the interval is an hour
@@ -423,17 +445,18 @@ def test_run_horovodrun_composes_training_s_reason_lost_members_first(train_conf
             cfg, hostfile, Path("/k"), 2, ["t"], {}, "train.log",
             lost=lambda failed_at: ["node 1 (i-1, 10.0.1.23) lost"], log=lambda line: None,
         )  # fmt: skip
-    assert type(failed.value) is RuntimeError
+    assert type(failed.value) is launch.TrainingFailed
     assert str(failed.value) == (
         "node 1 (i-1, 10.0.1.23) lost; horovodrun exited 1: [1]<stderr>:error: bad flag "
         "(details in train.log)"
     )
+    assert failed.value.cause == "node_lost"  # a node named lost is the cause, not the flag
     assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]  # guarded
     assert seen["log_path"] == Path(cfg.log_dir) / "train.log" and seen["keep"] == 1000
 
 
 def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_path):
-    class Refused(RuntimeError):
+    class Refused(launch.TrainingFailed):
         pass
 
     cfg = train_config(network_interface="eth9")
@@ -451,6 +474,7 @@ def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_
             log=lambda line: None,
         )  # fmt: skip
     assert str(failed.value) == "horovodrun exited 2: last words"
+    assert failed.value.cause == "unknown"
     horovodrun_at = seen["command"].index("horovodrun")  # under the supervision guard
     assert seen["command"][:3] == ["python3", "-m", "bootstrap.supervision"]
     assert "--network-interface" not in seen["command"][horovodrun_at:]

@@ -5,6 +5,7 @@ import time
 
 import pytest
 from bootstrap_helpers import BUCKET
+from botocore.exceptions import EndpointConnectionError
 
 from bootstrap import aws
 from bootstrap.rendezvous import utc_stamp
@@ -142,6 +143,48 @@ def test_s3_trouble_is_a_log_line_never_an_error(train_config, tmp_path):
     status.end("failed", "boom", wait_s=5)
     assert not status.thread.is_alive()
     assert any("could not write status.json" in line for line in lines), lines
+
+
+class S3Down:
+    """An S3 that resets every connection while clock() < until, then answers as `s3` does."""
+
+    def __init__(self, s3, clock, until):
+        self.s3, self.clock, self.until = s3, clock, until
+
+    def __getattr__(self, name):
+        def call(**kwargs):
+            if self.clock() < self.until:
+                raise EndpointConnectionError(endpoint_url="https://s3.example")
+            return getattr(self.s3, name)(**kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize(("outage_s", "expected"), [(45, 2), (150, 4)])
+def test_an_outage_is_a_line_when_it_begins_about_one_a_minute_and_one_when_it_ends(
+    train_config, s3, tmp_path, outage_s, expected
+):
+    """Before: a 45 s outage printed 129 lines of `S3 unreachable for 0 s`, one per failed
+    call, about three a second."""
+    now = [1_800_000_000.0]
+    clock = lambda: now[0]  # noqa: E731 - the injected clock
+    lines = []
+    status = RunStatus(
+        train_config(nodes=3, status_every_s=3600), aws.RetryingS3(S3Down(s3, clock, now[0] + outage_s)),
+        tmp_path / "model", attempt_started=now[0], log=lines.append, clock=clock,
+    )  # fmt: skip
+    for _ in range(outage_s + 5):  # a publish every second, through the outage and after it
+        status.publish()
+        now[0] += 1
+    assert len(lines) == expected, lines
+    assert lines[0].startswith(f"status: S3 unreachable since {utc_stamp(1_800_000_000)} (")
+    assert "EndpointConnectionError" in lines[0] and "for 0 s" not in lines[0]
+    assert [line.split(" (")[0] for line in lines[1:-1]] == [
+        f"status: S3 unreachable for {minute * 60} s" for minute in range(1, expected - 1)
+    ]
+    assert lines[-1] == f"status: S3 answers again after {outage_s} s"
+    assert status_json(s3)["phase"] == "booting"  # rewritten once S3 answers
+    status.end("done", None)
 
 
 def test_members_publish_nothing(train_config, s3, tmp_path):

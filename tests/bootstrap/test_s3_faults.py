@@ -1,6 +1,6 @@
 """S3 faults on a node: outages ridden out and reported, transfers verified instead of trusted,
-restores that refuse to start a run over, uploads that never overwrite an unrestored run,
-shards repaired by a rerun, a SIGTERM flushed, and a rendezvous that says who is missing.
+shards repaired by a rerun, a SIGTERM flushed, and a rendezvous that says who is missing (the
+checkpoints' restore and upload: test_checkpoints.py).
 
 Fault-injecting stubs: an s5cmd that exits 0 having done nothing (as s5cmd v2.3.0 does when the
 listing behind a sync fails), an s5cmd that never answers, boto3 calls that raise for N seconds.
@@ -14,21 +14,19 @@ import json
 import os
 import random
 import signal
-import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-import boto3
 import pytest
-from bootstrap_helpers import BUCKET, train_doc, write_tfrecord
+from bootstrap_helpers import BUCKET, QUICK, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from bootstrap import aws, checkpoints, data_pull, launch, rendezvous
+from bootstrap import aws, data_pull, rendezvous
 
 REPO = Path(__file__).resolve().parents[2]
-QUICK = aws.RetryPolicy(budget_s=2, first_delay_s=0.01, max_delay_s=0.05, note_every_s=0.5)
 
 
 class FakeClock:
@@ -120,6 +118,66 @@ def test_a_shutdown_ends_every_wait_within_its_time(monkeypatch):
     assert 40 <= clock() <= 41
 
 
+def test_a_call_that_waited_through_an_outage_marks_when_s3_answered_again(monkeypatch):
+    clock = FakeClock()
+    reachability = aws.S3Reachability(clock)
+    monkeypatch.setattr(aws, "S3_REACHABILITY", reachability)
+    clock.now = 1000.0
+    action, _ = failing_for(1075, clock)
+    aws.with_retries("put_object s3://b/k", action, aws.STEP_POLICY, print, clock, clock.sleep)
+    assert 1075 <= aws.s3_answered_again_at() == clock() <= 1075 + aws.STEP_POLICY.max_delay_s
+    assert aws.s3_unreachable_s(0, clock()) == pytest.approx(clock() - 1000)
+    # Only the part inside the window counts, and an outage still going on counts up to now.
+    assert aws.s3_unreachable_s(1050, 1060) == 10
+    reachability.unanswered()
+    assert aws.s3_unreachable_s(clock(), clock() + 30) == 30
+
+
+def test_outages_seen_by_several_threads_count_once(monkeypatch):
+    """The heartbeat, status and checkpoint-sync threads wait through the same outage: the
+    timeline gets its length, not their sum."""
+    reachability = aws.S3Reachability()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", reachability)
+    started = time.time()
+    quick = aws.RetryPolicy(budget_s=5, first_delay_s=0.01, max_delay_s=0.02)
+
+    def outage_until(end):
+        def action():
+            if time.time() < end:
+                raise refused()
+
+        return action
+
+    threads = [
+        threading.Thread(
+            target=aws.with_retries, args=("x", outage_until(started + 0.4), quick, print)
+        )
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert 0.35 <= aws.s3_unreachable_s(started, time.time()) <= 0.9  # their sum: 1.2
+    assert aws.s3_answered_again_at() >= started + 0.4
+
+
+def test_a_refusal_is_s3_answering_and_cloudformation_is_not_s3(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(aws, "S3_REACHABILITY", aws.S3Reachability(clock))
+    action, _ = failing_for(30, clock)
+    aws.with_retries("signal", action, aws.STEP_POLICY, print, clock, clock.sleep, of_s3=False)
+    assert aws.s3_answered_again_at() is None and aws.s3_unreachable_s(0, clock()) == 0
+    aws.S3_REACHABILITY.unanswered()
+
+    def refuse():
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetObject")
+
+    with pytest.raises(ClientError):
+        aws.with_retries("get", refuse, aws.STEP_POLICY, print)
+    assert aws.s3_answered_again_at() == clock()
+
+
 def test_boto3_clients_time_out_every_request():
     config = aws.client("s3", "us-east-1").meta.config
     assert config.connect_timeout == aws.CONNECT_TIMEOUT_S
@@ -143,20 +201,6 @@ def test_retrying_client_rides_out_boto3_raising_for_a_while():
 # ---------------------------------------------------------------- s5cmd stubs
 
 
-@pytest.fixture
-def fake_s5cmd(tmp_path, monkeypatch):
-    """Put an s5cmd running `body` (bash) first on PATH."""
-
-    def install(body: str) -> None:
-        exe = tmp_path / "bin" / "s5cmd"
-        exe.parent.mkdir(exist_ok=True)
-        exe.write_text(f"#!/usr/bin/env bash\n{body}\n")
-        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-        monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
-
-    return install
-
-
 def test_s5cmd_that_exits_0_without_the_files_is_a_failure(fake_s5cmd, tmp_path, monkeypatch):
     fake_s5cmd("exit 0")
     monkeypatch.setattr(aws, "STEP_POLICY", QUICK)
@@ -177,163 +221,6 @@ def test_s5cmd_refusal_is_not_retried(fake_s5cmd):
     with pytest.raises(aws.S5cmdFailed) as failure:
         aws.run_s5cmd("cp", "s3://b/k", "k")
     assert not failure.value.transient
-
-
-# ---------------------------------------------------------------- restore and upload, real s5cmd
-
-
-@pytest.fixture
-def endpoint(monkeypatch, moto_endpoint):
-    url = moto_endpoint
-    for name, value in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "t",
-                        "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_REGION": "us-east-1"}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    monkeypatch.setattr(aws, "STEP_POLICY", QUICK)
-    s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-    s3.create_bucket(Bucket=BUCKET)
-    return s3
-
-
-def checkpoint_in_s3(s3, epoch=3, state=True):
-    prefix = "runs/r1/model/checkpoints/"
-    for suffix in (".index", ".data-00000-of-00001"):
-        s3.put_object(Bucket=BUCKET, Key=f"{prefix}ckpt-{epoch}{suffix}", Body=b"w" * 64)
-    if state:
-        s3.put_object(Bucket=BUCKET, Key=f"{prefix}checkpoint",
-                      Body=f'model_checkpoint_path: "ckpt-{epoch}"\n'.encode())  # fmt: skip
-
-
-def test_restore_brings_back_the_checkpoints_verified(endpoint, train_config, tmp_path):
-    checkpoint_in_s3(endpoint)
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    (tmp_path / "m" / "checkpoints").mkdir(parents=True)
-    # A stale local state file of the same size must not survive: S3 is the truth.
-    (tmp_path / "m" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-9"\n')
-    assert store.restore() is True
-    assert "ckpt-3" in (tmp_path / "m" / "checkpoints" / "checkpoint").read_text()
-    assert store.upload() == 0  # nothing changed since the restore
-
-
-def test_a_restore_whose_copy_does_not_arrive_stops_the_run(
-    endpoint, train_config, tmp_path, fake_s5cmd
-):
-    """The rehearsal's fault: s5cmd exits 0 but nothing arrives. No 'new run', no upload."""
-    checkpoint_in_s3(endpoint)
-    fake_s5cmd("exit 0")
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    with pytest.raises(aws.S3Unavailable, match="s5cmd exited 0 but 3 of 3 objects"):
-        store.restore()
-    (tmp_path / "m" / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "m" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
-    assert store.upload() == 0
-    body = endpoint.get_object(Bucket=BUCKET, Key="runs/r1/model/checkpoints/checkpoint")["Body"]
-    assert b"ckpt-3" in body.read()
-
-
-def test_checkpoints_the_trainer_cannot_resume_from_refuse_a_fresh_start(
-    endpoint, train_config, tmp_path
-):
-    prefix = "runs/r1/model/checkpoints/"
-    endpoint.put_object(Bucket=BUCKET, Key=f"{prefix}ckpt-3.data-00000-of-00001", Body=b"w")
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    with pytest.raises(checkpoints.NoIntactCheckpoint) as refusal:
-        store.restore()
-    message = str(refusal.value)
-    assert "\n" not in message and "refusing to start run r1 over" in message
-    assert "ckpt-3 (its .index is missing)" in message
-    assert "deploy with another -c run=NAME" in message
-
-
-def test_without_a_state_file_the_newest_intact_checkpoint_is_named_for_the_trainer(
-    endpoint, train_config, tmp_path
-):
-    checkpoint_in_s3(endpoint, epoch=3, state=False)
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    assert store.restore() is True
-    state = (tmp_path / "m" / "checkpoints" / "checkpoint").read_text()
-    assert state.startswith('model_checkpoint_path: "ckpt-3"\n')
-
-
-def uploaded_checkpoint(store, model_dir, step):
-    """What the trainer writes at a step, uploaded by the store (with its sha256 sidecars)."""
-    folder = model_dir / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"ckpt-{step}.index").write_bytes(b"index %d" % step)
-    (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights %d " % step * 50)
-    (folder / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
-    store.upload()
-
-
-def test_uploads_record_a_sha256_beside_each_checkpoint_file(endpoint, train_config, tmp_path):
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    store.restore()
-    uploaded_checkpoint(store, tmp_path / "m", 10)
-    data = (tmp_path / "m" / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes()
-    key = "runs/r1/model/checkpoints/ckpt-10.data-00000-of-00001.sha256"
-    recorded = endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
-    assert recorded.split()[0] == hashlib.sha256(data).hexdigest()
-    names = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/checkpoints/")
-    assert "checkpoint.sha256" not in names  # the state file is rewritten, not verified
-
-
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(
-    endpoint, train_config, tmp_path
-):
-    """Before: the trainer was pointed at the corrupt checkpoint and every rerun failed with
-    'does not fit this model/flags ... Checksum does not match'."""
-    first = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
-    first.restore()
-    for step in (10, 20):
-        uploaded_checkpoint(first, tmp_path / "a", step)
-    key = "runs/r1/model/checkpoints/ckpt-20.data-00000-of-00001"
-    good = endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    endpoint.put_object(Bucket=BUCKET, Key=key, Body=good[:-1] + bytes([good[-1] ^ 1]))
-    lines = []
-    store = launch.ModelStore(
-        aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b", lines.append
-    )
-    assert store.restore() is True
-    state = (tmp_path / "b" / "checkpoints" / "checkpoint").read_text()
-    assert state.startswith('model_checkpoint_path: "ckpt-10"\n')
-    said = [line for line in lines if "corrupt" in line]
-    assert len(said) == 1 and "ckpt-20 (sha256 of ckpt-20.data-00000-of-00001 is " in said[0]
-    assert said[0].endswith("resuming from ckpt-10, the newest intact checkpoint")
-    # Nothing in S3 is deleted or overwritten by the restore, the corrupt copy included.
-    assert endpoint.get_object(Bucket=BUCKET, Key=key)["Body"].read() != good
-    assert store.upload() == 0  # S3 stays as it was until the trainer writes a checkpoint
-    names = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/checkpoints/")
-    assert {"ckpt-10.index", "ckpt-20.index", "ckpt-20.data-00000-of-00001"} <= set(names)
-
-
-def test_when_every_checkpoint_is_corrupt_the_run_is_never_started_over(
-    endpoint, train_config, tmp_path
-):
-    first = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
-    first.restore()
-    uploaded_checkpoint(first, tmp_path / "a", 10)
-    key = "runs/r1/model/checkpoints/ckpt-10.index"
-    endpoint.put_object(Bucket=BUCKET, Key=key, Body=b"index 11")
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b")
-    with pytest.raises(checkpoints.NoIntactCheckpoint, match="no intact checkpoint in s3://"):
-        store.restore()
-    assert store.upload() == 0
-
-
-def test_uploads_only_what_changed_and_verifies_it(endpoint, train_config, tmp_path):
-    store = launch.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "m")
-    assert store.restore() is False  # an empty prefix: a new run, uploads allowed
-    (tmp_path / "m" / "checkpoints").mkdir()
-    (tmp_path / "m" / "checkpoints" / "ckpt-1.index").write_bytes(b"i" * 10)
-    (tmp_path / "m" / "eval.json").write_text("{}")
-    (tmp_path / "m" / "checkpoints" / "ckpt-2_temp").mkdir()  # a save in progress
-    (tmp_path / "m" / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001").write_bytes(b"p")
-    assert store.upload() == 2
-    assert store.upload() == 0
-    keys = aws.list_sizes(endpoint, BUCKET, "runs/r1/model/")
-    assert keys == {"checkpoints/ckpt-1.index": 10, "checkpoints/ckpt-1.index.sha256": 79,
-                    "eval.json": 2}  # fmt: skip
 
 
 # ---------------------------------------------------------------- data pull repair

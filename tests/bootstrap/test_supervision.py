@@ -128,6 +128,32 @@ def test_a_member_whose_leader_never_beats_gives_up_after_the_rendezvous_timeout
     assert "did not heartbeat" in watch.lost(stale, 1301)
 
 
+def test_after_an_s3_outage_the_leader_gets_heartbeat_timeout_s_to_beat_again(train_config):
+    """Before: S3 reset every connection for 75 s (heartbeat_timeout_s 60); when it answered
+    again, the member read the leader's 80 s old heartbeat and quit, 11 s before the healthy
+    leader wrote DONE.json."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
+    back = [None]
+    watch = supervision.LeaderWatch(cfg, started=1000, s3_back_at=lambda: back[0])
+    assert watch.lost(entry(0, 1000), 1010) is None  # alive
+    # S3 stops answering at 1015, answers again at 1090: the newest beat it shows is 1010.
+    back[0] = 1090
+    assert watch.lost(entry(0, 1010), 1090) is None
+    assert watch.lost(entry(0, 1010), 1150) is None  # 60 s since S3's return: not yet
+    assert watch.lost(entry(0, 1160), 1165) is None  # the leader's next beat arrives
+    # A leader that stays silent after S3's return is lost heartbeat_timeout_s later.
+    why = watch.lost(entry(0, 1010), 1151)
+    assert "runs/r1/nodes/0.json is 141 s old (heartbeat_timeout_s 60; counted from S3 " in why
+    assert "answering this node again 61 s ago)" in why
+
+
+def test_a_member_that_never_saw_its_leader_waits_out_s3_s_return_too(train_config):
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=300)
+    watch = supervision.LeaderWatch(cfg, started=1000, s3_back_at=lambda: 1280)
+    assert watch.lost(None, 1301) is None  # past the rendezvous timeout, S3 back 21 s ago
+    assert "no heartbeat at all; counted from S3" in watch.lost(None, 1341)
+
+
 def test_serve_as_member_stops_waiting_for_done_when_the_leader_is_lost(s3, train_config):
     """Before: a member whose leader died waited for DONE.json forever."""
     cfg = train_config(node_index=1, heartbeat_timeout_s=8, rendezvous_timeout_s=30)
@@ -167,6 +193,31 @@ def test_a_failed_training_names_the_member_whose_heartbeat_went_stale(s3, train
         "node 1 (i-0one, 10.0.0.2) lost: no heartbeat for 21 s (heartbeat_timeout_s 20)"
     ]
     assert now[0] <= failed_at + 30
+
+
+def test_a_failed_training_after_an_s3_outage_waits_for_members_to_beat_again(s3, train_config):
+    """S3 answered the leader again at 1000 after an outage: the member's beat of 900 is not a
+    verdict; its beat at 1010 shows it alive, and a silent member is named only 20 s after S3's
+    return."""
+    cfg = train_config(nodes=3, heartbeat_timeout_s=20)
+    put = lambda i, e: s3.put_object(  # noqa: E731 - a two-line helper
+        Bucket=BUCKET, Key=f"runs/r1/nodes/{i}.json", Body=json.dumps(e)
+    )
+    put(1, entry(1, 900, "10.0.0.2", "i-0one"))  # silent since before the outage
+    put(2, entry(2, 900, "10.0.0.3", "i-0two"))  # beats again once S3 answers it
+    now = [1000.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 1010:
+            put(2, entry(2, now[0], "10.0.0.3", "i-0two"))
+
+    lost = supervision.lost_nodes(s3, cfg, 995.0, lambda: now[0], sleep, lambda: 1000.0)
+    assert lost == [
+        "node 1 (i-0one, 10.0.0.2) lost: no heartbeat for 121 s (heartbeat_timeout_s 20; "
+        "counted from S3 answering this node again 21 s ago)"
+    ]
+    assert 1020 < now[0] <= 1030
 
 
 def test_a_failure_with_every_member_beating_names_nobody(s3, train_config):

@@ -1151,8 +1151,8 @@ def states(ids: list[str]) -> list[str]:
     return [found[i] for i in ids]
 
 
-def fail_attempt(reason: str = NODE_LOST, attempt: int = 1) -> None:
-    done = {"run": RUN, "status": "failed", "reason": reason, "attempt": attempt}
+def fail_attempt(reason: str = NODE_LOST, attempt: int = 1, cause: str = "node_lost") -> None:
+    done = {"run": RUN, "status": "failed", "cause": cause, "reason": reason, "attempt": attempt}
     s3 = boto3.client("s3", region_name=REGION)
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json", Body=json.dumps(done).encode())
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"log")
@@ -1251,7 +1251,10 @@ def test_restarts_exhausted_tears_the_fleet_down(reaper, capsys):
 def test_a_non_retryable_end_is_not_relaunched(reaper, capsys):
     deploy_outputs(3, NOW + datetime.timedelta(hours=3))
     fleet()
-    fail_attempt("step 'training' failed: RuntimeError: horovodrun exited 1: error: bad flag")
+    fail_attempt(
+        "step 'training' failed: RuntimeError: horovodrun exited 1: error: bad flag",
+        cause="trainer_input",
+    )
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     recorded = decisions(capsys)
     assert recorded[0]["attempt"]["decision"] == "teardown"
@@ -1382,7 +1385,7 @@ def test_a_spot_interruption_replaces_every_node_from_its_template(reaper, capsy
     node comes back as a new instance launched from its replacement template alone."""
     templates, nodes = deploy_replaceable_fleet(2, spot=True)
     interrupt(nodes[1])
-    fail_attempt(SPOT_INTERRUPTED)
+    fail_attempt(SPOT_INTERRUPTED, cause="interrupted")
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     ended, stopping = decisions(capsys)
     assert ended["attempt"]["decision"] == "relaunch"
@@ -1445,7 +1448,7 @@ def test_replacements_without_capacity_are_all_or_none_and_retried_later_and_lat
     reaper, capsys, monkeypatch
 ):
     deploy_replaceable_fleet(2, spot=True)
-    fail_attempt(SPOT_INTERRUPTED)
+    fail_attempt(SPOT_INTERRUPTED, cause="interrupted")
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     decisions(capsys)
     real_run = reaper.ec2.run_instances
@@ -1509,7 +1512,7 @@ def test_deleting_the_stack_terminates_the_replacements_cloudformation_does_not_
     monkeypatch.setattr(reaper_module.urllib.request, "urlopen", replies)
     _, nodes = deploy_replaceable_fleet(2, spot=True)
     interrupt(nodes[1])
-    fail_attempt(SPOT_INTERRUPTED)
+    fail_attempt(SPOT_INTERRUPTED, cause="interrupted")
     reaper.handle(s3_event(f"runs/{RUN}/DONE.json"))
     reaper.handle(relaunch_recheck())
     replaced = decisions(capsys)[-1]["replaced"]

@@ -2,10 +2,12 @@
 
 import datetime
 import json
+import re
 
 import boto3
 import controller
 import pytest
+from conftest import ROOT
 from moto import mock_aws
 
 REGION = "us-east-1"
@@ -14,33 +16,40 @@ RUN = "resnet50-r1"
 NOW = datetime.datetime(2026, 11, 25, 12, 0, 0, tzinfo=datetime.timezone.utc)
 FAR = NOW + datetime.timedelta(hours=3)
 
-# Reasons as bootstrap writes them (bootstrap/__main__.py, bootstrap/launch.py).
+# Causes as the nodes write them (bootstrap/causes.py), with a reason of the kind that comes with
+# each: the decision reads the cause alone.
 RETRYABLE = {
-    "node lost": "step 'training' failed: RuntimeError: node 1 (i-0abc, 10.0.0.12) lost: no "
+    "node_lost": "step 'training' failed: RuntimeError: node 1 (i-0abc, 10.0.0.12) lost: no "
     "heartbeat for 120 s (heartbeat_timeout_s 120); horovodrun exited 1: ...",
-    "hung collective": "step 'training' failed: RuntimeError: no rank advanced for 600 s after "
-    "global step 1200 (details in train.log)",
-    "rank killed": "step 'training' failed: RuntimeError: horovodrun exited 1: rank 3 on "
+    "stalled": "step 'training' failed: RuntimeError: no rank advanced for 600 s after global "
+    "step 1200 (details in train.log)",
+    "rank_killed": "step 'training' failed: RuntimeError: horovodrun exited 1: rank 3 on "
     "10.0.0.12 killed by SIGKILL (out of memory?)",
-    "node never booted": "step 'rendezvous' failed: RendezvousError: node(s) 1 of 8 did not "
-    "register under s3://b/runs/r/nodes/ within 1800 s",
-    "S3 past its budget": "step 'upload results' failed: S3 unreachable for 330 s",
+    "nodes_missing": "step 'rendezvous' failed: RendezvousError: node(s) 1 of 8 did not register "
+    "under s3://b/runs/r/nodes/ within 1800 s",
+    "s3_unreachable": "step 'upload results' failed: S3 unreachable for 330 s",
+    "collective_timeout": "step 'training' failed: collective timeout on rank 0",
+    "node_unhealthy": "step 'health' failed: HealthError: 7 GPUs, node.json says 8",
+    "interrupted": "step 'training' was interrupted: the node was stopped (SIGTERM)",
+    "corrupt_checkpoint": "step 'training' failed: corrupt checkpoint (checksum does not match)",
     "unknown": "step 'bootstrap' failed: KeyError: 'x'",
 }
 FINAL = {
-    "bad flags": "step 'training' failed: RuntimeError: horovodrun exited 1: error: "
+    "trainer_input": "step 'training' failed: RuntimeError: horovodrun exited 1: error: "
     "--batch-size must be positive",
-    "corrupt shard": "step 'data pull' failed: VerificationError: train-00001-of-01024: sha256 "
+    "corrupt_shard": "step 'data pull' failed: VerificationError: train-00001-of-01024: sha256 "
     "differs from the manifest",
-    "no intact checkpoint": "step 'restore checkpoints' failed: no intact checkpoint in s3://b/: "
+    "no_intact_checkpoint": "step 'restore checkpoints' failed: no intact checkpoint in s3://b/: "
     "ckpt-3 (sha256 differs)",
-    "disk full": "step 'training' failed: RuntimeError: no space left on device (ENOSPC) "
+    "disk_full": "step 'training' failed: RuntimeError: no space left on device (ENOSPC) "
     "writing /data/model/ckpt-9",
-    "image check": "step 'training image' failed: image.json says tensorflow 2.14.0, node.json "
-    "expects 2.15.1",
-    "no zone had capacity": "no capacity for the fleet in us-east-1a, us-east-1b: "
+    "image_mismatch": "step 'training image' failed: image.json says tensorflow 2.14.0, "
+    "node.json expects 2.15.1",
+    "config_invalid": "step 'read node.json' failed: exit 2 at line 14 of train_node.sh",
+    "no_capacity": "no capacity for the fleet in us-east-1a, us-east-1b: "
     "InsufficientInstanceCapacity on each of 8 tries; deploy again later, in another region, "
     "or with a capacity reservation",
+    "relaunch_refused": "the relaunch failed: EC2 answered UnauthorizedOperation: ...",
 }
 
 
@@ -49,11 +58,18 @@ def decide(done: dict, earlier: list[dict] | None = None, **kwargs):
     return controller.decide(done, earlier or [], **settings)
 
 
-@pytest.mark.parametrize("reason", RETRYABLE.values(), ids=RETRYABLE.keys())
+@pytest.mark.parametrize(("cause", "reason"), RETRYABLE.items(), ids=RETRYABLE.keys())
 @pytest.mark.parametrize("status", ["failed", "interrupted"])
-def test_retryable_ends_are_relaunched(reason, status):
-    retryable, decision, why = decide({"status": status, "reason": reason})
+def test_retryable_ends_are_relaunched(cause, reason, status):
+    retryable, decision, why = decide({"status": status, "cause": cause, "reason": reason})
     assert (retryable, decision, why) == (True, "relaunch", "restart 1 of 3")
+
+
+@pytest.mark.parametrize("cause", [None, "a_cause_of_a_newer_node"])
+def test_a_done_json_without_a_known_cause_is_retried_as_unknown(cause):
+    """A reason that reads like a final one decides nothing: only the cause does."""
+    done = {"status": "failed", "cause": cause, "reason": FINAL["trainer_input"]}
+    assert decide(done)[1] == "relaunch"
 
 
 def test_a_spot_interruption_or_shutdown_is_relaunched():
@@ -62,21 +78,33 @@ def test_a_spot_interruption_or_shutdown_is_relaunched():
     assert decide(done)[1] == "relaunch"
 
 
-@pytest.mark.parametrize("reason", FINAL.values(), ids=FINAL.keys())
-def test_ends_another_attempt_cannot_get_past_are_torn_down(reason):
-    retryable, decision, why = decide({"status": "failed", "reason": reason})
+@pytest.mark.parametrize(("cause", "reason"), FINAL.items(), ids=FINAL.keys())
+def test_ends_another_attempt_cannot_get_past_are_torn_down(cause, reason):
+    retryable, decision, why = decide({"status": "failed", "cause": cause, "reason": reason})
     assert (retryable, decision) == (False, "teardown")
-    assert why.startswith("not retryable: ")
+    assert why == f"not retryable: {controller.FINAL[cause]}"
+
+
+def test_the_retry_table_covers_every_cause_the_nodes_write_and_the_contract_lists():
+    from bootstrap import causes
+
+    assert set(controller.FINAL) | set(controller.RETRYABLE) == set(causes.CAUSES)
+    assert not set(controller.FINAL) & set(controller.RETRYABLE)
+    assert set(RETRYABLE) | set(FINAL) == set(causes.CAUSES)  # this file tests each of them
+    contract = (ROOT / "docs" / "contracts.md").read_text()
+    listed = contract[contract.index("## Causes") :].split("\n## ")[0]
+    assert sorted(re.findall(r"^\| `(\w+)` \|", listed, re.M)) == sorted(causes.CAUSES)
 
 
 def test_a_finished_run_and_a_benchmark_are_torn_down():
     assert decide({"status": "succeeded", "reason": None})[1:] == ("teardown", "the run finished")
-    benchmark = {"status": "failed", "reason": RETRYABLE["node lost"], "benchmark": "synthetic"}
+    benchmark = {"status": "failed", "cause": "node_lost", "reason": RETRYABLE["node_lost"],
+                 "benchmark": "synthetic"}  # fmt: skip
     assert decide(benchmark)[1] == "teardown"
 
 
 def test_restarts_are_bounded_by_max_restarts():
-    failed = {"status": "failed", "reason": RETRYABLE["node lost"]}
+    failed = {"status": "failed", "cause": "node_lost", "reason": RETRYABLE["node_lost"]}
     earlier = [{"attempt": n, "decision": "relaunch"} for n in (1, 2)]
     assert decide(failed, earlier)[1:] == ("relaunch", "restart 3 of 3")
     earlier.append({"attempt": 3, "decision": "relaunch"})
@@ -88,7 +116,7 @@ def test_restarts_are_bounded_by_max_restarts():
 
 
 def test_nothing_is_relaunched_too_close_to_the_hard_cap():
-    failed = {"status": "failed", "reason": RETRYABLE["node lost"]}
+    failed = {"status": "failed", "cause": "node_lost", "reason": RETRYABLE["node_lost"]}
     soon = NOW + controller.MIN_ATTEMPT - datetime.timedelta(seconds=1)
     retryable, decision, why = decide(failed, deadline=soon)
     assert (retryable, decision) == (True, "stop")
@@ -97,7 +125,7 @@ def test_nothing_is_relaunched_too_close_to_the_hard_cap():
 
 
 def test_nothing_is_relaunched_while_the_stack_is_being_deleted():
-    failed = {"status": "failed", "reason": RETRYABLE["node lost"]}
+    failed = {"status": "failed", "cause": "node_lost", "reason": RETRYABLE["node_lost"]}
     assert decide(failed, deleting=True)[1:] == ("stop", "the stack is being deleted")
 
 
@@ -128,9 +156,10 @@ def end(s3, **kwargs):
     return controller.end_attempt(s3, BUCKET, RUN, **settings)
 
 
-def done(attempt: int, status: str = "failed", reason: str = RETRYABLE["node lost"]) -> dict:
-    return {"run": RUN, "status": status, "reason": reason, "attempt": attempt, "epochs": 3,
-            "finished_at": "2026-11-25T11:59:00Z"}  # fmt: skip
+def done(attempt: int, status: str = "failed", cause: str = "node_lost") -> dict:
+    reason = {**RETRYABLE, **FINAL}[cause]
+    return {"run": RUN, "status": status, "cause": cause, "reason": reason, "attempt": attempt,
+            "epochs": 3, "finished_at": "2026-11-25T11:59:00Z"}  # fmt: skip
 
 
 def test_a_relaunch_is_recorded_and_removes_done_json(s3):
@@ -143,7 +172,8 @@ def test_a_relaunch_is_recorded_and_removes_done_json(s3):
         "started_at": "2026-11-25T10:00:00Z",
         "ended_at": "2026-11-25T11:59:00Z",
         "status": "failed",
-        "reason": RETRYABLE["node lost"],
+        "cause": "node_lost",
+        "reason": RETRYABLE["node_lost"],
         "epochs": 3,
         "retryable": True,
         "decision": "relaunch",
@@ -176,7 +206,7 @@ def test_attempts_accumulate_until_restarts_run_out(s3):
 
 
 def test_a_repeated_event_counts_the_attempt_once(s3):
-    put(s3, "DONE.json", done(1, "failed", FINAL["bad flags"]))
+    put(s3, "DONE.json", done(1, "failed", "trainer_input"))
     first = end(s3)
     again = end(s3, now=NOW + datetime.timedelta(minutes=5))
     assert first == again
@@ -190,7 +220,7 @@ def test_no_done_json_records_nothing(s3):
 
 def test_the_program_decides_against_an_endpoint(s3, capsys):
     """The rehearsal runs the file as a program (its local S3 through AWS_ENDPOINT_URL)."""
-    put(s3, "DONE.json", done(1, "succeeded", None))
+    put(s3, "DONE.json", {**done(1, "succeeded"), "cause": None, "reason": None})
     assert controller.main(["--bucket", BUCKET, "--run", RUN, "--max-restarts", "3"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["attempt"], printed["decision"]) == (1, "teardown")

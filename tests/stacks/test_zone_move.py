@@ -218,7 +218,7 @@ def live_fleet(stack_id: str | None = None) -> dict[str, str]:
 
 def fail_attempt(reason: str = NODE_LOST) -> None:
     s3 = boto3.client("s3", region_name=REGION)
-    done = {"run": RUN, "status": "failed", "reason": reason, "attempt": 1}
+    done = {"run": RUN, "status": "failed", "cause": "node_lost", "reason": reason, "attempt": 1}
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json", Body=json.dumps(done).encode())
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/logs/node-0.log", Body=b"log")
 
@@ -394,7 +394,8 @@ def test_every_zone_without_capacity_gives_up_in_one_line(
     assert done["reason"].startswith(
         f"no capacity for the fleet in {named}: InsufficientInstanceCapacity on each of {tries} tries"
     )
-    assert (done["status"], done["attempt"]) == ("failed", 2)
+    assert (done["status"], done["cause"], done["attempt"]) == ("failed", "no_capacity", 2)
+    assert done["written_by"] == "controller"
     attempts = json.loads(
         boto3.client("s3", region_name=REGION)
         .get_object(Bucket=BUCKET, Key=f"runs/{RUN}/attempts.json")["Body"]
@@ -535,6 +536,7 @@ def test_each_relaunch_launches_with_its_own_tokens(reaper, capsys, monkeypatch)
         done = {
             "run": RUN,
             "status": "interrupted",
+            "cause": "interrupted",
             "reason": "Spot interruption",
             "attempt": attempt,
         }

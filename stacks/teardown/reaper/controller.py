@@ -8,8 +8,9 @@ local S3 and plays EC2's part itself:
         [--deadline 2026-11-25T14:00:00Z]
 
 which prints the recorded attempt as one JSON line (nothing when no DONE.json is there).
-Decisions (docs/contracts.md, attempts.json): `relaunch` a failed or interrupted attempt that
-another one can get past, while restarts remain and the hard cap leaves time for one;
+Decisions (docs/contracts.md, attempts.json), on DONE.json's `cause` (never on its reason, which is
+for people): `relaunch` a failed or interrupted attempt that another one can get past, while
+restarts remain and the hard cap leaves time for one;
 `teardown` a finished run, or one that would fail the same way again; `stop` when restarts or
 time are exhausted, or the stack is being deleted. Unknown causes are retried (as SkyPilot's
 `max_restarts_on_errors` does): `maxRestarts` bounds what a deterministic one costs.
@@ -19,7 +20,6 @@ Only boto3 and the standard library: this file is part of the reaper's Lambda as
 import argparse
 import datetime
 import json
-import re
 import sys
 
 import boto3
@@ -29,19 +29,26 @@ FORMAT = "horovod-fleet/attempts/1"
 # How S3 answers a read of a missing key: 404, or 403 to a role whose ListBucket is
 # prefix-conditioned (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
 ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
-# Ends that another attempt on new instances cannot get past: the same input, data, disk size or
-# image fails the same way. Each names why, for attempts.json and the e-mail.
-FINAL_CAUSES = (
-    (re.compile(r"(?<![A-Za-z])error: "), "the trainer refused its input"),
-    (re.compile(r"sha256 differs from the manifest"), "a dataset shard in S3 is corrupt"),
-    (re.compile(r"no intact checkpoint"), "no checkpoint in S3 is intact"),
-    (re.compile(r"no space left on device", re.IGNORECASE), "the run does not fit the disk"),
-    (re.compile(r"step 'training image' failed"), "the node's image is not the one expected"),
-    (re.compile(r"step 'read node\.json' failed"), "the node's configuration is unusable"),
-    # The reaper's own end of a relaunch that found no capacity in any zone (handler.give_up).
-    (re.compile(r"^no capacity for the fleet in "), "no zone had capacity for the fleet"),
-    (re.compile(r"^the relaunch failed: "), "EC2 refused the relaunch"),
-)
+# The retry rule, keyed by DONE.json's `cause` (docs/contracts.md, "Causes"; the nodes write it,
+# bootstrap/causes.py, and so does the reaper when it gives a relaunch up). Another attempt on new
+# instances cannot get past these: the same input, data, disk size or image fails the same way.
+# Each names why, for attempts.json and the e-mail.
+FINAL = {
+    "trainer_input": "the trainer refused its input",
+    "corrupt_shard": "a dataset shard in S3 is corrupt",
+    "no_intact_checkpoint": "no checkpoint in S3 is intact",
+    "disk_full": "the run does not fit the disk",
+    "image_mismatch": "the node's image is not the one expected",
+    "config_invalid": "the node's configuration is unusable",
+    "no_capacity": "no zone had capacity for the fleet",
+    "relaunch_refused": "EC2 refused the relaunch",
+}
+# Another attempt, on new hardware, may get past these. A cause not in either table (or a
+# DONE.json without one) is `unknown`: retried, as SkyPilot's `max_restarts_on_errors` does.
+RETRYABLE = (
+    "node_lost", "nodes_missing", "node_unhealthy", "rank_killed", "collective_timeout",
+    "stalled", "s3_unreachable", "interrupted", "corrupt_checkpoint", "unknown",
+)  # fmt: skip
 # A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
 # checkpoint): a shorter one would be cut off before it saved anything.
 MIN_ATTEMPT = datetime.timedelta(minutes=30)
@@ -57,12 +64,10 @@ def parse_stamp(text: str) -> datetime.datetime:
     )
 
 
-def final_cause(reason: str | None) -> str | None:
-    """Why another attempt would fail the same way, or None when it may not."""
-    for pattern, why in FINAL_CAUSES:
-        if reason and pattern.search(reason):
-            return why
-    return None
+def final_cause(cause: str | None) -> str | None:
+    """Why another attempt would fail the same way (DONE.json's `cause`), or None when it may
+    not."""
+    return FINAL.get(cause or "unknown")
 
 
 def decide(
@@ -79,9 +84,8 @@ def decide(
         return False, "teardown", "the run finished"
     if done.get("benchmark"):
         return False, "teardown", "a benchmark is not retried"
-    cause = final_cause(done.get("reason"))
-    if cause:
-        return False, "teardown", f"not retryable: {cause}"
+    if final := final_cause(done.get("cause")):
+        return False, "teardown", f"not retryable: {final}"
     if deleting:
         return True, "stop", "the stack is being deleted"
     restarts = sum(entry.get("decision") == "relaunch" for entry in earlier)
@@ -149,6 +153,7 @@ def end_attempt(
         "started_at": status.get("attempt_started_at"),
         "ended_at": done.get("finished_at") or stamp(now),
         "status": done.get("status"),
+        "cause": done.get("cause"),
         "reason": done.get("reason"),
         "epochs": done.get("epochs"),
         "retryable": retryable,

@@ -593,7 +593,10 @@ class Reaper:
             code = error_code(error)
             if isinstance(error, ClientError) and code not in NO_CAPACITY_CODES:
                 self.give_up(
-                    run, stack, f"the relaunch failed: EC2 answered {code}: {error_message(error)}"
+                    run,
+                    stack,
+                    "relaunch_refused",
+                    f"the relaunch failed: EC2 answered {code}: {error_message(error)}",
                 )
                 return
             self.next_try(run, stack, zones, zone, check, code, attempt)
@@ -633,6 +636,7 @@ class Reaper:
             self.give_up(
                 run,
                 stack,
+                "no_capacity",
                 f"no capacity for the fleet in {where}: {code} on each of {check} tries; deploy "
                 "again later, in another region, or with a capacity reservation",
             )
@@ -688,21 +692,26 @@ class Reaper:
         status.update(reason=reason, updated_at=controller.stamp(self.now()), **fields)
         controller.write_json(self.s3, self.bucket, key, status)
 
-    def give_up(self, run: str, stack: dict, reason: str) -> None:
+    def give_up(self, run: str, stack: dict, cause: str, reason: str) -> None:
         """The relaunch cannot bring the fleet back (no zone had capacity, EC2 refused it): the
-        run ends as a failed attempt with `reason`, one line. The reaper writes the DONE.json
-        the attempt never could; the run controller records it as final
-        (controller.FINAL_CAUSES) and the fleet is retired with its results."""
+        run ends as a failed attempt with `cause` and `reason`, one line. The reaper writes the
+        DONE.json the attempt never could; the run controller records it as final
+        (controller.FINAL) and the fleet is retired with its results."""
         attempts = self.attempts(run)
         number = max((e.get("attempt", 0) for e in attempts), default=0) + 1
         done = {
             "run": run,
             "status": "failed",
+            "cause": cause,
             "reason": reason,
+            "written_by": "controller",
             "attempt": number,
             "attempts": [
-                *({k: e.get(k) for k in ("attempt", "status", "reason")} for e in attempts),
-                {"attempt": number, "status": "failed", "reason": reason},
+                *(
+                    {k: e.get(k) for k in ("attempt", "status", "cause", "reason")}
+                    for e in attempts
+                ),
+                {"attempt": number, "status": "failed", "cause": cause, "reason": reason},
             ],
             "finished_at": controller.stamp(self.now()),
         }
