@@ -24,6 +24,7 @@ class Start(NamedTuple):
 def restore_newest(trainer: Trainer, manager: tf.train.CheckpointManager | None) -> str | None:
     """Rank 0 restores the newest checkpoint, then every rank gets its state. Returns its path."""
     local_error, path = None, None
+    # Horovod: rank 0 alone reads the files; the broadcast below gives every rank their state.
     if hvd.rank() == 0 and manager.latest_checkpoint:
         path = manager.latest_checkpoint
         try:

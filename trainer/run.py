@@ -90,6 +90,7 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
     # Horovod: rank 0 alone writes the model directory, and every rank learns if it could not.
     agree(make_model_dir(config.model_dir) if hvd.rank() == 0 else None)
     manager = None
+    # Horovod: checkpoints on rank 0 only, so that no two ranks write the same files.
     if hvd.rank() == 0:
         manager = tf.train.CheckpointManager(
             trainer.checkpoint, str(config.model_dir / "checkpoints"), config.keep_checkpoints
