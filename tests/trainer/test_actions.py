@@ -92,7 +92,9 @@ def test_sigterm_sets_the_request_and_names_the_signal():
         request.install()
         assert not request.requested
         os.kill(os.getpid(), signal.SIGTERM)
-        # Another thread may take the signal; the main thread runs the handler soon after.
+        # The C handler only sets a flag, maybe in another thread; the main thread runs the
+        # Python handler later (https://docs.python.org/3/library/signal.html, "Execution of
+        # Python signal handlers").
         deadline = time.monotonic() + 5
         while not request.requested and time.monotonic() < deadline:
             time.sleep(0.01)
