@@ -33,7 +33,7 @@ NOTICE_PATH = "meta-data/spot/instance-action"
 # The record must not eat the ranks' two minutes: an S3 outage costs the record, not the
 # checkpoint (the SIGTERM follows whatever the put did).
 RECORD_POLICY = aws.RetryPolicy(budget_s=20, max_delay_s=5)
-# trainer/loop.py's INTERRUPTED_FILE, mirrored: bootstrap never imports trainer/.
+# trainer/recorder.py's INTERRUPTED_FILE, mirrored: bootstrap never imports trainer/.
 INTERRUPTED_FILE = "interrupted.json"
 
 

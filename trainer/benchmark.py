@@ -33,15 +33,9 @@ import tensorflow as tf
 from trainer import affinity, data
 from trainer.cli import OneLineErrorParser, fail
 from trainer.config import ConfigError, parse_config
-from trainer.loop import (
-    RunError,
-    Trainer,
-    input_threads,
-    rank_train_batches,
-    resolve_input,
-    settle_recipe,
-    setup_devices,
-)
+from trainer.inputs import input_threads, rank_train_batches, resolve_input
+from trainer.ranks import RunError, setup_devices
+from trainer.step import Trainer, settle_recipe
 
 INPUTS = ("host", "device", "data")
 RESULT_PREFIX = "benchmark result: "

@@ -85,17 +85,63 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/rank-<r>.sha256 of its final weights (tests compare ranks with it).",
         formatter_class=_DefaultsFormatter,
     )
-    parser.add_argument(
+    _add_data_flags(parser)
+    _add_recipe_flags(parser)
+    _add_device_flags(parser)
+    _add_schedule_flags(parser)
+    return parser
+
+
+def _add_data_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the records come from, how they are read, and where the outputs go."""
+    group = parser.add_argument_group("data and outputs")
+    group.add_argument(
         "--data-dir",
         help="directory with train-* and validation-* TFRecord shards (standard ImageNet schema) "
         "and optionally manifest.json; not needed with --synthetic",
     )
-    parser.add_argument(
+    group.add_argument(
         "--model-dir",
         required=True,
         help="output directory: checkpoints/, tensorboard/, eval.json, train.json (rank 0 writes)",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--num-classes",
+        type=int,
+        help="number of classes K (default: manifest.json's num_classes, else 1000)",
+    )
+    group.add_argument(
+        "--label-base",
+        type=int,
+        choices=(0, 1),
+        help="first label value in the records (default: manifest.json's label_base, else 1)",
+    )
+    group.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="random images generated on the device, no data read (throughput smoke test)",
+    )
+    group.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="restore the newest checkpoint in --model-dir, evaluate and write eval.json",
+    )
+    group.add_argument(
+        "--shuffle-buffer", type=int, default=10000, help="records per rank in the shuffle buffer"
+    )
+    group.add_argument(
+        "--min-crop-area",
+        type=float,
+        default=0.08,
+        help="smallest random crop as a fraction of the image area (Inception-style crops)",
+    )
+
+
+def _add_recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """The model and the recipe (trainer/recipes.py): a flag given wins over the recipe."""
+    group = parser.add_argument_group("model and recipe")
+    group.add_argument("--arch", choices=ARCHS, default="resnet50", help="model architecture")
+    group.add_argument(
         "--recipe",
         choices=RECIPES,
         default=DEFAULT_RECIPE,
@@ -103,117 +149,95 @@ def build_parser() -> argparse.ArgumentParser:
         f"of {LARGE_BATCH}), {GOYAL_EPOCHS} epochs; fast: MLPerf's LARS recipe at the global "
         "batch, polynomial decay, the epochs MLPerf needs there (docs/trainer.md)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--epochs",
         type=int,
         help=f"total training epochs (default: the recipe's: {GOYAL_EPOCHS} for goyal, 37 to 89 "
         "by global batch for fast)",
     )
-    parser.add_argument("--batch-size", type=int, default=256, help="images per step per rank")
-    parser.add_argument("--image-size", type=int, default=224, help="training/eval crop size")
-    parser.add_argument("--arch", choices=ARCHS, default="resnet50", help="model architecture")
-    parser.add_argument(
-        "--num-classes",
-        type=int,
-        help="number of classes K (default: manifest.json's num_classes, else 1000)",
-    )
-    parser.add_argument(
-        "--label-base",
-        type=int,
-        choices=(0, 1),
-        help="first label value in the records (default: manifest.json's label_base, else 1)",
-    )
-    parser.add_argument(
-        "--synthetic",
-        action="store_true",
-        help="random images generated on the device, no data read (throughput smoke test)",
-    )
-    parser.add_argument(
-        "--eval-only",
-        action="store_true",
-        help="restore the newest checkpoint in --model-dir, evaluate and write eval.json",
-    )
-    parser.add_argument(
+    group.add_argument("--batch-size", type=int, default=256, help="images per step per rank")
+    group.add_argument("--image-size", type=int, default=224, help="training/eval crop size")
+    group.add_argument(
         "--base-lr",
         type=float,
         help=f"recipe goyal: learning rate per 256 images (default {GOYAL_BASE_LR:g}); the peak "
         "LR is base-lr x global batch / 256",
     )
-    parser.add_argument(
+    group.add_argument(
         "--warmup-epochs",
         type=float,
         help=f"linear LR warmup (default: the recipe's; goyal: {WARMUP_EPOCHS:g}, or "
         f"{LARGE_BATCH_WARMUP_EPOCHS:g} from a global batch of {LARGE_BATCH} on)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--momentum",
         type=float,
         help=f"momentum (default: the recipe's; goyal: {GOYAL_MOMENTUM:g}, Nesterov)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--weight-decay",
         type=float,
         help="L2 on convolution and dense kernels, never on BatchNorm or biases (default: the "
         f"recipe's; goyal: {GOYAL_WEIGHT_DECAY:g})",
     )
-    parser.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing")
-    parser.add_argument("--log-every", type=int, default=100, help="log a table row every N steps")
-    parser.add_argument(
-        "--steps-per-epoch",
-        type=int,
-        default=0,
-        help="0: train records // global batch (100 with --synthetic); otherwise this many",
-    )
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=DEFAULT_EVAL_EVERY,
-        help="evaluate every N epochs and after the last one",
-    )
-    parser.add_argument(
-        "--shuffle-buffer", type=int, default=10000, help="records per rank in the shuffle buffer"
-    )
-    parser.add_argument(
-        "--precision",
-        choices=("auto", "fp16", "fp32"),
-        default="auto",
-        help="auto: mixed float16 with loss scaling on GPU, float32 on CPU",
-    )
-    parser.add_argument(
-        "--xla",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="XLA-compile the forward/backward pass (auto: on GPU only)",
-    )
-    parser.add_argument("--keep-checkpoints", type=int, default=5, help="newest checkpoints kept")
-    parser.add_argument(
-        "--checkpoint-every-s",
-        type=float,
-        default=DEFAULT_CHECKPOINT_EVERY_S,
-        help="save at the end of an epoch once this many seconds passed since the last save "
-        "(0: every epoch); always at the end and on SIGTERM",
-    )
-    parser.add_argument(
-        "--target-top1",
-        type=float,
-        default=None,
-        help="stop once an evaluation (every --eval-every epochs) reaches this top-1, in (0, 1], "
-        "as MLPerf's time-to-accuracy does; off: train every epoch",
-    )
-    parser.add_argument(
+    group.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing")
+    group.add_argument(
         "--seed",
         type=int,
         default=None,
         help="seed the initial weights and offset the data shuffle's seeds (>= 0), for repeated "
         "runs that differ only in it; off: random initial weights",
     )
-    parser.add_argument(
-        "--min-crop-area",
-        type=float,
-        default=0.08,
-        help="smallest random crop as a fraction of the image area (Inception-style crops)",
+
+
+def _add_device_flags(parser: argparse.ArgumentParser) -> None:
+    """How the step runs on the device."""
+    group = parser.add_argument_group("device")
+    group.add_argument(
+        "--precision",
+        choices=("auto", "fp16", "fp32"),
+        default="auto",
+        help="auto: mixed float16 with loss scaling on GPU, float32 on CPU",
     )
-    return parser
+    group.add_argument(
+        "--xla",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="XLA-compile the forward/backward pass (auto: on GPU only)",
+    )
+
+
+def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
+    """When the run logs, evaluates, saves and stops."""
+    group = parser.add_argument_group("logging, evaluation, checkpoints and stops")
+    group.add_argument("--log-every", type=int, default=100, help="log a table row every N steps")
+    group.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=0,
+        help="0: train records // global batch (100 with --synthetic); otherwise this many",
+    )
+    group.add_argument(
+        "--eval-every",
+        type=int,
+        default=DEFAULT_EVAL_EVERY,
+        help="evaluate every N epochs and after the last one",
+    )
+    group.add_argument("--keep-checkpoints", type=int, default=5, help="newest checkpoints kept")
+    group.add_argument(
+        "--checkpoint-every-s",
+        type=float,
+        default=DEFAULT_CHECKPOINT_EVERY_S,
+        help="save at the end of an epoch once this many seconds passed since the last save "
+        "(0: every epoch); always at the end and on SIGTERM",
+    )
+    group.add_argument(
+        "--target-top1",
+        type=float,
+        default=None,
+        help="stop once an evaluation (every --eval-every epochs) reaches this top-1, in (0, 1], "
+        "as MLPerf's time-to-accuracy does; off: train every epoch",
+    )
 
 
 def _require(condition: bool, message: str) -> None:

@@ -8,7 +8,8 @@ Run (one process, or under horovodrun for several ranks; every rank gets the sam
 
 The command line is parsed and validated (trainer/config.py) before TensorFlow and Horovod are
 imported: a mistake costs one `error: ...` line and exit status 2, not seconds of imports. The run
-itself is trainer/loop.py; its outputs and exit statuses are in docs/contracts.md.
+itself is trainer/run.py and the parts it lists; its outputs and exit statuses are in
+docs/contracts.md.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(argv)  # the same argv on every rank: no agreement needed
     except ConfigError as exc:
         fail(str(exc))
-    from trainer import loop  # TensorFlow and Horovod: only for a command line that parsed
+    from trainer import run  # TensorFlow and Horovod: only for a command line that parsed
 
-    return loop.start(config)
+    return run.start(config)
 
 
 if __name__ == "__main__":

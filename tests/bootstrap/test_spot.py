@@ -202,8 +202,8 @@ def test_the_rehearsal_s_notice_file_is_watched_and_the_watcher_stops_cleanly(
 
 
 def test_the_interrupted_file_mirrors_the_trainer_s():
-    # Read, not imported: the trainer's loop imports TensorFlow.
-    source = ast.parse((REPO / "trainer" / "loop.py").read_text())
+    # Read, not imported: the trainer's recorder imports TensorFlow.
+    source = ast.parse((REPO / "trainer" / "recorder.py").read_text())
     assigned = {
         node.targets[0].id: node.value.value
         for node in source.body

@@ -1,5 +1,7 @@
-"""trainer.train: --help, bad input as one `error:` line, synthetic, eval-only, step variants,
-SIGTERM; in this process (train_main) but for the command's process contract."""
+"""trainer.train end to end: --help, bad input as one `error:` line, synthetic, eval-only, the fast
+recipe's resolutions, SIGTERM; in this process (train_main) but for the command's process
+contract. Its parts alone: test_loop.py, test_actions.py, test_step.py, test_recorder.py,
+test_inputs.py."""
 
 import json
 import os
@@ -8,13 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-import horovod.tensorflow as hvd
-import numpy as np
 import pytest
-import tensorflow as tf
 
-from trainer import loop, recipes
+from trainer import recipes
 from trainer.config import ConfigError, build_parser, parse_config
+from trainer.recorder import INTERRUPTED_FILE
+from trainer.run import EXIT_INTERRUPTED
+from trainer.step import settle_recipe
 
 
 def error_lines(result) -> list[str]:
@@ -40,7 +42,7 @@ def test_config_is_validated_once_at_the_edge(tmp_path, capsys):
         "goyal",
     )
     assert config.epochs is None  # the recipe's: 90 for goyal
-    assert loop.settle_recipe(config, 256)[0].epochs == 90
+    assert settle_recipe(config, 256)[0].epochs == 90
     with pytest.raises(ConfigError, match="--base-lr applies to --recipe goyal"):
         parse_config(["--data-dir", "d", "--model-dir", "m", "--recipe", "fast", "--base-lr", "1"])
     with pytest.raises(SystemExit) as exited:
@@ -149,44 +151,6 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, train_ma
     assert (evaluation["epoch"], evaluation["images"]) == (1, 4)
 
 
-@pytest.mark.parametrize(
-    ("precision", "xla", "recipe", "lars"),
-    [
-        ("fp32", "off", "goyal", False),
-        # XLA compiles ResNet-18 for the CPU here: 20 s, the slow tier's.
-        pytest.param("fp16", "on", "fast", True, marks=pytest.mark.slow),
-    ],
-)
-def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, lars):
-    """The GPU settings (float16 loss scaling, XLA, LARS) run here on CPU, in one process."""
-    hvd.init()
-    args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
-    args += ["--recipe", recipe, "--warmup-epochs", "0"]  # no zero-LR first step
-    config = parse_config([*args, "--image-size", "32", "--precision", precision, "--xla", xla])
-    config, settled = loop.settle_recipe(config, 4)
-    try:
-        trainer = loop.Trainer(config, settled, num_classes=10, steps_per_epoch=2, gpu=False)
-        assert (trainer.mixed, trainer.xla, trainer.lars) == (
-            precision == "fp16",
-            xla == "on",
-            lars,
-        )
-        kernel = trainer.model.get_layer("stem_conv").kernel
-        before = kernel.numpy().copy()
-        images, labels = loop.data.synthetic_batch(4, 32, 10)
-        for flags in ([0.0, 0.0], [1.0, 0.0]):
-            trainer.train_step(images, labels, tf.constant(flags))
-        sums = trainer.read_step_sums()
-        loss, total = sums[loop.CROSS_ENTROPY], sums[loop.TOTAL_LOSS]
-        assert np.isfinite(total) and total > loss > 0
-        assert (sums[loop.BAD_INPUT], sums[loop.STOP]) == (1.0, 0.0)
-        assert not trainer.read_step_sums().any()  # read and reset
-        assert int(trainer.optimizer.iterations) == 2
-        assert not np.allclose(kernel.numpy(), before)
-    finally:
-        tf.keras.mixed_precision.set_global_policy("float32")
-
-
 @pytest.mark.slow  # three traces of ResNet-18 (two training sizes, one for evaluation): 20 s
 def test_the_fast_recipe_trains_at_its_resolution_steps_in_process(tmp_path, train_main):
     """The short run of the fast recipe (its schedule: tests/trainer/test_recipes.py): LARS, the
@@ -233,8 +197,8 @@ def test_sigterm_mid_epoch_saves_that_step_and_a_rerun_resumes_there(
     watcher = signal_at_step(model_dir / "progress.json", 3, sent)
     result = train_main(args)
     watcher.join()
-    assert result.returncode == loop.EXIT_INTERRUPTED, result.stdout + result.stderr
-    marker = json.loads((model_dir / loop.INTERRUPTED_FILE).read_text())
+    assert result.returncode == EXIT_INTERRUPTED, result.stdout + result.stderr
+    marker = json.loads((model_dir / INTERRUPTED_FILE).read_text())
     # Stopped at the next check step (every step here, with --log-every 1), mid-epoch.
     assert sent[0] <= marker["step"] <= sent[0] + 2 < 12, (sent, marker)
     assert marker["checkpoint"].endswith(f"ckpt-{marker['step']}")
@@ -246,7 +210,7 @@ def test_sigterm_mid_epoch_saves_that_step_and_a_rerun_resumes_there(
     assert f"0 epochs done, {step} steps into epoch 1" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines()]
     assert [row[0] for row in rows if len(row) == 6 and row[0].isdigit()] == ["12"]
-    assert not (model_dir / loop.INTERRUPTED_FILE).exists()  # the finished run removed it
+    assert not (model_dir / INTERRUPTED_FILE).exists()  # the finished run removed it
     assert (model_dir / "checkpoints" / "ckpt-12.index").exists()
 
 
@@ -255,31 +219,3 @@ def test_default_recipe_switches_at_a_global_batch_of_16k():
     assert recipes.goyal(16383).warmup_epochs == 5 and recipes.goyal(16384).warmup_epochs == 10
     assert not recipes.goyal(16384).lars and recipes.goyal(32768).lars
     assert recipes.goyal(16384, warmup_epochs=2.5).warmup_epochs == 2.5  # the flag wins
-
-
-def test_resume_step_keeps_the_fraction_of_the_epoch():
-    assert loop.resume_step(20, 200, 200) == 20
-    assert loop.resume_step(20, 200, 100) == 10  # twice the ranks: half the steps per epoch
-    assert loop.resume_step(0, 78, 39) == 0
-
-
-def test_every_checkpoint_variable_is_broadcast_loss_scale_included(tmp_path):
-    """LossScaleOptimizer.variables leaves out the loss scale and its good-step counter: after
-    a resume, fp16 ranks other than 0 used to start again at 32768 while rank 0 used its own."""
-    hvd.init()
-    args = ["--synthetic", "--model-dir", str(tmp_path), "--arch", "resnet18", "--batch-size", "4"]
-    config = parse_config([*args, "--image-size", "32", "--precision", "fp16"])
-    config, recipe = loop.settle_recipe(config, 4)
-    try:
-        trainer = loop.Trainer(config, recipe, num_classes=10, steps_per_epoch=2, gpu=False)
-        names = {variable.name.split(":")[0] for variable in trainer.state}
-        assert {"current_loss_scale", "good_steps", "completed_epochs", "epoch_step"} <= names
-        listed = [id(variable) for variable in trainer.state]
-        assert not {id(v) for v in trainer.model.variables} - set(listed)
-        assert not {id(v) for v in trainer.optimizer.variables} - set(listed)
-        # Rank 0's saves add a save_counter the other ranks lack: the list must not change.
-        trainer.checkpoint.save(str(tmp_path / "ckpt"))
-        assert [id(variable) for variable in trainer.state] == listed
-        assert len(loop.checkpoint_variables(trainer.checkpoint)) == len(listed) + 1
-    finally:
-        tf.keras.mixed_precision.set_global_policy("float32")

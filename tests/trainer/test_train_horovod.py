@@ -174,7 +174,7 @@ def test_fp16_sigterm_to_one_rank_saves_its_step_and_two_ranks_resume_in_step(
 AVERAGE_LARGE_GRADIENTS = """
 import horovod.tensorflow as hvd
 import tensorflow as tf
-from trainer.loop import distributed_tape
+from trainer.step import distributed_tape
 hvd.init()
 x = tf.Variable(1.0)
 with tf.GradientTape() as tape:

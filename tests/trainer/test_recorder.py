@@ -1,0 +1,114 @@
+"""trainer/recorder.py: the run's log lines and files from rank 0, nothing from the others but
+the digest hook; with a stand-in for the step (its loss scale and weights digest)."""
+
+import json
+import re
+import time
+import types
+
+import tensorflow as tf
+
+from trainer.config import parse_config
+from trainer.recorder import HEADER, INTERRUPTED_FILE, Recorder, Timings, make_model_dir
+
+
+def make_recorder(model_dir, rank=0):
+    args = ["--synthetic", "--model-dir", str(model_dir), "--epochs", "3"]
+    config = parse_config([*args, "--image-size", "32", "--batch-size", "4"])
+    step = types.SimpleNamespace(
+        loss_scale_state=lambda: (32768.0, 2), weights_digest=lambda: f"digest of rank {rank}"
+    )
+    timings = Timings(time.perf_counter())
+    return Recorder(config, rank=rank, ranks=2, steps_per_epoch=10, timings=timings, step=step)
+
+
+def save_checkpoint(model_dir, number):
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    manager = tf.train.CheckpointManager(checkpoint, str(model_dir / "checkpoints"), 5)
+    return manager.save(checkpoint_number=number)
+
+
+def test_rank_0_logs_the_table_and_writes_every_file(tmp_path, capsys, monkeypatch):
+    digests = tmp_path / "digests"
+    digests.mkdir()
+    monkeypatch.setenv("TRAINER_WEIGHTS_DIGEST_DIR", str(digests))
+    model_dir = tmp_path / "m"
+    assert make_model_dir(model_dir) is None
+    recorder = make_recorder(model_dir)
+    recorder.resized(24, 1)
+    recorder.begin_training()
+    recorder.begin_epoch(1)
+    recorder.start_clocks()
+    recorder.log_step(
+        epoch=1, step=5, global_step=5, steps=5, loss=1.23456, total_loss=2.5,
+        learning_rate=lambda: 0.1,
+    )  # fmt: skip
+    recorder.evaluating()
+    recorder.evaluated({"top1": 0.61, "top5": 0.75, "epoch": 1, "images": 8})
+    recorder.end_epoch(1)
+    recorder.reached_target(0.6, 1, 0.61, 65.0)
+    recorder.interrupted("SIGTERM: stopped at step 7 (epoch 1, step 7 of 10)")
+    assert json.loads((model_dir / INTERRUPTED_FILE).read_text())["checkpoint"] is None
+    path = save_checkpoint(model_dir, 7)
+    recorder.interrupted("SIGTERM: stopped at step 7 (epoch 1, step 7 of 10)")
+    recorder.finish(1, {"target_top1": 0.6})
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["training at 24x24 from epoch 1 (evaluation at 32)", HEADER, "Epoch 1/3"]
+    row = lines[3].split()
+    assert (row[0], row[1], row[3], row[4], row[5]) == ("5", "0.50", "1.235", "2.500", "0.10000")
+    assert float(row[2]) > 0  # global images per second: 8 x 5 images over the interval
+    assert lines[4] == "Eval epoch 1: top1 0.6100 top5 0.7500 on 8 images"
+    assert re.fullmatch(
+        r"Epoch 1/3 done in \d+\.\d s: [\d.]+ img/s \([\d.]+ per GPU\), 8 images/step, "
+        r"ETA \d:\d\d:\d\d, loss scale 32768, 2 skipped steps",
+        lines[5],
+    ), lines[5]
+    assert lines[6] == "Reached the target top-1 0.6000 at epoch 1 (0.6100) in 0:01:05: stopping"
+    assert lines[7].startswith("Finished in ") and len(lines) == 8
+
+    progress = json.loads((model_dir / "progress.json").read_text())
+    assert (progress["phase"], progress["step"], progress["top1"]) == ("evaluating", 5, 0.61)
+    assert json.loads((model_dir / "eval.json").read_text())["top1"] == 0.61
+    assert json.loads((model_dir / INTERRUPTED_FILE).read_text()) == {
+        "reason": "SIGTERM: stopped at step 7 (epoch 1, step 7 of 10)",
+        "checkpoint": path,
+        "step": 7,
+    }
+    train = json.loads((model_dir / "train.json").read_text())
+    assert (train["epochs"], train["epochs_planned"], train["global_batch"]) == (1, 3, 8)
+    assert train["target_top1"] == 0.6 and train["evaluation_s"] >= 0
+    assert list((model_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (digests / "rank-0.sha256").read_text() == "digest of rank 0\n"
+
+
+def test_other_ranks_print_and_write_nothing_but_their_digest(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRAINER_WEIGHTS_DIGEST_DIR", str(tmp_path))
+    model_dir = tmp_path / "m"  # rank 0 makes it; this rank never looks
+    recorder = make_recorder(model_dir, rank=1)
+    recorder.begin_training()
+    recorder.begin_epoch(1)
+    recorder.start_clocks()
+    recorder.log_step(
+        epoch=1, step=1, global_step=1, steps=1, loss=1.0, total_loss=1.0,
+        learning_rate=lambda: 0.1,
+    )  # fmt: skip
+    recorder.evaluating()
+    recorder.evaluated({"top1": 0.5, "top5": 0.5, "epoch": 1, "images": 8})
+    recorder.end_epoch(1)
+    recorder.interrupted("SIGTERM")
+    recorder.finish(1, {})
+    assert capsys.readouterr().out == ""
+    assert not model_dir.exists()
+    assert (tmp_path / "rank-1.sha256").read_text() == "digest of rank 1\n"
+
+
+def test_the_model_dir_is_made_and_a_stale_marker_removed(tmp_path):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / INTERRUPTED_FILE).write_text("{}")
+    assert make_model_dir(model_dir) is None
+    assert (model_dir / "checkpoints").is_dir() and not (model_dir / INTERRUPTED_FILE).exists()
+    regular = tmp_path / "file"
+    regular.write_text("")
+    assert make_model_dir(regular) == f"cannot create --model-dir {regular}: Not a directory"
