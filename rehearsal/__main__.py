@@ -26,7 +26,8 @@ import signal
 import sys
 from pathlib import Path
 
-from rehearsal.core import Rehearsal, say
+from rehearsal.common import say
+from rehearsal.core import Rehearsal
 
 
 def raise_interrupt(signum, frame) -> None:

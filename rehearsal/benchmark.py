@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rehearsal.core import BUCKET, REPO, RUN, Rehearsal, StepFailed, say
+from rehearsal.common import BUCKET, REPO, RUN, StepFailed, say
+from rehearsal.core import Rehearsal
 
 RANKS_PER_NODE = 2  # CPU ranks per simulated node, so that 1 rank and 1 node are two rows
 WARMUP_STEPS = 1

@@ -10,7 +10,7 @@ and any subset of the rows, in any order, has the same outcomes.
 The rows are data (ROWS), grouped by family; docs/rehearsal.md's table is `markdown_table()`
 (a test keeps the two equal). Rows with `max_restarts` play the deployed fleet: after each
 attempt the run controller's own code decides, and a relaunch brings the fleet back (EC2's part
-played by the rehearsal: rehearsal/core.py `relaunch`).
+played by the rehearsal: rehearsal/attempts.py `relaunch`).
 
 Prints a table of fault, expected and observed outcome, pass or FAIL; exit 0 only if every row
 chosen passes. `--fault TEXT` (repeatable) keeps the rows whose name contains TEXT; `--rows ci`
@@ -41,7 +41,7 @@ CHECKPOINTED_EPOCHS = 2  # the run of that snapshot: a checkpoint after each of 
 # Longer than boto3's read timeout (20 s), so every kind of S3 call sees it time out and retry;
 # short enough for CI.
 OUTAGE_S = 40
-# Longer than the rehearsal's heartbeat_timeout_s (60 s, rehearsal/core.py), inside the 5
+# Longer than the rehearsal's heartbeat_timeout_s (60 s, rehearsal/nodes.py), inside the 5
 # minutes an outage may last (bootstrap/aws.py OUTAGE_S): no heartbeat can be fresh through it.
 LONG_OUTAGE_S = 75
 # The paused rank's row: a collective timeout shorter than the pause, so the attempt ends.

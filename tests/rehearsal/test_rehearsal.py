@@ -53,15 +53,15 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
 def test_a_failed_node_gives_the_others_time_to_report_before_blame(monkeypatch, tmp_path):
     """The member that noticed first is not blamed alone: the leader, whose step failed, gets
     time to finish its report, and every node that failed is named."""
-    from rehearsal import core
+    from rehearsal import common, core, processes
 
-    monkeypatch.setattr(core, "REPORT_GRACE_S", 20)
+    monkeypatch.setattr(processes, "REPORT_GRACE_S", 20)
     rehearsal = core.Rehearsal(argparse.Namespace(workdir=tmp_path))
     procs = {
         "node0": subprocess.Popen(["bash", "-c", "sleep 1; exit 1"]),
         "node1": subprocess.Popen(["bash", "-c", "exit 1"]),
     }
-    with pytest.raises(core.StepFailed, match=r"^node0 exited 1, node1 exited 1"):
+    with pytest.raises(common.StepFailed, match=r"^node0 exited 1, node1 exited 1"):
         rehearsal.wait(procs, 60)
 
 
@@ -77,9 +77,9 @@ def test_fault_table_has_a_row_per_fault(capsys):
 
 def test_the_rehearsal_restarts_a_killed_node_bootstrap_as_systemd_would(monkeypatch, tmp_path):
     """Restart=on-abnormal: SIGKILL restarts; a reported failure (exit 1) or SIGTERM does not."""
-    from rehearsal import core
+    from rehearsal import core, processes
 
-    monkeypatch.setattr(core, "RESTART_SEC", 0)
+    monkeypatch.setattr(processes, "RESTART_SEC", 0)
     rehearsal = core.Rehearsal(argparse.Namespace(workdir=tmp_path))
     again = ["bash", "-c", "echo restarted"]
     procs = {name: subprocess.Popen(["sleep", "60"]) for name in ("node0", "node1")}

@@ -1,0 +1,204 @@
+"""What the rehearsal's nodes run: the sample dataset's raw/ archives, the preprocessing node, and
+the training nodes with their node.json, on hosts (rehearsal/hosts.py) or as processes; each
+node's home, address and current instance, and a fleet deployed anew.
+
+`Nodes` is one part of `Rehearsal` (rehearsal/core.py): it starts the nodes as the rehearsal's
+processes (rehearsal/processes.py) against the local S3 (rehearsal/local_s3.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from rehearsal.common import BUCKET, REGION, REPO, RUN, say
+from rehearsal.hosts import NODE_INTERFACE, SSH_PORT
+
+RAW_FILES = (
+    "ILSVRC2012_img_train.tar",
+    "ILSVRC2012_img_val.tar",
+    "ILSVRC2012_validation_ground_truth.txt",
+)
+
+
+class Nodes:
+    def make_sample(self) -> None:
+        raw = self.workdir / "raw"
+        cmd = [sys.executable, "-m", "trainer.preprocess.sample", "--output", str(raw)]
+        cmd += ["--classes", str(self.args.classes), "--train-per-class", str(self.args.per_class)]
+        cmd += ["--val-images", str(self.args.val_images)]
+        self.wait({"sample": self.start("sample", cmd, self.env())}, 600)
+        # What users do with the real archives: aws s3 cp FILE s3://<bucket>/raw/FILE
+        for name in RAW_FILES:
+            self.s3.upload_file(str(raw / name), BUCKET, f"raw/{name}")
+        say(f"uploaded {', '.join(RAW_FILES)} to s3://{BUCKET}/raw/")
+
+    def node_json(self, path: Path, doc: dict) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2))
+        return path
+
+    def image_manifest(self) -> Path:
+        """The rehearsal's stand-in for /opt/horovod-fleet/image.json: the image.json of a CPU
+        node, so the nodes run the same image check a GPU node runs against a baked AMI."""
+        path = self.workdir / "image.json"
+        document = {
+            "format": "horovod-fleet/image/1",
+            "recipe_sha256": hashlib.sha256(b"rehearsal").hexdigest(),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": {
+                "python": ".".join(map(str, sys.version_info[:3])),
+                "tensorflow": importlib.metadata.version("tensorflow-cpu"),
+                "horovod": importlib.metadata.version("horovod"),
+            },
+            "horovod_build": {"TensorFlow": True, "Gloo": True, "MPI": False, "NCCL": False},
+        }
+        path.write_text(json.dumps(document, indent=2))
+        return path
+
+    def common(self, home: Path) -> dict:
+        # The rehearsal's keys (docs in bootstrap/node_config.py): no installs, no volume, no
+        # CloudWatch, no CloudFormation signal, paths under the work dir.
+        return {
+            "region": REGION,
+            "bucket": BUCKET,
+            "log_group": None,
+            "project": "horovod-fleet",
+            "signal": None,
+            "install": False,
+            "log_dir": str(home / "logs"),
+            "state_dir": str(home / "state"),
+            "poll_interval_s": 1,
+        }
+
+    def preprocess(self) -> None:
+        home = self.workdir / "preprocess"
+        doc = {
+            "role": "preprocess",
+            **self.common(home),
+            "raw_prefix": "raw/",
+            "output_prefix": "tfrecords/",
+            "volume_id": None,
+            "mount_point": str(home / "data"),
+            "download_secret_arn": None,
+            "train_shards": 4,
+            "val_shards": 2,
+            "stop_when_done": False,
+            "instance_id": "rehearsal-preprocess",
+        }
+        env = {
+            **self.env("preprocessor"),
+            "NODE_JSON": str(self.node_json(home / "node.json", doc)),
+        }
+        script = [str(REPO / "bootstrap" / "preprocess_node.sh")]
+        self.wait({"preprocess": self.start("preprocess", script, env)}, 900)
+
+    def node_home(self, index: int) -> Path:
+        return self.fleet.nodes[index].home if self.fleet else self.workdir / f"node{index}"
+
+    def node_ip(self, index: int) -> str:
+        return self.fleet.nodes[index].ip if self.fleet else "127.0.0.1"
+
+    def instance_id(self, index: int) -> str:
+        """Node `index`'s current instance: a replacement is a new instance, with a new id."""
+        launches = self.replacements.get(index, 0)
+        return f"rehearsal-node-{index}" + (f"-r{launches}" if launches else "")
+
+    def notice_file(self, index: int) -> Path:
+        """Where node `index`'s current instance reads its Spot interruption notice (its IMDS
+        `spot/instance-action`): a replacement, a new instance, has none."""
+        return self.workdir / "imds" / f"{self.instance_id(index)}.instance-action.json"
+
+    def renew_fleet(self) -> None:
+        """Every node as a fleet deployed anew has it: no process left, empty disks, the
+        instance it first had (a Spot row may have replaced it)."""
+        self.end_nodes()
+        self.node_processes, self.node_groups = [], []
+        for index in range(self.args.nodes):
+            if self.fleet:
+                self.fleet.renew(self.fleet.nodes[index])
+            else:
+                shutil.rmtree(self.node_home(index), ignore_errors=True)
+        shutil.rmtree(self.workdir / "imds", ignore_errors=True)
+        self.replacements.clear()
+
+    def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
+        """Start every node's train_node.sh and wait for all. A second call is the rerun after a
+        reboot: the nodes' processes (sshd included) are gone, their disks, keys and the run's
+        S3 prefix are not, so the pull is skipped and training resumes from S3."""
+        self.end_nodes()  # the sshd of a node whose bootstrap restarted too
+        if self.node_processes:
+            # Only S3 may hold the checkpoint a rerun resumes from.
+            shutil.rmtree(self.workdir / "node0" / "data" / "model", ignore_errors=True)
+        nodes = self.args.nodes
+        self.output.clear()
+        data_mount = self.workdir / "data"  # every namespace node sees its own data here
+        data_mount.mkdir(exist_ok=True)
+        procs = {}
+        image_json = self.image_manifest()
+        for index in range(nodes):
+            if index in absent:  # a node that never boots (the fault rehearsal)
+                continue
+            node = self.fleet.nodes[index] if self.fleet else None
+            home = node.home if node else self.workdir / f"node{index}"
+            doc = {
+                "role": "train",
+                **self.common(home),
+                "run": RUN,
+                "node_index": index,
+                "nodes": nodes,
+                "gpus_per_node": 0,
+                "instance_type": "rehearsal-cpu",
+                "efa": False,
+                "dataset_prefix": "tfrecords/",
+                "runs_prefix": f"runs/{RUN}/",
+                "rendezvous_timeout_s": 300,
+                "trainer": {
+                    "epochs": epochs,
+                    "batch_per_gpu": 32,
+                    "arch": "resnet18",
+                    "image_size": 32,
+                    "log_every": 5,
+                    "warmup_epochs": 1,
+                },
+                "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": RUN}},
+                "image": {
+                    "manifest": str(image_json),
+                    "ami": "rehearsal-image",
+                    "tensorflow": "2.15.1",
+                    "horovod": "0.28.1",
+                },
+                "instance_store": False,
+                "mount_point": str(data_mount if node else home / "data"),
+                "ip": self.node_ip(index),
+                "instance_id": self.instance_id(index),
+                "ssh_port": SSH_PORT,
+                "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
+                "network_interface": NODE_INTERFACE if node else None,
+                "heartbeat_timeout_s": 60,
+                "checkpoint_sync_s": 30,
+                # CPU processes cost nothing; the status screen still shows the dollars line.
+                "cost": {"usd_per_hour": 0.0, "prices_as_of": "rehearsal", "max_hours": 1},
+                "status_every_s": 1,  # epochs last seconds here: a screen for each
+            }
+            doc["trainer"].update(overrides.get("trainer", {}))
+            doc.update({k: v for k, v in overrides.items() if k != "trainer"})
+            self.market = doc.get("market", "on-demand")
+            if self.market == "spot":
+                doc["spot_notice_file"] = str(self.notice_file(index))
+            env = {**self.env("node"), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
+            script = [str(REPO / "bootstrap" / "train_node.sh")]
+            cmd = self.fleet.node_command(node, data_mount, script) if node else script
+            procs[f"node{index}"] = self.start(f"node{index}", cmd, env)
+            # A restarted unit reruns the script on the same host, whose sshd still runs.
+            again = self.fleet.node_command(node, data_mount, script, sshd=False) if node else cmd
+            self.services[f"node{index}"] = (again, env)
+        self.node_processes = list(procs.values())
+        self.node_groups = [proc.pid for proc in self.node_processes]
+        self.restarts.clear()
+        self.wait(procs, self.args.timeout)
