@@ -1,6 +1,6 @@
-"""The fault rehearsal's rows as data, their snapshots, their judge, and the cleanup that runs
-whatever ends a rehearsal. The rows themselves run in `python -m rehearsal --faults` (make
-test-e2e)."""
+"""The fault rehearsal's rows as data (rehearsal/fault_rows.py), their snapshots, their judge, and
+the cleanup that runs whatever ends a rehearsal. The rows themselves run in `python -m rehearsal
+--faults` (make test-e2e)."""
 
 import argparse
 import re
@@ -10,30 +10,30 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from rehearsal import core, faults, snapshots
+from rehearsal import common, core, fault_rows, faults, snapshots
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_docs_table_is_the_rows():
     text = (REPO / "docs" / "rehearsal.md").read_text()
-    assert faults.markdown_table() in text
+    assert fault_rows.markdown_table() in text
 
 
 def test_every_row_starts_from_a_snapshot_and_is_chosen_by_its_name():
-    names = [row.name for row in faults.ROWS]
+    names = [row.name for row in fault_rows.ROWS]
     assert len(set(names)) == len(names)
-    assert {row.start for row in faults.ROWS} == {faults.DATASET, faults.CHECKPOINTED}
-    assert {row.family for row in faults.ROWS} == {"S3", "ranks", "nodes", "disk", "Spot"}
+    assert {row.start for row in fault_rows.ROWS} == {fault_rows.DATASET, fault_rows.CHECKPOINTED}
+    assert {row.family for row in fault_rows.ROWS} == {"S3", "ranks", "nodes", "disk", "Spot"}
     # Rows keep the table's order, whatever order --fault names them in.
     chosen = faults.chosen_rows(["Spot", "rank 1 killed"])
     assert [row.name for row in chosen] == [
         "rank 1 killed (SIGKILL)",
         "Spot interruption of node 1 (two-minute notice) after an epoch",
     ]
-    assert faults.chosen_rows(None) == faults.ROWS
+    assert faults.chosen_rows(None) == fault_rows.ROWS
     ci = faults.chosen_rows(None, "ci")
-    assert ci and all(row.in_ci for row in ci) and len(ci) < len(faults.ROWS)
+    assert ci and all(row.in_ci for row in ci) and len(ci) < len(fault_rows.ROWS)
     assert faults.chosen_rows(["Spot"], "ci") == [r for r in ci if "Spot" in r.name]
 
 
@@ -43,33 +43,34 @@ def bucket(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket=core.BUCKET)
+        s3.create_bucket(Bucket=common.BUCKET)
         yield s3
 
 
 def test_a_restored_snapshot_is_exactly_what_was_saved(bucket, tmp_path):
-    bucket.put_object(Bucket=core.BUCKET, Key="tfrecords/train-0", Body=b"shard",
+    bucket.put_object(Bucket=common.BUCKET, Key="tfrecords/train-0", Body=b"shard",
                       Metadata={"sha256": "abc"})  # fmt: skip
-    bucket.put_object(Bucket=core.BUCKET, Key="runs/r/DONE.json", Body=b"{}",
+    bucket.put_object(Bucket=common.BUCKET, Key="runs/r/DONE.json", Body=b"{}",
                       ContentType="application/json")  # fmt: skip
-    bucket.put_object(Bucket=core.BUCKET, Key="runs/r/model/ckpt-1.index", Body=b"i")
-    assert snapshots.save(bucket, core.BUCKET, tmp_path / "s", ("runs/r/DONE.json",)) == 2
+    bucket.put_object(Bucket=common.BUCKET, Key="runs/r/model/ckpt-1.index", Body=b"i")
+    assert snapshots.save(bucket, common.BUCKET, tmp_path / "s", ("runs/r/DONE.json",)) == 2
     # What a row does to S3: overwrites, adds, deletes.
-    bucket.put_object(Bucket=core.BUCKET, Key="tfrecords/train-0", Body=b"flipped")
-    bucket.put_object(Bucket=core.BUCKET, Key="runs/r/attempts.json", Body=b"[]")
-    bucket.delete_object(Bucket=core.BUCKET, Key="runs/r/model/ckpt-1.index")
-    assert snapshots.restore(bucket, core.BUCKET, tmp_path / "s") == 2
-    assert sorted(snapshots.keys(bucket, core.BUCKET)) == [
+    bucket.put_object(Bucket=common.BUCKET, Key="tfrecords/train-0", Body=b"flipped")
+    bucket.put_object(Bucket=common.BUCKET, Key="runs/r/attempts.json", Body=b"[]")
+    bucket.delete_object(Bucket=common.BUCKET, Key="runs/r/model/ckpt-1.index")
+    assert snapshots.restore(bucket, common.BUCKET, tmp_path / "s") == 2
+    assert sorted(snapshots.keys(bucket, common.BUCKET)) == [
         "runs/r/model/ckpt-1.index",
         "tfrecords/train-0",
     ]
-    shard = bucket.get_object(Bucket=core.BUCKET, Key="tfrecords/train-0")
+    shard = bucket.get_object(Bucket=common.BUCKET, Key="tfrecords/train-0")
     assert (shard["Body"].read(), shard["Metadata"]) == (b"shard", {"sha256": "abc"})
 
 
-def row_expecting(status: str, epochs: int | None, **checks) -> faults.Row:
-    return faults.Row("S3", "r", "e", faults.DATASET, 2, faults.Fault(lambda r: None),
-                      faults.Expect(status, epochs, checks))  # fmt: skip
+def row_expecting(status: str, epochs: int | None, **checks) -> fault_rows.Row:
+    fault = fault_rows.Fault(lambda r: None)
+    expect = fault_rows.Expect(status, epochs, checks)
+    return fault_rows.Row("S3", "r", "e", fault_rows.DATASET, 2, fault, expect)
 
 
 def test_the_judge_reads_status_epochs_and_every_named_check():

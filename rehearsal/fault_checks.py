@@ -1,0 +1,94 @@
+"""What a fault row's outcome must show (rehearsal/fault_rows.py `Expect.checks`): each a `Check`
+of the rehearsal and the last attempt's DONE.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from rehearsal.common import RUN
+from rehearsal.core import Rehearsal
+from rehearsal.fault_actions import s3_object
+
+Check = Callable[[Rehearsal, dict], bool]
+
+
+def node_said(rehearsal: Rehearsal, index: int, text: str) -> bool:
+    return any(text in line for line in rehearsal.output.get(f"node{index}", []))
+
+
+def decisions(*expected: str) -> Check:
+    """The run controller decided exactly these, in order, for the row's attempts."""
+    return lambda r, done: [e["decision"] for e in r.entries] == list(expected)
+
+
+def every_attempt_counted(rehearsal: Rehearsal, done: dict) -> bool:
+    """DONE.json counts the attempts and lists each one's end, the earlier ones from the
+    controller's attempts.json."""
+    attempts = done.get("attempts") or []
+    return done.get("attempt") == len(attempts) >= 2 and attempts[0]["status"] != "succeeded"
+
+
+def names_the_lost_node(index: int) -> Check:
+    """The first attempt of the row ended naming node `index` from its stale heartbeat."""
+    return lambda r, done: (r.entries[0]["reason"] or "").startswith(
+        f"step 'training' failed: RuntimeError: node {index} ({r.instance_id(index)}, "
+        f"{r.fleet.nodes[index].ip}) lost: no heartbeat for "
+    )
+
+
+def interruption_named(index: int) -> Check:
+    """The first attempt of the row ended interrupted, naming node `index`'s first instance."""
+    return lambda r, done: (
+        r.entries[0]["status"] == "interrupted"
+        and (
+            f"Spot interruption of node {index} ({r.interrupted_instance}, "
+            in r.entries[0]["reason"]
+        )
+    )
+
+
+def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
+    """The last attempt ran on new instances: each node registered with its replacement's id and
+    address, and the leader resumed from S3."""
+    for index in range(rehearsal.args.nodes):
+        entry = json.loads(s3_object(rehearsal, f"runs/{RUN}/nodes/{index}.json") or b"{}")
+        if (entry.get("instance_id"), entry.get("ip")) != (
+            rehearsal.instance_id(index),
+            rehearsal.node_ip(index),
+        ) or not rehearsal.replacements.get(index):
+            return False
+    return node_said(rehearsal, 0, "Resuming from")
+
+
+def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
+    reason = done["reason"] or ""
+    return (
+        "ENOSPC" in reason
+        and f"{rehearsal.workdir / 'data' / 'model'}/checkpoints/" in reason
+        and "filesystem tmpfs (tmpfs)" in reason
+    )
+
+
+def first_attempt_ended(cause: str, *texts: str) -> Check:
+    """The row's first attempt ended with `cause`, its reason holding every text."""
+    return lambda r, done: (
+        r.entries[0].get("cause") == cause
+        and all(text in (r.entries[0]["reason"] or "") for text in texts)
+    )
+
+
+def no_node_blamed(rehearsal: Rehearsal, done: dict) -> bool:
+    return not any(
+        node_said(rehearsal, index, text)
+        for index in range(rehearsal.args.nodes)
+        for text in ("is lost", "lost: no heartbeat")
+    )
+
+
+def no_epoch_retrained(first_epoch: int) -> Check:
+    return lambda r, done: (
+        not any(node_said(r, 0, f"Epoch {e}/") for e in range(1, first_epoch))
+        and node_said(r, 0, "Resuming from")
+    )
