@@ -48,7 +48,10 @@ class Preprocessor(Construct):
     """The preprocessing instance, its data volume, its role and its log group.
 
     `availability_zone` is the subnet's zone by name (a volume and an instance take no zone ID):
-    SingleZoneNetwork.availability_zone."""
+    SingleZoneNetwork.availability_zone.
+
+    Each part is built by a helper on this construct, with the construct id it always had: the
+    resources' paths, and so their logical IDs, stay those of the first deploy."""
 
     def __init__(
         self,
@@ -66,7 +69,6 @@ class Preprocessor(Construct):
         download_secret_arn: str | None,
     ) -> None:
         super().__init__(scope, construct_id)
-        stack = Stack.of(self)
         code = NodeCode(self, "Code")
         pinned = Pinned(
             self,
@@ -84,6 +86,65 @@ class Preprocessor(Construct):
             # Kept on delete: the only record of why a conversion failed.
             removal_policy=RemovalPolicy.RETAIN,
         )
+        role, policy = self._role_and_policy(
+            code, bucket, output_prefix=output_prefix, download_secret_arn=download_secret_arn
+        )
+        profile = iam.CfnInstanceProfile(self, "Profile", roles=[role.role_name])
+        group = web_egress_security_group(
+            self, "Security", vpc=vpc, description="horovod-fleet preprocessing: no ingress"
+        )
+        self.volume = self._data_volume(availability_zone, volume_gib)
+        self.cfn_volume: ec2.CfnVolume = self.volume.node.default_child
+        self.instance = self._instance(
+            image_id=pinned.image_id,
+            node_type=node_type,
+            availability_zone=availability_zone,
+            subnet=subnet,
+            group=group,
+            profile=profile,
+            policy=policy,
+        )
+        ec2.CfnVolumeAttachment(
+            self,
+            "DataVolumeAttachment",
+            instance_id=self.instance.ref,
+            volume_id=self.volume.volume_id,
+            device=DATA_DEVICE,
+        )
+        ready_signal_url = self._ready_signal()
+        document = common_document(
+            role="preprocess",
+            region=Stack.of(self).region,
+            bucket_name=bucket.bucket_name,
+            log_group_name=self.log_group.log_group_name,
+            signal_stack=None,
+            signal_resource=None,
+        ) | {
+            "raw_prefix": RAW_PREFIX,
+            "output_prefix": output_prefix,
+            "volume_id": self.volume.volume_id,
+            "download_secret_arn": download_secret_arn,
+            "train_shards": TRAIN_SHARDS,
+            "val_shards": VAL_SHARDS,
+            "stop_when_done": True,
+            "ready_signal_url": ready_signal_url,
+        }
+        self.instance.user_data = code.user_data(
+            node_document=document,
+            script="preprocess_node.sh",
+            signal_resource=None,
+            code_urls=pinned.code_urls,
+        )
+
+    def _role_and_policy(
+        self,
+        code: NodeCode,
+        bucket: s3.IBucket,
+        *,
+        output_prefix: str,
+        download_secret_arn: str | None,
+    ) -> tuple[iam.Role, iam.Policy]:
+        """The node's role: read its code and raw/, write the TFRecords, log, read the secret."""
         role = iam.Role(
             self,
             "Role",
@@ -135,11 +196,11 @@ class Preprocessor(Construct):
             "at its first deploy, so a replacement node may need an earlier deploy's asset.",
         )
         acknowledge_metric_data(policy)
-        profile = iam.CfnInstanceProfile(self, "Profile", roles=[role.role_name])
-        group = web_egress_security_group(
-            self, "Security", vpc=vpc, description="horovod-fleet preprocessing: no ingress"
-        )
-        self.volume = ec2.Volume(
+        return role, policy
+
+    def _data_volume(self, availability_zone: str, volume_gib: int) -> ec2.Volume:
+        """The sc1 volume the archives are extracted to, under its pinned logical ID."""
+        volume = ec2.Volume(
             self,
             "DataVolume",
             availability_zone=availability_zone,
@@ -150,14 +211,27 @@ class Preprocessor(Construct):
             # bill stops.
             removal_policy=RemovalPolicy.SNAPSHOT,
         )
-        self.cfn_volume: ec2.CfnVolume = self.volume.node.default_child
-        self.cfn_volume.override_logical_id(DATA_VOLUME_LOGICAL_ID)
-        allow_fixed_zone(self.cfn_volume)
+        cfn_volume: ec2.CfnVolume = volume.node.default_child
+        cfn_volume.override_logical_id(DATA_VOLUME_LOGICAL_ID)
+        allow_fixed_zone(cfn_volume)
+        return volume
 
-        self.instance = ec2.CfnInstance(
+    def _instance(
+        self,
+        *,
+        image_id: str,
+        node_type: BurstableType,
+        availability_zone: str,
+        subnet: ec2.ISubnet,
+        group: ec2.SecurityGroup,
+        profile: iam.CfnInstanceProfile,
+        policy: iam.Policy,
+    ) -> ec2.CfnInstance:
+        """The node, in unlimited mode, that stops itself when the dataset is ready."""
+        instance = ec2.CfnInstance(
             self,
             "Instance",
-            image_id=pinned.image_id,
+            image_id=image_id,
             instance_type=node_type.name,
             # The 30% baseline of standard mode would throttle a conversion that runs for hours.
             credit_specification=ec2.CfnInstance.CreditSpecificationProperty(
@@ -177,20 +251,17 @@ class Preprocessor(Construct):
             propagate_tags_to_volume_on_creation=True,
         )
         # Permissions and a way out must exist before the bootstrap's first download.
-        self.instance.add_resource_dependency(policy.node.default_child)
-        self.instance.node.add_dependency(subnet.internet_connectivity_established)
-        acknowledge_no_termination_protection(self.instance, "the preprocessing node")
-        allow_fixed_zone(self.instance)
-        ec2.CfnVolumeAttachment(
-            self,
-            "DataVolumeAttachment",
-            instance_id=self.instance.ref,
-            volume_id=self.volume.volume_id,
-            device=DATA_DEVICE,
-        )
-        # The deployment waits until the node's environment is ready (not for the dataset, hours
-        # later): a wait condition rather than a CreationPolicy, because a handle's signal
-        # carries a reason, and CloudFormation shows a FAILURE's reason in the deploy output.
+        instance.add_resource_dependency(policy.node.default_child)
+        instance.node.add_dependency(subnet.internet_connectivity_established)
+        acknowledge_no_termination_protection(instance, "the preprocessing node")
+        allow_fixed_zone(instance)
+        return instance
+
+    def _ready_signal(self) -> str:
+        """The URL the node signals once its environment is ready; the deployment waits for it."""
+        # Not for the dataset, hours later: a wait condition rather than a CreationPolicy,
+        # because a handle's signal carries a reason, and CloudFormation shows a FAILURE's reason
+        # in the deploy output.
         # https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-waitcondition.html
         ready_handle = cloudformation.CfnWaitConditionHandle(self, "ReadyHandle")
         ready = cloudformation.CfnWaitCondition(
@@ -201,26 +272,4 @@ class Preprocessor(Construct):
             count=1,
         )
         ready.add_resource_dependency(self.instance)
-        document = common_document(
-            role="preprocess",
-            region=stack.region,
-            bucket_name=bucket.bucket_name,
-            log_group_name=self.log_group.log_group_name,
-            signal_stack=None,
-            signal_resource=None,
-        ) | {
-            "raw_prefix": RAW_PREFIX,
-            "output_prefix": output_prefix,
-            "volume_id": self.volume.volume_id,
-            "download_secret_arn": download_secret_arn,
-            "train_shards": TRAIN_SHARDS,
-            "val_shards": VAL_SHARDS,
-            "stop_when_done": True,
-            "ready_signal_url": ready_handle.ref,
-        }
-        self.instance.user_data = code.user_data(
-            node_document=document,
-            script="preprocess_node.sh",
-            signal_resource=None,
-            code_urls=pinned.code_urls,
-        )
+        return ready_handle.ref
