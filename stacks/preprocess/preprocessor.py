@@ -50,8 +50,10 @@ class Preprocessor(Construct):
     `availability_zone` is the subnet's zone by name (a volume and an instance take no zone ID):
     SingleZoneNetwork.availability_zone.
 
-    Each part is built by a helper on this construct, with the construct id it always had: the
-    resources' paths, and so their logical IDs, stay those of the first deploy."""
+    Each part is built by a helper on this construct, with the construct id it always had: a
+    logical ID is made of its resource's construct path and a hash of it, so a part moved into a
+    construct of its own would be a new resource to CloudFormation (a new, empty data volume).
+    https://docs.aws.amazon.com/cdk/v2/guide/identifiers.html#identifiers-logical-ids"""
 
     def __init__(
         self,
