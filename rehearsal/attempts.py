@@ -20,6 +20,8 @@ CONTROLLER = REPO / "stacks" / "teardown" / "reaper" / "controller.py"
 
 
 class Attempts:
+    """A run's attempts under the run controller, EC2's relaunch between them."""
+
     def end_attempt(self, max_restarts: int) -> dict | None:
         """What the reaper does on a DONE.json: the run controller's own code decides and
         records the attempt, here against the local S3 endpoint (docs/contracts.md)."""

@@ -20,6 +20,7 @@ from rehearsal.common import BUCKET, RUN, say
 from rehearsal.core import Rehearsal
 from rehearsal.hosts import NODE_INTERFACE
 
+# The shard the corrupt-shard rows flip a byte of.
 SHARD = "train-00001-of-00004"
 
 Action = Callable[[Rehearsal], None]

@@ -26,6 +26,8 @@ from rehearsal.hosts import Fleet, namespaces_available
 
 
 class LocalS3:
+    """The local S3 endpoint, what the run left in it, and its snapshots."""
+
     def start_s3(self) -> None:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)

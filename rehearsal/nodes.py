@@ -27,6 +27,8 @@ RAW_FILES = (
 
 
 class Nodes:
+    """The sample dataset, the preprocessing node, the training nodes and their fleet."""
+
     def make_sample(self) -> None:
         raw = self.workdir / "raw"
         cmd = [sys.executable, "-m", "trainer.preprocess.sample", "--output", str(raw)]

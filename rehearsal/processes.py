@@ -39,6 +39,8 @@ def matches(pattern: str | re.Pattern, line: str) -> bool:
 
 
 class NodeProcesses:
+    """The rehearsal's processes and systemd's part for the nodes' bootstraps."""
+
     def env(self, role: str = "rehearsal") -> dict[str, str]:
         """A process's environment; `role` is the deployed role whose IAM policies the local S3
         judges its requests by (rehearsal/iam_s3.py): node, preprocessor, reaper, or none."""
