@@ -39,6 +39,7 @@ from bootstrap import (
     supervision,
 )
 from bootstrap.cli import OneLineErrorParser, usage_error
+from bootstrap.lines import REASON_LIMIT, one_line
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 from bootstrap.results import Attempt
 from bootstrap.status import RunStatus
@@ -74,11 +75,6 @@ class StepFailed(RuntimeError):
         self.step, self.reason, self.cause, self.status = step, reason, cause, status
 
 
-def one_line(exc: BaseException) -> str:
-    """An error as one line of at most failures.REASON_LIMIT characters, cut at a word."""
-    return failures.trim_reason(f"{type(exc).__name__}: {exc}")
-
-
 # Each finished step's seconds in this process, for DONE.json's timeline.
 STEP_SECONDS: dict[str, float] = {}
 
@@ -92,7 +88,7 @@ def step(name: str, action: Callable[[], object]):
     except Interrupted as exc:
         raise StepFailed(name, str(exc), causes.INTERRUPTED, "interrupted") from exc
     except Exception as exc:
-        raise StepFailed(name, one_line(exc), causes.of(name, exc)) from exc
+        raise StepFailed(name, one_line(exc, REASON_LIMIT), causes.of(name, exc)) from exc
     took = time.time() - started
     STEP_SECONDS[name] = round(STEP_SECONDS.get(name, 0.0) + took, 1)
     log(f"step '{name}': done in {took:.1f} s")
@@ -149,7 +145,7 @@ def preprocess_node(cfg: PreprocessConfig) -> None:
             data_pull.verify_s3_dataset(s3, cfg.bucket, cfg.output_prefix)
         except (data_pull.VerificationError, ClientError) as exc:
             # No manifest yet, or a dataset that fails its check: (re)convert, resumably.
-            log(f"{output} holds no verified dataset ({one_line(exc)}): converting")
+            log(f"{output} holds no verified dataset ({one_line(exc, REASON_LIMIT)}): converting")
             return False
         log(f"{output} already holds a verified dataset: skipping preprocessing")
         return True
@@ -386,7 +382,7 @@ def attempt_to(what: str, action: Callable[[], object]) -> bool:
     try:
         action()
     except Exception as exc:
-        log(f"could not {what}: {one_line(exc)}")
+        log(f"could not {what}: {one_line(exc, REASON_LIMIT)}")
         return False
     return True
 
@@ -499,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         report_failure(cfg, failure, attempt)
         return 1
     except Exception as exc:  # a bug between steps: still reported, never a silent death
-        report_failure(cfg, StepFailed("bootstrap", one_line(exc), causes.UNKNOWN), attempt)
+        report_failure(
+            cfg, StepFailed("bootstrap", one_line(exc, REASON_LIMIT), causes.UNKNOWN), attempt
+        )
         return 1
     finally:
         attempt.end()  # this bootstrap ended it: a next start is a new attempt, not a restart

@@ -42,6 +42,7 @@ from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from bootstrap import causes
+from bootstrap.lines import one_line
 
 IMDS = "http://169.254.169.254/latest"
 
@@ -147,10 +148,6 @@ def is_outage(exc: BaseException) -> bool:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
         return status >= 500 or error.get("Code") in THROTTLING
     return isinstance(exc, (BotoConnectionError, HTTPClientError))
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 class S3Reachability:

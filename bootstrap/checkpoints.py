@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootstrap import aws, causes
+from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 
 SIDECAR = ".sha256"
@@ -428,7 +429,7 @@ class CheckpointSync(threading.Thread):
             try:
                 self.store.upload()
             except Exception as exc:  # the next round or the final upload retries
-                self.log(f"checkpoint sync to S3 failed, retrying later: {aws.one_line(exc)}")
+                self.log(f"checkpoint sync to S3 failed, retrying later: {one_line(exc)}")
                 continue
             synced_at = time.monotonic()
             if stamp != seen and newest:

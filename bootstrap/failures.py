@@ -14,20 +14,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bootstrap import causes
+from bootstrap.lines import trim_reason
 from bootstrap.rank import MARK as RANK_MARK
-
-REASON_LIMIT = 500
-
-
-def trim_reason(text: str, limit: int = REASON_LIMIT) -> str:
-    """One line of at most `limit` characters, cut at a word: the start (the first error line)
-    is what says what happened."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 4]
-    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + " ..."
-
 
 TRAINER_ERROR = re.compile(r"(?<![A-Za-z])error: ")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from bootstrap import allreduce_check, aws, checkpoints, supervision
-from bootstrap.failures import trim_reason
+from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import ABSENT_KEY_CODES, parse_stamp, utc_stamp
 from bootstrap.status import RunStatus
@@ -233,7 +233,7 @@ def record_failure(s3, cfg: TrainConfig, doc: dict, started: float, log=aws.log)
     except RecordTaken as taken:
         log(str(taken))
     except Exception as exc:
-        log(f"could not write {done}: {trim_reason(aws.one_line(exc))}")
+        log(f"could not write {done}: {one_line(exc, REASON_LIMIT)}")
 
 
 def clear_done(s3, cfg: TrainConfig, started: float) -> dict | None:

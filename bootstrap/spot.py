@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from bootstrap import aws, results, supervision
+from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import parse_stamp, read_object, utc_stamp
 
@@ -131,7 +132,7 @@ class SpotWatch(threading.Thread):
                 self.failed_before = True
                 self.log(
                     "cannot read the Spot interruption notice, still polling every "
-                    f"{self.interval_s:g} s (further errors are not logged): {aws.one_line(exc)}"
+                    f"{self.interval_s:g} s (further errors are not logged): {one_line(exc)}"
                 )
             return False
         if notice is None:
@@ -145,7 +146,7 @@ class SpotWatch(threading.Thread):
         try:
             self.record(notice, noticed_at)
         except Exception as exc:
-            self.log(f"could not record the Spot interruption: {aws.one_line(exc)}")
+            self.log(f"could not record the Spot interruption: {one_line(exc)}")
         self.stop_ranks()
 
     def record(self, notice: dict, noticed_at: str) -> None:
@@ -222,7 +223,7 @@ def interruption_reason(
     try:
         records = interruptions_since(s3, cfg, started)
     except Exception as exc:  # the failure it would explain must still be reported
-        aws.log(f"could not read the Spot interruption records: {aws.one_line(exc)}")
+        aws.log(f"could not read the Spot interruption records: {one_line(exc)}")
         return None
     if not records:
         return None

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap import aws
+from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import TIME_FORMAT, parse_stamp, utc_stamp
 
@@ -69,7 +70,7 @@ class OutageLog:
     def unanswered(self, what: str, error: BaseException) -> None:
         with self.lock:
             now = self.clock()
-            last = aws.one_line(error.__cause__ or error)
+            last = one_line(error.__cause__ or error)
             if self.since is None:
                 self.since, self.next_note = now, now + self.every_s
                 self.log(
@@ -285,7 +286,7 @@ class RunStatus:
         try:
             return action()
         except Exception as exc:
-            self.log(f"status: could not {what}: {aws.one_line(exc)}")
+            self.log(f"status: could not {what}: {one_line(exc)}")
             return None
 
     def _s3(self, what: str, action: Callable[[], object]):
@@ -296,7 +297,7 @@ class RunStatus:
             self.outage.unanswered(what, exc)
             return None
         except Exception as exc:
-            self.log(f"status: could not {what}: {aws.one_line(exc)}")
+            self.log(f"status: could not {what}: {one_line(exc)}")
             return None
         self.outage.answered()
         return result

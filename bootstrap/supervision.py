@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from bootstrap import aws
+from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import parse_stamp, read_object
 
@@ -107,9 +108,7 @@ class Heartbeat(threading.Thread):
             try:
                 self.beat()
             except Exception as exc:
-                self.log(
-                    f"heartbeat failed, retrying in {self.interval_s:.0f} s: {aws.one_line(exc)}"
-                )
+                self.log(f"heartbeat failed, retrying in {self.interval_s:.0f} s: {one_line(exc)}")
 
     def stop(self) -> None:
         self.stopped.set()

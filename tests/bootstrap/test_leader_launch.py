@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap import allreduce_check, checkpoints, failures, launch, results, spot
+from bootstrap import allreduce_check, checkpoints, failures, launch, lines, results, spot
 from bootstrap.node_config import parse
 from bootstrap.rendezvous import utc_stamp
 from stacks.instance_types import GPU_TYPES, GpuType
@@ -293,9 +293,9 @@ def test_rank_that_exits_with_a_code_keeps_its_last_words():
 @pytest.mark.parametrize("length", [499, 500, 501, 5000])
 def test_reasons_are_cut_at_a_word_keeping_the_start(length):
     text = ("first error line " * 400)[:length]
-    trimmed = failures.trim_reason(text)
-    assert len(trimmed) <= failures.REASON_LIMIT and trimmed.startswith("first error line")
-    if length > failures.REASON_LIMIT:
+    trimmed = lines.trim_reason(text)
+    assert len(trimmed) <= lines.REASON_LIMIT and trimmed.startswith("first error line")
+    if length > lines.REASON_LIMIT:
         assert trimmed.endswith(" ...") and trimmed[:-4].split(" ")[-1] in {
             "first",
             "error",
