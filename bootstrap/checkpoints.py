@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws, causes, transfer
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 
@@ -309,7 +309,7 @@ class ModelStore:
         local_checkpoints = {n for n in self.local_files() if is_checkpoint_file(n)}
         for name in (remote.keys() | local_checkpoints) - kept.keys():
             (self.model_dir / name).unlink(missing_ok=True)
-        aws.download(
+        transfer.download(
             self.cfg.bucket, self.prefix, {n: s for n, s in remote.items() if n not in kept},
             self.model_dir, f"restoring {model_prefix(self.cfg)}", note=self.log,
         )  # fmt: skip
@@ -386,7 +386,7 @@ class ModelStore:
         record_digests(put, self.model_dir, changed)
         indexes = [n for n in changed if is_checkpoint_file(n) and n.endswith(".index")]
         for names in ([n for n in changed if n not in indexes], indexes):
-            aws.upload(
+            transfer.upload(
                 self.s3, self.cfg.bucket, self.prefix, self.model_dir, names,
                 f"uploading {self.model_dir} to {model_prefix(self.cfg)}", policy, self.log,
             )  # fmt: skip

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws, causes, transfer
 from bootstrap.aws import poll_until
 
 WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
@@ -127,7 +127,7 @@ def pull_dataset(
     )
     aws.with_retries(
         f"reading s3://{bucket}/{prefix}manifest.json",
-        lambda: aws.run_s5cmd("cp", f"s3://{bucket}/{prefix}manifest.json", str(new_manifest)),
+        lambda: transfer.run_s5cmd("cp", f"s3://{bucket}/{prefix}manifest.json", str(new_manifest)),
     )
     if not new_manifest.is_file():
         raise VerificationError(f"s5cmd exited 0 but did not write {new_manifest}")
@@ -156,7 +156,7 @@ def pull_dataset(
             else ""
         )
     )
-    aws.download(bucket, prefix, wanted, data_dir, f"pulling s3://{bucket}/{prefix}")
+    transfer.download(bucket, prefix, wanted, data_dir, f"pulling s3://{bucket}/{prefix}")
     new_manifest.replace(data_dir / "manifest.json")
     try:
         manifest = verify_data_dir(data_dir, workers, only=set(wanted))

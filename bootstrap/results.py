@@ -20,7 +20,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import allreduce_check, aws, checkpoints, supervision
+from bootstrap import allreduce_check, aws, checkpoints, supervision, transfer
 from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
 from bootstrap.node_config import TrainConfig
 from bootstrap.rendezvous import ABSENT_KEY_CODES, parse_stamp, utc_stamp
@@ -30,7 +30,7 @@ from bootstrap.status import RunStatus
 def upload_logs(s3, cfg: TrainConfig, policy: aws.RetryPolicy | None = None) -> None:
     logs = Path(cfg.log_dir)
     names = [p.name for p in logs.glob("*.log")] if logs.is_dir() else []
-    aws.upload(
+    transfer.upload(
         s3, cfg.bucket, f"{cfg.runs_prefix}logs/node-{cfg.node_index}/", logs, names,
         f"uploading {logs}", policy,
     )  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import BUCKET, QUICK
 
-from bootstrap import aws, checkpoints
+from bootstrap import aws, checkpoints, transfer
 
 MODEL = "runs/r1/model/"
 CKPT = "checkpoints/ckpt-20"
@@ -191,7 +191,7 @@ class Writes:
     def __init__(self, endpoint, monkeypatch):
         self.calls: list[list[str]] = []
         self.cut_after: int | None = None
-        real_upload, real_put = aws.upload, endpoint.put_object
+        real_upload, real_put = transfer.upload, endpoint.put_object
 
         def upload(s3, bucket, prefix, base, names, *rest):
             if names := sorted(names):
@@ -202,7 +202,7 @@ class Writes:
             self.write([kwargs["Key"].removeprefix(MODEL)])
             return real_put(**kwargs)
 
-        monkeypatch.setattr(aws, "upload", upload)
+        monkeypatch.setattr(transfer, "upload", upload)
         monkeypatch.setattr(endpoint, "put_object", put_object)
 
     def write(self, keys: list[str]) -> None:

@@ -9,7 +9,7 @@ import json
 import pytest
 from bootstrap_helpers import write_tfrecord
 
-from bootstrap import aws, data_pull
+from bootstrap import data_pull, transfer
 
 
 @pytest.fixture
@@ -166,7 +166,7 @@ def test_gives_up_on_raw_archives_naming_what_is_missing(s3):
 def test_s5cmd_gives_up_on_a_dead_endpoint_sooner_than_its_default(monkeypatch):
     """s5cmd's own default, 10 retries, reports an unreachable endpoint only after ~90 s."""
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    command = aws.s5cmd("cp", "s3://b/k", "k")
+    command = transfer.s5cmd("cp", "s3://b/k", "k")
     retries = int(command[command.index("--retry-count") + 1])
     assert 0 < retries < 10
     assert command[-3:] == ["cp", "s3://b/k", "k"]
