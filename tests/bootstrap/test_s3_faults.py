@@ -24,7 +24,9 @@ import pytest
 from bootstrap_helpers import BUCKET, QUICK, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from bootstrap import aws, data_pull, rendezvous, transfer
+from bootstrap import aws, transfer
+from bootstrap.fleet import rendezvous
+from bootstrap.node import data_pull
 
 REPO = Path(__file__).resolve().parents[2]
 
