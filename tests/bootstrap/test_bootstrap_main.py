@@ -20,7 +20,7 @@ from bootstrap import aws
 from bootstrap.leader import checkpoints, results
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import parse
-from bootstrap.steps import StepFailed, step
+from bootstrap.steps import StepFailed
 
 
 def bootstrap(*argv: str) -> subprocess.CompletedProcess:
@@ -117,17 +117,6 @@ def test_failure_report_survives_unreachable_aws(tmp_path, monkeypatch, capsys):
         "could not write s3://fleet-data/runs/r1/DONE.json: "
         "NoCredentialsError: Unable to locate credentials",
     ]
-
-
-def test_multi_line_errors_become_one_failure_line():
-    def s5cmd_fails():
-        raise RuntimeError("s5cmd cp failed: ERROR session\ncaused by: dial tcp: refused")
-
-    with pytest.raises(StepFailed) as failure:
-        step("data pull", s5cmd_fails)
-    assert failure.value.reason == (
-        "RuntimeError: s5cmd cp failed: ERROR session caused by: dial tcp: refused"
-    )
 
 
 def test_children_get_the_nodes_region(node_json, tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap import lines
 from bootstrap.fleet import allreduce_check
 from bootstrap.fleet.rendezvous import utc_stamp
 from bootstrap.leader import checkpoints, failures, launch, results
@@ -291,19 +290,6 @@ def test_rank_that_exits_with_a_code_keeps_its_last_words():
     assert failures.failure_reason(tail, "h slots=4\n") == (
         "rank 2 on node 0 (h) exited 1; its last words: ZeroDivisionError: division by zero"
     )
-
-
-@pytest.mark.parametrize("length", [499, 500, 501, 5000])
-def test_reasons_are_cut_at_a_word_keeping_the_start(length):
-    text = ("first error line " * 400)[:length]
-    trimmed = lines.trim_reason(text)
-    assert len(trimmed) <= lines.REASON_LIMIT and trimmed.startswith("first error line")
-    if length > lines.REASON_LIMIT:
-        assert trimmed.endswith(" ...") and trimmed[:-4].split(" ")[-1] in {
-            "first",
-            "error",
-            "line",
-        }
 
 
 def test_a_rank_killed_behind_ssh_is_named_by_its_wrapper():
