@@ -14,7 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 signal_failure() {
 	local code=$1 line=$2 file=$3
 	trap - ERR
-	python3 -m bootstrap.ready_signal --node-json "$NODE_JSON" FAILURE \
+	python3 -m bootstrap.preprocess.ready_signal --node-json "$NODE_JSON" FAILURE \
 		"preprocessing node: step '$STEP' failed (exit $code at line $line of $file); its log: /var/log/horovod-fleet/bootstrap.log on the node" ||
 		log "could not signal FAILURE to CloudFormation"
 	on_error "$code" "$line"
@@ -34,7 +34,7 @@ fi
 step "data volume"
 volume_id=$(config volume_id)
 if [[ -n $volume_id ]]; then
-	bash "$APP_DIR/bootstrap/mount_ebs_volume.sh" "$volume_id" "$(config mount_point)"
+	bash "$APP_DIR/bootstrap/preprocess/mount_ebs_volume.sh" "$volume_id" "$(config mount_point)"
 else
 	log "no volume_id: using $(config mount_point) as a plain directory"
 	mkdir -p "$(config mount_point)"
@@ -51,7 +51,7 @@ step "cloudwatch agent"
 start_cloudwatch_agent
 
 step "ready signal"
-python3 -m bootstrap.ready_signal --node-json "$NODE_JSON" SUCCESS \
+python3 -m bootstrap.preprocess.ready_signal --node-json "$NODE_JSON" SUCCESS \
 	"environment ready; converting once the raw archives are in s3://$(config bucket)/$(config raw_prefix)"
 
 step "preprocess node"

@@ -39,7 +39,7 @@ fi
 
 step "instance store"
 if [[ $(config instance_store) == true ]]; then
-	bash "$APP_DIR/bootstrap/mount_instance_store.sh" "$(config mount_point)"
+	bash "$APP_DIR/bootstrap/node/mount_instance_store.sh" "$(config mount_point)"
 else
 	log "instance_store=false: using $(config mount_point) as a plain directory"
 	mkdir -p "$(config mount_point)"

@@ -56,7 +56,8 @@ def processes_with(env_entries: list[str], command_part: str) -> list[int]:
             continue
         if (
             command_part in cmdline
-            and "bootstrap.rank" not in cmdline  # the rank's program, not the wrapper around it
+            and "bootstrap.fleet.rank"
+            not in cmdline  # the rank's program, not the wrapper around it
             and all(e.encode() in environ for e in env_entries)
         ):
             found.append(int(proc.name))

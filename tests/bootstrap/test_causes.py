@@ -5,8 +5,11 @@ import errno
 
 import pytest
 
-from bootstrap import aws, causes, checkpoints, data_pull, health, rendezvous
-from bootstrap.failures import classify
+from bootstrap import aws, causes
+from bootstrap.fleet import rendezvous
+from bootstrap.leader import checkpoints
+from bootstrap.leader.failures import classify
+from bootstrap.node import data_pull, health
 from bootstrap.node_config import ConfigError
 
 MARK = "horovod-fleet rank exit:"

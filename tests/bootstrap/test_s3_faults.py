@@ -24,7 +24,9 @@ import pytest
 from bootstrap_helpers import BUCKET, QUICK, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from bootstrap import aws, data_pull, rendezvous
+from bootstrap import aws, transfer
+from bootstrap.fleet import rendezvous
+from bootstrap.node import data_pull
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -205,21 +207,23 @@ def test_s5cmd_that_exits_0_without_the_files_is_a_failure(fake_s5cmd, tmp_path,
     fake_s5cmd("exit 0")
     monkeypatch.setattr(aws, "STEP_POLICY", QUICK)
     with pytest.raises(aws.S3Unavailable, match="s5cmd exited 0 but 1 of 1 objects are not in"):
-        aws.download("b", "runs/r1/model/", {"checkpoints/checkpoint": 10}, tmp_path, "restoring")
+        transfer.download(
+            "b", "runs/r1/model/", {"checkpoints/checkpoint": 10}, tmp_path, "restoring"
+        )
 
 
 def test_s5cmd_that_never_answers_is_killed_and_the_error_is_an_outage(fake_s5cmd):
     fake_s5cmd("sleep 600")
     started = time.monotonic()
     with pytest.raises(aws.S5cmdFailed, match="killed after no answer from S3") as failure:
-        aws.run_s5cmd("cp", "s3://b/k", "k", stall_s=0.5)
+        transfer.run_s5cmd("cp", "s3://b/k", "k", stall_s=0.5)
     assert failure.value.transient and time.monotonic() - started < 10
 
 
 def test_s5cmd_refusal_is_not_retried(fake_s5cmd):
     fake_s5cmd('echo "ERROR AccessDenied: Access Denied status code: 403" >&2; exit 1')
     with pytest.raises(aws.S5cmdFailed) as failure:
-        aws.run_s5cmd("cp", "s3://b/k", "k")
+        transfer.run_s5cmd("cp", "s3://b/k", "k")
     assert not failure.value.transient
 
 

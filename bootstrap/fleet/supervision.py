@@ -1,0 +1,231 @@
+"""The leader's bootstrap supervises the run; this module keeps it from being a single point of
+failure (docs/contracts.md, "A run as it goes").
+
+- The training processes die with it: horovodrun runs under `python3 -m bootstrap.fleet.supervision
+  PID -- COMMAND...`, which sets the kernel's parent-death signal (SIGKILL) and execs COMMAND, so
+  a bootstrap killed outright takes horovodrun along; horovodrun's own middlemen then end the
+  ranks they started (horovod 0.28.1 horovod/runner/common/util/safe_shell_exec.py,
+  kill_executor_children_if_parent_dies). Every training process carries JOB_ENV, so the
+  restarted bootstrap (systemd restarts the node service) ends whatever is left before it
+  rendezvouses again and resumes from the newest checkpoint in S3.
+- Heartbeats: the leader rewrites runs/<run>/nodes/0.json every heartbeat_timeout_s / 4 until
+  DONE.json is written, like every member. A member whose leader's heartbeat goes stale fails
+  in one line naming it instead of waiting for DONE.json forever.
+- A failed training names a node whose heartbeat went stale (its network or its instance died)
+  as `node <index> (<instance_id>, <ip>)`, before any rank on a surviving node is blamed.
+- A heartbeat is only as fresh as S3 lets it be: while S3 did not answer, no node could rewrite
+  its heartbeat or see another's. After an outage, staleness is counted from when S3 answered
+  this node again (aws.s3_answered_again_at), so an outage longer than heartbeat_timeout_s
+  never makes a node blame another.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from bootstrap import aws
+from bootstrap.fleet.rendezvous import parse_stamp, read_object
+from bootstrap.lines import one_line
+from bootstrap.node_config import TrainConfig
+
+JOB_ENV = "HOROVOD_FLEET_JOB"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>; prctl(2)
+
+
+def job_id(cfg: TrainConfig) -> str:
+    """What marks this run's training processes on this machine (the endpoint too: rehearsals
+    of the same run name may share a machine, each with its own S3)."""
+    return f"s3://{cfg.bucket}/{cfg.runs_prefix}@{os.environ.get('AWS_ENDPOINT_URL', '')}"
+
+
+def guarded(command: list[str]) -> list[str]:
+    """command, killed by the kernel when this process dies."""
+    return ["python3", "-m", "bootstrap.fleet.supervision", str(os.getpid()), "--", *command]
+
+
+def die_with_parent_and_exec(parent: int, command: list[str]) -> NoReturn:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        sys.exit(f"bootstrap.fleet.supervision: parent {parent} is gone; not starting {command[0]}")
+    os.execvp(command[0], command)
+
+
+def processes_of(job: str, own: int | None = None) -> list[int]:
+    """Processes whose environment carries JOB_ENV=job, this one and its ancestors excluded."""
+    own = own if own is not None else os.getpid()
+    entry = f"{JOB_ENV}={job}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == own:
+            continue
+        try:
+            if entry in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def end_leftovers(cfg: TrainConfig, log: Callable[[str], None] = aws.log) -> list[int]:
+    """A restarted leader first ends the training its dead predecessor left running: a second
+    horovodrun would fight it for the GPUs and the model dir. Returns the pids it killed."""
+    pids = processes_of(job_id(cfg))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+    if pids:
+        log(
+            f"ended {len(pids)} training process(es) a previous bootstrap of this node left "
+            f"running (pids {', '.join(map(str, pids[:8]))}): the run resumes from S3"
+        )
+    return pids
+
+
+class Heartbeat(threading.Thread):
+    """Calls beat() every interval_s until stopped; a failed beat is one line, the next retries."""
+
+    def __init__(self, beat: Callable[[], object], interval_s: float, log=aws.log):
+        super().__init__(daemon=True, name="heartbeat")
+        self.beat, self.interval_s, self.log = beat, interval_s, log
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval_s):
+            try:
+                self.beat()
+            except Exception as exc:
+                self.log(f"heartbeat failed, retrying in {self.interval_s:.0f} s: {one_line(exc)}")
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def heartbeat_interval(cfg: TrainConfig) -> float:
+    return cfg.heartbeat_timeout_s / 4
+
+
+def name_node(entry: dict) -> str:
+    return f"node {entry['index']} ({entry.get('instance_id')}, {entry.get('ip')})"
+
+
+def read_entry(s3, cfg: TrainConfig, index: int) -> dict | None:
+    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}nodes/{index}.json")
+    return json.loads(body) if body else None
+
+
+def stale_for(beat: float | None, now: float, s3_back_at: float | None) -> float:
+    """How long a heartbeat has gone unrefreshed as far as this node can tell: since the beat,
+    or since S3 answered this node again when that is later."""
+    return now - max(beat or 0.0, s3_back_at or 0.0)
+
+
+def since_s3_returned(beat: float | None, now: float, s3_back_at: float | None) -> str:
+    """What a verdict adds when it counted from S3's return rather than from the beat."""
+    if s3_back_at is None or s3_back_at <= (beat or 0.0):
+        return ""
+    return f"; counted from S3 answering this node again {now - s3_back_at:.0f} s ago"
+
+
+class LeaderWatch:
+    """A member's view of the leader's heartbeat: lost once it was seen alive and then went
+    stale, or never seen alive within rendezvous_timeout_s of this member's start; never while
+    S3 answered this member again less than heartbeat_timeout_s ago."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        started: float,
+        s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
+    ):
+        self.cfg, self.started, self.s3_back_at = cfg, started, s3_back_at
+        self.seen_alive = False
+
+    def lost(self, entry: dict | None, now: float) -> str | None:
+        key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}nodes/0.json"
+        timeout = self.cfg.heartbeat_timeout_s
+        beat = parse_stamp(entry["registered_at"]) if entry else None
+        if beat is not None and now - beat <= timeout:
+            self.seen_alive = True
+            return None
+        back = self.s3_back_at()
+        if stale_for(beat, now, back) <= timeout:
+            return None  # S3 answered again too recently for the leader to have beaten since
+        who = name_node(entry) if entry else "node 0"
+        counted = since_s3_returned(beat, now, back)
+        if self.seen_alive:
+            return (
+                f"the leader, {who}, is lost: its heartbeat {key} is {now - beat:.0f} s old "
+                f"(heartbeat_timeout_s {timeout:.0f}{counted}); this member stops waiting for "
+                "the run's DONE.json"
+            )
+        if now - self.started > self.cfg.rendezvous_timeout_s:
+            since = f"last beat {now - beat:.0f} s ago" if entry else "no heartbeat at all"
+            return (
+                f"the leader, {who}, did not heartbeat ({key}) within "
+                f"{self.cfg.rendezvous_timeout_s:.0f} s of this member's start ({since}{counted})"
+            )
+        return None
+
+
+def lost_nodes(
+    s3,
+    cfg: TrainConfig,
+    failed_at: float,
+    clock=time.time,
+    sleep=time.sleep,
+    s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
+) -> list[str]:
+    """After a failed training, the members whose heartbeat went stale, named. Waits until each
+    member has either beaten since failed_at (alive: members keep beating after their ranks
+    end) or gone heartbeat_timeout_s without a beat (lost), counted from S3's return to this
+    node when that is later."""
+    pending = set(range(1, cfg.nodes))
+    lost: list[str] = []
+    wait_s = cfg.heartbeat_timeout_s + heartbeat_interval(cfg) + cfg.poll_interval_s
+    while pending:
+        for index in sorted(pending):
+            entry = read_entry(s3, cfg, index)
+            # After the read, which may have waited through an outage.
+            now, back = clock(), s3_back_at()
+            last = parse_stamp(entry["registered_at"]) if entry else 0.0
+            if last >= math.floor(failed_at):  # heartbeats carry whole seconds
+                pending.discard(index)
+            elif stale_for(last, now, back) > cfg.heartbeat_timeout_s:
+                pending.discard(index)
+                lost.append(
+                    f"{name_node(entry or {'index': index})} lost: no heartbeat for "
+                    f"{now - last:.0f} s (heartbeat_timeout_s {cfg.heartbeat_timeout_s:.0f}"
+                    f"{since_s3_returned(last, now, back)})"
+                )
+        if not pending or clock() >= max(failed_at, s3_back_at() or 0.0) + wait_s:
+            break
+        sleep(min(cfg.poll_interval_s, heartbeat_interval(cfg)))
+    return lost
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        print(
+            "usage: python3 -m bootstrap.fleet.supervision PARENT_PID -- COMMAND...",
+            file=sys.stderr,
+        )
+        return 2
+    die_with_parent_and_exec(int(argv[0]), argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

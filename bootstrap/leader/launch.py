@@ -1,0 +1,290 @@
+"""The leader's launch: horovodrun's command and environment, its output streamed to the log,
+and a failure turned into one reason (bootstrap/leader/failures.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from bootstrap import aws, causes
+from bootstrap.fleet import allreduce_check, supervision
+from bootstrap.leader import watchdog
+from bootstrap.leader.failures import classify, stall_inspector_names
+from bootstrap.node_config import TrainConfig
+
+# Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
+# crosses nodes through the image's aws-ofi-nccl plugin on EFA. No HOROVOD_HIERARCHICAL_ALLREDUCE:
+# in Horovod 0.28.1 it reduce-scatters over NCCL, then copies to host memory and runs
+# MPI_Allreduce across nodes, which horovodrun pins to Open MPI's TCP path (-mca pml ob1)
+# (https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/ops/nccl_operations.cc,
+# NCCLHierarchicalAllreduce; horovod/runner/mpi_run.py, _OMPI_FLAGS).
+GPU_ENV = {
+    "HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
+    "HOROVOD_CYCLE_TIME": "1",
+    "NCCL_DEBUG": "INFO",  # the allreduce check reads the network NCCL chose from this
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    "TF_CPP_MIN_LOG_LEVEL": "1",
+    # Kernel launches get their own threads instead of queueing behind the input pipeline's
+    # JPEG decoding on every vCPU (TensorFlow's GPU performance guide).
+    "TF_GPU_THREAD_MODE": "gpu_private",
+    "TF_GPU_THREAD_COUNT": "2",
+    # GPU i for CUDA is GPU i for nvidia-smi: each rank binds to the socket of its GPU by index.
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+}
+# libfabric's EFA provider for aws-ofi-nccl. No NCCL_PROTO: the image's plugin sets "simple"
+# itself where EFA cannot order bytes for NCCL's LL protocols and leaves them on where it can
+# (https://github.com/aws/aws-ofi-nccl/pull/850, https://github.com/aws/aws-ofi-nccl/pull/280;
+# forcing it was needed only up to aws-ofi-nccl 1.5). No NCCL_NET_GDR_LEVEL: the plugin detects
+# GPUDirect RDMA where the type has it, and the allreduce check proves it was used.
+EFA_ENV = {"FI_PROVIDER": "efa"}
+# Only GPUDirect types (node.json gpudirect), whose EFA has RDMA read: on first-generation EFA
+# without it this makes libfabric abort (https://github.com/ofiwg/libfabric/pull/8661).
+EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}
+# What bootstrap.fleet.allreduce_check reads: the bus bandwidth below which it fails, and the type.
+
+
+# How long a Gloo collective waits on a peer before it fails the attempt: node.json
+# `collective_timeout_s`. Horovod reads it per rank (horovod/common/gloo/gloo_context.cc,
+# GetIntEnvOrDefault(HOROVOD_GLOO_TIMEOUT_SECONDS, 30), whole seconds) for Gloo's controller and
+# collectives, which horovodrun --gloo chooses (horovod/runner/gloo_run.py: HOROVOD_CONTROLLER and
+# HOROVOD_CPU_OPERATIONS "gloo"): the CPU nodes. Under --mpi both default to MPI
+# (horovod/common/utils/env_parser.cc) and the GPUs' collectives are NCCL's, so Gloo carries
+# nothing there, and a hung collective is the progress watchdog's (bootstrap/leader/watchdog.py).
+# https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/gloo/gloo_context.cc
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+# Every STALL_CHECK_S, Horovod's rank 0 lists the ranks that have not submitted a tensor the
+# others wait on ("Missing ranks:", horovod/common/stall_inspector.cc, default 60 s): a rank
+# stuck in Python. Well under the watchdog's 10 minutes, so a stall it ends has that list in its
+# tail. Under the MPI controller only: Horovod 0.28.1's Gloo controller never lists a rank (it
+# reserves global_ranks_ without filling its size, horovod/common/gloo/gloo_controller.cc,
+# GlooController::DoInitialization; seen in a two-rank run stuck for 90 s with a 3 s check).
+# https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/stall_inspector.cc
+STALL_CHECK_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+STALL_CHECK_S = 60
+
+
+# Where the EFA installer puts libfabric and the aws-ofi-nccl plugin (the directory moved
+# between releases; the training image has /opt/amazon/ofi-nccl). NCCL loads the plugin only
+# from LD_LIBRARY_PATH; without it NCCL falls back to sockets, which the allreduce check catches.
+EFA_LIBRARY_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib")
+
+
+def launcher_env(
+    cfg: TrainConfig, base: dict[str, str], is_dir: Callable[[str], bool] = os.path.isdir
+) -> dict[str, str]:
+    """The environment horovodrun exports to every rank, from node.json's per-type settings and
+    its collective timeout."""
+    env = dict(base)
+    env[GLOO_TIMEOUT_ENV] = str(cfg.collective_timeout_s)
+    env[STALL_CHECK_ENV] = str(STALL_CHECK_S)
+    if cfg.gpus_per_node:
+        env.update(GPU_ENV)
+        env[allreduce_check.TYPE_ENV] = cfg.instance_type
+        if cfg.allreduce_floor_gbps:
+            env[allreduce_check.FLOOR_ENV] = f"{cfg.allreduce_floor_gbps:g}"
+        if cfg.efa:
+            env.update(EFA_ENV)
+            if cfg.gpudirect:
+                env.update(EFA_RDMA_ENV)
+            found = [d for d in EFA_LIBRARY_DIRS if is_dir(d)]
+            env["LD_LIBRARY_PATH"] = ":".join(filter(None, [*found, base.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+def horovodrun_command(
+    cfg: TrainConfig, hostfile: Path, key: Path, ranks: int, program: list[str]
+) -> list[str]:
+    """horovodrun over MPI (the AMI's EFA OpenMPI) on GPU nodes, over Gloo on CPU nodes; ssh with
+    the run's key on the configured port. horovodrun exports the launcher's environment to
+    every rank, and adds the OpenMPI flags itself (-bind-to none -map-by slot, pml ob1): MPI
+    carries only Horovod's coordination, the gradients go through NCCL. Each rank binds itself
+    to the CPUs of its GPU's socket (trainer.train), which mpirun cannot know."""
+    cmd = [
+        "horovodrun",
+        "--mpi" if cfg.gpus_per_node else "--gloo",
+        "-np",
+        str(ranks),
+        "--hostfile",
+        str(hostfile),
+        "--ssh-port",
+        str(cfg.ssh_port),
+        "--ssh-identity-file",
+        str(key),
+        "--start-timeout",
+        str(int(min(cfg.rendezvous_timeout_s, 600))),
+    ]
+    if cfg.network_interface:
+        cmd += ["--network-interface", cfg.network_interface]
+    mpirun = shutil.which("mpirun")
+    if cfg.gpus_per_node and mpirun:
+        # The ssh sessions that start OpenMPI's daemons on the other nodes get a bare PATH.
+        cmd += [f"--mpi-args=--prefix {Path(mpirun).resolve().parent.parent}"]
+    return cmd + program
+
+
+def trainer_command(cfg: TrainConfig, data_dir: Path, model_dir: Path) -> list[str]:
+    return [
+        "python3",
+        "-m",
+        "trainer.train",
+        "--data-dir",
+        str(data_dir),
+        "--model-dir",
+        str(model_dir),
+        *cfg.trainer_flags(),
+    ]
+
+
+class TrainingFailed(RuntimeError):
+    """horovodrun's job failed: the reason for people, the cause for the run controller."""
+
+    def __init__(self, reason: str, cause: str = causes.UNKNOWN):
+        super().__init__(reason)
+        self.cause = cause
+
+
+STOP_GRACE_S = 30  # what a stopped horovodrun gets to end its ranks (and their last checkpoint)
+
+
+def stream(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    keep: int = 200,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+) -> tuple[int, str]:
+    """Run cmd, copying its output line by line to log_path and stdout; returns the exit code
+    and the last `keep` lines (for the failure reason and transport checks). Interrupted (the
+    node's SIGTERM), it passes the SIGTERM on and gives cmd STOP_GRACE_S to end. on_start gets
+    the process (the progress watchdog ends it with end_process)."""
+    tail: deque[str] = deque(maxlen=keep)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def copy(lines, log) -> None:
+        for line in lines:
+            log.write(line)
+            log.flush()
+            with contextlib.suppress(OSError):  # stdout's reader may be gone in a shutdown
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            tail.append(line)
+
+    with (
+        log_path.open("a") as log,
+        subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        ) as proc,
+    ):
+        if on_start is not None:
+            on_start(proc)
+        try:
+            copy(proc.stdout, log)
+        except BaseException:
+            proc.terminate()
+            # Its last lines (a rank's final checkpoint, its error) still go to the log.
+            rest = threading.Thread(target=copy, args=(proc.stdout, log), daemon=True)
+            rest.start()
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            rest.join(5)
+            raise
+    return proc.returncode, "".join(tail)
+
+
+def end_process(proc: subprocess.Popen) -> None:
+    """SIGTERM now (horovodrun passes it to its ranks), SIGKILL if still alive STOP_GRACE_S
+    later: a rank hung in a collective may not answer the first."""
+    proc.terminate()
+
+    def kill_if_alive() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    killer = threading.Timer(STOP_GRACE_S, kill_if_alive)
+    killer.daemon = True
+    killer.start()
+
+
+def run_horovodrun(
+    cfg: TrainConfig,
+    hostfile: Path,
+    key: Path,
+    ranks: int,
+    program: list[str],
+    env: dict[str, str],
+    log_name: str,
+    *,
+    keep: int = 1000,
+    one_host: bool = False,
+    progress: Path | None = None,
+    name_hosts: bool = True,
+    lost: Callable[[float], list[str]] | None = None,
+    details: bool = True,
+    error: type[TrainingFailed] | None = None,
+    log: Callable[[str], None] = aws.log,
+) -> str:
+    """Run program on `ranks` ranks of hostfile under horovodrun (horovodrun_command), its output
+    streamed to <log_dir>/log_name; returns the last `keep` lines. horovodrun dies with this
+    process (supervision.guarded): no run goes on unsupervised. A non-zero exit raises
+    error(reason, cause) (TrainingFailed unless given):
+
+    - one_host: a one-host job, which horovodrun runs on 127.0.0.1: no --network-interface, which
+      the rehearsal's node interface would make horovodrun refuse;
+    - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
+      the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
+      the reason, followed by the ranks Horovod's stall inspector lists as missing;
+    - the reason is `horovodrun exited N: ` classify's, which names each rank's host when
+      name_hosts, after the nodes `lost(failed_at)` names (supervision.lost_nodes), joined by
+      "; "; with details, `(details in LOG_NAME)` follows. The cause is node_lost when a node
+      is named, else classify's (bootstrap/causes.py)."""
+    error = error or TrainingFailed
+    command = horovodrun_command(cfg, hostfile, key, ranks, program)
+    if one_host and "--network-interface" in command:
+        at = command.index("--network-interface")
+        del command[at : at + 2]
+    log("running: " + " ".join(command))
+    running: list[subprocess.Popen] = []
+
+    def end_stalled(reason: str) -> None:
+        log(reason)
+        end_process(running[0])
+
+    def watch(proc: subprocess.Popen) -> None:
+        running.append(proc)
+        stall.start()
+
+    stall = watchdog.ProgressWatchdog(progress, end_stalled) if progress is not None else None
+    try:
+        code, tail = stream(
+            supervision.guarded(command),
+            env,
+            Path(cfg.log_dir) / log_name,
+            keep,
+            watch if stall else None,
+        )
+    finally:
+        if stall:
+            stall.stop()
+    where = f" (details in {log_name})" if details else ""
+    hostfile_text = hostfile.read_text() if code and name_hosts else ""
+    if code and stall and stall.reason:
+        missing = stall_inspector_names(tail, hostfile_text)
+        reason = "; ".join(filter(None, [stall.reason, missing]))
+        raise error(f"{reason}{where}", causes.STALLED)
+    if code:
+        failed_at = time.time()
+        failure = classify(tail, hostfile_text)
+        named = lost(failed_at) if lost else []
+        reason = "; ".join([*named, f"horovodrun exited {code}: {failure.reason}"])
+        raise error(f"{reason}{where}", causes.NODE_LOST if named else failure.cause)
+    return tail

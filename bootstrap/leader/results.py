@@ -1,0 +1,223 @@
+"""DONE.json (docs/contracts.md), the record an attempt leaves: the leader writes it last, also
+on a failure, from this attempt's own figures (or a member, when it found the leader lost).
+
+One DONE.json per attempt: every node writes it with S3's conditional write (If-None-Match: *,
+https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html), so when two
+nodes race, the first record stays and the other answers 412 Precondition Failed. A record an
+earlier attempt left (a redeploy of a finished run) is replaced only while it is unchanged
+(If-Match: its ETag); a 409 ConditionalRequestConflict is retried, as the PutObject reference
+says (https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from bootstrap import aws
+from bootstrap.fleet import allreduce_check
+from bootstrap.fleet.rendezvous import ABSENT_KEY_CODES, utc_stamp
+from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
+from bootstrap.node.attempt import this_attempts
+from bootstrap.node_config import TrainConfig
+
+
+def done_document(
+    cfg: TrainConfig,
+    status: str,
+    reason: str | None,
+    model_dir: Path | None,
+    now: float,
+    started: float,
+    outputs_since: float | None = None,
+    earlier: list[dict] | None = None,
+    steps: dict[str, float] | None = None,
+    *,
+    cause: str | None = None,
+    written_by: str = "leader",
+    restarts: list[dict] | None = None,
+) -> dict:
+    """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
+    wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
+    is new on disk but the previous attempt's), else the leader's wall time and no epochs.
+    `earlier` is the run controller's record of the attempts before this one (attempts.json),
+    `steps` the seconds of each bootstrap step this attempt finished (its timeline), `cause` why
+    it ended (bootstrap/causes.py; None when it succeeded), `written_by` which node writes it,
+    `restarts` the restarts in place of the writing node's bootstrap (bootstrap/node/attempt.py)."""
+    succeeded = status == "succeeded"
+    earlier = earlier or []
+    own = {
+        "attempt": len(earlier) + 1,
+        "status": status,
+        "cause": cause,
+        "reason": trim_reason(reason) if reason else None,
+    }
+    since = outputs_since or started
+    evaluation = this_attempts(model_dir / "eval.json", since) if model_dir and succeeded else {}
+    training = this_attempts(model_dir / "train.json", since) if model_dir else {}
+    return {
+        "run": cfg.run,
+        "status": status,
+        "cause": cause,
+        "reason": trim_reason(reason) if reason else None,
+        "written_by": written_by,
+        "top1": evaluation.get("top1"),
+        "top5": evaluation.get("top5"),
+        "epochs": training.get("epochs", cfg.trainer.get("epochs") if succeeded else None),
+        "duration_s": training.get("duration_s") or round(now - started, 1),
+        "images_per_s": training.get("images_per_s") if succeeded else None,
+        "end_to_end_images_per_s": training.get("end_to_end_images_per_s") if succeeded else None,
+        "allreduce_busbw_gbps": allreduce_busbw_gbps(Path(cfg.log_dir) / "allreduce-check.log"),
+        "target_top1": training.get("target_top1"),
+        "reached_target_at_epoch": training.get("reached_target_at_epoch"),
+        "time_to_target_s": training.get("time_to_target_s"),
+        "attempt_started_at": utc_stamp(started),
+        "finished_at": utc_stamp(now),
+        "timeline": timeline(steps or {}, training, aws.s3_unreachable_s(started, now)),
+        "restarts": restarts or [],
+        "attempt": own["attempt"],
+        "attempts": [
+            *(
+                {k: entry.get(k) for k in ("attempt", "status", "cause", "reason")}
+                for entry in earlier
+            ),
+            own,
+        ],
+    }
+
+
+def timeline(steps: dict[str, float], training: dict, s3_unreachable_s: float = 0.0) -> dict:
+    """Where the attempt's time went: the bootstrap's steps (data pull, rendezvous, allreduce
+    check, training, uploads, ...) and, from this attempt's train.json, the trainer's start-up
+    (TensorFlow, the input pipeline, the first step's compilation), evaluation, checkpoints, the
+    training steps themselves, and the time to the target; and the seconds S3 did not answer
+    this node (waiting on S3 is inside some step's seconds, or between steps)."""
+    trainer = {}
+    if training.get("duration_s") is not None:
+        parts = {k: training.get(k) or 0.0 for k in ("startup_s", "evaluation_s", "checkpoint_s")}
+        trainer = {**parts, "training_s": round(training["duration_s"] - sum(parts.values()), 1)}
+        trainer["time_to_target_s"] = training.get("time_to_target_s")
+    return {
+        "steps_s": dict(steps),
+        "trainer_s": trainer,
+        "s3_unreachable_s": round(s3_unreachable_s, 1),
+    }
+
+
+def allreduce_busbw_gbps(check_log: Path) -> float | None:
+    """The bus bandwidth the pre-training allreduce check measured (None: it did not run)."""
+    try:
+        summary = allreduce_check.parse_summary(check_log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return summary["busbw_gbps"] if summary else None
+
+
+def done_key(cfg: TrainConfig) -> str:
+    return f"{cfg.runs_prefix}DONE.json"
+
+
+def read_done(s3, cfg: TrainConfig) -> dict | None:
+    """DONE.json as it is in S3: {"doc", "body", "etag", "modified"}, or None while absent."""
+    try:
+        found = s3.get_object(Bucket=cfg.bucket, Key=done_key(cfg))
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] in ABSENT_KEY_CODES:
+            return None
+        raise
+    body = found["Body"].read()
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    return {
+        "doc": doc if isinstance(doc, dict) else {},
+        "body": body,
+        "etag": found["ETag"],
+        "modified": found["LastModified"].timestamp(),
+    }
+
+
+def is_this_attempts(record: dict, started: float) -> bool:
+    """Whether a DONE.json was written since this attempt began (an older one is an earlier
+    attempt's); stamps and S3's LastModified have whole seconds."""
+    return record["modified"] >= int(started)
+
+
+def describe_record(cfg: TrainConfig, record: dict) -> str:
+    doc = record["doc"]
+    return (
+        f"s3://{cfg.bucket}/{done_key(cfg)} already holds this attempt's record, written by "
+        f"{doc.get('written_by') or 'an unknown writer'} (status {doc.get('status')}, cause "
+        f"{doc.get('cause')})"
+    )
+
+
+# S3's answers to a conditional write that did not happen: the condition did not hold (412), the
+# object If-Match named is gone, or a concurrent write to the key (409, retried).
+NOT_WRITTEN = ("PreconditionFailed", "412", "NoSuchKey", "404", "ConditionalRequestConflict")
+WRITE_TRIES = 5
+
+
+class RecordTaken(RuntimeError):
+    """This attempt's DONE.json was already written, by another node: it stands."""
+
+
+def write_done(s3, cfg: TrainConfig, doc: dict, started: float) -> None:
+    """Write DONE.json unless this attempt's record is already there (RecordTaken, naming who
+    wrote it)."""
+    body = json.dumps(doc, indent=2).encode()
+    condition = {"IfNoneMatch": "*"}
+    for _ in range(WRITE_TRIES):
+        try:
+            s3.put_object(
+                Bucket=cfg.bucket, Key=done_key(cfg), Body=body,
+                ContentType="application/json", **condition,
+            )  # fmt: skip
+            return
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in NOT_WRITTEN:
+                raise
+        record = read_done(s3, cfg)
+        if record is None:
+            condition = {"IfNoneMatch": "*"}
+        elif record["body"] == body:
+            return  # this write landed; its answer was lost and the retry found it
+        elif is_this_attempts(record, started):
+            raise RecordTaken(f"{describe_record(cfg, record)}: not overwriting it")
+        else:  # an earlier attempt's, replaced only as it was read
+            condition = {"IfMatch": record["etag"]}
+    raise RuntimeError(
+        f"s3://{cfg.bucket}/{done_key(cfg)} changed under each of {WRITE_TRIES} conditional writes"
+    )
+
+
+def record_failure(s3, cfg: TrainConfig, doc: dict, started: float, log=aws.log) -> None:
+    """write_done while reporting a failure: whatever happens is one line, never an error."""
+    done = f"s3://{cfg.bucket}/{done_key(cfg)}"
+    try:
+        write_done(s3, cfg, doc, started)
+        log(f"wrote {done} (status {doc['status']})")
+    except RecordTaken as taken:
+        log(str(taken))
+    except Exception as exc:
+        log(f"could not write {done}: {one_line(exc, REASON_LIMIT)}")
+
+
+def clear_done(s3, cfg: TrainConfig, started: float) -> dict | None:
+    """A rerun starts by removing the DONE.json an earlier attempt left, so nothing reacts to it
+    (only as it was read: a record written meanwhile stays). Returns this attempt's record when
+    one is there instead (a member found this leader lost while systemd restarted it)."""
+    while (record := read_done(s3, cfg)) is not None:
+        if is_this_attempts(record, started):
+            return record
+        try:
+            # Conditional deletes: https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-deletes.html
+            s3.delete_object(Bucket=cfg.bucket, Key=done_key(cfg), IfMatch=record["etag"])
+            return None
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in NOT_WRITTEN:
+                raise
+    return None

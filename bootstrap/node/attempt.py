@@ -1,0 +1,112 @@
+"""Each training node's local record of the attempt it runs (its restarts in place), and what a
+node reads back of the trainer's outputs: only what this attempt wrote counts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+from bootstrap import aws
+from bootstrap.fleet import supervision
+from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
+from bootstrap.leader import checkpoints
+from bootstrap.leader.status import RunStatus
+from bootstrap.node_config import TrainConfig
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def this_attempts(path: Path, started: float) -> dict:
+    """A trainer output written by this attempt ({} for one a previous attempt left, restored
+    from S3 with the checkpoints)."""
+    try:
+        if path.stat().st_mtime < started:
+            return {}
+    except OSError:
+        return {}
+    return read_json(path)
+
+
+ATTEMPT_RECORD = "attempt.json"
+
+
+class Attempt:
+    """What this node's bootstrap knows of the attempt it runs, for its DONE.json: when it began,
+    its model store (None until the restore step, and on members), and its restarts in place.
+
+    The node keeps a record of the attempt in its state_dir, `attempt.json` = {"run", "attempt",
+    "started_at", "restarts": [{"at", "resumed_from_step", "reached_step"}], "ended_at"}. A
+    record of the same run and attempt that no bootstrap ended (`ended_at` absent) means
+    systemd restarted this one in place after it was killed: the attempt keeps its first start
+    and gains a restart, with the last step the previous process's trainer reached (its
+    progress.json; null when it wrote none) and, once restored, the step the trainer resumes
+    from. An ended record (a rerun of the run after a reboot) starts the attempt anew."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.store: checkpoints.ModelStore | None = None
+        self.outputs_since: float | None = None
+        self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
+        self.status: RunStatus | None = None  # status.json (published by the leader only)
+        self.earlier: list[dict] = []  # the run controller's record of the attempts before
+        self.record: Path | None = None
+        self.restarts: list[dict] = []
+
+    def begin(self, cfg: TrainConfig, model_dir: Path, log=aws.log) -> None:
+        """Take up the attempt's record (its number: one more than `earlier`)."""
+        self.record = Path(cfg.state_dir) / ATTEMPT_RECORD
+        number = len(self.earlier) + 1
+        record = read_json(self.record)
+        left_open = "ended_at" not in record
+        if left_open and (record.get("run"), record.get("attempt")) == (cfg.run, number):
+            since = parse_stamp(record["started_at"])
+            reached = this_attempts(model_dir / "progress.json", since).get("global_step")
+            restart = {"at": utc_stamp(self.started), "resumed_from_step": None,
+                       "reached_step": reached}  # fmt: skip
+            record["restarts"] = [*record.get("restarts", []), restart]
+        else:
+            record = {"run": cfg.run, "attempt": number, "started_at": utc_stamp(self.started),
+                      "restarts": []}  # fmt: skip
+        save_json(self.record, record)
+        self.started, self.restarts = parse_stamp(record["started_at"]), record["restarts"]
+        line = f"attempt {number} of run {cfg.run}"
+        if self.restarts:
+            line += (
+                f", restarted in place (restart {len(self.restarts)}): the attempt began at "
+                f"{record['started_at']}, its trainer had reached step "
+                f"{self.restarts[-1]['reached_step']}"
+            )
+        log(line)
+
+    def resumes_from(self, model_dir: Path) -> None:
+        """Note the step a restarted attempt's trainer resumes from: the restored checkpoint's."""
+        record = read_json(self.record) if self.record else {}
+        restarts = record.get("restarts", [])
+        if restarts and restarts[-1].get("resumed_from_step") is None:
+            name = checkpoints.newest_named(model_dir)
+            restarts[-1]["resumed_from_step"] = checkpoints.step_of(name) if name else None
+            save_json(self.record, record)
+            self.restarts = restarts
+
+    def end(self) -> None:
+        """Mark the record ended: only a bootstrap killed mid-attempt leaves it open."""
+        if self.record is None:
+            return
+        record = read_json(self.record)
+        with contextlib.suppress(OSError):  # a full disk must not hide the failure reported
+            save_json(self.record, {**record, "ended_at": utc_stamp(time.time())})
+
+
+def save_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(doc, indent=1))
+    os.replace(partial, path)

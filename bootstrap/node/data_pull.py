@@ -1,0 +1,247 @@
+"""Pull the TFRecords with s5cmd and verify them against manifest.json.
+
+Verification checks what the manifest promises: every shard present with its byte size, its
+record count (TFRecord framing, read without TensorFlow) and its sha256 when given; the split
+totals add up. A verified pull leaves a marker holding the manifest's digest, so a rerun with the
+same manifest skips the pull. The pull copies the manifest's shards by name (no listing that
+could fail silently) and only those that are missing or fail their check, so a rerun repairs a
+shard that was corrupt, even one of the right size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+from bootstrap import aws, causes, transfer
+from bootstrap.aws import poll_until
+
+WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
+
+VERIFIED_MARKER = ".verified-manifest-sha256"
+
+
+class VerificationError(RuntimeError):
+    """The dataset here or in S3 differs from its manifest."""
+
+    cause = causes.CORRUPT_SHARD
+
+
+def count_records(path: Path) -> int:
+    """Records in a TFRecord file: 8-byte length, 4-byte CRC, data, 4-byte CRC per record."""
+    count, size = 0, path.stat().st_size
+    with path.open("rb") as f:
+        offset = 0
+        while offset < size:
+            header = f.read(8)
+            if len(header) < 8:
+                raise VerificationError(f"{path.name}: truncated record header at byte {offset}")
+            (length,) = struct.unpack("<Q", header)
+            offset += 12 + length + 4
+            if offset > size:
+                raise VerificationError(f"{path.name}: truncated record at byte {offset}")
+            f.seek(offset)
+            count += 1
+    return count
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_shard(data_dir: Path, shard: dict) -> str | None:
+    """One problem with a shard, or None."""
+    path = data_dir / shard["file"]
+    if not path.is_file():
+        return f"{shard['file']}: missing"
+    if "bytes" in shard and path.stat().st_size != shard["bytes"]:
+        return f"{shard['file']}: {path.stat().st_size} bytes, manifest says {shard['bytes']}"
+    try:
+        records = count_records(path)
+    except VerificationError as exc:
+        return str(exc)
+    if records != shard["records"]:
+        return f"{shard['file']}: {records} records, manifest says {shard['records']}"
+    if shard.get("sha256") and sha256_of(path) != shard["sha256"]:
+        return f"{shard['file']}: sha256 differs from the manifest"
+    return None
+
+
+def verify_data_dir(
+    data_dir: str | Path, workers: int | None = None, only: set[str] | None = None
+) -> dict:
+    """Raise VerificationError listing the first problems; returns the manifest. `only` limits
+    the shard checks (the split totals are always checked) to the files named, such as those
+    just downloaded beside ones checked moments before."""
+    data_dir = Path(data_dir)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    shards = manifest.get("shards") or []
+    if not shards:
+        raise VerificationError("manifest.json lists no shards")
+    problems = []
+    for split, totals in manifest.get("splits", {}).items():
+        in_split = [s for s in shards if s["split"] == split]
+        records = sum(s["records"] for s in in_split)
+        if len(in_split) != totals["shards"] or records != totals["records"]:
+            problems.append(
+                f"split {split}: manifest lists {len(in_split)} shards / {records} records, "
+                f"its totals say {totals['shards']} / {totals['records']}"
+            )
+    checked = [s for s in shards if only is None or s["file"] in only]
+    problems += check_shards(data_dir, checked, workers)
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise VerificationError("; ".join(problems[:5]) + more)
+    return manifest
+
+
+def check_shards(data_dir: Path, shards: list[dict], workers: int | None = None) -> list[str]:
+    """The problems of every shard, hashing in parallel ([] when all are fine)."""
+    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+        return [p for p in pool.map(check_shard, [data_dir] * len(shards), shards) if p]
+
+
+def pull_dataset(
+    bucket: str, prefix: str, data_dir: str | Path, log, workers: int | None = None
+) -> dict:
+    """Copy the manifest's shards from s3://bucket/prefix to data_dir unless this manifest was
+    verified there already; re-fetch any shard that fails its check."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    marker = data_dir / VERIFIED_MARKER
+    new_manifest = data_dir / "manifest.json.new"
+    new_manifest.unlink(missing_ok=True)
+    log(
+        f"reading s3://{bucket}/{prefix}manifest.json (S3 outages are retried for up to "
+        f"{aws.STEP_POLICY.budget_s:.0f} s, each call times out)"
+    )
+    aws.with_retries(
+        f"reading s3://{bucket}/{prefix}manifest.json",
+        lambda: transfer.run_s5cmd("cp", f"s3://{bucket}/{prefix}manifest.json", str(new_manifest)),
+    )
+    if not new_manifest.is_file():
+        raise VerificationError(f"s5cmd exited 0 but did not write {new_manifest}")
+    digest = hashlib.sha256(new_manifest.read_bytes()).hexdigest()
+    if marker.exists() and marker.read_text() == digest:
+        new_manifest.unlink()
+        log(f"data already pulled and verified in {data_dir}: skipping the pull")
+        return json.loads((data_dir / "manifest.json").read_text())
+    marker.unlink(missing_ok=True)
+    manifest = json.loads(new_manifest.read_text())
+    shards = manifest.get("shards") or []
+    present = [s for s in shards if (data_dir / s["file"]).is_file()]
+    bad = {p.split(":", 1)[0] for p in check_shards(data_dir, present, workers)}
+    for name in bad:
+        (data_dir / name).unlink()
+    wanted = {s["file"]: s["bytes"] for s in shards if s["file"] in bad or s not in present}
+    kept = len(shards) - len(wanted)
+    log(
+        f"pulling {len(wanted)} of {len(shards)} shards from s3://{bucket}/{prefix} to {data_dir}"
+        + (f" ({kept} already here and verified" if kept else "")
+        + (
+            f", {len(bad)} re-fetched because they failed their check)"
+            if bad
+            else ")"
+            if kept
+            else ""
+        )
+    )
+    transfer.download(bucket, prefix, wanted, data_dir, f"pulling s3://{bucket}/{prefix}")
+    new_manifest.replace(data_dir / "manifest.json")
+    try:
+        manifest = verify_data_dir(data_dir, workers, only=set(wanted))
+    except VerificationError as exc:
+        raise VerificationError(
+            f"{exc} (the copy in s3://{bucket}/{prefix} differs from its manifest: fix it there "
+            "and rerun; a rerun fetches only what fails its check)"
+        ) from None
+    marker.write_text(digest)
+    total = sum(s["records"] for s in manifest["shards"])
+    log(f"pulled and verified {len(manifest['shards'])} shards, {total} records in {data_dir}")
+    return manifest
+
+
+def verify_s3_dataset(s3, bucket: str, prefix: str) -> dict:
+    """Preprocessing's check, without downloading: manifest present, every shard in S3 with its
+    size and the sha256 it was uploaded with (trainer.preprocess records it as the object's
+    `sha256` metadata; an object replaced by anything else loses or changes it), split totals
+    consistent."""
+    raw = s3.get_object(Bucket=bucket, Key=f"{prefix}manifest.json")["Body"].read()
+    manifest = json.loads(raw)
+    sizes = aws.list_sizes(s3, bucket, prefix)
+    problems = []
+    hashed = []
+    for shard in manifest.get("shards", []):
+        if shard["file"] not in sizes:
+            problems.append(f"{shard['file']}: missing")
+        elif sizes[shard["file"]] != shard.get("bytes", sizes[shard["file"]]):
+            problems.append(
+                f"{shard['file']}: {sizes[shard['file']]} bytes in S3, manifest says {shard['bytes']}"
+            )
+        elif shard.get("sha256"):
+            hashed.append(shard)
+
+    def hash_problem(shard: dict) -> str | None:
+        head = s3.head_object(Bucket=bucket, Key=f"{prefix}{shard['file']}")
+        if head.get("Metadata", {}).get("sha256") != shard["sha256"]:
+            return f"{shard['file']}: sha256 in S3 differs from the manifest"
+        return None
+
+    with ThreadPoolExecutor(16) as pool:
+        problems += [p for p in pool.map(hash_problem, hashed) if p]
+    for split, totals in manifest.get("splits", {}).items():
+        records = sum(s["records"] for s in manifest["shards"] if s["split"] == split)
+        if records != totals["records"]:
+            problems.append(f"split {split}: shards hold {records}, totals say {totals['records']}")
+    if not manifest.get("shards"):
+        problems.append("manifest.json lists no shards")
+    if problems:
+        raise VerificationError("; ".join(problems[:5]))
+    return manifest
+
+
+def wait_for_objects(
+    s3,
+    bucket: str,
+    prefix: str,
+    names: list[str],
+    timeout_s: float,
+    interval_s: float,
+    log,
+    clock=time.time,
+    sleep=time.sleep,
+) -> None:
+    """Wait until s3://bucket/prefix holds every name, saying what is missing now and then.
+
+    `cdk deploy PreprocessStack` creates the bucket and the node in one go, so the archives are
+    usually uploaded after the node boots. Listing, not HEAD: the node may list only its
+    prefixes, and a HEAD of a missing key without bucket-wide ListBucket answers 403, not 404.
+    """
+    last_note = -math.inf
+
+    def all_present() -> bool:
+        nonlocal last_note
+        present = aws.list_sizes(s3, bucket, prefix)
+        missing = [name for name in names if name not in present]
+        if missing and clock() - last_note >= WAIT_NOTE_EVERY_S:
+            log(
+                f"waiting for {', '.join(missing)} in s3://{bucket}/{prefix} (upload them with: "
+                f"s5cmd cp {' '.join(missing)} s3://{bucket}/{prefix})"
+            )
+            last_note = clock()
+        return not missing
+
+    if not poll_until(all_present, timeout_s, interval_s, clock, sleep):
+        raise VerificationError(
+            f"s3://{bucket}/{prefix} still lacks raw archives after {timeout_s / 3600:g} h"
+        )

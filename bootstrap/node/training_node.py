@@ -1,0 +1,115 @@
+"""What every training node runs before it meets the fleet (the attempt's record, health, the
+data, its identity) and how it reports a failure. Member (bootstrap/fleet/member.py) and Leader
+(bootstrap/leader/leader.py) take it from there and say what differs."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from bootstrap import aws
+from bootstrap.leader import results
+from bootstrap.leader.status import RunStatus
+from bootstrap.node import data_pull, health
+from bootstrap.node.attempt import Attempt
+from bootstrap.node.logs import upload_logs
+from bootstrap.node_config import TrainConfig
+from bootstrap.steps import STEP_SECONDS, StepFailed, announce_failure, attempt_to, step
+
+
+class TrainingNode(ABC):
+    """One training node's bootstrap for one attempt. `results_policy`: how long its checkpoints,
+    logs and DONE.json are retried when it reports a failure."""
+
+    results_policy = aws.STEP_POLICY
+
+    def __init__(self, cfg: TrainConfig, attempt: Attempt, log=aws.log):
+        self.cfg, self.attempt, self.log = cfg, attempt, log
+        self.data_dir = Path(cfg.mount_point) / "tfrecords"
+        self.model_dir = Path(cfg.mount_point) / "model"
+
+    @abstractmethod
+    def run(self) -> None:
+        """The attempt on this node, from boot to its last step."""
+
+    def boot(self) -> tuple[str, str]:
+        """The steps every training node runs first; returns its private IP and instance id."""
+        cfg, attempt = self.cfg, self.attempt
+        self.s3 = aws.s3_client(cfg.region)
+        attempt.status = status = RunStatus(
+            cfg, self.s3, self.model_dir, attempt_started=attempt.started
+        )
+        attempt.earlier = status.earlier_attempts()
+        attempt.begin(cfg, self.model_dir)
+        status.attempt_started = attempt.started
+        status.phase("booting")
+        step(
+            "health",
+            lambda: self.log(
+                health.check_node(
+                    cfg, health.count_gpus(), health.efa_present(), health.life_cycle(cfg)
+                )
+            ),
+        )
+        if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
+            status.phase("pulling_data")
+            step(
+                "data pull",
+                lambda: data_pull.pull_dataset(
+                    cfg.bucket, cfg.dataset_prefix, self.data_dir, self.log
+                ),
+            )
+        # No SUCCESS yet: CloudFormation counts a node as created only once the whole fleet has
+        # met and passed the allreduce check (the leader's fleet-check.json), so a broken network
+        # rolls the deployment back instead of reaching CREATE_COMPLETE.
+        return step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
+
+    # ------------------------------------------------------------ reporting a failure
+
+    @abstractmethod
+    def writes_record(self, failure: StepFailed) -> bool:
+        """Whether this node writes the attempt's DONE.json for this failure."""
+
+    @abstractmethod
+    def written_by(self) -> str:
+        """DONE.json's `written_by` when this node writes it."""
+
+    def record_model_dir(self) -> Path | None:
+        """Whose trainer outputs the failure's DONE.json reads (None: this node ran no trainer)."""
+        return None
+
+    def report(self, failure: StepFailed) -> None:
+        """Whatever failed: tell CloudFormation (rolls the fleet back while it is being created),
+        keep the logs and the checkpoints this attempt may upload, and write the attempt's
+        DONE.json (status failed, or interrupted after a SIGTERM) when this node is the one to
+        (writes_record) so teardown reacts. After a SIGTERM everything here fits in the
+        shutdown's time. A failure that found this attempt's DONE.json already written by
+        another node adds nothing to it."""
+        cfg, attempt, policy = self.cfg, self.attempt, self.results_policy
+        announce_failure(cfg, failure)
+        s3 = aws.s3_client(cfg.region, policy)
+        if attempt.store is not None:
+            attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
+        attempt_to("upload the logs", lambda: upload_logs(s3, cfg, policy))
+        recorded = isinstance(failure.__cause__, results.RecordTaken)
+        # status.json before DONE.json: DONE.json starts the teardown, so it is the last word.
+        if attempt.status is not None and not recorded:
+            attempt.status.end(failure.status, str(failure))
+        if self.writes_record(failure) and not recorded:
+            self.write_failure_record(failure)
+        if attempt.heartbeat is not None:
+            attempt.heartbeat.stop()
+
+    def write_failure_record(self, failure: StepFailed) -> None:
+        attempt = self.attempt
+        if attempt.status is not None:  # a read of attempts.json that failed at the start retries
+            attempt.earlier = attempt.status.earlier_attempts()
+        doc = results.done_document(
+            self.cfg, failure.status, str(failure), self.record_model_dir(), time.time(),
+            attempt.started, attempt.outputs_since, attempt.earlier, STEP_SECONDS,
+            cause=failure.cause, restarts=attempt.restarts, written_by=self.written_by(),
+        )  # fmt: skip
+        results.record_failure(
+            aws.s3_client(self.cfg.region, aws.UNTIL_DONE), self.cfg, doc, attempt.started
+        )

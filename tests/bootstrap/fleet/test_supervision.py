@@ -1,0 +1,269 @@
+"""No supervisor as a single point of failure: horovodrun dies with the leader's bootstrap, a
+restarted bootstrap ends what its predecessor left, the leader heartbeats, members fail loudly
+when it stops, a failed training names the node whose heartbeat went stale, and the node's unit
+restarts a killed bootstrap (and hands over to it at the first boot).
+
+    .venv/bin/python -m pytest tests/bootstrap/fleet/test_supervision.py
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from bootstrap_helpers import BUCKET
+
+from bootstrap.fleet import rendezvous, supervision
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def wait_for(predicate, timeout_s=10.0):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_guarded_command_dies_with_the_process_that_started_it(tmp_path):
+    """A bootstrap SIGKILLed mid-run takes horovodrun along (before: horovodrun and the ranks
+    trained on unsupervised, and nothing reached S3)."""
+    pid_file = tmp_path / "child.pid"
+    parent = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        from bootstrap.fleet import supervision
+        command = supervision.guarded(["bash", "-c", "echo $$ > {pid_file}; exec sleep 300"])
+        subprocess.Popen(command)
+        time.sleep(300)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:"
+           f"{os.environ['PATH']}"}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", parent], env=env)
+    try:
+        assert wait_for(lambda: pid_file.exists() and pid_file.read_text().strip())
+        child = int(pid_file.read_text())
+        assert alive(child)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert wait_for(lambda: not alive(child)), "the guarded command outlived its parent"
+    finally:
+        proc.kill()
+
+
+def test_the_guard_refuses_to_start_when_its_parent_is_already_gone():
+    result = subprocess.run(
+        [sys.executable, "-m", "bootstrap.fleet.supervision", "1", "--", "true"],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1 and "parent 1 is gone" in result.stderr
+
+
+def test_a_restarted_bootstrap_ends_only_this_run_s_leftover_training(train_config, monkeypatch):
+    cfg = train_config()
+    job = supervision.job_id(cfg)
+    ours = subprocess.Popen(["sleep", "300"], env={**os.environ, supervision.JOB_ENV: job})
+    other = subprocess.Popen(["sleep", "300"], env={**os.environ, supervision.JOB_ENV: job + "x"})
+    lines = []
+    try:
+        killed = supervision.end_leftovers(cfg, lines.append)
+        assert killed == [ours.pid]
+        assert ours.wait(5) == -signal.SIGKILL
+        assert other.poll() is None
+        assert "ended 1 training process(es)" in lines[0] and str(ours.pid) in lines[0]
+    finally:
+        ours.kill()
+        other.kill()
+
+
+def test_the_leader_heartbeats_until_stopped(s3, train_config):
+    cfg = train_config(heartbeat_timeout_s=1)
+    beats = []
+    heartbeat = supervision.Heartbeat(lambda: beats.append(time.time()), 0.05)
+    heartbeat.start()
+    assert wait_for(lambda: len(beats) >= 3, 5)
+    heartbeat.stop()
+    heartbeat.join(1)
+    assert not heartbeat.is_alive()
+    assert supervision.heartbeat_interval(cfg) == pytest.approx(0.25)
+
+
+def entry(index, at, ip="10.0.0.1", instance="i-0lead"):
+    return {"index": index, "ip": ip, "gpus": 8, "instance_id": instance,
+            "registered_at": rendezvous.utc_stamp(at)}  # fmt: skip
+
+
+def test_a_member_names_its_leader_once_the_leader_s_heartbeat_goes_stale(train_config):
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
+    watch = supervision.LeaderWatch(cfg, started=1000)
+    assert watch.lost(None, 1010) is None  # the leader has not booted yet: no verdict
+    assert watch.lost(entry(0, 990), 1020) is None  # alive
+    assert watch.lost(entry(0, 1050), 1100) is None  # a restarted leader beats again
+    why = watch.lost(entry(0, 1050), 1111)
+    assert why.startswith("the leader, node 0 (i-0lead, 10.0.0.1), is lost: its heartbeat ")
+    assert "runs/r1/nodes/0.json is 61 s old" in why and "\n" not in why
+
+
+def test_a_member_whose_leader_never_beats_gives_up_after_the_rendezvous_timeout(train_config):
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=300)
+    watch = supervision.LeaderWatch(cfg, started=1000)
+    stale = entry(0, 0)  # a previous deployment's registration
+    assert watch.lost(stale, 1200) is None
+    assert "did not heartbeat" in watch.lost(stale, 1301)
+
+
+def test_after_an_s3_outage_the_leader_gets_heartbeat_timeout_s_to_beat_again(train_config):
+    """Before: S3 reset every connection for 75 s (heartbeat_timeout_s 60); when it answered
+    again, the member read the leader's 80 s old heartbeat and quit, 11 s before the healthy
+    leader wrote DONE.json."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
+    back = [None]
+    watch = supervision.LeaderWatch(cfg, started=1000, s3_back_at=lambda: back[0])
+    assert watch.lost(entry(0, 1000), 1010) is None  # alive
+    # S3 stops answering at 1015, answers again at 1090: the newest beat it shows is 1010.
+    back[0] = 1090
+    assert watch.lost(entry(0, 1010), 1090) is None
+    assert watch.lost(entry(0, 1010), 1150) is None  # 60 s since S3's return: not yet
+    assert watch.lost(entry(0, 1160), 1165) is None  # the leader's next beat arrives
+    # A leader that stays silent after S3's return is lost heartbeat_timeout_s later.
+    why = watch.lost(entry(0, 1010), 1151)
+    assert "runs/r1/nodes/0.json is 141 s old (heartbeat_timeout_s 60; counted from S3 " in why
+    assert "answering this node again 61 s ago)" in why
+
+
+def test_a_member_that_never_saw_its_leader_waits_out_s3_s_return_too(train_config):
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=300)
+    watch = supervision.LeaderWatch(cfg, started=1000, s3_back_at=lambda: 1280)
+    assert watch.lost(None, 1301) is None  # past the rendezvous timeout, S3 back 21 s ago
+    assert "no heartbeat at all; counted from S3" in watch.lost(None, 1341)
+
+
+def test_serve_as_member_stops_waiting_for_done_when_the_leader_is_lost(s3, train_config):
+    """Before: a member whose leader died waited for DONE.json forever."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=8, rendezvous_timeout_s=30)
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"ssh-ed25519 AAAA hvd-r1")
+    now = [time.time()]
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/nodes/0.json", Body=json.dumps(entry(0, now[0])))
+    watch = supervision.LeaderWatch(cfg, now[0])
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    with pytest.raises(rendezvous.RendezvousError, match=r"node 0 \(i-0lead, 10.0.0.1\), is lost"):
+        rendezvous.serve_as_member(
+            s3, cfg, "10.0.0.2", "i-1", lambda m: None, lambda: now[0], sleep,
+            leader_lost=lambda t: watch.lost(supervision.read_entry(s3, cfg, 0), t),
+        )  # fmt: skip
+    assert now[0] - watch.started < 20
+
+
+def test_a_failed_training_names_the_member_whose_heartbeat_went_stale(s3, train_config):
+    cfg = train_config(nodes=3, heartbeat_timeout_s=20)
+    failed_at = 1000.0
+    put = lambda i, e: s3.put_object(  # noqa: E731 - a two-line helper
+        Bucket=BUCKET, Key=f"runs/r1/nodes/{i}.json", Body=json.dumps(e)
+    )
+    put(1, entry(1, 990, "10.0.0.2", "i-0one"))  # its network died at about 990
+    put(2, entry(2, 995, "10.0.0.3", "i-0two"))  # alive: beats again below
+    now = [failed_at]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 1004:
+            put(2, entry(2, now[0], "10.0.0.3", "i-0two"))
+
+    lost = supervision.lost_nodes(s3, cfg, failed_at, lambda: now[0], sleep)
+    assert lost == [
+        "node 1 (i-0one, 10.0.0.2) lost: no heartbeat for 21 s (heartbeat_timeout_s 20)"
+    ]
+    assert now[0] <= failed_at + 30
+
+
+def test_a_failed_training_after_an_s3_outage_waits_for_members_to_beat_again(s3, train_config):
+    """S3 answered the leader again at 1000 after an outage: the member's beat of 900 is not a
+    verdict; its beat at 1010 shows it alive, and a silent member is named only 20 s after S3's
+    return."""
+    cfg = train_config(nodes=3, heartbeat_timeout_s=20)
+    put = lambda i, e: s3.put_object(  # noqa: E731 - a two-line helper
+        Bucket=BUCKET, Key=f"runs/r1/nodes/{i}.json", Body=json.dumps(e)
+    )
+    put(1, entry(1, 900, "10.0.0.2", "i-0one"))  # silent since before the outage
+    put(2, entry(2, 900, "10.0.0.3", "i-0two"))  # beats again once S3 answers it
+    now = [1000.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 1010:
+            put(2, entry(2, now[0], "10.0.0.3", "i-0two"))
+
+    lost = supervision.lost_nodes(s3, cfg, 995.0, lambda: now[0], sleep, lambda: 1000.0)
+    assert lost == [
+        "node 1 (i-0one, 10.0.0.2) lost: no heartbeat for 121 s (heartbeat_timeout_s 20; "
+        "counted from S3 answering this node again 21 s ago)"
+    ]
+    assert 1020 < now[0] <= 1030
+
+
+def test_a_failure_with_every_member_beating_names_nobody(s3, train_config):
+    cfg = train_config(nodes=2, heartbeat_timeout_s=20)
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/nodes/1.json", Body=json.dumps(entry(1, 1001)))
+    assert supervision.lost_nodes(s3, cfg, 1000.5, lambda: 1001, lambda s: None) == []
+
+
+# ---------------------------------------------------------------- the node's systemd unit
+
+
+def run_lib(tmp_path, body: str, **env):
+    """Source lib.sh with a systemctl stub that records its calls, then run body."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "systemctl").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/systemctl.calls\n')
+    (stubs / "systemctl").chmod(0o755)
+    (tmp_path / "units").mkdir(exist_ok=True)
+    script = f"set -euo pipefail\nsource {REPO}/bootstrap/lib.sh\n{body}\n"
+    return subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": f"{stubs}:{os.environ['PATH']}", "SYSTEMD_UNIT_DIR": str(tmp_path / "units"),
+             "NODE_JSON": "/etc/horovod-fleet/node.json", **env},
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_the_node_unit_restarts_a_killed_bootstrap_but_not_a_reported_failure(tmp_path):
+    result = run_lib(tmp_path, "install_boot_service /opt/horovod-fleet/bootstrap/train_node.sh")
+    assert result.returncode == 0, result.stderr
+    unit = (tmp_path / "units" / "horovod-fleet-node.service").read_text()
+    assert "\nRestart=on-abnormal\n" in unit and "\nRestartSec=5\n" in unit
+    assert "\nStartLimitBurst=5\n" in unit.split("[Service]")[0]
+    assert "\nEnvironment=HOROVOD_FLEET_SERVICE=1\n" in unit
+    calls = (tmp_path / "systemctl.calls").read_text().splitlines()
+    assert calls == ["daemon-reload", "enable horovod-fleet-node.service"]
+
+
+def test_the_first_boot_hands_over_to_the_unit_without_waiting_for_cloud_final(tmp_path):
+    result = run_lib(tmp_path, "config() { echo /var/log/x; }\nhand_over_to_boot_service")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "systemctl.calls").read_text() == (
+        "start --no-block horovod-fleet-node.service\n"
+    )
+    # Under the unit, the script goes on in place.
+    again = run_lib(
+        tmp_path, "hand_over_to_boot_service || echo runs-here", HOROVOD_FLEET_SERVICE="1"
+    )
+    assert again.stdout.strip().endswith("runs-here")

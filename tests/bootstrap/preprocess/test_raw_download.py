@@ -1,0 +1,68 @@
+"""Raw archives from a download URL whose credentials are in Secrets Manager (never in node.json).
+
+.venv/bin/python -m pytest tests/bootstrap/preprocess/test_raw_download.py
+"""
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from bootstrap import aws
+from bootstrap.node_config import parse
+from bootstrap.preprocess.preprocessing_node import RAW_FILES, download_raw
+
+AUTH = "Basic " + base64.b64encode(b"user:s3cret").decode()
+
+
+class Archives(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.headers.get("Authorization") != AUTH:
+            self.send_error(401)
+            return
+        body = self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Archives)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/imagenet"
+    httpd.shutdown()
+
+
+def test_download_uses_the_secret_and_keeps_finished_files(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "t")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "t")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    aws.client.cache_clear()
+    with mock_aws():
+        secrets = boto3.client("secretsmanager", region_name="us-east-1")
+        arn = secrets.create_secret(
+            Name="imagenet-download",
+            SecretString=json.dumps({"url": server, "username": "user", "password": "s3cret"}),
+        )["ARN"]
+        cfg = parse({
+            "role": "preprocess", "region": "us-east-1", "bucket": "fleet-data", "log_group": None,
+            "signal": None, "raw_prefix": "raw/", "output_prefix": "tfrecords/",
+            "volume_id": None, "mount_point": str(tmp_path), "download_secret_arn": arn,
+            "train_shards": 1, "val_shards": 1, "stop_when_done": False,
+        })  # fmt: skip
+        paths = download_raw(cfg)
+        assert (tmp_path / "raw" / RAW_FILES["val"]).read_text() == f"/imagenet/{RAW_FILES['val']}"
+        assert set(paths) == {"train", "val", "labels"}
+        (tmp_path / "raw" / RAW_FILES["train"]).write_text("kept")
+        download_raw(cfg)
+        assert (tmp_path / "raw" / RAW_FILES["train"]).read_text() == "kept"
+    aws.client.cache_clear()
