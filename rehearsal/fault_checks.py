@@ -31,11 +31,12 @@ def every_attempt_counted(rehearsal: Rehearsal, done: dict) -> bool:
 
 
 def names_the_lost_node(index: int) -> Check:
-    """The first attempt of the row ended naming node `index` from its stale heartbeat."""
-    return lambda r, done: (r.entries[0]["reason"] or "").startswith(
-        f"step 'training' failed: RuntimeError: node {index} ({r.instance_id(index)}, "
-        f"{r.fleet.nodes[index].ip}) lost: no heartbeat for "
-    )
+    """The first attempt of the row ended `node_lost`, naming node `index` from its stale
+    heartbeat (the code decides; the text is what a user reads, whatever exception carried it)."""
+    return lambda r, done: first_attempt_ended(
+        "node_lost",
+        f"node {index} ({r.instance_id(index)}, {r.fleet.nodes[index].ip}) lost: no heartbeat for ",
+    )(r, done)
 
 
 def interruption_named(index: int) -> Check:
