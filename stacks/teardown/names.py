@@ -29,12 +29,14 @@ NODE_TAG = "horovod-fleet:node"
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
-# The reaper also answers this custom resource: an AMI id and code URLs as they were on the
-# first deploy, kept by every update (reaper/handler.py).
+# The deploy-time answers (answers/answers.py, read only): the hard cap's time, counted from the
+# first deploy ...
+DEADLINE_TYPE = "Custom::HorovodFleetDeadline"
+# ... an AMI id and code URLs as they were on the first deploy, kept by every update ...
 PINNED_TYPE = "Custom::HorovodFleetPinned"
-# ... and this one: SUCCESS only when the fleet's dataset manifest exists in S3.
+# ... SUCCESS only when the fleet's dataset manifest exists in S3 ...
 DATASET_TYPE = "Custom::HorovodFleetDataset"
-# ... and this one: a zone of the region that offers the fleet's instance type.
+# ... and a zone of the region that offers the fleet's instance type.
 ZONE_TYPE = "Custom::HorovodFleetZone"
 # The nodes' CloudWatch agent publishes GPU utilisation here; the idle alarm watches it.
 METRIC_NAMESPACE = "HorovodFleet"

@@ -1,6 +1,6 @@
 """PreprocessGuard: registers the preprocessing instance for the reaper, inside PreprocessStack."""
 
-from aws_cdk import Stack, Tags, aws_lambda
+from aws_cdk import Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_ssm as ssm
@@ -8,6 +8,7 @@ from constructs import Construct
 
 from stacks.nag import acknowledge_wildcard_resources
 from stacks.node_code import PROJECT
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import PREPROCESS_PARAMETER
 
 
@@ -19,7 +20,7 @@ class PreprocessGuard(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: aws_lambda.IFunction,
+        reaper: FleetGuards,
         instance: ec2.CfnInstance,
         volume: ec2.CfnVolume,
         snapshot_volume: bool,
@@ -40,6 +41,7 @@ class PreprocessGuard(Construct):
                 }
             ),
         )
+        reaper = reaper.reaper
         if reaper.role is None:
             raise ValueError("the reaper must have an execution role")
         snapshots = stack.format_arn(

@@ -12,8 +12,10 @@ from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
 from stacks.node_code import PROJECT
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     DEADLINE_OUTPUT_KEY,
+    DEADLINE_TYPE,
     IDLE_ALARM_PREFIX,
     IDLE_EVALUATION_PERIODS,
     IDLE_MINUTES,
@@ -44,7 +46,7 @@ class RunGuard(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: aws_lambda.Function,
+        reaper: FleetGuards,
         run_name: str,
         max_hours: float,
         max_restarts: int,
@@ -53,19 +55,20 @@ class RunGuard(Construct):
         super().__init__(scope, construct_id)
         if max_hours <= 0:
             raise ValueError(f"max_hours must be positive, got {max_hours!r}")
+        guards, reaper = reaper, reaper.reaper
         if reaper.dead_letter_queue is None:
             raise ValueError("the reaper must have a dead-letter queue")
         self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", run_name)
 
-        # CloudFormation has no "now": the reaper answers this custom resource with the deadline,
+        # CloudFormation has no "now": a deploy-time answer gives the deadline,
         # so the cap counts from this deployment and synthesis stays deterministic.
         deadline = reaper_answers(
             self,
             "Deadline",
-            reaper=reaper,
-            resource_type="Custom::HorovodFleetDeadline",
+            reaper=guards,
+            resource_type=DEADLINE_TYPE,
             properties={"Run": run_name, "MaxHours": str(max_hours)},
         )
         # The clock starts before the first instance launches, so the cap covers all billing.

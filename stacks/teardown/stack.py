@@ -30,6 +30,8 @@ from constructs import Construct
 
 from stacks.nag import acknowledge_wildcard_resources, checkov_reason
 from stacks.node_code import PROJECT
+from stacks.teardown.deploy_answers import DeployAnswers
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     FLEET_TAG,
     IDLE_ALARM_PREFIX,
@@ -56,6 +58,7 @@ class TeardownStack(Stack):
     """The reaper, the S3 completion rules, the re-check role and the optional budget."""
 
     reaper: aws_lambda.Function
+    guards: FleetGuards
 
     def __init__(
         self,
@@ -150,13 +153,17 @@ class TeardownStack(Stack):
         function.node.default_child.add_deletion_override("DependsOn")
         self._checkov_reasons(function.node.default_child, dead_letters.node.default_child)
         self.reaper = function
+        answers = DeployAnswers(self, "Answers", bucket=bucket, manifest_key=manifest_key)
+        self.guards = FleetGuards(
+            answers_token=answers.service_token, answers_role=answers.role, reaper=function
+        )
         recheck_role.add_to_policy(
             iam.PolicyStatement(
                 actions=["lambda:InvokeFunction"], resources=[function.function_arn]
             )
         )
         dead_letters.grant_send_messages(recheck_role)
-        self._grant_reaper(role, log_group, bucket, manifest_key, recheck_role)
+        self._grant_reaper(role, log_group, bucket, recheck_role)
 
         for rule_id, key_filter, description in (
             ("RunDoneRule", events.Match.wildcard("runs/*/DONE.json"), "a run wrote DONE.json"),
@@ -282,7 +289,6 @@ class TeardownStack(Stack):
         role: iam.Role,
         log_group: logs.LogGroup,
         bucket: s3.IBucket,
-        manifest_key: str,
         recheck_role: iam.Role,
     ) -> None:
         """Everything the reaper may do from this stack; per-instance rights come from guards."""
@@ -362,7 +368,6 @@ class TeardownStack(Stack):
                     done_objects_arn,
                     attempts_objects_arn,
                     status_objects_arn,
-                    bucket.arn_for_objects(manifest_key),
                 ],
             ),
             # A relaunch records the attempt, says so in status.json and removes DONE.json,
@@ -398,9 +403,6 @@ class TeardownStack(Stack):
                 actions=[
                     "ec2:DescribeInstances",
                     "ec2:DescribeSnapshots",
-                    "ec2:DescribeInstanceTypeOfferings",
-                    # The zone answer turns a zone ID (-c az=use1-az4) into this account's name.
-                    "ec2:DescribeAvailabilityZones",
                     # A zone move finds its subnets and the templates' versions.
                     "ec2:DescribeSubnets",
                     "ec2:DescribeRouteTables",

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 # The reaper's Lambda asset imports its sibling modules as Lambda loads them: top-level.
 sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "reaper"))
+sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "answers"))
 
 Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+from answers import deadline
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Match, Template
@@ -17,7 +18,6 @@ from cfnlint.api import lint
 
 from stacks.teardown.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, IDLE_PERIOD
 from stacks.teardown.preprocess_guard import PreprocessGuard
-from stacks.teardown.reaper.handler import deadline
 from stacks.teardown.run_guard import RunGuard
 from stacks.teardown.stack import LAUNCH_GRACE_MINUTES, TeardownStack
 from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S
@@ -95,7 +95,7 @@ def build_app(
     guard = RunGuard(
         train,
         "Guard",
-        reaper=teardown.reaper,
+        reaper=teardown.guards,
         run_name=RUN,
         max_hours=MAX_HOURS,
         max_restarts=3,
@@ -111,7 +111,7 @@ def build_app(
         PreprocessGuard(
             preprocess,
             "Guard",
-            reaper=teardown.reaper,
+            reaper=teardown.guards,
             instance=fixture_instance(preprocess, "Node"),
             volume=volume,
             snapshot_volume=snapshot,
@@ -135,6 +135,15 @@ def templates(app_stacks):
         for name, stack in app_stacks.items()
         if isinstance(stack, cdk.Stack)
     }
+
+
+def reaper_function(template: Template) -> tuple[str, dict]:
+    [found] = [
+        (logical_id, resource)
+        for logical_id, resource in template.find_resources("AWS::Lambda::Function").items()
+        if logical_id.startswith("Reaper")
+    ]
+    return found
 
 
 def render(value) -> str:
@@ -182,7 +191,7 @@ def test_hard_cap_deadline_derives_from_max_hours(templates):
     props = resource["Properties"]
     assert props["MaxHours"] == str(MAX_HOURS)
     assert props["Run"] == RUN
-    assert "Reaper" in render(props["ServiceToken"])
+    assert "AnswersProvider" in render(props["ServiceToken"])
     [schedule] = train.find_resources("AWS::Scheduler::Schedule").values()
     schedule_props = schedule["Properties"]
     assert schedule_props["ScheduleExpression"] == {
@@ -307,7 +316,7 @@ def test_manifest_rule_and_reaper_follow_the_dataset_prefix():
     stacks = build_app(budget_email=None, nag=False, dataset_prefix="imagenet/v2/")
     teardown = Template.from_stack(stacks["TeardownStack"])
     assert ["imagenet/v2/manifest.json"] in rule_keys({"TeardownStack": teardown}).values()
-    [function] = teardown.find_resources("AWS::Lambda::Function").values()
+    _, function = reaper_function(teardown)
     variables = function["Properties"]["Environment"]["Variables"]
     assert variables["MANIFEST_KEY"] == "imagenet/v2/manifest.json"
 
@@ -327,7 +336,7 @@ def test_guards_import_the_reaper_so_teardown_cannot_be_deleted_first(app_defaul
         for output in teardown.get("Outputs", {}).values()
         if "Export" in output
     }
-    [function_id] = [k for k, r in teardown["Resources"].items() if r["Type"].endswith("Function")]
+    function_id, _ = reaper_function(Template.from_stack(stacks["TeardownStack"]))
     [role_id] = [
         k
         for k, r in teardown["Resources"].items()
@@ -366,7 +375,7 @@ def test_every_s3_rule_retries_then_dead_letters(templates):
 
 def test_reaper_errors_are_retried_then_dead_lettered(templates):
     teardown = templates["TeardownStack"]
-    [function] = teardown.find_resources("AWS::Lambda::Function").values()
+    _, function = reaper_function(teardown)
     assert function["Properties"]["DeadLetterConfig"] == {"TargetArn": dead_letter_arn(templates)}
     [config] = teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
     assert config["Properties"]["MaximumRetryAttempts"] == 2
@@ -403,7 +412,7 @@ def test_scheduler_roles_may_send_to_the_dead_letter_queue(templates, stack, rol
 
 
 def test_reaper_environment_names_the_dead_letter_queue_and_idle_timing(templates):
-    [function] = templates["TeardownStack"].find_resources("AWS::Lambda::Function").values()
+    _, function = reaper_function(templates["TeardownStack"])
     variables = function["Properties"]["Environment"]["Variables"]
     assert variables["DEAD_LETTER_ARN"] == dead_letter_arn(templates)
     assert variables["IDLE_MINUTES"] == str(IDLE_MINUTES)

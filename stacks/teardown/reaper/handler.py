@@ -2,7 +2,8 @@
 
 Triggers (see stacks/teardown/): EventBridge S3 "Object Created" for runs/<run>/DONE.json and
 <datasetPrefix>manifest.json, the hard-cap schedule, the idle alarm's Lambda action, its own
-re-check schedules, and CloudFormation's custom-resource request for the hard-cap deadline.
+re-check schedules, and CloudFormation's request for TrainStack's Replacements resource (the
+deploy-time answers are stacks/teardown/answers/).
 
 It deletes only TrainStack and only when the deployed run is the event's run. On "done" it
 requires the run's checkpoints and logs in S3 and otherwise schedules a re-check. On "idle" it
@@ -30,9 +31,6 @@ import controller
 import zone_move
 from botocore.exceptions import ClientError, WaiterError
 
-PINNED_TYPE = "Custom::HorovodFleetPinned"
-DATASET_TYPE = "Custom::HorovodFleetDataset"
-ZONE_TYPE = "Custom::HorovodFleetZone"
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 # TrainStack's output naming the run's notification topic (-c notifyEmail), when there is one.
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
@@ -61,7 +59,6 @@ LIVE_STATES = ("pending", "running", "stopping", "stopped")
 TERMINATE_WAIT_S = 200
 TRAIN_STACK = "TrainStack"  # the only stack the reaper may ever delete (contracts.md names it)
 DONE_KEY = re.compile(r"^runs/(?P<run>[^/]+)/DONE\.json$")
-ZONE_ID = re.compile(r"[a-z]+\d+-az\d+")  # use1-az4; stacks/config.py validates it
 REASONS = ("done", "idle", "hard-cap", "deleting", "relaunch")  # what a re-check re-checks
 # ROLLBACK_COMPLETE is a create that failed and was rolled back: nothing of it bills.
 GONE_STATES = {"DELETE_IN_PROGRESS", "DELETE_COMPLETE", "ROLLBACK_COMPLETE"}
@@ -71,8 +68,6 @@ FOLLOW_DELETE_FOR = datetime.timedelta(hours=3)  # how long a delete is followed
 # Scheduler's limits: 185 retries, a day of event age.
 RECHECK_RETRIES = 185
 RECHECK_MAX_AGE_S = 86400
-# A hard-cap deadline pushed into the past by an update still needs a time Scheduler accepts.
-MIN_DEADLINE_LEAD = datetime.timedelta(minutes=5)
 
 
 class RefusedStack(Exception):
@@ -116,15 +111,9 @@ def busy(status: str) -> bool:
 def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -> dict:
     """Normalise every trigger's event into {"trigger": ..., ...}; unknown shapes -> "ignored"."""
     if "RequestType" in event and "ResponseURL" in event:
-        if event.get("ResourceType") == PINNED_TYPE:
-            return {"trigger": "pinned"}
-        if event.get("ResourceType") == DATASET_TYPE:
-            return {"trigger": "dataset"}
-        if event.get("ResourceType") == ZONE_TYPE:
-            return {"trigger": "zone"}
         if event.get("ResourceType") == REPLACEMENTS_TYPE:
             return {"trigger": "replacements"}
-        return {"trigger": "deadline"}
+        return {"trigger": "ignored", "resource": event.get("ResourceType")}
     if event.get("source") == "aws.s3" and event.get("detail-type") == "Object Created":
         detail = event.get("detail", {})
         key = detail.get("object", {}).get("key", "")
@@ -161,15 +150,6 @@ def parse_event(event: Mapping, manifest_key: str = "tfrecords/manifest.json") -
         if event.get("stack_id") and isinstance(event.get("check"), int):
             return {**parsed, "stack_id": event["stack_id"], "check": event["check"]}
     return {"trigger": "ignored"}
-
-
-def deadline(start: datetime.datetime, max_hours: float, now: datetime.datetime) -> dict:
-    """The hard-cap time for a fleet deployed at `start`, as a Scheduler `at()` expression."""
-    if not max_hours > 0:
-        raise ValueError(f"MaxHours must be positive, got {max_hours!r}")
-    at = max(start + datetime.timedelta(hours=max_hours), now + MIN_DEADLINE_LEAD)
-    at = at.astimezone(datetime.timezone.utc).replace(microsecond=0, tzinfo=None)
-    return {"ScheduleExpression": f"at({at.isoformat()})", "Deadline": f"{at.isoformat()}Z"}
 
 
 def recheck_time(
@@ -223,15 +203,7 @@ class Reaper:
         """Dispatch one event; returns the parsed trigger (for the log and tests)."""
         parsed = parse_event(event, self.manifest_key)
         trigger = parsed["trigger"]
-        if trigger == "deadline":
-            self.answer_deadline(event)
-        elif trigger == "pinned":
-            self.answer_pinned(event)
-        elif trigger == "dataset":
-            self.answer_dataset(event)
-        elif trigger == "zone":
-            self.answer_zone(event)
-        elif trigger == "replacements":
+        if trigger == "replacements":
             self.answer_replacements(event)
         elif trigger == "done" or (trigger == "recheck" and parsed["reason"] == "done"):
             self.end_attempt(parsed["run"])
@@ -967,31 +939,6 @@ class Reaper:
         )
         log("snapshot", volume=volume_id, snapshot=snapshot["SnapshotId"])
 
-    # --- Hard-cap deadline (CloudFormation custom resource) -----------------------------------
-
-    def answer_deadline(self, event: Mapping) -> None:
-        """Reply to Custom::HorovodFleetDeadline; the clock starts on Create and keeps its start.
-
-        The physical id is "<run>@<start>", so an Update that changes MaxHours moves the deadline
-        relative to the original start, and a new run name starts a new clock.
-        """
-        now = self.now().replace(microsecond=0)
-        props = event.get("ResourceProperties", {})
-        run = props.get("Run", "")
-        physical_id = event.get("PhysicalResourceId") or ""
-        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or f"{run}@{now}"}
-        if event["RequestType"] != "Delete":
-            try:
-                old_run, _, old_start = physical_id.rpartition("@")
-                keep = event["RequestType"] == "Update" and old_run == run and old_start
-                start = datetime.datetime.fromisoformat(old_start) if keep else now
-                response["PhysicalResourceId"] = f"{run}@{start.isoformat()}"
-                response["Data"] = deadline(start, float(props.get("MaxHours", "nan")), now)
-            except ValueError as error:
-                response.update(Status="FAILED", Reason=str(error))
-        log("deadline", request=event["RequestType"], run=run, **response)
-        respond(event, response)
-
     def answer_replacements(self, event: Mapping) -> None:
         """Reply to Custom::HorovodFleetReplacements. Its Delete comes before any of the fleet's
         (it depends on them all): the replacements the reaper launched, which CloudFormation
@@ -1026,160 +973,6 @@ class Reaper:
             return zone_move.remove(self.ec2, stack_id, FLEET_TAG)
         except ClientError as error:
             return [error_code(error)]
-
-    # --- Pinned AMI and code (CloudFormation custom resource) ---------------------------------
-
-    def answer_pinned(self, event: Mapping) -> None:
-        """Reply to Custom::HorovodFleetPinned: the AMI id its `ImageParameter` names and its
-        `Code` URLs, as they were on the stack's first deploy.
-
-        An Update keeps them (the image is the physical id, the code comes from the old
-        properties), so neither a new image behind the SSM parameter nor a code change stops,
-        starts or replaces the node on a redeploy; a new stack (destroy, deploy) takes the new.
-        """
-        props = event.get("ResourceProperties", {})
-        parameter = props.get("ImageParameter", "")
-        old = event.get("OldResourceProperties") or {}
-        physical_id = event.get("PhysicalResourceId") or ""
-        request = event["RequestType"]
-        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or "none"}
-        if request != "Delete":
-            update = request == "Update"
-            old_code = old.get("Code", {}) if update else {}
-            code = {name: old_code.get(name, url) for name, url in props.get("Code", {}).items()}
-            keep = update and old.get("ImageParameter") == parameter
-            image = physical_id if keep and physical_id.startswith("ami-") else None
-            if image is None:
-                try:
-                    image = self.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
-                except ClientError as error:
-                    response.update(
-                        Status="FAILED", Reason=f"cannot read {parameter}: {error}"[:1000]
-                    )
-            if image:
-                response.update(PhysicalResourceId=image, Data={"ImageId": image, **code})
-        log("pinned", request=request, parameter=parameter, **response)
-        respond(event, response)
-
-    # --- Dataset present (CloudFormation custom resource) --------------------------------------
-
-    def answer_dataset(self, event: Mapping) -> None:
-        """Reply to Custom::HorovodFleetDataset: SUCCESS when the manifest its `Bucket` and `Key`
-        name exists, FAILED with one line saying what to do when it does not. The fleet's
-        instances depend on it, so a missing dataset fails the deploy before any of them
-        launches. A Delete always succeeds."""
-        props = event.get("ResourceProperties", {})
-        bucket, key = props.get("Bucket", ""), props.get("Key", "")
-        url = f"s3://{bucket}/{key}"
-        response = {"Status": "SUCCESS", "PhysicalResourceId": url}
-        if event["RequestType"] != "Delete":
-            try:
-                self.s3.head_object(Bucket=bucket, Key=key)
-            except ClientError as error:
-                absent = error.response.get("Error", {}).get("Code") in ABSENT_KEY_CODES
-                reason = (
-                    f"no {url}: the fleet has no dataset to train on. Deploy PreprocessStack and "
-                    "wait until its node writes the manifest (it does so last), or point "
-                    "-c datasetBucket= and -c datasetPrefix= at your TFRecords; "
-                    "-c benchmark=true needs no dataset"
-                    if absent
-                    else f"cannot read {url}: {error}"
-                )
-                response.update(Status="FAILED", Reason=reason[:1000])
-        log("dataset", request=event["RequestType"], **response)
-        respond(event, response)
-
-    # --- A zone that offers the instance type (CloudFormation custom resource) -----------------
-
-    def answer_zone(self, event: Mapping) -> None:
-        """Reply to Custom::HorovodFleetZone with the zone the fleet's subnet goes in: its
-        `PreferredZone` when that zone offers `InstanceType`, else (unless `Fixed` is "true":
-        the user's subnet or capacity reservation decides) the first zone that does. No zone
-        fails the deploy in one line before anything is created. The zone keeps its answer
-        across updates of the same type, so a redeploy never moves the subnet. Zone names differ
-        between accounts, so only this account's answer can say (DescribeInstanceTypeOfferings,
-        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypeOfferings.html).
-        A `PreferredZone` given as a zone ID (use1-az4, the same zone in every account) is
-        turned into this account's zone name first, and the answer is always a name: subnets,
-        volumes and instances take it (DescribeAvailabilityZones with ZoneIds,
-        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html)."""
-        props = event.get("ResourceProperties", {})
-        instance_type = props.get("InstanceType", "")
-        preferred = props.get("PreferredZone", "")
-        physical_id = event.get("PhysicalResourceId") or ""
-        request = event["RequestType"]
-        response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or preferred}
-        old = event.get("OldResourceProperties") or {}
-        unchanged = all(old.get(k) == props.get(k) for k in ("InstanceType", "PreferredZone"))
-        region = self.ec2.meta.region_name
-        keep = request == "Update" and physical_id and unchanged
-        by_id = request != "Delete" and not keep and ZONE_ID.fullmatch(preferred) is not None
-        named = self.zone_name(preferred) if by_id else preferred
-        fixed = props.get("Fixed") == "true"
-        if keep:
-            offered = self.offering_zones(instance_type)
-            response["Data"] = zone_answer(physical_id, offered, fixed)
-        elif by_id and not named:
-            response.update(
-                Status="FAILED",
-                Reason=(
-                    f"zone ID {preferred} is not a zone of {region} this account can use: "
-                    f"see aws ec2 describe-availability-zones --region {region}"
-                ),
-            )
-        elif request != "Delete":
-            shown = f"{named} ({preferred})" if by_id else preferred
-            preferred = named
-            offered = self.offering_zones(instance_type)
-            if preferred in offered or (offered and not fixed):
-                zone = preferred if preferred in offered else offered[0]
-                response.update(
-                    PhysicalResourceId=zone,
-                    Data=zone_answer(zone, offered, fixed),
-                )
-            else:
-                where = f"zone {shown}" if fixed else f"any zone of {region}"
-                elsewhere = (
-                    f"a subnet in a zone that does ({', '.join(offered)})"
-                    if offered
-                    else "another region (-c region=...)"
-                )
-                response.update(
-                    Status="FAILED",
-                    Reason=(
-                        f"{instance_type} is not offered in {where} for this account: try "
-                        f"{elsewhere}, a capacity reservation (-c capacityReservationId=...) "
-                        "or a Capacity Block"
-                    ),
-                )
-        log("zone", request=request, instance_type=instance_type, **response)
-        respond(event, response)
-
-    def offering_zones(self, instance_type: str) -> list[str]:
-        """The region's zones that offer the type to this account, by name."""
-        pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
-            LocationType="availability-zone",
-            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
-        )
-        return sorted(o["Location"] for p in pages for o in p["InstanceTypeOfferings"])
-
-    def zone_name(self, zone_id: str) -> str:
-        """This account's name for the zone with this zone ID; "" when it has none (an ID of
-        another region, or of a zone the account cannot use)."""
-        try:
-            zones = self.ec2.describe_availability_zones(ZoneIds=[zone_id])["AvailabilityZones"]
-        except ClientError as error:  # InvalidParameterValue: no such zone ID here
-            log("zone", zone_id=zone_id, error=str(error))
-            return ""
-        return next((z["ZoneName"] for z in zones if z.get("ZoneId") == zone_id), "")
-
-
-def zone_answer(zone: str, offered: list[str], fixed: bool) -> dict:
-    """The zone check's answer: the zone, and where a run may move when it has no capacity
-    (zone_move.py): the others that offer the type, unless the user's subnet or reservation
-    fixes the zone."""
-    others = [] if fixed else [z for z in offered if z != zone]
-    return {"Zone": zone, "Zones": ",".join([zone, *others])}
 
 
 def respond(event: Mapping, response: dict) -> None:
