@@ -1,4 +1,5 @@
-"""PreprocessGuard: registers the preprocessing instance for the reaper, inside PreprocessStack."""
+"""PreprocessGuard: registers the preprocessing instance for TeardownStack's preprocessing stop,
+inside PreprocessStack."""
 
 from aws_cdk import Stack, Tags
 from aws_cdk import aws_ec2 as ec2
@@ -13,7 +14,8 @@ from stacks.teardown.names import PREPROCESS_PARAMETER
 
 
 class PreprocessGuard(Construct):
-    """Registers the preprocessing instance and volume, and lets the reaper stop/snapshot them."""
+    """Registers the preprocessing instance and volume, and lets the preprocessing stop
+    (stacks/teardown/reaper/preprocess.py) stop and snapshot exactly them."""
 
     def __init__(
         self,
@@ -32,7 +34,7 @@ class PreprocessGuard(Construct):
             self,
             "Registration",
             parameter_name=PREPROCESS_PARAMETER,
-            description="The horovod-fleet preprocessing instance the reaper stops on a new manifest",
+            description="The horovod-fleet preprocessing instance stopped on a new manifest",
             string_value=stack.to_json_string(
                 {
                     "instance_id": instance.ref,
@@ -41,9 +43,6 @@ class PreprocessGuard(Construct):
                 }
             ),
         )
-        reaper = reaper.reaper
-        if reaper.role is None:
-            raise ValueError("the reaper must have an execution role")
         snapshots = stack.format_arn(
             service="ec2", account="", resource="snapshot", resource_name="*"
         )
@@ -72,7 +71,9 @@ class PreprocessGuard(Construct):
                     conditions={"StringEquals": {"ec2:CreateAction": "CreateSnapshot"}},
                 ),
             ]
-        policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[reaper.role])
+        policy = iam.Policy(
+            self, "StopPolicy", statements=statements, roles=[reaper.preprocess_role]
+        )
         if snapshot_volume:
             acknowledge_wildcard_resources(
                 policy,

@@ -1,5 +1,6 @@
-"""A custom resource TeardownStack's functions answer: the deploy-time answers
-(deploy_answers.py) through the Provider framework, the Replacements resource the reaper."""
+"""A custom resource TeardownStack's functions answer through CDK's Provider framework: the
+deploy-time answers (deploy_answers.py), and TrainStack's Replacements resource, which the run
+controller's cleanup answers (run_controller.py, reaper/cleanup.py)."""
 
 from typing import Any
 
@@ -21,9 +22,7 @@ def reaper_answers(
     resource_type: str,
     properties: dict[str, Any],
 ) -> CustomResource:
-    token = (
-        reaper.reaper.function_arn if resource_type == REPLACEMENTS_TYPE else reaper.answers_token
-    )
+    token = reaper.cleanup_token if resource_type == REPLACEMENTS_TYPE else reaper.answers_token
     return CustomResource(
         scope,
         construct_id,

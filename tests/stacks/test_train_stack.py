@@ -390,7 +390,7 @@ def test_a_given_subnet_fixes_the_zone_which_must_offer_the_type(synth):
 
 
 def test_a_zone_id_is_the_preferred_zone_the_reaper_names_at_deploy(synth):
-    # The reaper turns use1-az4 into this account's zone name (test_reaper.py); the subnets
+    # The reaper turns use1-az4 into this account's zone name (test_deploy_answers.py); the subnets
     # take its answer, never the ID as a name.
     template = synth(az="use1-az4", nodes=2)["TrainStack"]
     [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
