@@ -1102,11 +1102,17 @@ class Reaper:
         A `PreferredZone` given as a zone ID (use1-az4, the same zone in every account) is
         turned into this account's zone name first, and the answer is always a name: subnets,
         volumes and instances take it (DescribeAvailabilityZones with ZoneIds,
-        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html)."""
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html).
+
+        `MoveSlots` more zones are answered as `Zone1`, `Zone2`, ... (zone_answer): TrainStack
+        makes a subnet and a placement group in each. The physical id holds them after the
+        zone ("us-east-1a:us-east-1b,us-east-1c"), so that every later Update answers them again
+        whatever changed."""
         props = event.get("ResourceProperties", {})
         instance_type = props.get("InstanceType", "")
         preferred = props.get("PreferredZone", "")
         physical_id = event.get("PhysicalResourceId") or ""
+        deployed, _, kept = physical_id.partition(":")
         request = event["RequestType"]
         response = {"Status": "SUCCESS", "PhysicalResourceId": physical_id or preferred}
         old = event.get("OldResourceProperties") or {}
@@ -1116,9 +1122,12 @@ class Reaper:
         by_id = request != "Delete" and not keep and ZONE_ID.fullmatch(preferred) is not None
         named = self.zone_name(preferred) if by_id else preferred
         fixed = props.get("Fixed") == "true"
+        slots = 0 if fixed else int(props.get("MoveSlots") or 0)
+        moves = [z for z in kept.split(",") if z] if request == "Update" else []
         if keep:
             offered = self.offering_zones(instance_type)
-            response["Data"] = zone_answer(physical_id, offered, fixed)
+            data = zone_answer(deployed, offered, fixed, slots, moves)
+            response.update(PhysicalResourceId=answer_id(data), Data=data)
         elif by_id and not named:
             response.update(
                 Status="FAILED",
@@ -1133,10 +1142,8 @@ class Reaper:
             offered = self.offering_zones(instance_type)
             if preferred in offered or (offered and not fixed):
                 zone = preferred if preferred in offered else offered[0]
-                response.update(
-                    PhysicalResourceId=zone,
-                    Data=zone_answer(zone, offered, fixed),
-                )
+                data = zone_answer(zone, offered, fixed, slots, moves)
+                response.update(PhysicalResourceId=answer_id(data), Data=data)
             else:
                 where = f"zone {shown}" if fixed else f"any zone of {region}"
                 elsewhere = (
@@ -1174,12 +1181,33 @@ class Reaper:
         return next((z["ZoneName"] for z in zones if z.get("ZoneId") == zone_id), "")
 
 
-def zone_answer(zone: str, offered: list[str], fixed: bool) -> dict:
-    """The zone check's answer: the zone, and where a run may move when it has no capacity
-    (zone_move.py): the others that offer the type, unless the user's subnet or reservation
-    fixes the zone."""
+def zone_answer(
+    zone: str, offered: list[str], fixed: bool, slots: int = 0, kept: list[str] | None = None
+) -> dict:
+    """The zone check's answer: the zone, and where a run may move when it has no capacity:
+    the others that offer the type (`Zones`, the zone first), unless the user's subnet or
+    reservation fixes the zone; and the zone of each of TrainStack's `slots` move slots
+    (`Zone1`, ...). A slot keeps the zone it was `kept` at: CloudFormation replaces a subnet
+    whose zone changes by creating the new one first, on the slot's CIDR block, which the old
+    one still holds, so the update would fail
+    (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-ec2-subnet.html).
+    The other slots take the offering zones no slot holds yet, then the zone itself: a spare
+    subnet and group beside the fleet's, which cost nothing."""
     others = [] if fixed else [z for z in offered if z != zone]
-    return {"Zone": zone, "Zones": ",".join([zone, *others])}
+    moves = (kept or [])[:slots]
+    spare = [z for z in others if z not in moves] + [zone] * slots
+    moves = moves + spare[: slots - len(moves)]
+    return {
+        "Zone": zone,
+        "Zones": ",".join([zone, *others]),
+        **{f"Zone{slot}": move for slot, move in enumerate(moves, 1)},
+    }
+
+
+def answer_id(answer: dict) -> str:
+    """The zone check's physical id: the zone, then its move slots' zones in slot order."""
+    moves = [zone for key, zone in answer.items() if key.removeprefix("Zone").isdigit()]
+    return ":".join([answer["Zone"], ",".join(moves)]) if moves else answer["Zone"]
 
 
 def respond(event: Mapping, response: dict) -> None:
