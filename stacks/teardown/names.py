@@ -18,6 +18,9 @@ REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
 # ... and where a fleet without capacity in its zone may move (reaper/zone_move.py); absent when
 # the user's subnet or capacity reservation fixes the zone.
 ZONE_MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"
+# ... and the zones a relaunch may launch the fleet in, each with its subnet and placement group,
+# the deployed one first (docs/contracts.md); TrainStack makes them at deploy.
+ZONES_OUTPUT_KEY = "HorovodFleetZones"
 # The subnets and placement groups the reaper makes for a move carry the zone in this tag.
 ZONE_TAG = "horovod-fleet:zone"
 # Every fleet instance, the first and its replacements, carries these: the id of the stack it
