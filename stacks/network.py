@@ -1,4 +1,5 @@
-"""One subnet in one availability zone: in a new VPC, or an existing subnet given in context."""
+"""One subnet in one availability zone: in a new VPC, or an existing subnet given in context; and
+in a new VPC, the fleet's move slots in other zones."""
 
 from aws_cdk import Acknowledgment, RemovalPolicy, Stack, Tags, Validations
 from aws_cdk import aws_ec2 as ec2
@@ -128,9 +129,8 @@ class SingleZoneNetwork(Construct):
         for using a VPC" (https://docs.aws.amazon.com/vpc/latest/userguide/what-is-amazon-vpc.html),
         and the VPC may hold 200
         (https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html)."""
-        assert len(zones) <= len(MOVE_CIDRS), zones
         subnets = []
-        for slot, (zone, cidr) in enumerate(zip(zones, MOVE_CIDRS, strict=False), 1):
+        for slot, (zone, cidr) in enumerate(zip(zones, MOVE_CIDRS[: len(zones)], strict=True), 1):
             subnet = ec2.CfnSubnet(
                 self,
                 f"Move{slot}Subnet",
