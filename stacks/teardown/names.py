@@ -19,8 +19,6 @@ REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
 # ... and the zones TrainStack made a subnet and a cluster placement group in, the deployed one
 # first: where a relaunch may launch the fleet (reaper/zones.py, docs/contracts.md).
 ZONES_OUTPUT_KEY = "HorovodFleetZones"
-# TrainStack's older plan for zone moves at run time, which nothing reads any more.
-ZONE_MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"
 # Every fleet instance, the first and its replacements, carries these: the id of the stack it
 # belongs to (the controller may stop, start and terminate only such instances) and its index.
 FLEET_TAG = "horovod-fleet:stack"

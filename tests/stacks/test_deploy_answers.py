@@ -203,10 +203,12 @@ def test_a_present_manifest_lets_the_fleet_launch_and_delete_always_succeeds(aws
 
 
 def zone_request(request_type: str, preferred: str, fixed: bool = False, **extra) -> dict:
+    slots = extra.pop("move_slots", None)
     properties = {
         "InstanceType": extra.pop("instance_type", "p4d.24xlarge"),
         "PreferredZone": preferred,
         "Fixed": str(fixed).lower(),
+        **({} if slots is None else {"MoveSlots": str(slots)}),
     }
     return request(names.ZONE_TYPE, request_type, properties, **extra)
 
@@ -275,6 +277,73 @@ def test_a_zone_id_without_the_type_gives_way_unless_fixed(aws):
         "p4d.24xlarge is not offered in zone us-east-1e (use1-az3) for this account: try a "
         "subnet in a zone that does (us-east-1a, us-east-1b, us-east-1c, us-east-1d)"
     )
+
+
+def test_each_move_slot_answers_another_offering_zone_then_the_zone_itself(aws):
+    """TrainStack's move slots (a subnet and a placement group each): the other zones that
+    offer the type, then spares in the fleet's own zone; the physical id remembers them."""
+    answer = answers.on_event(zone_request("Create", "us-east-1b", move_slots=5))
+    assert answer["Data"] == {
+        "Zone": "us-east-1b",
+        "Zones": "us-east-1b,us-east-1a,us-east-1c,us-east-1d",
+        "Zone1": "us-east-1a",
+        "Zone2": "us-east-1c",
+        "Zone3": "us-east-1d",
+        "Zone4": "us-east-1b",
+        "Zone5": "us-east-1b",
+    }
+    assert answer["PhysicalResourceId"] == (
+        "us-east-1b:us-east-1a,us-east-1c,us-east-1d,us-east-1b,us-east-1b"
+    )
+
+
+def test_a_fixed_zone_has_no_move_slots(aws):
+    answer = answers.on_event(zone_request("Create", "us-east-1c", fixed=True, move_slots=5))
+    assert answer == {
+        "PhysicalResourceId": "us-east-1c",
+        "Data": {"Zone": "us-east-1c", "Zones": "us-east-1c"},
+    }
+
+
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "g5.xlarge"])
+def test_move_slots_keep_their_zones_on_every_update(aws, monkeypatch, instance_type):
+    """A slot's subnet cannot change zone in an update (its replacement would need the CIDR
+    block the old one holds): whatever the offerings or the type now, the slots stay; a new
+    slot takes a zone no slot holds yet."""
+    monkeypatch.setattr(answers, "offering_zones", lambda _: ["us-east-1b", "us-east-1f"])
+    answer = answers.on_event(
+        zone_request(
+            "Update",
+            "us-east-1b",
+            move_slots=3,
+            instance_type=instance_type,
+            PhysicalResourceId="us-east-1b:us-east-1a,us-east-1c",
+            OldResourceProperties=zone_request("Create", "us-east-1b", move_slots=2)[
+                "ResourceProperties"
+            ],
+        )
+    )
+    assert {k: v for k, v in answer["Data"].items() if k != "Zones"} == {
+        "Zone": "us-east-1b",
+        "Zone1": "us-east-1a",
+        "Zone2": "us-east-1c",
+        "Zone3": "us-east-1f",
+    }
+    assert answer["PhysicalResourceId"] == "us-east-1b:us-east-1a,us-east-1c,us-east-1f"
+
+
+def test_a_stack_answered_before_move_slots_gets_them_at_its_next_update(aws):
+    answer = answers.on_event(
+        zone_request(
+            "Update",
+            "us-east-1b",
+            move_slots=2,
+            PhysicalResourceId="us-east-1b",
+            OldResourceProperties=zone_request("Create", "us-east-1b")["ResourceProperties"],
+        )
+    )
+    assert (answer["Data"]["Zone1"], answer["Data"]["Zone2"]) == ("us-east-1a", "us-east-1c")
+    assert answer["PhysicalResourceId"] == "us-east-1b:us-east-1a,us-east-1c"
 
 
 def test_a_zone_id_of_another_region_fails_the_deploy_in_one_line(aws):

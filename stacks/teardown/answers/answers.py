@@ -161,16 +161,24 @@ def answer_zone(event: Mapping) -> dict:
     A `PreferredZone` given as a zone ID (use1-az4, the same zone in every account) is turned
     into this account's zone name first, and the answer is always a name: subnets, volumes and
     instances take it (DescribeAvailabilityZones with ZoneIds,
-    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html)."""
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html).
+
+    `MoveSlots` more zones are answered as `Zone1`, `Zone2`, ... (zone_data): TrainStack makes a
+    subnet and a placement group in each. The physical id holds them after the zone
+    ("us-east-1a:us-east-1b,us-east-1c"), so that every later Update answers them again
+    whatever changed."""
     props = event.get("ResourceProperties", {})
     instance_type, preferred = props.get("InstanceType", ""), props.get("PreferredZone", "")
     fixed = props.get("Fixed") == "true"
+    slots = 0 if fixed else int(props.get("MoveSlots") or 0)
     physical_id = event.get("PhysicalResourceId") or ""
+    deployed, _, kept = physical_id.partition(":")
+    moves = [z for z in kept.split(",") if z] if event["RequestType"] == "Update" else []
     old = event.get("OldResourceProperties") or {}
     unchanged = all(old.get(k) == props.get(k) for k in ("InstanceType", "PreferredZone"))
     if event["RequestType"] == "Update" and physical_id and unchanged:
         offered = offering_zones(instance_type)
-        return {"PhysicalResourceId": physical_id, "Data": zone_data(physical_id, offered, fixed)}
+        return zone_answer(zone_data(deployed, offered, fixed, slots, moves))
     region = client("ec2").meta.region_name
     shown = preferred
     if ZONE_ID.fullmatch(preferred):
@@ -184,7 +192,7 @@ def answer_zone(event: Mapping) -> dict:
     offered = offering_zones(instance_type)
     if preferred in offered or (offered and not fixed):
         zone = preferred if preferred in offered else offered[0]
-        return {"PhysicalResourceId": zone, "Data": zone_data(zone, offered, fixed)}
+        return zone_answer(zone_data(zone, offered, fixed, slots, moves))
     where = f"zone {shown}" if fixed else f"any zone of {region}"
     elsewhere = (
         f"a subnet in a zone that does ({', '.join(offered)})"
@@ -221,11 +229,34 @@ def zone_name(zone_id: str) -> str:
     return next((z["ZoneName"] for z in zones if z.get("ZoneId") == zone_id), "")
 
 
-def zone_data(zone: str, offered: list[str], fixed: bool) -> dict:
-    """The zone, and the others that offer the type (where a relaunch may go), unless the
-    user's subnet or reservation fixes the zone."""
+def zone_data(
+    zone: str, offered: list[str], fixed: bool, slots: int = 0, kept: list[str] | None = None
+) -> dict:
+    """The zone, and where a run may move when it has no capacity: the others that offer the
+    type (`Zones`, the zone first), unless the user's subnet or reservation fixes the zone; and
+    the zone of each of TrainStack's `slots` move slots (`Zone1`, ...). A slot keeps the zone it
+    was `kept` at: CloudFormation replaces a subnet whose zone changes by creating the new one
+    first, on the slot's CIDR block, which the old one still holds, so the update would fail
+    (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-ec2-subnet.html).
+    The other slots take the offering zones no slot holds yet, then the zone itself: a spare
+    subnet and group beside the fleet's, which cost nothing."""
     others = [] if fixed else [z for z in offered if z != zone]
-    return {"Zone": zone, "Zones": ",".join([zone, *others])}
+    moves = (kept or [])[:slots]
+    spare = [z for z in others if z not in moves] + [zone] * slots
+    moves = moves + spare[: slots - len(moves)]
+    return {
+        "Zone": zone,
+        "Zones": ",".join([zone, *others]),
+        **{f"Zone{slot}": move for slot, move in enumerate(moves, 1)},
+    }
+
+
+def zone_answer(data: dict) -> dict:
+    """The zone check's answer; its physical id is the zone, then its move slots' zones in slot
+    order."""
+    moves = [zone for key, zone in data.items() if key.removeprefix("Zone").isdigit()]
+    physical_id = ":".join([data["Zone"], ",".join(moves)]) if moves else data["Zone"]
+    return {"PhysicalResourceId": physical_id, "Data": data}
 
 
 ANSWERS: dict[str, Callable[[Mapping], dict]] = {
