@@ -13,7 +13,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.nag import acknowledge_wildcard_resources, nag_text
+from stacks.nag import acknowledge_wildcard_resources, allow_implied_role_dependency, nag_text
 from stacks.teardown.functions import (
     ANSWERS_CODE,
     checkov_function_reasons,
@@ -73,6 +73,7 @@ class DeployAnswers(Construct):
         framework = provider.node.find_child("framework-onEvent")
         acknowledge_provider_framework(provider, function)
         checkov_function_reasons(framework.node.default_child)
+        allow_implied_role_dependency(framework.node.default_child)
         # Strong whatever the app's default: the guarded stacks import them, so CloudFormation
         # refuses to delete TeardownStack while a stack still needs its answers.
         for referenced in (framework, self.role):

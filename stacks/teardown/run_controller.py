@@ -12,7 +12,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from stacks.nag import acknowledge_wildcard_resources
+from stacks.nag import acknowledge_wildcard_resources, allow_implied_role_dependency
 from stacks.teardown import controller_policy
 from stacks.teardown.deploy_answers import acknowledge_provider_framework
 from stacks.teardown.functions import (
@@ -188,6 +188,7 @@ class RunController(Construct):
         provider = custom_resources.Provider(self, "CleanupProvider", on_event_handler=function)
         framework = provider.node.find_child("framework-onEvent")
         checkov_function_reasons(framework.node.default_child)
+        allow_implied_role_dependency(framework.node.default_child)
         acknowledge_provider_framework(provider, function)
         CrossStackReferences.of(framework).produce(ReferenceStrength.STRONG)
         return provider.service_token

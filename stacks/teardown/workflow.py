@@ -25,7 +25,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from stacks.nag import nag_text
+from stacks.nag import allow_implied_role_dependency, nag_text
 
 # An execution lasts at most this long; the results wait and the capacity wait end far sooner,
 # and the hard cap ends any execution of its run.
@@ -182,6 +182,7 @@ class RunWorkflow(Construct):
             definition_body=sfn.DefinitionBody.from_chainable(identify.next(record)),
             timeout=EXECUTION_TIMEOUT,
         )
+        allow_implied_role_dependency(self.state_machine.node.default_child)
         self.acknowledge(steps)
 
     def acknowledge(self, steps: dict[str, aws_lambda.IFunction]) -> None:
