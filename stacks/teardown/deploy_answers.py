@@ -5,6 +5,7 @@ from aws_cdk import (
     Acknowledgment,
     CrossStackReferences,
     ReferenceStrength,
+    Stack,
     Validations,
     aws_lambda,
     custom_resources,
@@ -20,6 +21,7 @@ from stacks.teardown.functions import (
     function_role,
     python_function,
 )
+from stacks.teardown.names import TRAIN_STACK_NAME
 
 
 class DeployAnswers(Construct):
@@ -44,6 +46,9 @@ class DeployAnswers(Construct):
             role=self.role,
             description="Answers horovod-fleet's deploy-time custom resources (read only)",
         )
+        train_stack = Stack.of(self).format_arn(
+            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
+        )
         policy = iam.Policy(
             self,
             "Reads",
@@ -58,16 +63,24 @@ class DeployAnswers(Construct):
                         "ec2:DescribeInstanceTypeOfferings",
                         # A zone ID (-c az=use1-az4) is answered as this account's zone name.
                         "ec2:DescribeAvailabilityZones",
+                        # The code guard looks for a live node of the fleet.
+                        "ec2:DescribeInstances",
                     ],
                     resources=["*"],
+                ),
+                # ... and whether CloudFormation is rolling TrainStack back.
+                iam.PolicyStatement(
+                    actions=["cloudformation:DescribeStacks"],
+                    resources=[train_stack],
                 ),
             ],
         )
         acknowledge_wildcard_resources(
             policy,
-            ["*"],
-            "The read-only EC2 Describe calls of the zone answer, which support no "
-            "resource-level permissions.",
+            ["*", train_stack],
+            "The read-only EC2 Describe calls of the zone answer and the code guard, which "
+            "support no resource-level permissions, and DescribeStacks on TrainStack, whose "
+            "stack-id suffix is only known once it is deployed.",
         )
         provider = custom_resources.Provider(self, "Provider", on_event_handler=function)
         framework = provider.node.find_child("framework-onEvent")

@@ -37,6 +37,8 @@ PINNED_TYPE = "Custom::HorovodFleetPinned"
 DATASET_TYPE = "Custom::HorovodFleetDataset"
 # ... and a zone of the region that offers the fleet's instance type.
 ZONE_TYPE = "Custom::HorovodFleetZone"
+# ... and refuses a deploy that would change what a live fleet's nodes run (train/code_guard.py).
+CODE_GUARD_TYPE = "Custom::HorovodFleetCodeGuard"
 # The nodes' CloudWatch agent publishes GPU utilisation here; the idle alarm watches it.
 METRIC_NAMESPACE = "HorovodFleet"
 IDLE_PERIOD = Duration.minutes(5)

@@ -66,7 +66,7 @@ class GpuFleet(Construct):
         super().__init__(scope, construct_id)
         self.market = market
         runs_prefix = f"runs/{run}/"
-        code = NodeCode(self, "Code")
+        self.code = code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
             self,
             "Logs",

@@ -21,6 +21,7 @@ from stacks.teardown.names import (
 )
 from stacks.teardown.reaper_answers import reaper_answers
 from stacks.teardown.run_guard import RunGuard
+from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import GpuFleet
 
@@ -116,6 +117,9 @@ class TrainStack(Stack):
             prerequisites.append(dataset)
         for instance in fleet.instances:
             instance.node.add_dependency(*prerequisites)
+        # Updated before every node and replacement template: a deploy that would change what a
+        # live fleet runs is refused there, before any node restarts on its old code.
+        code_guard(self, reaper=reaper, run=config.run, fleet=fleet)
         guard = RunGuard(
             self,
             "Guard",

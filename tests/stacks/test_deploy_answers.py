@@ -402,7 +402,13 @@ def test_the_answers_role_reads_and_changes_nothing(default, stack):
 
 
 def test_every_deploy_time_answer_comes_from_the_answers_provider(default):
-    kinds = (names.DEADLINE_TYPE, names.ZONE_TYPE, names.DATASET_TYPE, names.PINNED_TYPE)
+    kinds = (
+        names.DEADLINE_TYPE,
+        names.ZONE_TYPE,
+        names.DATASET_TYPE,
+        names.PINNED_TYPE,
+        names.CODE_GUARD_TYPE,
+    )
     found = [
         resource
         for template in default.values()

@@ -4,12 +4,14 @@
     Custom::HorovodFleetPinned    an AMI id and code URLs as they were on the first deploy
     Custom::HorovodFleetDataset   the fleet's dataset manifest is in S3
     Custom::HorovodFleetZone      a zone of the region that offers the fleet's instance type
+    Custom::HorovodFleetCodeGuard no deploy changes what a live fleet's nodes run
 
 CDK's custom-resource Provider framework (stacks/teardown/deploy_answers.py) invokes `on_event`
 and answers CloudFormation itself: the return value's `PhysicalResourceId` and `Data` on
 success, and an exception's message, one line, as the reason of a failed deploy
 (aws-cdk-lib custom-resources/lib/provider-framework/runtime/framework.js: the message, then a
-line naming the log group). Every answer reads and never changes anything, and the same request
+line naming the log group). Every answer reads and never changes anything (the code guard's
+refusal is what rolls a deploy back), and the same request
 gets the same answer, as CloudFormation may ask again: an Update that fails is followed by an
 Update back to the old properties, and a new physical id by a Delete of the old one
 (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/crpg-ref-responses.html).
@@ -29,6 +31,7 @@ DEADLINE_TYPE = "Custom::HorovodFleetDeadline"
 PINNED_TYPE = "Custom::HorovodFleetPinned"
 DATASET_TYPE = "Custom::HorovodFleetDataset"
 ZONE_TYPE = "Custom::HorovodFleetZone"
+CODE_GUARD_TYPE = "Custom::HorovodFleetCodeGuard"
 # How S3 answers a read of a missing key: 404, or 403 to a role whose read is key-conditioned
 # (https://docs.aws.amazon.com/AmazonS3/latest/API/API_HeadObject.html).
 ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
@@ -259,9 +262,73 @@ def zone_answer(data: dict) -> dict:
     return {"PhysicalResourceId": physical_id, "Data": data}
 
 
+# --- Custom::HorovodFleetCodeGuard -----------------------------------------------------------
+
+# What a node instance runs, as TrainStack gives it to the guard (stacks/train/code_guard.py):
+# a change of any of these stops and starts the node, or replaces it.
+NODE_PROPERTIES = ("ImageId", "InstanceType", "UserData", "LaunchTemplateVersion")
+# A node in these states runs, or will run again, the code it booted with: user data runs only
+# at an instance's first boot (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html).
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+FLEET_TAG = "horovod-fleet:stack"  # stacks/teardown/names.py: every node of a TrainStack has it
+
+
+def answer_code_guard(event: Mapping) -> dict:
+    """Refuses, in one line, a deploy that would change what TrainStack's nodes run while its
+    fleet has a live node: CloudFormation would stop and start each node on its old code, as
+    user data runs only at first boot. Every node instance and replacement template depends on
+    this resource, so CloudFormation updates it first and rolls the update back before any node
+    is touched (stacks/train/code_guard.py). A rollback's own Update, and an update of nothing
+    the nodes run, pass."""
+    props = event.get("ResourceProperties", {})
+    old = event.get("OldResourceProperties") or {}
+    stack_id = event["StackId"]
+    changed = event["RequestType"] == "Create" or any(
+        old.get(k) != props.get(k) for k in NODE_PROPERTIES
+    )
+    answer = {"PhysicalResourceId": event.get("PhysicalResourceId") or stack_id}
+    if not changed or rolling_back(stack_id):
+        return answer
+    live = live_nodes(stack_id)
+    if live:
+        run, code = (old or props).get("Run"), (old or props).get("Code")
+        raise Refused(
+            f"run {run} is live on code {code} (node(s) {', '.join(live[:4])}); wait for it "
+            "to end or cdk destroy TrainStack, then deploy"
+        )
+    return answer
+
+
+def rolling_back(stack_id: str) -> bool:
+    """Whether CloudFormation is rolling the stack back: "If the update fails, you will get a
+    subsequent `Update` event to roll back to the previous state (with `ResourceProperties` and
+    `OldResourceProperties` reversed)" (aws-cdk-lib 2.275 custom-resources README,
+    https://github.com/aws/aws-cdk/blob/main/packages/aws-cdk-lib/custom-resources/README.md),
+    and that one must pass, or the stack is left in UPDATE_ROLLBACK_FAILED."""
+    [stack] = client("cloudformation").describe_stacks(StackName=stack_id)["Stacks"]
+    return stack["StackStatus"].startswith(("UPDATE_ROLLBACK", "ROLLBACK"))
+
+
+def live_nodes(stack_id: str) -> list[str]:
+    """The stack's instances that are not terminated or on their way: CloudFormation's and the
+    run controller's alike carry its id in FLEET_TAG."""
+    pages = (
+        client("ec2")
+        .get_paginator("describe_instances")
+        .paginate(
+            Filters=[
+                {"Name": f"tag:{FLEET_TAG}", "Values": [stack_id]},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ]
+        )
+    )
+    return sorted(i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"])
+
+
 ANSWERS: dict[str, Callable[[Mapping], dict]] = {
     DEADLINE_TYPE: answer_deadline,
     PINNED_TYPE: answer_pinned,
     DATASET_TYPE: answer_dataset,
     ZONE_TYPE: answer_zone,
+    CODE_GUARD_TYPE: answer_code_guard,
 }
