@@ -23,7 +23,7 @@ class Attempts:
     """A run's attempts under the run controller, EC2's relaunch between them."""
 
     def end_attempt(self, max_restarts: int) -> dict | None:
-        """What the reaper does on a DONE.json: the run controller's own code decides and
+        """What the run controller's Record step does on a DONE.json: its own code decides and
         records the attempt, here against the local S3 endpoint (docs/contracts.md)."""
         command = [sys.executable, str(CONTROLLER), "--bucket", BUCKET, "--run", RUN,
                    "--max-restarts", str(max_restarts)]  # fmt: skip
@@ -39,8 +39,8 @@ class Attempts:
         return entry
 
     def relaunch(self) -> None:
-        """Play EC2's part in the reaper's relaunch (stacks/teardown/reaper/handler.py,
-        `relaunch`). An on-demand fleet is stopped and started: every process of every node
+        """Play EC2's part in the run controller's relaunch (stacks/teardown/reaper/steps_fleet.py,
+        StopFleet and Launch). An on-demand fleet is stopped and started: every process of every node
         ends, and each node comes back with an empty instance store (/data) but its own address
         and instance id. A Spot fleet is terminated and launched again from the nodes' launch
         templates: each node is a new instance (new id and address, nothing left on its disks).

@@ -3,8 +3,8 @@
 moto enforces no IAM, so a missing permission would first show on AWS. This proxy stands in
 front of moto and judges every request by the IAM policies CloudFormation would attach to the
 caller's role, read from the synthesized templates (`python app.py` with the rehearsal's bucket,
-run and nodes): the training nodes' role, the preprocessing node's and the reaper's (the run
-controller runs under it). A request its role may not make is answered as S3 answers it:
+run and nodes): the training nodes' role, the preprocessing node's and the run controller's
+steps' (the controller's program runs under it, as the key `reaper`). A request its role may not make is answered as S3 answers it:
 403 AccessDenied. A read of a missing key is 403 too, not 404, when the role may not list the
 bucket without a prefix condition, as on S3 ("If you don't have the s3:ListBucket permission,
 Amazon S3 returns an HTTP status code 403", https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
@@ -32,7 +32,11 @@ from pathlib import Path
 ACCOUNT = "123456789012"
 # The role whose policies judge each access key; the logical-id prefix of the role in the
 # synthesized templates (Ref or an import of TeardownStack's export).
-ROLES = {"node": "FleetRole", "preprocessor": "PreprocessorRole", "reaper": "ReaperRole"}
+ROLES = {
+    "node": "FleetRole",
+    "preprocessor": "PreprocessorRole",
+    "reaper": "RunControllerStepsRole",
+}
 CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 DELETE_KEY = re.compile(r"<Key>([^<]+)</Key>")
 
@@ -69,7 +73,7 @@ def role_statements(templates: list[dict], region: str) -> dict[str, list[dict]]
                 continue
             roles = json.dumps(resource["Properties"].get("Roles", []))
             for name, prefix in ROLES.items():
-                # An import names the role after "Ref" (TeardownStack:ExportsOutputRefReaperRole...).
+                # An import names the role after "Ref" (TeardownStack:ExportsOutputRef<Role>...).
                 if re.search(rf'"(Ref|Fn::ImportValue)": "([^"]*Ref)?{prefix}', roles):
                     document = resolve(resource["Properties"]["PolicyDocument"], region)
                     statements[name] += document["Statement"]

@@ -71,7 +71,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         "PreprocessStack",
         config=config,
         bucket=bucket,
-        reaper=teardown.reaper,
+        reaper=teardown.guards,
         env=env,
         description="horovod-fleet: the node that converts ImageNet to TFRecords",
     )
@@ -91,7 +91,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         "TrainStack",
         config=config,
         bucket=bucket,
-        reaper=teardown.reaper,
+        reaper=teardown.guards,
         image_id=config.ami or image.image_id,
         env=env,
         description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",

@@ -1,18 +1,28 @@
-"""One subnet in one availability zone: in a new VPC, or an existing subnet given in context."""
+"""One subnet in one availability zone: in a new VPC, or an existing subnet given in context; and
+in a new VPC, the fleet's move slots in other zones."""
 
-from aws_cdk import Acknowledgment, RemovalPolicy, Validations
+from aws_cdk import Acknowledgment, RemovalPolicy, Stack, Tags, Validations
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.config import is_zone_id
+from stacks.config import ZONE_LETTERS, is_zone_id
 from stacks.nag import allow_fixed_zone
+from stacks.teardown.names import FLEET_TAG
 
 VPC_CIDR = "10.42.0.0/16"
 # Free /20 blocks of VPC_CIDR (the fleet's subnet is 10.42.0.0/20, the public one 10.42.128.0/17)
-# for the subnets the run controller makes when the fleet moves zone (reaper/zone_move.py): one
-# per other zone, and no region has more than seven others.
+# for the fleet's move slots, one each: a /20 holds a p5 fleet of 64 nodes with 32 interfaces.
 MOVE_CIDRS = tuple(f"10.42.{16 * block}.0/20" for block in range(1, 8))
+
+
+def move_slots(region: str) -> int:
+    """How many other zones a fleet in `region` can move to: one fewer than the zones the region
+    has (stacks/config.py ZONE_LETTERS), and for a region outside that table as many as for the
+    largest in it. An account may see fewer zones, or fewer may offer the type: the zone check
+    then answers the fleet's own zone for the spare slots."""
+    letters = ZONE_LETTERS.get(region) or max(ZONE_LETTERS.values(), key=len)
+    return min(len(letters) - 1, len(MOVE_CIDRS))
 
 
 class SingleZoneNetwork(Construct):
@@ -109,6 +119,35 @@ class SingleZoneNetwork(Construct):
         self.subnet = self.vpc.select_subnets(subnet_type=subnet_type).subnets[0]
         if by_id:
             self.availability_zone = self.subnet.node.default_child.attr_availability_zone
+
+    def move_subnets(self, zones: list[str]) -> list[ec2.CfnSubnet]:
+        """A private subnet in each of `zones` (the zone check's answers, one per move slot) for
+        the fleet to move to when its zone has no capacity: routed by the fleet subnet's own
+        route table, so through the same NAT gateway and S3 gateway endpoint (traffic to the
+        NAT crosses zones, at inter-zone data prices), and tagged with the fleet's tag, which
+        the run controller may launch into. Subnets cost nothing: "There's no additional charge
+        for using a VPC" (https://docs.aws.amazon.com/vpc/latest/userguide/what-is-amazon-vpc.html),
+        and the VPC may hold 200
+        (https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html)."""
+        subnets = []
+        for slot, (zone, cidr) in enumerate(zip(zones, MOVE_CIDRS[: len(zones)], strict=True), 1):
+            subnet = ec2.CfnSubnet(
+                self,
+                f"Move{slot}Subnet",
+                vpc_id=self.vpc.vpc_id,
+                cidr_block=cidr,
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+            )
+            Tags.of(subnet).add(FLEET_TAG, Stack.of(self).stack_id)
+            ec2.CfnSubnetRouteTableAssociation(
+                self,
+                f"Move{slot}Routes",
+                subnet_id=subnet.ref,
+                route_table_id=self.subnet.route_table.route_table_id,
+            )
+            subnets.append(subnet)
+        return subnets
 
 
 def web_egress_security_group(

@@ -144,6 +144,11 @@ def status_screen(facts: RunFacts) -> str:
             else "none in S3 yet"
         )
     )
+    if status.get("execution"):
+        lines.append(
+            f"  controller  {status.get('controller_state') or 'unknown'}: "
+            f"{console_link(status['execution'])}"
+        )
     for entry in (facts.attempts or [])[-SHOWN_ATTEMPTS:]:
         reason = entry.get("reason") or "no reason"
         reason = reason if len(reason) <= 90 else reason[:87] + "..."
@@ -160,6 +165,16 @@ def status_screen(facts: RunFacts) -> str:
     elif status.get("reason"):
         lines.append(f"  reason      {status['reason']}")
     return "\n".join(lines) + "\n\n"
+
+
+def console_link(execution_arn: str) -> str:
+    """The Step Functions console's page of the run controller's execution (its region is the
+    ARN's fourth field): the form public code uses, as AWS documents none."""
+    region = execution_arn.split(":")[3]
+    return (
+        f"https://{region}.console.aws.amazon.com/states/home?region={region}"
+        f"#/v2/executions/details/{execution_arn}"
+    )
 
 
 def cost_line(facts: RunFacts, eta_s: float | None) -> str:

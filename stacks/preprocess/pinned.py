@@ -1,12 +1,10 @@
 """Pinned: an AMI id and code URLs as they were on the stack's first deploy."""
 
-from aws_cdk import (
-    Stack,
-    aws_lambda,
-)
+from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import PINNED_TYPE
 from stacks.teardown.reaper_answers import reaper_answers
 
@@ -14,7 +12,7 @@ from stacks.teardown.reaper_answers import reaper_answers
 class Pinned(Construct):
     """The AMI id `image_parameter` names and the code URLs, as on the stack's first deploy.
 
-    The reaper answers the custom resource (stacks/teardown/reaper/handler.py) and every later
+    A deploy-time answer (stacks/teardown/answers/answers.py) gives the values and every later
     deploy gets the same values, so the instance's properties never change under it: a new Ubuntu
     image or a code change reaches the node only when the stack is deployed anew (`cdk destroy
     PreprocessStack`, then deploy).
@@ -25,18 +23,16 @@ class Pinned(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: aws_lambda.IFunction,
+        reaper: FleetGuards,
         image_parameter: str,
         code: dict[str, str],
     ) -> None:
         super().__init__(scope, construct_id)
-        if reaper.role is None:
-            raise ValueError("the reaper must have an execution role")
         stack = Stack.of(self)
         read = iam.Policy(
             self,
             "ImageParameterRead",
-            roles=[reaper.role],
+            roles=[reaper.answers_role],
             statements=[
                 iam.PolicyStatement(
                     actions=["ssm:GetParameter"],

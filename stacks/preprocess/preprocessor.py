@@ -4,7 +4,6 @@ from aws_cdk import (
     RemovalPolicy,
     Size,
     Stack,
-    aws_lambda,
 )
 from aws_cdk import aws_cloudformation as cloudformation
 from aws_cdk import aws_ec2 as ec2
@@ -31,6 +30,7 @@ from stacks.node_code import (
     root_volume,
 )
 from stacks.preprocess.pinned import Pinned
+from stacks.teardown.guards import FleetGuards
 
 # Pinned: a new logical ID would mean a new, empty volume.
 DATA_VOLUME_LOGICAL_ID = "DataVolume"
@@ -64,7 +64,7 @@ class Preprocessor(Construct):
         subnet: ec2.ISubnet,
         availability_zone: str,
         node_type: BurstableType,
-        reaper: aws_lambda.IFunction,
+        reaper: FleetGuards,
         volume_gib: int,
         bucket: s3.IBucket,
         output_prefix: str,

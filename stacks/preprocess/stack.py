@@ -5,7 +5,6 @@ from aws_cdk import (
     CfnOutput,
     Stack,
     Tags,
-    aws_lambda,
 )
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -14,6 +13,7 @@ from stacks.config import FleetConfig, is_zone_id
 from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
 from stacks.preprocess.preprocessor import Preprocessor
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import ZONE_TYPE
 from stacks.teardown.preprocess_guard import PreprocessGuard
 from stacks.teardown.reaper_answers import reaper_answers
@@ -29,14 +29,14 @@ class PreprocessStack(Stack):
         *,
         config: FleetConfig,
         bucket: s3.IBucket,
-        reaper: aws_lambda.IFunction,
+        reaper: FleetGuards,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
         # The volume and the instance need the zone's name. A zone ID (-c az=use1-az4) names it
         # by itself for a new subnet (SingleZoneNetwork reads the name back from the subnet);
-        # a given subnet has no such attribute, so the reaper turns the ID into this account's
+        # a given subnet has no such attribute, so a deploy-time answer turns the ID into this account's
         # name at deploy, the zone answer TrainStack uses (Fixed: the subnet decides).
         zone_name = None
         if config.vpc_id is not None and is_zone_id(config.az):

@@ -1,16 +1,23 @@
-"""Cost control: the reaper Lambda and the triggers that make a fleet stop billing unattended.
+"""Cost control: the run controller and the triggers that make a fleet stop billing unattended.
 
-    stack.py             TeardownStack: the reaper, the S3 completion rules, the re-check role,
-                         the failure alarms and the optional budget
+    stack.py             TeardownStack: the run controller, the deploy-time answers, the
+                         preprocessing node's stop, the failure alarms and the optional budget
+    run_controller.py    RunController: the workflow (workflow.py) and its steps' functions, the
+                         starter every trigger invokes and its EventBridge rules, the cleanup
+                         that answers TrainStack's Replacements resource
+    controller_policy.py what each of the controller's roles may do, and on what
+    workflow.py          RunWorkflow: the run controller's Step Functions state machine
+    deploy_answers.py    the deploy-time answers' function (answers/answers.py), read-only
     run_guard.py         RunGuard (inside TrainStack): the run's hard cap and idle alarm
     preprocess_guard.py  PreprocessGuard (inside PreprocessStack): registers the preprocessing
-                         instance and grants the reaper exactly that instance and volume
-    names.py             what the reaper, its triggers and the other stacks agree on
-    reaper/handler.py    the reaper's runtime, the Lambda asset TeardownStack deploys
+                         instance and grants its stop exactly that instance and volume
+    names.py             what the controller, its triggers and the other stacks agree on
+    reaper/              the run controller's Lambda asset: the steps (steps*.py) and the
+                         modules they share, the starter, the cleanup, the preprocessing stop
 
 Both guards live in the dependent stacks, so TeardownStack never references them and there is
-no dependency cycle. They reference the reaper (and its dead-letter queue) strongly, through
+no dependency cycle. They reference the starter (and its dead-letter queue) strongly, through
 CloudFormation exports: CloudFormation refuses to delete TeardownStack while TrainStack or
-PreprocessStack imports them, so the cap schedule and the alarm never point at a reaper that is
-gone.
+PreprocessStack imports them, so the cap schedule and the alarm never point at a function that
+is gone.
 """

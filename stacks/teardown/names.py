@@ -1,12 +1,13 @@
-"""Names and limits the reaper (reaper/handler.py reads them from its environment), its triggers
-and the stacks that deploy the triggers agree on."""
+"""Names and limits the run controller (reaper/*.py: some from its environment, the others
+kept equal by tests/stacks/test_run_controller_stack.py), its triggers and the stacks that
+deploy them agree on."""
 
 from aws_cdk import Duration
 
 TRAIN_STACK_NAME = "TrainStack"
-# PreprocessGuard writes the instance and volume here; the reaper reads it on a new manifest.
+# PreprocessGuard writes the instance and volume here; the preprocessing stop reads it.
 PREPROCESS_PARAMETER = "/horovod-fleet/preprocess"
-# The reaper reads the deployed fleet's run from this TrainStack output before deleting it.
+# The controller reads the deployed fleet's run from this TrainStack output before it acts.
 RUN_OUTPUT_KEY = "HorovodFleetRun"
 # ... and the run's notification topic (-c notifyEmail), mailed when the guard ends a fleet.
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
@@ -15,27 +16,29 @@ MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 # ... and the launch templates of the nodes' replacements, in node order, comma-separated.
 REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
-# ... and where a fleet without capacity in its zone may move (reaper/zone_move.py); absent when
-# the user's subnet or capacity reservation fixes the zone.
-ZONE_MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"
-# The subnets and placement groups the reaper makes for a move carry the zone in this tag.
-ZONE_TAG = "horovod-fleet:zone"
+# ... and the zones TrainStack made a subnet and a cluster placement group in, the deployed one
+# first: where a relaunch may launch the fleet (reaper/zones.py, docs/contracts.md).
+ZONES_OUTPUT_KEY = "HorovodFleetZones"
 # Every fleet instance, the first and its replacements, carries these: the id of the stack it
-# belongs to (the reaper may stop, start and terminate only such instances) and its node index.
+# belongs to (the controller may stop, start and terminate only such instances) and its index.
 FLEET_TAG = "horovod-fleet:stack"
 NODE_TAG = "horovod-fleet:node"
-# The reaper answers this one on Delete: it terminates the replacements it launched, which
-# CloudFormation does not know, before their network interfaces hold up the delete.
+# The controller's cleanup answers this one: on the stack's delete it terminates the instances
+# it launched, which CloudFormation does not know, before their interfaces hold up the delete.
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
-# The reaper also answers this custom resource: an AMI id and code URLs as they were on the
-# first deploy, kept by every update (reaper/handler.py).
+# The deploy-time answers (answers/answers.py, read only): the hard cap's time, counted from the
+# first deploy ...
+DEADLINE_TYPE = "Custom::HorovodFleetDeadline"
+# ... an AMI id and code URLs as they were on the first deploy, kept by every update ...
 PINNED_TYPE = "Custom::HorovodFleetPinned"
-# ... and this one: SUCCESS only when the fleet's dataset manifest exists in S3.
+# ... SUCCESS only when the fleet's dataset manifest exists in S3 ...
 DATASET_TYPE = "Custom::HorovodFleetDataset"
-# ... and this one: a zone of the region that offers the fleet's instance type.
+# ... and a zone of the region that offers the fleet's instance type.
 ZONE_TYPE = "Custom::HorovodFleetZone"
+# ... and refuses a deploy that would change what a live fleet's nodes run (train/code_guard.py).
+CODE_GUARD_TYPE = "Custom::HorovodFleetCodeGuard"
 # The nodes' CloudWatch agent publishes GPU utilisation here; the idle alarm watches it.
 METRIC_NAMESPACE = "HorovodFleet"
 IDLE_PERIOD = Duration.minutes(5)

@@ -1,6 +1,7 @@
-"""PreprocessGuard: registers the preprocessing instance for the reaper, inside PreprocessStack."""
+"""PreprocessGuard: registers the preprocessing instance for TeardownStack's preprocessing stop,
+inside PreprocessStack."""
 
-from aws_cdk import Stack, Tags, aws_lambda
+from aws_cdk import Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_ssm as ssm
@@ -8,18 +9,20 @@ from constructs import Construct
 
 from stacks.nag import acknowledge_wildcard_resources
 from stacks.node_code import PROJECT
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import PREPROCESS_PARAMETER
 
 
 class PreprocessGuard(Construct):
-    """Registers the preprocessing instance and volume, and lets the reaper stop/snapshot them."""
+    """Registers the preprocessing instance and volume, and lets the preprocessing stop
+    (stacks/teardown/reaper/preprocess.py) stop and snapshot exactly them."""
 
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
-        reaper: aws_lambda.IFunction,
+        reaper: FleetGuards,
         instance: ec2.CfnInstance,
         volume: ec2.CfnVolume,
         snapshot_volume: bool,
@@ -31,7 +34,7 @@ class PreprocessGuard(Construct):
             self,
             "Registration",
             parameter_name=PREPROCESS_PARAMETER,
-            description="The horovod-fleet preprocessing instance the reaper stops on a new manifest",
+            description="The horovod-fleet preprocessing instance stopped on a new manifest",
             string_value=stack.to_json_string(
                 {
                     "instance_id": instance.ref,
@@ -40,8 +43,6 @@ class PreprocessGuard(Construct):
                 }
             ),
         )
-        if reaper.role is None:
-            raise ValueError("the reaper must have an execution role")
         snapshots = stack.format_arn(
             service="ec2", account="", resource="snapshot", resource_name="*"
         )
@@ -70,7 +71,9 @@ class PreprocessGuard(Construct):
                     conditions={"StringEquals": {"ec2:CreateAction": "CreateSnapshot"}},
                 ),
             ]
-        policy = iam.Policy(self, "ReaperPolicy", statements=statements, roles=[reaper.role])
+        policy = iam.Policy(
+            self, "StopPolicy", statements=statements, roles=[reaper.preprocess_role]
+        )
         if snapshot_volume:
             acknowledge_wildcard_resources(
                 policy,

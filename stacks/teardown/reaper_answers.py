@@ -1,11 +1,16 @@
-"""A custom resource the reaper Lambda answers (reaper/handler.py dispatches on its type)."""
+"""A custom resource TeardownStack's functions answer through CDK's Provider framework: the
+deploy-time answers (deploy_answers.py), and TrainStack's Replacements resource, which the run
+controller's cleanup answers (run_controller.py, reaper/cleanup.py)."""
 
 from typing import Any
 
-from aws_cdk import CustomResource, Duration, aws_lambda
+from aws_cdk import CustomResource, Duration
 from constructs import Construct
 
-# A reaper that cannot answer fails the deploy in minutes, not in CloudFormation's hour.
+from stacks.teardown.guards import FleetGuards
+from stacks.teardown.names import REPLACEMENTS_TYPE
+
+# A function that cannot answer fails the deploy in minutes, not in CloudFormation's hour.
 ANSWER_TIMEOUT = Duration.minutes(5)
 
 
@@ -13,14 +18,15 @@ def reaper_answers(
     scope: Construct,
     construct_id: str,
     *,
-    reaper: aws_lambda.IFunction,
+    reaper: FleetGuards,
     resource_type: str,
     properties: dict[str, Any],
 ) -> CustomResource:
+    token = reaper.cleanup_token if resource_type == REPLACEMENTS_TYPE else reaper.answers_token
     return CustomResource(
         scope,
         construct_id,
-        service_token=reaper.function_arn,
+        service_token=token,
         resource_type=resource_type,
         properties=properties,
         service_timeout=ANSWER_TIMEOUT,

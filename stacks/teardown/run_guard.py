@@ -1,4 +1,4 @@
-"""RunGuard: the per-run triggers of the reaper, deployed inside TrainStack."""
+"""RunGuard: the per-run triggers of the run controller, deployed inside TrainStack."""
 
 import json
 from collections.abc import Sequence
@@ -12,8 +12,10 @@ from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
 from stacks.node_code import PROJECT
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     DEADLINE_OUTPUT_KEY,
+    DEADLINE_TYPE,
     IDLE_ALARM_PREFIX,
     IDLE_EVALUATION_PERIODS,
     IDLE_MINUTES,
@@ -32,11 +34,12 @@ SCHEDULE_MAX_AGE_S = 86400
 
 
 class RunGuard(Construct):
-    """Per-run hard cap (one-time schedule) and idle alarm, both invoking the reaper.
+    """Per-run hard cap (one-time schedule) and idle alarm, both invoking the run controller's
+    starter (stacks/teardown/reaper/starter.py).
 
-    Also outputs the run as TrainStack's `HorovodFleetRun`, which the reaper compares with the
-    event's run before it deletes anything, and `maxRestarts` and the cap's time, which bound
-    the run controller's relaunches.
+    Also outputs the run as TrainStack's `HorovodFleetRun`, which the controller compares with
+    the trigger's run before it deletes anything, and `maxRestarts` and the cap's time, which
+    bound the run controller's relaunches.
     """
 
     def __init__(
@@ -44,7 +47,7 @@ class RunGuard(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: aws_lambda.Function,
+        reaper: FleetGuards,
         run_name: str,
         max_hours: float,
         max_restarts: int,
@@ -53,19 +56,18 @@ class RunGuard(Construct):
         super().__init__(scope, construct_id)
         if max_hours <= 0:
             raise ValueError(f"max_hours must be positive, got {max_hours!r}")
-        if reaper.dead_letter_queue is None:
-            raise ValueError("the reaper must have a dead-letter queue")
+        guards, starter = reaper, reaper.starter
         self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", run_name)
 
-        # CloudFormation has no "now": the reaper answers this custom resource with the deadline,
+        # CloudFormation has no "now": a deploy-time answer gives the deadline,
         # so the cap counts from this deployment and synthesis stays deterministic.
         deadline = reaper_answers(
             self,
             "Deadline",
-            reaper=reaper,
-            resource_type="Custom::HorovodFleetDeadline",
+            reaper=guards,
+            resource_type=DEADLINE_TYPE,
             properties={"Run": run_name, "MaxHours": str(max_hours)},
         )
         # The clock starts before the first instance launches, so the cap covers all billing.
@@ -79,12 +81,13 @@ class RunGuard(Construct):
                 "scheduler.amazonaws.com",
                 conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
             ),
-            description=f"EventBridge Scheduler invokes the reaper at the hard cap of {run_name}",
+            description=f"EventBridge Scheduler starts the run controller at the hard cap of "
+            f"{run_name}",
         )
         invoke_role.add_to_policy(
-            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[reaper.function_arn])
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[starter.function_arn])
         )
-        reaper.dead_letter_queue.grant_send_messages(invoke_role)
+        guards.dead_letters.grant_send_messages(invoke_role)
         self.hard_cap = scheduler.CfnSchedule(
             self,
             "HardCap",
@@ -93,7 +96,7 @@ class RunGuard(Construct):
             schedule_expression_timezone="UTC",
             flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
             target=scheduler.CfnSchedule.TargetProperty(
-                arn=reaper.function_arn,
+                arn=starter.function_arn,
                 role_arn=invoke_role.role_arn,
                 input=json.dumps({"trigger": "hard-cap", "run": run_name}),
                 retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
@@ -101,7 +104,7 @@ class RunGuard(Construct):
                     maximum_event_age_in_seconds=SCHEDULE_MAX_AGE_S,
                 ),
                 dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(
-                    arn=reaper.dead_letter_queue.queue_arn
+                    arn=guards.dead_letters.queue_arn
                 ),
             ),
         )
@@ -111,7 +114,8 @@ class RunGuard(Construct):
             "IdleAlarm",
             alarm_name=f"{IDLE_ALARM_PREFIX}{run_name}",
             alarm_description=f"Fleet {run_name}: average GPU utilisation below "
-            f"{IDLE_THRESHOLD_PERCENT}% for {IDLE_MINUTES} minutes; the reaper deletes TrainStack",
+            f"{IDLE_THRESHOLD_PERCENT}% for {IDLE_MINUTES} minutes; the run controller deletes "
+            "TrainStack",
             metric=cloudwatch.Metric(
                 namespace=METRIC_NAMESPACE,
                 metric_name=GPU_METRIC,
@@ -124,12 +128,13 @@ class RunGuard(Construct):
             evaluation_periods=IDLE_EVALUATION_PERIODS,
             datapoints_to_alarm=IDLE_EVALUATION_PERIODS,
             # A fleet whose agents stopped publishing is dead or hung, not busy: count it idle.
-            # So the alarm can be in ALARM while TrainStack is still being created; the reaper
-            # then re-checks until the stack is deployed and the launch grace has passed.
+            # So the alarm can be in ALARM while TrainStack is still being created, or while a
+            # relaunch waits for capacity: the controller's idle execution waits until the
+            # stack is deployed, the relaunch is over and the launch grace has passed.
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         # The permission sits in this stack (the alarm's) so TeardownStack never references it.
-        reaper.add_permission(
+        starter.add_permission(
             "IdleAlarmInvoke",
             scope=self,
             principal=iam.ServicePrincipal("lambda.alarms.cloudwatch.amazonaws.com"),
@@ -137,9 +142,9 @@ class RunGuard(Construct):
             source_arn=self.idle_alarm.alarm_arn,
             source_account=Stack.of(self).account,
         )
-        self.idle_alarm.add_alarm_action(_InvokeFunction(reaper))
+        self.idle_alarm.add_alarm_action(_InvokeFunction(starter))
 
-        # The reaper deletes TrainStack only when the event's run is the one deployed.
+        # The controller deletes TrainStack only when the trigger's run is the one deployed.
         CfnOutput(self, "Run", value=run_name).override_logical_id(RUN_OUTPUT_KEY)
         # The run controller relaunches at most this often, and never past the cap.
         CfnOutput(self, "MaxRestarts", value=str(max_restarts)).override_logical_id(

@@ -61,11 +61,12 @@ class GpuFleet(Construct):
         market: str = "on-demand",
         capacity_reservation: CapacityReservation | None = None,
         notify_topic: sns.ITopic | None = None,
+        move_slots: int = 0,
     ) -> None:
         super().__init__(scope, construct_id)
         self.market = market
         runs_prefix = f"runs/{run}/"
-        code = NodeCode(self, "Code")
+        self.code = code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
             self,
             "Logs",
@@ -77,6 +78,7 @@ class GpuFleet(Construct):
         self.placement_group = ec2.PlacementGroup(
             self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
         )
+        self.move_groups = [self._move_group(slot) for slot in range(1, move_slots + 1)]
         self.role, self.policy = self._role_and_policy(
             code, bucket, dataset_prefix=dataset_prefix, runs_prefix=runs_prefix, run=run
         )
@@ -142,6 +144,18 @@ class GpuFleet(Construct):
             for index in range(nodes)
         ]
 
+    def _move_group(self, slot: int) -> ec2.PlacementGroup:
+        """The cluster placement group of move slot `slot`, used only with that slot's subnet
+        (stacks/network.py move_subnets): a cluster group takes the zone of its first instance.
+        Free ("There is no charge for creating a placement group") and few: an account may
+        have 500 per region
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-groups.html)."""
+        group = ec2.PlacementGroup(
+            self, f"Move{slot}PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+        )
+        Tags.of(group).add(FLEET_TAG, Stack.of(self).stack_id)
+        return group
+
     def _security_group(self, vpc: ec2.IVpc, run: str) -> ec2.SecurityGroup:
         """All traffic between fleet members, and HTTPS out; nothing else in or out."""
         group = ec2.SecurityGroup(
@@ -156,6 +170,9 @@ class GpuFleet(Construct):
         group.add_egress_rule(group, ec2.Port.all_traffic(), "fleet members")
         # The baked image installs nothing at boot: HTTPS to AWS APIs is the only way out.
         group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs")
+        # A launch in a move slot names the group in its interfaces, so the run controller may
+        # use it only so tagged (a tag change does not interrupt the group).
+        Tags.of(group).add(FLEET_TAG, Stack.of(self).stack_id)
         return group
 
     def _role_and_policy(

@@ -8,7 +8,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks.config import FleetConfig
-from stacks.network import MOVE_CIDRS, SingleZoneNetwork
+from stacks.network import SingleZoneNetwork, move_slots
 from stacks.node_code import PROJECT
 from stacks.teardown.names import (
     DATASET_TYPE,
@@ -16,11 +16,12 @@ from stacks.teardown.names import (
     NOTIFY_TOPIC_PREFIX,
     REPLACEMENTS_OUTPUT_KEY,
     REPLACEMENTS_TYPE,
-    ZONE_MOVE_OUTPUT_KEY,
     ZONE_TYPE,
+    ZONES_OUTPUT_KEY,
 )
 from stacks.teardown.reaper_answers import reaper_answers
 from stacks.teardown.run_guard import RunGuard
+from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import GpuFleet
 
@@ -46,7 +47,13 @@ class TrainStack(Stack):
         # reaper picks, at deploy time, config.az if it offers the type, else one that does.
         # A given subnet or capacity reservation fixes the zone; then the type must be there.
         # config.az may be a zone ID (use1-az4): the reaper answers this account's zone name.
+        # It also answers the zone of each move slot (Zone1, ...): where the fleet may go when
+        # its zone has no capacity. Which zones offer the type is known only at deploy, and
+        # CloudFormation cannot make a resource per element of a deploy-time list, so the slots
+        # are as many as the region has other zones, and a slot no other zone fills answers the
+        # fleet's own zone (a spare subnet and group, which cost nothing).
         fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
+        slots = 0 if fixed_zone else move_slots(config.region)
         zone = reaper_answers(
             self,
             "Zone",
@@ -56,10 +63,11 @@ class TrainStack(Stack):
                 "InstanceType": config.gpu.name,
                 "PreferredZone": config.az,
                 "Fixed": str(fixed_zone).lower(),
+                "MoveSlots": str(slots),
                 # What the answer holds. A new attribute changes this, so CloudFormation sends
                 # the stacks deployed before it an Update, whose answer has it, instead of
                 # failing on the attribute their stored answer lacks.
-                "Answers": "Zone,Zones",
+                "Answers": ",".join(["Zone", "Zones", *(f"Zone{s}" for s in range(1, slots + 1))]),
             },
         )
         prerequisites = [zone]  # answered before any instance launches
@@ -72,6 +80,8 @@ class TrainStack(Stack):
             subnet_id=config.subnet_id,
             deploy_time_zone=None if fixed_zone else zone.get_att_string("Zone"),
         )
+        move_zones = [zone.get_att_string(f"Zone{slot}") for slot in range(1, slots + 1)]
+        move_subnets = network.move_subnets(move_zones)
         fleet = GpuFleet(
             self,
             "Fleet",
@@ -89,6 +99,7 @@ class TrainStack(Stack):
             benchmark=config.benchmark_plan,
             max_hours=config.max_hours,
             notify_topic=self._notifications(config.run, config.notify_email),
+            move_slots=slots,
         )
         if config.benchmark in (None, "data"):
             # The nodes pull the dataset at boot: without its manifest none of them could
@@ -106,6 +117,9 @@ class TrainStack(Stack):
             prerequisites.append(dataset)
         for instance in fleet.instances:
             instance.node.add_dependency(*prerequisites)
+        # Updated before every node and replacement template: a deploy that would change what a
+        # live fleet runs is refused there, before any node restarts on its old code.
+        code_guard(self, reaper=reaper, run=config.run, fleet=fleet)
         guard = RunGuard(
             self,
             "Guard",
@@ -131,22 +145,30 @@ class TrainStack(Stack):
             "ReplacementTemplates",
             value=Fn.join(",", [template.ref for template in fleet.replacement_templates]),
         ).override_logical_id(REPLACEMENTS_OUTPUT_KEY)
-        if not fixed_zone:
-            # Where the run controller may move a fleet that finds no capacity in its zone:
-            # the zones that offer the type (the deployed one first), and what a subnet there
-            # needs to be routed like the fleet's (docs/contracts.md, reaper/zone_move.py).
-            CfnOutput(
-                self,
-                "ZoneMove",
-                value=self.to_json_string(
-                    {
-                        "zones": zone.get_att_string("Zones"),
-                        "vpc": network.vpc.vpc_id,
-                        "route_table": network.subnet.route_table.route_table_id,
-                        "cidrs": list(MOVE_CIDRS),
-                    }
-                ),
-            ).override_logical_id(ZONE_MOVE_OUTPUT_KEY)
+        # Where a relaunch may launch the fleet, in the order it tries them: the deployed zone's
+        # own subnet and group first (the launch templates name them), then each move slot's
+        # (docs/contracts.md). Only the first when the zone is fixed.
+        places = [
+            (zone.get_att_string("Zone"), network.subnet.subnet_id, fleet.placement_group),
+            *(
+                (name, subnet.ref, group)
+                for name, subnet, group in zip(
+                    move_zones, move_subnets, fleet.move_groups, strict=True
+                )
+            ),
+        ]
+        CfnOutput(
+            self,
+            "Zones",
+            value=self.to_json_string(
+                {
+                    "zones": [
+                        {"zone": name, "subnet": subnet, "group": group.placement_group_name}
+                        for name, subnet, group in places
+                    ]
+                }
+            ),
+        ).override_logical_id(ZONES_OUTPUT_KEY)
         dashboard = RunDashboard(
             self,
             "Watch",

@@ -67,8 +67,8 @@ def test_intrinsics_resolve_to_the_rehearsal_account():
             "Roles": [{"Ref": "FleetRole427BC000"}],
             "PolicyDocument": {"Statement": [{"Effect": "Allow", "Action": "s3:GetObject",
                                               "Resource": joined}]}}},
-        "GuardReaperPolicy": {"Type": "AWS::IAM::Policy", "Properties": {
-            "Roles": [{"Fn::ImportValue": "TeardownStack:ExportsOutputRefReaperRole213F541B"}],
+        "RunControllerStepsRolePolicy": {"Type": "AWS::IAM::Policy", "Properties": {
+            "Roles": [{"Ref": "RunControllerStepsRole213F541B"}],
             "PolicyDocument": {"Statement": [{"Effect": "Allow", "Action": "ec2:StopInstances",
                                               "Resource": "*"}]}}},
     }}  # fmt: skip

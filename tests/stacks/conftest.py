@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 # The reaper's Lambda asset imports its sibling modules as Lambda loads them: top-level.
 sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "reaper"))
+sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "answers"))
 
 Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
 
@@ -114,3 +115,28 @@ def as_text(value: Any) -> str:
     if isinstance(value, dict) and "Ref" in value:
         return f"<{value['Ref']}>"
     return json.dumps(value)
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials and the region for every client a test or the code under test makes."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@pytest.fixture
+def workflow(default: Templates, aws_credentials, monkeypatch: pytest.MonkeyPatch):
+    """The run controller as TeardownStack deploys it, running in moto (run_controller_harness.py):
+    every execution it starts runs the synthesized state machine with the real step code."""
+    from moto import mock_aws
+    from run_controller_harness import Workflow
+
+    template = default["TeardownStack"].to_json()
+    with mock_aws(config=Workflow.CONFIG), Workflow(template, monkeypatch) as running:
+        yield running

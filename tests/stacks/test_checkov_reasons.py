@@ -9,6 +9,7 @@ import app
 EXPECTED = {
     ("AWS::Logs::LogGroup", "CKV_AWS_158"),
     ("AWS::Lambda::Function", "CKV_AWS_115"),
+    ("AWS::Lambda::Function", "CKV_AWS_116"),
     ("AWS::Lambda::Function", "CKV_AWS_117"),
     ("AWS::Lambda::Function", "CKV_AWS_173"),
     ("AWS::SQS::Queue", "CKV_AWS_27"),

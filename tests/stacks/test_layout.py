@@ -47,14 +47,39 @@ def test_the_count_sees_every_construct():
         assert name in found
 
 
-def test_the_reaper_runtime_sits_beside_the_stack_that_deploys_it():
+CONTROLLER_LIMIT = 400  # lines: one module per role, none holding two
+
+
+def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
     runtime = STACKS / "teardown" / "reaper"
     assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
+        "cleanup.py",
+        "clients.py",
         "controller.py",
-        "handler.py",
-        "zone_move.py",
+        "ec2_fleet.py",
+        "executions.py",
+        "notify.py",
+        "preprocess.py",
+        "records.py",
+        "starter.py",
+        "steps.py",
+        "steps_fleet.py",
+        "steps_teardown.py",
+        "train_stack.py",
+        "zones.py",
     ]
-    assert 'Path(__file__).parent / "reaper"' in (STACKS / "teardown" / "stack.py").read_text()
+    assert not (runtime / "__init__.py").exists()  # modules import each other by file name
+    functions = (STACKS / "teardown" / "functions.py").read_text()
+    assert 'HERE / "reaper"' in functions and 'HERE / "answers"' in functions
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((STACKS / "teardown").glob("*/*.py")),
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
+def test_no_module_of_the_controllers_functions_is_over_the_limit(path):
+    assert len(path.read_text().splitlines()) <= CONTROLLER_LIMIT
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(ROOT)))

@@ -115,7 +115,7 @@ def test_ubuntu_ami_and_code_are_pinned_at_the_first_deploy(template, instance):
     assert instance["Properties"]["ImageId"] == {"Fn::GetAtt": [pin_id, "ImageId"]}
     assert pin["Properties"]["ImageParameter"] == UBUNTU_AMI_PARAMETER
     assert set(pin["Properties"]["Code"]) == {"bootstrap", "trainer"}
-    assert "Reaper" in json.dumps(pin["Properties"]["ServiceToken"])
+    assert "AnswersProvider" in json.dumps(pin["Properties"]["ServiceToken"])
     parts = instance["Properties"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
     text = json.dumps(parts)
     assert "cdk-hnb659fds-assets" not in text

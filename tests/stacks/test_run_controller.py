@@ -7,6 +7,7 @@ import re
 import boto3
 import controller
 import pytest
+import records
 from conftest import ROOT
 from moto import mock_aws
 
@@ -148,7 +149,7 @@ def put(s3, name: str, document: dict) -> None:
 
 
 def read(s3, name: str) -> dict | None:
-    return controller.read_json(s3, BUCKET, f"runs/{RUN}/{name}")
+    return records.read_json(s3, BUCKET, f"runs/{RUN}/{name}")
 
 
 def end(s3, **kwargs):
@@ -202,7 +203,7 @@ def test_attempts_accumulate_until_restarts_run_out(s3):
     recorded = read(s3, "attempts.json")["attempts"]
     assert [e["attempt"] for e in recorded] == [1, 2, 3]
     assert recorded[-1]["why"] == "restarts exhausted (2 of maxRestarts 2)"
-    assert read(s3, "DONE.json") is not None  # kept: the reaper's teardown waits on it
+    assert read(s3, "DONE.json") is not None  # kept: the teardown waits on its results
 
 
 def test_a_repeated_event_counts_the_attempt_once(s3):

@@ -12,8 +12,6 @@ from stacks.teardown.names import (
     NODE_TAG,
     REPLACEMENTS_OUTPUT_KEY,
     REPLACEMENTS_TYPE,
-    ZONE_MOVE_OUTPUT_KEY,
-    ZONE_TAG,
 )
 
 SPOT = {"market": "spot"}
@@ -62,8 +60,9 @@ def test_every_node_learns_its_market(spot, default):
 
 @pytest.mark.parametrize("overrides", [{}, SPOT, {"nodes": 2, "instanceType": "g5.12xlarge"}])
 def test_each_node_has_a_replacement_template_that_is_the_node_whole(synth, overrides):
-    """What the reaper's RunInstances gets is the template alone (IsLaunchTemplateResource):
-    it must launch the same node CloudFormation launched, down to its user data."""
+    """What the run controller's RunInstances gets is the template alone (in another zone, with
+    its subnet and placement group): it must launch the same node CloudFormation launched, down
+    to its user data."""
     template = synth(**overrides)["TrainStack"]
     _, shared = fleet_launch_template(template)
     nodes = instances(template)
@@ -144,15 +143,3 @@ def test_a_spot_fleet_is_told_its_spot_quota():
     )
     assert "'All P5 Spot Instance Requests'" in quota_note(GPU_TYPES["p5.48xlarge"], 2, "spot")
     assert "L-417A185B" in quota_note(GPU_TYPES["p4d.24xlarge"], 8)
-
-
-def test_the_stacks_and_the_reaper_agree_on_names():
-    import handler
-    import zone_move
-
-    assert (handler.REPLACEMENTS_TYPE, handler.REPLACEMENTS_OUTPUT_KEY) == (
-        REPLACEMENTS_TYPE,
-        REPLACEMENTS_OUTPUT_KEY,
-    )
-    assert (handler.FLEET_TAG, handler.NODE_TAG) == (FLEET_TAG, NODE_TAG)
-    assert (zone_move.MOVE_OUTPUT_KEY, zone_move.ZONE_TAG) == (ZONE_MOVE_OUTPUT_KEY, ZONE_TAG)

@@ -1,4 +1,5 @@
-"""TeardownStack, RunGuard and PreprocessGuard on a small app of their own (no other stacks)."""
+"""TeardownStack, RunGuard and PreprocessGuard on a small app of their own (no other stacks):
+the triggers, the functions and what each role may do."""
 
 import ast
 import datetime
@@ -9,23 +10,25 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+from answers import deadline
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3 as s3
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
 from stacks.teardown.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, IDLE_PERIOD
 from stacks.teardown.preprocess_guard import PreprocessGuard
-from stacks.teardown.reaper.handler import deadline
+from stacks.teardown.run_controller import LAUNCH_GRACE_MINUTES
 from stacks.teardown.run_guard import RunGuard
-from stacks.teardown.stack import LAUNCH_GRACE_MINUTES, TeardownStack
+from stacks.teardown.stack import TeardownStack
 from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S
 
 RUN = "resnet50-r1"
 MAX_HOURS = 3.5
 EMAIL = "ops@example.com"
-REAPER_HANDLER = Path(__file__).parents[2] / "stacks" / "teardown" / "reaper" / "handler.py"
+TEARDOWN = Path(__file__).parents[2] / "stacks" / "teardown"
+LAMBDA_MODULES = sorted([*TEARDOWN.glob("reaper/*.py"), *TEARDOWN.glob("answers/*.py")])
 
 
 def acknowledge(construct, reason: str, *rule_ids: str) -> None:
@@ -95,7 +98,7 @@ def build_app(
     guard = RunGuard(
         train,
         "Guard",
-        reaper=teardown.reaper,
+        reaper=teardown.guards,
         run_name=RUN,
         max_hours=MAX_HOURS,
         max_restarts=3,
@@ -111,7 +114,7 @@ def build_app(
         PreprocessGuard(
             preprocess,
             "Guard",
-            reaper=teardown.reaper,
+            reaper=teardown.guards,
             instance=fixture_instance(preprocess, "Node"),
             volume=volume,
             snapshot_volume=snapshot,
@@ -135,6 +138,16 @@ def templates(app_stacks):
         for name, stack in app_stacks.items()
         if isinstance(stack, cdk.Stack)
     }
+
+
+def function(template: Template, prefix: str) -> tuple[str, dict]:
+    """The Lambda function whose logical ID starts with `prefix`."""
+    [found] = [
+        (logical_id, resource)
+        for logical_id, resource in template.find_resources("AWS::Lambda::Function").items()
+        if logical_id.startswith(prefix)
+    ]
+    return found
 
 
 def render(value) -> str:
@@ -182,7 +195,7 @@ def test_hard_cap_deadline_derives_from_max_hours(templates):
     props = resource["Properties"]
     assert props["MaxHours"] == str(MAX_HOURS)
     assert props["Run"] == RUN
-    assert "Reaper" in render(props["ServiceToken"])
+    assert "AnswersProvider" in render(props["ServiceToken"])
     [schedule] = train.find_resources("AWS::Scheduler::Schedule").values()
     schedule_props = schedule["Properties"]
     assert schedule_props["ScheduleExpression"] == {
@@ -191,7 +204,7 @@ def test_hard_cap_deadline_derives_from_max_hours(templates):
     assert schedule_props["ScheduleExpressionTimezone"] == "UTC"
     assert schedule_props["FlexibleTimeWindow"] == {"Mode": "OFF"}
     assert json.loads(schedule_props["Target"]["Input"]) == {"trigger": "hard-cap", "run": RUN}
-    assert "Reaper" in render(schedule_props["Target"]["Arn"])
+    assert "RunControllerStarter" in render(schedule_props["Target"]["Arn"])
     # What the reaper answers for exactly these properties: deploy time + MAX_HOURS.
     deployed = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
     answer = deadline(deployed, float(props["MaxHours"]), deployed)
@@ -224,7 +237,7 @@ def test_run_guard_rejects_a_non_positive_cap():
         )
 
 
-def test_train_stack_tells_the_reaper_its_run(templates):
+def test_train_stack_tells_the_controller_its_run(templates):
     templates["TrainStack"].has_output("HorovodFleetRun", {"Value": RUN})
 
 
@@ -253,10 +266,10 @@ def test_idle_alarm_is_gpu_below_5_percent_for_30_minutes(templates):
     assert props["TreatMissingData"] == "breaching"
     assert props["AlarmName"] == f"horovod-fleet-idle-{RUN}"
     [action] = props["AlarmActions"]
-    assert "Reaper" in render(action)
+    assert "RunControllerStarter" in render(action)
 
 
-def test_idle_alarm_may_invoke_the_reaper_from_the_train_stack(templates):
+def test_idle_alarm_may_invoke_the_starter_from_the_train_stack(templates):
     train = templates["TrainStack"]
     [alarm_id] = train.find_resources("AWS::CloudWatch::Alarm")
     train.has_resource_properties(
@@ -268,73 +281,102 @@ def test_idle_alarm_may_invoke_the_reaper_from_the_train_stack(templates):
         },
     )
     # TeardownStack must not reference the alarm: it deploys first.
-    templates["TeardownStack"].resource_count_is("AWS::Lambda::Permission", 2)
+    permissions = templates["TeardownStack"].find_resources("AWS::Lambda::Permission").values()
+    assert not any("cloudwatch" in json.dumps(p["Properties"]) for p in permissions)
 
 
-# --- S3 completion rules ---------------------------------------------------------------------
+# --- the triggers' rules ----------------------------------------------------------------------
 
 
-def rule_keys(templates) -> dict[str, list]:
-    rules = templates["TeardownStack"].find_resources("AWS::Events::Rule")
+def rules(templates) -> dict[str, dict]:
+    """TeardownStack's EventBridge rules by logical ID, with their one target."""
+    found = {}
+    for logical_id, rule in templates["TeardownStack"].find_resources("AWS::Events::Rule").items():
+        [target] = rule["Properties"]["Targets"]
+        found[logical_id] = {"pattern": rule["Properties"]["EventPattern"], "target": target}
+    return found
+
+
+def s3_rule_keys(templates) -> dict[str, list]:
+    """Each S3 rule's key filter, by the function it invokes."""
     keys = {}
-    for rule in rules.values():
-        pattern = rule["Properties"]["EventPattern"]
-        assert pattern["source"] == ["aws.s3"]
+    for rule in rules(templates).values():
+        pattern = rule["pattern"]
+        if pattern["source"] != ["aws.s3"]:
+            continue
         assert pattern["detail-type"] == ["Object Created"]
         assert pattern["detail"]["bucket"]["name"] == [FIXTURE_BUCKET]
-        [target] = rule["Properties"]["Targets"]
-        assert "Reaper" in render(target["Arn"])
-        key = pattern["detail"]["object"]["key"]
-        keys[json.dumps(key)] = key
+        keys[render(rule["target"]["Arn"])] = pattern["detail"]["object"]["key"]
     return keys
 
 
-def test_done_rule_filters_runs_prefix_and_done_json(templates):
-    keys = rule_keys(templates)
-    assert [{"wildcard": "runs/*/DONE.json"}] in keys.values()
+def test_done_rule_filters_runs_prefix_and_done_json_for_the_starter(templates):
+    [done] = [k for target, k in s3_rule_keys(templates).items() if "Starter" in target]
+    assert done == [{"wildcard": "runs/*/DONE.json"}]
     wildcard = "runs/*/DONE.json"
     assert fnmatch.fnmatchcase(f"runs/{RUN}/DONE.json", wildcard)
     for other in (f"runs/{RUN}/logs/a.log", "raw/DONE.json", f"runs/{RUN}/DONE.json.tmp"):
         assert not fnmatch.fnmatchcase(other, wildcard)
 
 
-def test_manifest_rule_filters_the_manifest(templates):
-    assert ["tfrecords/manifest.json"] in rule_keys(templates).values()
-    assert len(rule_keys(templates)) == 2
+def test_manifest_rule_filters_the_manifest_for_the_preprocessing_stop(templates):
+    [manifest] = [k for target, k in s3_rule_keys(templates).items() if "PreprocessStop" in target]
+    assert manifest == ["tfrecords/manifest.json"]
 
 
-def test_manifest_rule_and_reaper_follow_the_dataset_prefix():
+def test_ec2s_own_events_start_the_controller(templates):
+    """EC2's Spot notices and the state changes of a node stopping or going; no tag can filter
+    them (their events carry none): the starter drops what is not a fleet node."""
+    ec2 = {
+        tuple(r["pattern"]["detail-type"]): r
+        for r in rules(templates).values()
+        if r["pattern"]["source"] == ["aws.ec2"]
+    }
+    assert set(ec2) == {
+        ("EC2 Spot Instance Interruption Warning",),
+        ("EC2 Instance State-change Notification",),
+    }
+    changes = ec2[("EC2 Instance State-change Notification",)]["pattern"]["detail"]["state"]
+    assert sorted(changes) == ["shutting-down", "stopped", "stopping", "terminated"]
+    for rule in ec2.values():
+        assert "RunControllerStarter" in render(rule["target"]["Arn"])
+
+
+def test_manifest_rule_and_preprocessing_stop_follow_the_dataset_prefix():
     stacks = build_app(budget_email=None, nag=False, dataset_prefix="imagenet/v2/")
     teardown = Template.from_stack(stacks["TeardownStack"])
-    assert ["imagenet/v2/manifest.json"] in rule_keys({"TeardownStack": teardown}).values()
-    [function] = teardown.find_resources("AWS::Lambda::Function").values()
-    variables = function["Properties"]["Environment"]["Variables"]
-    assert variables["MANIFEST_KEY"] == "imagenet/v2/manifest.json"
+    keys = s3_rule_keys({"TeardownStack": teardown})
+    assert ["imagenet/v2/manifest.json"] in keys.values()
+    _, stop = function(teardown, "PreprocessStop")
+    assert stop["Properties"]["Environment"]["Variables"]["MANIFEST_KEY"] == (
+        "imagenet/v2/manifest.json"
+    )
 
 
 # --- the guard cannot be removed under a fleet -------------------------------------------------
 
 
 @pytest.mark.parametrize("app_default", [None, "weak"])
-def test_guards_import_the_reaper_so_teardown_cannot_be_deleted_first(app_default):
+def test_guards_import_the_controller_so_teardown_cannot_be_deleted_first(app_default):
     """CloudFormation refuses to delete a stack whose exports another stack imports; a weak
     Fn::GetStackOutput reference would let `cdk destroy TeardownStack` leave the fleet unguarded."""
     context = {"@aws-cdk/core:defaultCrossStackReferences": app_default} if app_default else None
     stacks = build_app(budget_email=None, nag=False, context=context)
-    teardown = Template.from_stack(stacks["TeardownStack"]).to_json()
+    teardown_template = Template.from_stack(stacks["TeardownStack"])
+    teardown = teardown_template.to_json()
     exports = {
         output["Export"]["Name"]: output["Value"]
         for output in teardown.get("Outputs", {}).values()
         if "Export" in output
     }
-    [function_id] = [k for k, r in teardown["Resources"].items() if r["Type"].endswith("Function")]
+    starter_id, _ = function(teardown_template, "RunControllerStarter")
     [role_id] = [
         k
         for k, r in teardown["Resources"].items()
-        if r["Type"] == "AWS::IAM::Role" and k.startswith("ReaperRole")
+        if r["Type"] == "AWS::IAM::Role" and k.startswith("PreprocessStopRole")
     ]
-    reaper = {"Fn::GetAtt": [function_id, "Arn"]}
-    for name, value in (("TrainStack", reaper), ("PreprocessStack", {"Ref": role_id})):
+    starter = {"Fn::GetAtt": [starter_id, "Arn"]}
+    for name, value in (("TrainStack", starter), ("PreprocessStack", {"Ref": role_id})):
         text = json.dumps(Template.from_stack(stacks[name]).to_json())
         assert "Fn::GetStackOutput" not in text, name
         imported = [e for e, v in exports.items() if v == value and f'"{e}"' in text]
@@ -354,21 +396,24 @@ def dead_letter_arn(templates) -> dict:
     return {"Fn::GetAtt": [queue_id, "Arn"]}
 
 
-def test_every_s3_rule_retries_then_dead_letters(templates):
+def test_every_rule_retries_then_dead_letters(templates):
     arn = dead_letter_arn(templates)
-    rules = templates["TeardownStack"].find_resources("AWS::Events::Rule").values()
-    for rule in rules:
-        [target] = rule["Properties"]["Targets"]
+    for rule in rules(templates).values():
+        target = rule["target"]
         assert target["DeadLetterConfig"] == {"Arn": arn}
         assert target["RetryPolicy"]["MaximumRetryAttempts"] == 185
         assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] == 86400
 
 
-def test_reaper_errors_are_retried_then_dead_lettered(templates):
+@pytest.mark.parametrize("prefix", ["RunControllerStarter", "PreprocessStop"])
+def test_asynchronous_functions_are_retried_then_dead_lettered(templates, prefix):
     teardown = templates["TeardownStack"]
-    [function] = teardown.find_resources("AWS::Lambda::Function").values()
-    assert function["Properties"]["DeadLetterConfig"] == {"TargetArn": dead_letter_arn(templates)}
-    [config] = teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
+    function_id, resource = function(teardown, prefix)
+    assert resource["Properties"]["DeadLetterConfig"] == {"TargetArn": dead_letter_arn(templates)}
+    [config] = [
+        c for c in teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
+        if c["Properties"]["FunctionName"] == {"Ref": function_id}
+    ]  # fmt: skip
     assert config["Properties"]["MaximumRetryAttempts"] == 2
     assert config["Properties"]["MaximumEventAgeInSeconds"] == 6 * 3600
     [queue] = teardown.find_resources("AWS::SQS::Queue").values()
@@ -379,35 +424,30 @@ def test_reaper_errors_are_retried_then_dead_lettered(templates):
 def test_hard_cap_schedule_retries_then_dead_letters(templates):
     [schedule] = templates["TrainStack"].find_resources("AWS::Scheduler::Schedule").values()
     target = schedule["Properties"]["Target"]
-    assert "DeadLetterConfig" in target and "Reaper" in render(target["DeadLetterConfig"]["Arn"])
+    assert "DeadLetters" in render(target["DeadLetterConfig"]["Arn"])
     assert target["RetryPolicy"] == {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86400}
 
 
-@pytest.mark.parametrize(
-    ("stack", "role"), [("TrainStack", "HardCapRole"), ("TeardownStack", "Recheck")]
-)
-def test_scheduler_roles_may_send_to_the_dead_letter_queue(templates, stack, role):
-    """Scheduler delivers dead letters with the schedule's own role (the hard cap's in
-    TrainStack, the re-checks' in TeardownStack)."""
+def test_the_hard_caps_role_may_send_to_the_dead_letter_queue(templates):
+    """Scheduler delivers dead letters with the schedule's own role."""
     sends = [
         statement
-        for policy in templates[stack].find_resources("AWS::IAM::Policy").values()
-        if any(role in ref["Ref"] for ref in policy["Properties"]["Roles"])
+        for policy in templates["TrainStack"].find_resources("AWS::IAM::Policy").values()
+        if any("HardCapRole" in ref["Ref"] for ref in policy["Properties"]["Roles"])
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]
         if "sqs:SendMessage" in as_list(statement["Action"])
     ]
-    assert [render(s["Resource"]) for s in sends] == [
-        render(s["Resource"]) for s in sends if "DeadLetters" in render(s["Resource"])
-    ]
-    assert sends
+    assert sends and all("DeadLetters" in render(s["Resource"]) for s in sends)
 
 
-def test_reaper_environment_names_the_dead_letter_queue_and_idle_timing(templates):
-    [function] = templates["TeardownStack"].find_resources("AWS::Lambda::Function").values()
-    variables = function["Properties"]["Environment"]["Variables"]
-    assert variables["DEAD_LETTER_ARN"] == dead_letter_arn(templates)
+def test_the_record_step_knows_the_idle_timing_and_its_state_machine(templates):
+    _, record = function(templates["TeardownStack"], "RunControllerStepRecord")
+    variables = record["Properties"]["Environment"]["Variables"]
     assert variables["IDLE_MINUTES"] == str(IDLE_MINUTES)
     assert variables["LAUNCH_GRACE_MINUTES"] == str(LAUNCH_GRACE_MINUTES)
+    assert render(variables["STATE_MACHINE_ARN"]).endswith(
+        ":stateMachine:horovod-fleet-run-controller"
+    )
 
 
 def test_idle_timing_matches_the_alarm_and_the_rendezvous():
@@ -416,13 +456,21 @@ def test_idle_timing_matches_the_alarm_and_the_rendezvous():
     assert RENDEZVOUS_TIMEOUT_S <= LAUNCH_GRACE_MINUTES * 60 <= RENDEZVOUS_TIMEOUT_S + 45 * 60
 
 
+FAILURE_METRICS = [
+    "ApproximateNumberOfMessagesVisible",  # a trigger lost after its retries
+    "Errors",  # the starter
+    "Errors",  # the preprocessing stop
+    "ExecutionsFailed",  # the run controller failed, after StopBilling
+    "ExecutionsTimedOut",
+]
+
+
 def test_failure_alarms_email_the_budget_address(templates):
     teardown = templates["TeardownStack"]
-    alarms = teardown.find_resources("AWS::CloudWatch::Alarm")
-    metrics = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms.values()}
-    assert set(metrics) == {"Errors", "ApproximateNumberOfMessagesVisible"}
+    alarms = [a["Properties"] for a in teardown.find_resources("AWS::CloudWatch::Alarm").values()]
+    assert sorted(a["MetricName"] for a in alarms) == FAILURE_METRICS
     [topic_id] = teardown.find_resources("AWS::SNS::Topic")
-    for props in metrics.values():
+    for props in alarms:
         assert props["Threshold"] == 1
         assert props["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
         assert props["AlarmActions"] == [{"Ref": topic_id}]
@@ -436,15 +484,27 @@ def test_failure_alarms_email_the_budget_address(templates):
 
 def test_failure_alarms_exist_without_an_email():
     teardown = Template.from_stack(build_app(budget_email=None, nag=False)["TeardownStack"])
-    teardown.resource_count_is("AWS::CloudWatch::Alarm", 2)
+    teardown.resource_count_is("AWS::CloudWatch::Alarm", len(FAILURE_METRICS))
     teardown.resource_count_is("AWS::SNS::Topic", 0)
 
 
 # --- IAM scope -------------------------------------------------------------------------------
 
 
-def test_reaper_deletes_only_train_stack(templates):
+def role_statements(template: Template, role_prefix: str) -> list[dict]:
+    """Every statement of the policies attached to the role whose logical ID starts with it."""
+    [role_id] = [k for k in template.find_resources("AWS::IAM::Role") if k.startswith(role_prefix)]
+    return [
+        statement
+        for policy in template.find_resources("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_only_the_controllers_steps_delete_a_stack_and_only_train_stack(templates):
     [statement] = statements_for(templates, "cloudformation:DeleteStack")
+    assert statement in role_statements(templates["TeardownStack"], "RunControllerStepsRole")
     assert "cloudformation:DescribeStackEvents" in statement["Action"]
     assert "cloudformation:DescribeStackResources" in statement["Action"]  # before a relaunch
     [resource] = as_list(statement["Resource"])
@@ -453,7 +513,7 @@ def test_reaper_deletes_only_train_stack(templates):
     )
 
 
-def test_reaper_stops_only_the_registered_instance(templates):
+def test_the_preprocessing_stop_stops_only_the_registered_instance(templates):
     stops = statements_for(templates, "ec2:StopInstances")
     # The run controller's, on TrainStack's tagged instances (tested below), and one per
     # preprocessing stack in this app.
@@ -463,6 +523,9 @@ def test_reaper_stops_only_the_registered_instance(templates):
         [resource] = as_list(statement["Resource"])
         assert render(resource).endswith(":instance/${Node}")
     preprocess = templates["PreprocessStack"]
+    [policy] = [p for k, p in preprocess.find_resources("AWS::IAM::Policy").items()
+                if k.startswith("GuardStopPolicy")]  # fmt: skip
+    assert policy["Properties"]["Roles"][0]["Fn::ImportValue"]
     [parameter] = preprocess.find_resources("AWS::SSM::Parameter").values()
     assert parameter["Properties"]["Name"] == "/horovod-fleet/preprocess"
     value = render(parameter["Properties"]["Value"])
@@ -478,41 +541,62 @@ TRAIN_STACKS = (
     "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:stack/TrainStack/*"
 )
 LAUNCH_TEMPLATES = "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:launch-template/*"
+TRAIN_STACK_TAGGED = {
+    "aws:ResourceTag/aws:cloudformation:stack-name": "TrainStack",
+    "aws:ResourceTag/Project": "horovod-fleet",
+}
 
 
-def test_reaper_terminates_stops_and_starts_only_instances_tagged_as_train_stacks(templates):
+def test_instances_are_stopped_started_and_terminated_only_when_tagged_as_train_stacks(templates):
     """CloudFormation's own tag (no one can set an aws: tag), or the fleet's tag holding
-    TrainStack's id, which the replacement templates put on the instances they launch."""
+    TrainStack's id, which the launch templates put on the instances they launch; the cleanup
+    only terminates, and only the latter."""
     found = statements_for(templates, "ec2:TerminateInstances")
-    assert len(found) == 2
+    steps = role_statements(templates["TeardownStack"], "RunControllerStepsRole")
+    cleanup = role_statements(templates["TeardownStack"], "RunControllerCleanupRole")
+    assert len(found) == 3 and all(s in steps + cleanup for s in found)
     for statement in found:
-        assert sorted(statement["Action"]) == [
-            "ec2:StartInstances",
-            "ec2:StopInstances",
-            "ec2:TerminateInstances",
-        ]
         assert [render(r) for r in as_list(statement["Resource"])] == [INSTANCES]
+        if statement in steps:
+            assert sorted(statement["Action"]) == [
+                "ec2:StartInstances",
+                "ec2:StopInstances",
+                "ec2:TerminateInstances",
+            ]
+        else:
+            assert statement["Action"] == "ec2:TerminateInstances"
     conditions = [s["Condition"] for s in found]
-    assert {
-        "StringEquals": {
-            "aws:ResourceTag/aws:cloudformation:stack-name": "TrainStack",
-            "aws:ResourceTag/Project": "horovod-fleet",
-        }
-    } in conditions
-    [fleet] = [c for c in conditions if "StringLike" in c]
-    assert fleet["StringEquals"] == {"aws:ResourceTag/Project": "horovod-fleet"}
-    [(key, value)] = fleet["StringLike"].items()
-    assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
+    assert {"StringEquals": TRAIN_STACK_TAGGED} in conditions
+    fleet = [c for c in conditions if "StringLike" in c]
+    assert len(fleet) == 2
+    for condition in fleet:
+        assert condition["StringEquals"] == {"aws:ResourceTag/Project": "horovod-fleet"}
+        [(key, value)] = condition["StringLike"].items()
+        assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
 
 
-def test_reaper_launches_only_from_train_stacks_templates_without_overrides(templates):
+def test_instances_are_launched_only_from_train_stacks_templates_into_its_network(templates):
     """AWS's "only a specific launch template" policy: every resource from the template
-    (IsLaunchTemplateResource), and a Deny for any template not tagged as TrainStack's."""
-    allows = [s for s in statements_for(templates, "ec2:RunInstances") if s["Effect"] == "Allow"]
-    denies = [s for s in statements_for(templates, "ec2:RunInstances") if s["Effect"] == "Deny"]
-    [allow], [deny] = allows, denies
-    assert allow["Condition"]["Bool"] == {"ec2:IsLaunchTemplateResource": "true"}
-    assert render(allow["Condition"]["ArnLike"]["ec2:LaunchTemplate"]) == LAUNCH_TEMPLATES
+    (IsLaunchTemplateResource) but what a launch in another zone names itself, the subnet,
+    security group and placement group TrainStack made and the interfaces in them, and a Deny
+    for any template not tagged as TrainStack's."""
+    runs = statements_for(templates, "ec2:RunInstances")
+    allows = [s for s in runs if s["Effect"] == "Allow"]
+    [deny] = [s for s in runs if s["Effect"] == "Deny"]
+    assert len(allows) == 3
+    for allow in allows:
+        assert render(allow["Condition"]["ArnLike"]["ec2:LaunchTemplate"]) == LAUNCH_TEMPLATES
+    [whole] = [a for a in allows if "Bool" in a["Condition"]]
+    assert whole["Condition"]["Bool"] == {"ec2:IsLaunchTemplateResource": "true"}
+    [network] = [a for a in allows if "StringEquals" in a["Condition"]]
+    assert network["Condition"]["StringEquals"] == TRAIN_STACK_TAGGED
+    assert sorted(render(r).rsplit(":", 1)[1] for r in network["Resource"]) == [
+        "placement-group/*",
+        "security-group/*",
+        "subnet/*",
+    ]
+    [interfaces] = [a for a in allows if a not in (whole, network)]
+    assert render(interfaces["Resource"]).endswith(":network-interface/*")
     assert [render(r) for r in as_list(deny["Resource"])] == [LAUNCH_TEMPLATES]
     [(key, value)] = deny["Condition"]["StringNotLike"].items()
     assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
@@ -535,6 +619,16 @@ def test_reaper_launches_only_from_train_stacks_templates_without_overrides(temp
     assert [render(r) for r in as_list(passing["Resource"])] == [
         "arn:${AWS::Partition}:iam::${AWS::AccountId}:role/TrainStack-*"
     ]
+
+
+def test_only_the_controller_starts_or_stops_its_executions(templates):
+    teardown = templates["TeardownStack"]
+    for action in ("states:StartExecution", "states:StopExecution", "states:ListExecutions"):
+        for statement in statements_for(templates, action):
+            resources = [render(r) for r in as_list(statement["Resource"])]
+            assert all(":horovod-fleet-run-controller" in r for r in resources), statement
+    stops = statements_for({"t": teardown}, "states:StopExecution")
+    assert stops and all(s in role_statements(teardown, "RunControllerStepsRole") for s in stops)
 
 
 def test_reaper_may_name_the_zone_of_a_zone_id(templates):
@@ -601,8 +695,8 @@ def test_teardown_stack_depends_on_nothing_it_guards(app_stacks):
     assert {s.stack_name for s in teardown.dependencies} <= {"DatasetStack"}
 
 
-@pytest.mark.parametrize("module", sorted(REAPER_HANDLER.parent.glob("*.py")), ids=lambda p: p.name)
-def test_reaper_code_imports_only_boto3_the_standard_library_and_its_siblings(module):
+@pytest.mark.parametrize("module", LAMBDA_MODULES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_function_code_imports_only_boto3_the_standard_library_and_its_siblings(module):
     """What the Lambda runtime has, and the asset's own files (imported top-level, as Lambda
     loads them)."""
     tree = ast.parse(module.read_text())
@@ -614,16 +708,19 @@ def test_reaper_code_imports_only_boto3_the_standard_library_and_its_siblings(mo
     }
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     roots = {module.split(".")[0] for module in modules}
-    siblings = {path.stem for path in REAPER_HANDLER.parent.glob("*.py")}
+    siblings = {path.stem for path in module.parent.glob("*.py")}
     assert roots - set(sys.stdlib_module_names) - siblings <= {"boto3", "botocore"}
-    assert roots & {"boto3", "botocore"}  # each one talks to AWS
 
 
-def test_reaper_function_runs_the_handler(templates):
-    templates["TeardownStack"].has_resource_properties(
-        "AWS::Lambda::Function",
-        {"Handler": "handler.handler", "Runtime": Match.string_like_regexp(r"python3\.\d+")},
-    )
+def test_every_python_function_runs_a_handler_its_asset_has(templates):
+    functions = templates["TeardownStack"].find_resources("AWS::Lambda::Function").values()
+    python = [f["Properties"] for f in functions if f["Properties"]["Runtime"].startswith("python")]
+    assert len(python) == 12  # 8 steps, the starter, the cleanup, the answers, the stop
+    for props in python:
+        module, name = props["Handler"].split(".")
+        [path] = [p for p in LAMBDA_MODULES if p.stem == module]
+        assert f"def {name}(" in path.read_text(), props["Handler"]
+        assert props["Runtime"] == "python3.14"
 
 
 # --- validators ------------------------------------------------------------------------------

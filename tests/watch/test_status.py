@@ -134,6 +134,21 @@ def test_a_relaunched_run_lists_its_ended_attempts(s3, capsys):
     assert line.endswith("...") and len(line) < 160
 
 
+def test_a_run_the_controller_handles_names_its_state_and_console_page(s3, capsys):
+    arn = "arn:aws:states:eu-west-1:123456789012:execution:horovod-fleet-run-controller:r1-a1-0a1b2c3d"
+    put(s3, "runs/r1/status.json", {
+        **status_doc("training", PROGRESS), "phase": "relaunching", "attempt": 2,
+        "execution": arn, "controller_state": "WaitForCapacity",
+        "reason": "waiting for capacity: InsufficientInstanceCapacity in eu-west-1a (try 1 of 8)",
+    })  # fmt: skip
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert (
+        "  controller  WaitForCapacity: https://eu-west-1.console.aws.amazon.com/states/home?"
+        f"region=eu-west-1#/v2/executions/details/{arn}"
+    ) in out.splitlines()
+    assert "  reason      waiting for capacity: InsufficientInstanceCapacity" in out
+
+
 def test_phase_comes_from_cloudformation_before_the_leader_writes():
     now = datetime.now(timezone.utc)
     for stack_phase, label in (("image_bake", "image bake"), ("booting", "booting")):

@@ -1,8 +1,10 @@
-"""The run controller: when an attempt of a run ends, relaunch its fleet or let the run end.
+"""The run controller's recovery policy: when an attempt of a run ends, relaunch its fleet or let
+the run end.
 
-The reaper (handler.py) calls `end_attempt` on each DONE.json, then stops and starts the fleet's
-instances when the decision is `relaunch`. The rehearsal runs this file as a program against its
-local S3 and plays EC2's part itself:
+The workflow's Record step (steps.py) calls `end_attempt` for each ended attempt, then the
+workflow (stacks/teardown/workflow.py) stops and starts the fleet's instances when the decision
+is `relaunch`. The rehearsal runs this file as a program against its local S3 and plays EC2's
+part itself:
 
     python stacks/teardown/reaper/controller.py --bucket B --run R --max-restarts 3 \
         [--deadline 2026-11-25T14:00:00Z]
@@ -14,7 +16,7 @@ restarts remain and the hard cap leaves time for one;
 `teardown` a finished run, or one that would fail the same way again; `stop` when restarts or
 time are exhausted, or the stack is being deleted. Unknown causes are retried (as SkyPilot's
 `max_restarts_on_errors` does): `maxRestarts` bounds what a deterministic one costs.
-Only boto3 and the standard library: this file is part of the reaper's Lambda asset.
+Only boto3 and the standard library: this file is part of the run controller's Lambda asset.
 """
 
 import argparse
@@ -23,14 +25,12 @@ import json
 import sys
 
 import boto3
-from botocore.exceptions import ClientError
+from clients import parse_stamp, stamp
+from records import FORMAT, key, read_json, update_status, write_json
 
-FORMAT = "horovod-fleet/attempts/1"
-# How S3 answers a read of a missing key: 404, or 403 to a role whose ListBucket is
-# prefix-conditioned (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
-ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
 # The retry rule, keyed by DONE.json's `cause` (docs/contracts.md, "Causes"; the nodes write it,
-# bootstrap/causes.py, and so does the reaper when it gives a relaunch up). Another attempt on new
+# bootstrap/causes.py, and so does the run controller when it gives a relaunch up or writes the
+# DONE.json of an attempt whose nodes could not). Another attempt on new
 # instances cannot get past these: the same input, data, disk size or image fails the same way.
 # Each names why, for attempts.json and the e-mail.
 FINAL = {
@@ -52,16 +52,6 @@ RETRYABLE = (
 # A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
 # checkpoint): a shorter one would be cut off before it saved anything.
 MIN_ATTEMPT = datetime.timedelta(minutes=30)
-
-
-def stamp(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_stamp(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.timezone.utc
-    )
 
 
 def final_cause(cause: str | None) -> str | None:
@@ -96,29 +86,6 @@ def decide(
     return True, "relaunch", f"restart {restarts + 1} of {max_restarts}"
 
 
-def read_json(s3, bucket: str, key: str) -> dict | None:
-    try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as error:
-        if error.response["Error"].get("Code") in ABSENT_KEY_CODES:
-            return None
-        raise
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    return document if isinstance(document, dict) else None
-
-
-def write_json(s3, bucket: str, key: str, document: dict) -> None:
-    s3.put_object(
-        Bucket=bucket,
-        Key=key,
-        Body=json.dumps(document, indent=1).encode(),
-        ContentType="application/json",
-    )
-
-
 def end_attempt(
     s3,
     bucket: str,
@@ -135,11 +102,10 @@ def end_attempt(
     Idempotent: a DONE.json already recorded (same attempt) returns the recorded entry, so a
     retried event never counts an attempt twice. None when there is no DONE.json.
     """
-    prefix = f"runs/{run}/"
-    done = read_json(s3, bucket, f"{prefix}DONE.json")
+    done = read_json(s3, bucket, key(run, "DONE.json"))
     if done is None:
         return None
-    history = read_json(s3, bucket, f"{prefix}attempts.json") or {}
+    history = read_json(s3, bucket, key(run, "attempts.json")) or {}
     earlier = [e for e in history.get("attempts", []) if isinstance(e, dict)]
     number = done.get("attempt") or len(earlier) + 1
     if recorded := [e for e in earlier if e.get("attempt") == number]:
@@ -147,7 +113,7 @@ def end_attempt(
     retryable, decision, why = decide(
         done, earlier, max_restarts=max_restarts, now=now, deadline=deadline, deleting=deleting
     )
-    status = read_json(s3, bucket, f"{prefix}status.json") or {}
+    status = read_json(s3, bucket, key(run, "status.json")) or {}
     entry = {
         "attempt": number,
         "started_at": status.get("attempt_started_at"),
@@ -161,14 +127,20 @@ def end_attempt(
         "why": why,
         "decided_at": stamp(now),
     }
-    document = {"format": FORMAT, "run": run, "max_restarts": max_restarts}
+    document = {**history, "format": FORMAT, "run": run, "max_restarts": max_restarts}
     document["attempts"] = [*earlier, entry]
-    write_json(s3, bucket, f"{prefix}attempts.json", document)
+    write_json(s3, bucket, key(run, "attempts.json"), document)
     if decision == "relaunch":
-        s3.delete_object(Bucket=bucket, Key=f"{prefix}DONE.json")
-        relaunching = {**status, "phase": "relaunching", "attempt": number + 1}
-        relaunching.update(updated_at=stamp(now), reason=f"{done.get('reason')} ({why})")
-        write_json(s3, bucket, f"{prefix}status.json", relaunching)
+        s3.delete_object(Bucket=bucket, Key=key(run, "DONE.json"))
+        update_status(
+            s3,
+            bucket,
+            run,
+            at=stamp(now),
+            phase="relaunching",
+            attempt=number + 1,
+            reason=f"{done.get('reason')} ({why})",
+        )
     return entry
 
 

@@ -1,0 +1,230 @@
+"""What each of the run controller's roles may do (stacks/teardown/run_controller.py), scoped to
+TrainStack, its fleet's tags, the run records in S3 and the controller's own state machine."""
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+
+from stacks.node_code import PROJECT
+from stacks.teardown.names import FLEET_TAG, NOTIFY_TOPIC_PREFIX, TRAIN_STACK_NAME
+
+
+class ControllerArns:
+    """The ARNs the roles' statements name, and the wildcards among them for cdk-nag."""
+
+    def __init__(self, stack: Stack, bucket: s3.IBucket, state_machine_name: str) -> None:
+        arn = stack.format_arn
+        self.train_stack = arn(
+            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
+        )
+        self.instances = arn(service="ec2", resource="instance", resource_name="*")
+        self.launch_templates = arn(service="ec2", resource="launch-template", resource_name="*")
+        # What an instance launched into another zone's subnet and group names beside its
+        # template: TrainStack made each one (stacks/train/, zones made at deploy).
+        self.network = [
+            arn(service="ec2", resource=kind, resource_name="*")
+            for kind in ("subnet", "security-group", "placement-group")
+        ]
+        self.launched = [
+            arn(service="ec2", resource=kind, resource_name="*")
+            for kind in ("volume", "network-interface")
+        ]
+        self.train_roles = arn(
+            service="iam", region="", resource="role", resource_name=f"{TRAIN_STACK_NAME}-*"
+        )
+        self.alarms = arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name="*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.notify_topics = arn(
+            service="sns", resource=f"{NOTIFY_TOPIC_PREFIX}*", arn_format=ArnFormat.NO_RESOURCE_NAME
+        )
+        self.state_machine = arn(
+            service="states",
+            resource="stateMachine",
+            resource_name=state_machine_name,
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.executions = arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{state_machine_name}:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.bucket = bucket.bucket_arn
+        self.done = bucket.arn_for_objects("runs/*/DONE.json")
+        self.attempts = bucket.arn_for_objects("runs/*/attempts.json")
+        self.status = bucket.arn_for_objects("runs/*/status.json")
+
+    def wildcards(self) -> list[str]:
+        return [
+            self.train_stack,
+            self.instances,
+            self.launch_templates,
+            *self.network,
+            *self.launched,
+            self.train_roles,
+            self.alarms,
+            self.notify_topics,
+            self.executions,
+            self.done,
+            self.attempts,
+            self.status,
+            "*",
+        ]
+
+
+# What CloudFormation made for TrainStack carries its own tag naming the stack, which no one
+# else can set (aws: tags are reserved).
+TRAIN_STACK_TAGGED = {
+    "StringEquals": {
+        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME,
+        "aws:ResourceTag/Project": PROJECT,
+    }
+}
+FLEET_ACTIONS = ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances"]
+
+
+def fleet_tagged(arns: ControllerArns) -> dict:
+    """The instances the controller launched carry TrainStack's id in the fleet's tag (their
+    launch templates set it)."""
+    return {
+        "StringLike": {f"aws:ResourceTag/{FLEET_TAG}": arns.train_stack},
+        "StringEquals": {"aws:ResourceTag/Project": PROJECT},
+    }
+
+
+def reads(arns: ControllerArns, *objects: str) -> list[iam.PolicyStatement]:
+    return [
+        iam.PolicyStatement(
+            actions=["s3:ListBucket"],
+            resources=[arns.bucket],
+            conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+        ),
+        iam.PolicyStatement(actions=["s3:GetObject"], resources=list(objects)),
+    ]
+
+
+def describes(*actions: str) -> iam.PolicyStatement:
+    """Describe calls support no resource-level permissions; they are read-only."""
+    return iam.PolicyStatement(actions=list(actions), resources=["*"])
+
+
+def starter_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
+    return [
+        *reads(arns, arns.done, arns.attempts),
+        iam.PolicyStatement(
+            actions=["cloudformation:DescribeStacks", "cloudformation:DescribeStackResources"],
+            resources=[arns.train_stack],
+        ),
+        describes("ec2:DescribeInstances"),
+        iam.PolicyStatement(
+            actions=["states:StartExecution", "states:ListExecutions"],
+            resources=[arns.state_machine],
+        ),
+    ]
+
+
+def cleanup_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
+    return [
+        iam.PolicyStatement(
+            actions=["cloudformation:DescribeStacks"], resources=[arns.train_stack]
+        ),
+        describes("ec2:DescribeInstances"),
+        iam.PolicyStatement(
+            actions=["ec2:TerminateInstances"],
+            resources=[arns.instances],
+            conditions=fleet_tagged(arns),
+        ),
+        iam.PolicyStatement(
+            actions=["states:StartExecution", "states:ListExecutions"],
+            resources=[arns.state_machine],
+        ),
+    ]
+
+
+def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
+    """The workflow's steps: record the run, stop, start and launch its fleet, delete TrainStack."""
+    return [
+        *reads(arns, arns.done, arns.attempts, arns.status),
+        # Checkpoints and logs are listed (results), never read.
+        iam.PolicyStatement(
+            actions=["s3:PutObject"], resources=[arns.done, arns.attempts, arns.status]
+        ),
+        # A relaunch removes DONE.json, which would end the next attempt's members at once.
+        iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[arns.done]),
+        iam.PolicyStatement(
+            actions=[
+                "cloudformation:DescribeStacks",
+                "cloudformation:DescribeStackEvents",
+                "cloudformation:DescribeStackResources",
+                "cloudformation:DeleteStack",
+            ],
+            resources=[arns.train_stack],
+        ),
+        # Every alarm of the account and region, read-only: CloudWatch has been seen to
+        # authorise DescribeAlarms against alarm:*, and a denial would leave an idle fleet.
+        iam.PolicyStatement(actions=["cloudwatch:DescribeAlarms"], resources=[arns.alarms]),
+        iam.PolicyStatement(actions=["sns:Publish"], resources=[arns.notify_topics]),
+        describes("ec2:DescribeInstances", "ec2:DescribeLaunchTemplateVersions"),
+        iam.PolicyStatement(
+            actions=FLEET_ACTIONS, resources=[arns.instances], conditions=TRAIN_STACK_TAGGED
+        ),
+        iam.PolicyStatement(
+            actions=FLEET_ACTIONS, resources=[arns.instances], conditions=fleet_tagged(arns)
+        ),
+        *launch_statements(arns),
+        iam.PolicyStatement(
+            actions=["states:ListExecutions", "states:StartExecution"],
+            resources=[arns.state_machine],
+        ),
+        # The hard cap ends the run's other executions.
+        iam.PolicyStatement(actions=["states:StopExecution"], resources=[arns.executions]),
+    ]
+
+
+def launch_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
+    """RunInstances only from a launch template tagged as TrainStack's, AWS's example policy
+    "launch instances only from a specific launch template" with the tagging it needs
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ExamplePolicies_EC2.html,
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/use-launch-templates-to-control-launching-instances.html):
+    everything from the template (ec2:IsLaunchTemplateResource), except what a launch in
+    another zone names itself, the subnet, security group and placement group TrainStack made
+    (its CloudFormation tag) and the interfaces in them."""
+    from_template = {"ArnLike": {"ec2:LaunchTemplate": arns.launch_templates}}
+    return [
+        iam.PolicyStatement(
+            actions=["ec2:RunInstances"],
+            resources=["*"],
+            conditions={**from_template, "Bool": {"ec2:IsLaunchTemplateResource": "true"}},
+        ),
+        iam.PolicyStatement(
+            actions=["ec2:RunInstances"],
+            resources=arns.network,
+            conditions={**from_template, **TRAIN_STACK_TAGGED},
+        ),
+        iam.PolicyStatement(
+            actions=["ec2:RunInstances"],
+            resources=[arns.launched[1]],
+            conditions=from_template,
+        ),
+        iam.PolicyStatement(
+            effect=iam.Effect.DENY,
+            actions=["ec2:RunInstances"],
+            resources=[arns.launch_templates],
+            conditions={"StringNotLike": {f"aws:ResourceTag/{FLEET_TAG}": arns.train_stack}},
+        ),
+        iam.PolicyStatement(
+            actions=["ec2:CreateTags"],
+            resources=[arns.instances, *arns.launched],
+            conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+        ),
+        # The nodes' role, named in the launch templates' instance profile.
+        iam.PolicyStatement(
+            actions=["iam:PassRole"],
+            resources=[arns.train_roles],
+            conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+        ),
+    ]

@@ -1,0 +1,24 @@
+"""FleetGuards: what TeardownStack hands the stacks it guards (TrainStack and PreprocessStack
+take it as their `reaper`), so each construct there finds the function, role or token it needs."""
+
+from dataclasses import dataclass
+
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda
+from aws_cdk import aws_sqs as sqs
+
+
+@dataclass(frozen=True)
+class FleetGuards:
+    # The Provider framework's function that answers the deploy-time custom resources, and the
+    # role of the answers (Pinned lets it read its image parameter).
+    answers_token: str
+    answers_role: iam.IRole
+    # The run controller's starter, which the hard cap and the idle alarm invoke, and the queue
+    # where an invocation that failed all its retries lands.
+    starter: aws_lambda.IFunction
+    dead_letters: sqs.IQueue
+    # The Provider framework's function that answers TrainStack's Replacements resource.
+    cleanup_token: str
+    # The preprocessing node's stop: PreprocessGuard lets it stop that node, snapshot its volume.
+    preprocess_role: iam.IRole

@@ -1,0 +1,208 @@
+"""The fleet's instances as the run controller sees and moves them through EC2: find them, stop
+or terminate them, start them, launch the missing ones.
+
+Every instance of a fleet, CloudFormation's and the ones the controller launched, carries the
+tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its index); the
+controller's role may stop, start, terminate and launch only instances so tagged.
+Only boto3 and the standard library: part of the run controller's Lambda asset.
+"""
+
+import hashlib
+
+from botocore.exceptions import ClientError
+from clients import NodePending, client, log
+
+FLEET_TAG = "horovod-fleet:stack"
+NODE_TAG = "horovod-fleet:node"
+# The instance states a node can come back from; "shutting-down" is on its way to terminated.
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+UP_STATES = ("pending", "running")
+SETTLING_STATES = ("stopping", "shutting-down")
+# RunInstances' and StartInstances' answers when there is no capacity for the type in the zone
+# now (or, for Spot, none at the price or within the quota): wait and try again. The five that
+# AWS ParallelCluster fails over on as capacity errors
+# (aws/aws-parallelcluster-node PR #673, src/slurm_plugin/fleet_manager.py), from
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
+CAPACITY_CODES = (
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "UnfulfillableCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "SpotMaxPriceTooLow",
+)
+# What stacks/train/fleet.py sets on each interface, copied into a launch in another zone.
+INTERFACE_FIELDS = (
+    "DeviceIndex",
+    "NetworkCardIndex",
+    "InterfaceType",
+    "Groups",
+    "DeleteOnTermination",
+    "Description",
+)
+
+
+def nodes(stack_id: str) -> list[dict]:
+    """The stack's instances not yet terminated, CloudFormation's and the controller's: each
+    one's id, state, node index (None without the tag), zone, whether it is Spot and whether
+    CloudFormation owns it."""
+    found = {}
+    for tag in ("aws:cloudformation:stack-id", FLEET_TAG):
+        pages = (
+            client("ec2")
+            .get_paginator("describe_instances")
+            .paginate(
+                Filters=[
+                    {"Name": f"tag:{tag}", "Values": [stack_id]},
+                    {"Name": "instance-state-name", "Values": [*LIVE_STATES, "shutting-down"]},
+                ]
+            )
+        )
+        for instance in (i for p in pages for r in p["Reservations"] for i in r["Instances"]):
+            found[instance["InstanceId"]] = node_of(instance)
+    return sorted(found.values(), key=lambda n: n["id"])
+
+
+def node_of(instance: dict) -> dict:
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+    index = tags.get(NODE_TAG, "")
+    return {
+        "id": instance["InstanceId"],
+        "state": instance["State"]["Name"],
+        "node": int(index) if index.isdigit() else None,
+        "spot": instance.get("InstanceLifecycle") == "spot",
+        "zone": instance.get("Placement", {}).get("AvailabilityZone"),
+        "stack": tags.get(FLEET_TAG),
+        "cloudformation": "aws:cloudformation:stack-id" in tags,
+    }
+
+
+def instance(instance_id: str) -> dict | None:
+    """One instance as `nodes` gives it; None when EC2 no longer knows it."""
+    try:
+        reservations = client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+    except ClientError as error:
+        if error.response["Error"].get("Code") != "InvalidInstanceID.NotFound":
+            raise
+        return None
+    found = [i for r in reservations for i in r["Instances"]]
+    return node_of(found[0]) if found else None
+
+
+def missing(count: int, fleet: list[dict]) -> list[int]:
+    """The node indexes no live instance serves: EC2 terminated them (a Spot interruption, a
+    retired host) or the relaunch did (Spot instances cannot be stopped)."""
+    served = {n["node"] for n in fleet if n["state"] in LIVE_STATES}
+    return [i for i in range(count) if i not in served]
+
+
+def whole(count: int, fleet: list[dict]) -> bool:
+    """Every node served, and every instance up: nothing for the controller to bring back."""
+    live = [n for n in fleet if n["state"] in LIVE_STATES]
+    return not missing(count, fleet) and all(n["state"] in UP_STATES for n in live)
+
+
+def settled(fleet: list[dict]) -> bool:
+    return not any(n["state"] in SETTLING_STATES for n in fleet)
+
+
+def stop(fleet: list[dict]) -> dict:
+    """No node of the fleet bills: every on-demand one stopped, every Spot one terminated (a
+    one-time Spot instance cannot be stopped). A node still pending cannot be stopped yet:
+    NodePending, after the others were, so the step is retried until it can be."""
+    terminate = [n["id"] for n in fleet if n["spot"] and n["state"] in LIVE_STATES]
+    running = [n["id"] for n in fleet if not n["spot"] and n["state"] == "running"]
+    pending = [n["id"] for n in fleet if not n["spot"] and n["state"] == "pending"]
+    if terminate:
+        client("ec2").terminate_instances(InstanceIds=terminate)
+    refused = []
+    for ids in (running, pending):
+        if not ids:
+            continue
+        try:
+            client("ec2").stop_instances(InstanceIds=ids)
+        except ClientError as error:
+            # "cannot be stopped as it has never reached the 'running' state" (research notes,
+            # https://github.com/cloud-custodian/cloud-custodian/pull/6014)
+            if error.response["Error"].get("Code") != "IncorrectInstanceState":
+                raise
+            refused += ids
+    if refused:
+        raise NodePending(f"EC2 refused to stop {', '.join(refused)} while pending")
+    return {"stopped": running + pending, "terminated": terminate}
+
+
+def terminate(ids: list[str]) -> None:
+    if ids:
+        client("ec2").terminate_instances(InstanceIds=ids)
+
+
+def start(ids: list[str]) -> None:
+    if ids:
+        client("ec2").start_instances(InstanceIds=ids)
+
+
+def launch(templates: list[str], indexes: list[int], zone: dict, token: str) -> dict[str, str]:
+    """Launch each missing node from its own launch template, in `zone` (its subnet on every
+    interface, its placement group), all or none: the ones launched are terminated again when
+    one is refused, and the error is raised. The same `token` gives the same ClientToken to a
+    retried step, so EC2 launches no second instance
+    (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html)."""
+    launched: dict[str, str] = {}
+    try:
+        for index in indexes:
+            digest = hashlib.sha256(f"{token}/{index}".encode()).hexdigest()
+            reservation = client("ec2").run_instances(
+                LaunchTemplate={"LaunchTemplateId": templates[index], "Version": "$Latest"},
+                MinCount=1,
+                MaxCount=1,
+                ClientToken=digest[:64],
+                **overrides(templates[index], zone),
+            )
+            launched[str(index)] = reservation["Instances"][0]["InstanceId"]
+    except ClientError:
+        terminate(list(launched.values()))
+        raise
+    return launched
+
+
+def overrides(template: str, zone: dict) -> dict:
+    """RunInstances parameters that put a node of `template` into `zone`'s subnet and placement
+    group: every interface with the zone's subnet (the call's list replaces the template's, and
+    a subnet goes on the interfaces when there are any), and the placement; nothing when the
+    template already launches there. "Any additional parameters that you specify for the new
+    instance overwrite the corresponding parameters included in the launch template"
+    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html)."""
+    if not zone.get("subnet"):
+        return {}
+    [version] = client("ec2").describe_launch_template_versions(
+        LaunchTemplateId=template, Versions=["$Latest"]
+    )["LaunchTemplateVersions"]
+    data = version["LaunchTemplateData"]
+    interfaces = data.get("NetworkInterfaces") or []
+    group = (data.get("Placement") or {}).get("GroupName")
+    if {i.get("SubnetId") for i in interfaces} == {zone["subnet"]} and group == zone["group"]:
+        return {}
+    moved = [
+        {**{k: i[k] for k in INTERFACE_FIELDS if k in i}, "SubnetId": zone["subnet"]}
+        for i in interfaces
+    ]
+    placement = {"Placement": {"GroupName": zone["group"]}}
+    return (
+        {"NetworkInterfaces": moved, **placement}
+        if moved
+        else {"SubnetId": zone["subnet"], **placement}
+    )
+
+
+def stop_billing(fleet: list[dict]) -> dict:
+    """After the controller failed: every node that bills stops now, the ones EC2 will not stop
+    (Spot, or still pending) terminated instead."""
+    terminate_ids = [
+        n["id"] for n in fleet if n["state"] in UP_STATES and (n["spot"] or n["state"] == "pending")
+    ]
+    stop_ids = [n["id"] for n in fleet if n["state"] == "running" and not n["spot"]]
+    terminate(terminate_ids)
+    if stop_ids:
+        client("ec2").stop_instances(InstanceIds=stop_ids)
+    log("stop-billing", stopped=stop_ids, terminated=terminate_ids)
+    return {"stopped": stop_ids, "terminated": terminate_ids}

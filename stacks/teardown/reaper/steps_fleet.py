@@ -1,0 +1,199 @@
+"""The run controller's relaunch states (stacks/teardown/workflow.py): StopFleet, CheckSettled
+and Launch, zone by zone and round by round, and the one-line record when no try can bring
+the fleet back.
+
+A stop and start puts an on-demand node on healthy hardware with empty instance stores, its
+address and placement group kept. Spot Instances, one-time requests, cannot be stopped: they are
+replaced, as a node EC2 terminated is. Either way each node's boot service resumes the run from
+S3. Without capacity the next try goes to the next zone at once; after a round of every zone
+the workflow waits, twice as long each round up to an hour (zones.wait_after); after the last
+round, or when the hard cap leaves no time for an attempt, the run gives up in one line.
+Only boto3 and the standard library: part of the run controller's Lambda asset.
+"""
+
+import datetime
+
+import controller
+import ec2_fleet
+import records
+import train_stack
+import zones
+from botocore.exceptions import ClientError
+from clients import (
+    client,
+    error_code,
+    error_message,
+    log,
+    now,
+    setting,
+    stamp,
+    step,
+    throttled,
+)
+from notify import notify
+from steps import RECHECK, seconds, tell, wait
+
+SETTLE_CHECK = datetime.timedelta(seconds=15)
+# Stopping a p4d takes minutes; one that is still stopping after this is stuck.
+SETTLE_LIMIT = datetime.timedelta(minutes=20)
+
+
+class NotSettled(Exception):
+    """The fleet's nodes are still stopping or terminating long after they were told to."""
+
+
+def fleet_stack(event: dict) -> dict | None:
+    """TrainStack as Record saw it, by id: a stack deployed anew under the name is not this
+    execution's."""
+    return train_stack.describe(event["record"]["stack_id"])
+
+
+def unusable(event: dict, stack: dict | None) -> dict | None:
+    """Where the workflow goes instead when the stack is gone, being deleted or another run's."""
+    if train_stack.gone(stack) or stack["run"] != event["run"]:
+        log("relaunch-dropped", run=event["run"], stack=stack and stack["status"])
+        return {"next": "nothing", "outcome": "nothing"}
+    if train_stack.deleting(stack):
+        return {"next": "follow", "outcome": "follow"}
+    return None
+
+
+@step
+def stop_fleet(event: dict) -> dict:
+    """No node bills until the launch: every on-demand node stopped, every Spot one terminated.
+    A node still pending raises NodePending, and the state's Retry brings it back here."""
+    stack = fleet_stack(event)
+    if train_stack.gone(stack):
+        return {"stopped": [], "terminated": []}
+    result = ec2_fleet.stop(ec2_fleet.nodes(stack["id"]))
+    log("relaunch-stop", run=event["run"], **result)
+    return result
+
+
+@step
+def settled(event: dict) -> dict:
+    """Whether no node of the fleet is still stopping or terminating, so a launch may begin."""
+    stack = fleet_stack(event)
+    if (other := unusable(event, stack)) is not None:
+        return other
+    if train_stack.busy(stack):
+        return wait(RECHECK)
+    fleet = ec2_fleet.nodes(stack["id"])
+    if ec2_fleet.settled(fleet):
+        return {"next": "launch"}
+    checks = (event.get("settle") or {}).get("checks", 0) + 1
+    if checks * SETTLE_CHECK > SETTLE_LIMIT:
+        states = {n["id"]: n["state"] for n in fleet}
+        raise NotSettled(f"still settling after {SETTLE_LIMIT}: {states}")
+    return wait(SETTLE_CHECK, checks=checks)
+
+
+@step
+def launch(event: dict) -> dict:
+    """One try: in its zone (`record.zones[(try - 1) % len]`), launch the missing nodes from
+    their templates and start the stopped ones, all or none. Nodes in another zone are
+    terminated first (a placement group is one zone), and the fleet settles again."""
+    run, plan = event["run"], event["record"]
+    attempt = plan["entry"]["attempt"]
+    number = (event.get("launch") or {}).get("next_try", 1)
+    stack = fleet_stack(event)
+    if (other := unusable(event, stack)) is not None:
+        return other
+    zone = zones.zone_of_try(plan["zones"], number)
+    fleet = ec2_fleet.nodes(stack["id"])
+    elsewhere = [
+        n["id"]
+        for n in fleet
+        if zone["zone"] and n["state"] in ec2_fleet.LIVE_STATES and n["zone"] != zone["zone"]
+    ]
+    ec2_fleet.terminate(elsewhere)
+    if elsewhere or not ec2_fleet.settled(fleet) or train_stack.busy(stack):
+        log("relaunch-settle", run=run, zone=zone["zone"], moving=elsewhere)
+        return {"outcome": "settle", "next_try": number}
+    missing = ec2_fleet.missing(plan["nodes"], fleet)
+    stopped = sorted(n["id"] for n in fleet if n["state"] == "stopped")
+    token = f"{stack['id']}/{run}/a{attempt}/t{number}/{zone['zone']}"
+    try:
+        launched = ec2_fleet.launch(stack["templates"], missing, zone, token)
+        try:
+            ec2_fleet.start(stopped)
+        except ClientError:
+            ec2_fleet.terminate(list(launched.values()))  # all or none
+            raise
+    except ClientError as error:
+        if (retry := throttled(error)) is not None:
+            raise retry from error
+        return refused(event, stack, zone, number, error)
+    log("relaunched", run=run, zone=zone["zone"], started=stopped, replaced=launched)
+    first = plan["zones"][0]["zone"]
+    tell(event, "Relaunched", reason=f"relaunched in {zone['zone'] or 'its zone'}")
+    if zone["zone"] != first and (stopped or launched):
+        tried = ", ".join(z["zone"] for z in plan["zones"][: plan["zones"].index(zone)])
+        notify(stack, run, f"moved to zone {zone['zone']}: {tried} had no capacity")
+    return {"outcome": "launched", "zone": zone["zone"], "started": stopped, "replaced": launched}
+
+
+def refused(event: dict, stack: dict, zone: dict, number: int, error: ClientError) -> dict:
+    """EC2 refused the try: without capacity the next try, in the next zone at once or after a
+    round later; any other refusal, or no round or time left, ends the run in one line."""
+    code, order = error_code(error), event["record"]["zones"]
+    if code not in ec2_fleet.CAPACITY_CODES:
+        why = f"the relaunch failed: EC2 answered {code}: {error_message(error)}"
+        return give_up(event, stack, "relaunch_refused", why)
+    pause = zones.wait_after(number, len(order))
+    deadline = train_stack.deadline_of(stack)
+    if pause is None or (deadline and now() + pause + controller.MIN_ATTEMPT > deadline):
+        where = ", ".join(z["zone"] or "its zone" for z in order)
+        return give_up(
+            event,
+            stack,
+            "no_capacity",
+            f"no capacity for the fleet in {where}: {code} on each of {number} tries; deploy "
+            "again later, in another region, or with a capacity reservation",
+        )
+    next_zone = zones.zone_of_try(order, number + 1)["zone"]
+    at = now() + pause
+    rounds = len(order) * zones.CAPACITY_ROUNDS
+    log("relaunch-no-capacity", run=event["run"], error=code, zone=zone["zone"], tries=number)
+    tell(
+        event,
+        "WaitForCapacity",
+        reason=f"waiting for capacity: {code} in {zone['zone'] or 'its zone'} (try {number} of "
+        f"{rounds}); next try {'in ' + next_zone if next_zone else 'there'} at {stamp(at)}",
+    )
+    return {
+        "outcome": "no_capacity",
+        "wait_s": seconds(pause),
+        "next_try": number + 1,
+        "zone": zone["zone"],
+        "error": code,
+    }
+
+
+def give_up(event: dict, stack: dict, cause: str, reason: str) -> dict:
+    """The relaunch cannot bring the fleet back: the attempt it was for ends as failed with
+    `cause` and `reason`, one line, in the DONE.json it never wrote; the controller records it
+    as final (controller.FINAL) and the fleet is torn down with its results."""
+    run, attempt = event["run"], event["record"]["entry"]["attempt"] + 1
+    s3, bucket = client("s3"), setting("BUCKET")
+    records.write_done(
+        s3,
+        bucket,
+        run,
+        attempt=attempt,
+        status="failed",
+        cause=cause,
+        reason=reason,
+        at=stamp(now()),
+    )
+    entry = controller.end_attempt(
+        s3,
+        bucket,
+        run,
+        max_restarts=stack["max_restarts"],
+        now=now(),
+        deadline=train_stack.deadline_of(stack),
+    ) or next(e for e in records.attempts(s3, bucket, run) if e.get("attempt") == attempt)
+    log("relaunch-gave-up", run=run, reason=reason, attempt=attempt)
+    notify(stack, run, f"gave up: {reason}")
+    return {"outcome": "gave_up", "entry": entry}

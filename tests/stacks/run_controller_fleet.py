@@ -1,0 +1,352 @@
+"""A deployed TrainStack in moto as the run controller finds it (stacks/train/, docs/contracts.md):
+its outputs, a subnet per zone, a launch template per node, its nodes; the EC2 answers moto does
+not give (no capacity in a zone, a stop refused while a node is pending); and the triggers'
+events as EventBridge and CloudWatch deliver them."""
+
+import datetime
+import functools
+import json
+
+import boto3
+import clients
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models import ec2_backends
+from moto.ec2.models.instances import InstanceBackend
+
+REGION = "us-east-1"
+BUCKET = f"horovod-fleet-{DEFAULT_ACCOUNT_ID}-{REGION}"
+RUN = "resnet50-r1"
+ZONES = ("us-east-1a", "us-east-1b")
+FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"
+CARDS = 2  # EFA interfaces per node in the templates
+
+
+# One client per service for the session: moto's mock serves any client, whenever it was made,
+# and making one parses its service model again.
+@functools.cache
+def ec2():
+    return boto3.client("ec2", region_name=REGION)
+
+
+@functools.cache
+def s3():
+    return boto3.client("s3", region_name=REGION)
+
+
+@functools.cache
+def cloudformation():
+    return boto3.client("cloudformation", region_name=REGION)
+
+
+class Fleet:
+    """TrainStack with `nodes` nodes, on-demand or Spot, zones made at deploy (`zones`: its
+    HorovodFleetZones output; None for a stack from before it), the hard cap `hours` ahead."""
+
+    def __init__(self, nodes=2, spot=False, zones=ZONES, hours=6.0, max_restarts=3, run=RUN):
+        self.count, self.spot, self.zone_names, self.run = nodes, spot, zones, run
+        s3().create_bucket(Bucket=BUCKET)
+        placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
+        self.stack_id = cloudformation().create_stack(
+            StackName="TrainStack", TemplateBody=json.dumps(placeholder)
+        )["StackId"]
+        vpc = ec2().create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+        self.subnets = {
+            zone: ec2().create_subnet(
+                VpcId=vpc, CidrBlock=f"10.42.{16 * i}.0/20", AvailabilityZone=zone
+            )["Subnet"]["SubnetId"]
+            for i, zone in enumerate(ZONES)
+        }
+        group = ec2().create_security_group(GroupName="fleet", Description="fleet", VpcId=vpc)
+        self.security_group = group["GroupId"]
+        self.templates = [self.template(index) for index in range(nodes)]
+        deadline = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=hours)
+        outputs = {
+            "HorovodFleetRun": run,
+            "HorovodFleetMaxRestarts": str(max_restarts),
+            "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
+            "HorovodFleetReplacementTemplates": ",".join(self.templates),
+        }
+        if zones:
+            entries = [
+                {"zone": z, "subnet": self.subnets[z], "group": f"TrainStack-group-{z}"}
+                for z in zones
+            ]
+            outputs["HorovodFleetZones"] = json.dumps({"zones": entries})
+        self.update_outputs(outputs)
+        self.nodes = [self.launch_node(index) for index in range(nodes)]
+
+    def template(self, index: int) -> str:
+        tags = [
+            {"Key": "Project", "Value": "horovod-fleet"},
+            {"Key": FLEET_TAG, "Value": self.stack_id},
+            {"Key": NODE_TAG, "Value": str(index)},
+        ]
+        data = {
+            "ImageId": "ami-12c6146b",
+            "InstanceType": "p4d.24xlarge",
+            "NetworkInterfaces": [
+                {
+                    "DeviceIndex": 0 if card == 0 else 1,
+                    "NetworkCardIndex": card,
+                    "InterfaceType": "efa",
+                    "SubnetId": self.subnets[ZONES[0]],
+                    "Groups": [self.security_group],
+                    "DeleteOnTermination": True,
+                }
+                for card in range(CARDS)
+            ],
+            "Placement": {"GroupName": f"TrainStack-group-{ZONES[0]}"},
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
+        if self.spot:
+            data["InstanceMarketOptions"] = {"MarketType": "spot"}
+        created = ec2().create_launch_template(
+            LaunchTemplateName=f"node{index}", LaunchTemplateData=data
+        )
+        return created["LaunchTemplate"]["LaunchTemplateId"]
+
+    def update_outputs(self, outputs: dict[str, str]) -> None:
+        template = {
+            "Resources": {"Handle": {"Type": "AWS::SNS::Topic"}},
+            "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+        }
+        cloudformation().update_stack(StackName="TrainStack", TemplateBody=json.dumps(template))
+
+    def launch_node(self, index: int) -> str:
+        """Node `index` as CloudFormation launched it: CloudFormation's tag and the fleet's."""
+        tags = {
+            "aws:cloudformation:stack-id": self.stack_id,
+            "Project": "horovod-fleet",
+            FLEET_TAG: self.stack_id,
+            NODE_TAG: str(index),
+        }
+        market = {"InstanceMarketOptions": {"MarketType": "spot"}} if self.spot else {}
+        reservation = ec2().run_instances(
+            ImageId="ami-12c6146b",
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=self.subnets[ZONES[0]],
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+                }
+            ],
+            **market,
+        )
+        return reservation["Instances"][0]["InstanceId"]
+
+    def instances(self, states=("pending", "running", "stopping", "stopped")) -> list[dict]:
+        """The fleet's instances in `states`: id, state, node, zone, whether CloudFormation's."""
+        pages = (
+            ec2()
+            .get_paginator("describe_instances")
+            .paginate(
+                Filters=[
+                    {"Name": f"tag:{FLEET_TAG}", "Values": [self.stack_id]},
+                    {"Name": "instance-state-name", "Values": list(states)},
+                ]
+            )
+        )
+        found = []
+        for instance in (i for p in pages for r in p["Reservations"] for i in r["Instances"]):
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            found.append(
+                {
+                    "id": instance["InstanceId"],
+                    "state": instance["State"]["Name"],
+                    "node": int(tags[NODE_TAG]),
+                    "zone": instance["Placement"]["AvailabilityZone"],
+                    "cloudformation": "aws:cloudformation:stack-id" in tags,
+                }
+            )
+        return sorted(found, key=lambda n: (n["node"], n["id"]))
+
+    def billing(self) -> list[dict]:
+        return self.instances(states=("pending", "running"))
+
+    def stack_status(self) -> str:
+        stacks = cloudformation().describe_stacks(StackName=self.stack_id)["Stacks"]
+        return stacks[0]["StackStatus"]
+
+    def set_stack_status(self, status: str) -> None:
+        from moto.cloudformation.models import cloudformation_backends
+
+        backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
+        backend.stacks[self.stack_id].status = status
+
+    def fail(self, cause: str = "node_lost", attempt: int = 1, status: str = "failed") -> None:
+        """The leader's DONE.json for an attempt that failed with `cause`, and its logs."""
+        done = {"run": self.run, "status": status, "cause": cause, "attempt": attempt,
+                "reason": f"{cause} in attempt {attempt}"}  # fmt: skip
+        put_json(f"runs/{self.run}/DONE.json", done)
+        s3().put_object(Bucket=BUCKET, Key=f"runs/{self.run}/logs/node-0.log", Body=b"log")
+
+
+def put_json(key: str, document: dict) -> None:
+    s3().put_object(Bucket=BUCKET, Key=key, Body=json.dumps(document).encode())
+
+
+def read_json(key: str) -> dict | None:
+    try:
+        return json.loads(s3().get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    except s3().exceptions.NoSuchKey:
+        return None
+
+
+def backend_instance(instance_id: str):
+    return ec2_backends[DEFAULT_ACCOUNT_ID][REGION].get_instance(instance_id)
+
+
+class Ec2Answers:
+    """EC2's answers moto does not give. `full`: zone -> the capacity code RunInstances and
+    StartInstances answer there (for `full_tries` calls, then capacity again); `pending`:
+    instance -> how many stops EC2 refuses before it has reached `running`."""
+
+    def __init__(self, monkeypatch, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.full: dict[str, str] = {}
+        self.full_tries: int | None = None
+        self.refused_launches = 0
+        self.pending: dict[str, int] = {}
+        self.stops_refused: list[str] = []
+        real_run, real_start = InstanceBackend.run_instances, InstanceBackend.start_instances
+        real_stop = InstanceBackend.stop_instances
+        answers = self
+
+        def run_instances(backend, image_id, count, user_data, groups, **kwargs):
+            subnet = answers.subnet_of(backend, kwargs)
+            zone = backend.get_subnet(subnet).availability_zone
+            answers.refuse(zone, "RunInstances")
+            if not kwargs.get("nics"):  # moto leaves a template's interfaces out
+                kwargs["nics"] = [{"DeviceIndex": 0, "SubnetId": subnet}]
+            return real_run(backend, image_id, count, user_data, groups, **kwargs)
+
+        def start_instances(backend, instance_ids):
+            for instance_id in instance_ids:
+                answers.refuse(backend.get_instance(instance_id)._placement.zone, "StartInstances")
+            return real_start(backend, instance_ids)
+
+        def stop_instances(backend, instance_ids):
+            for instance_id in instance_ids:
+                left = answers.pending.get(instance_id, 0)
+                if left:
+                    answers.pending[instance_id] = left - 1
+                    answers.stops_refused.append(instance_id)
+                    if left == 1:  # booted: the next stop finds it running
+                        backend.get_instance(instance_id)._state.name = "running"
+                        backend.get_instance(instance_id)._state.code = 16
+                    raise EC2ClientError(
+                        "IncorrectInstanceState",
+                        f"Instance '{instance_id}' cannot be stopped as it has never reached "
+                        "the 'running' state.",
+                    )
+            return real_stop(backend, instance_ids)
+
+        monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+        monkeypatch.setattr(InstanceBackend, "start_instances", start_instances)
+        monkeypatch.setattr(InstanceBackend, "stop_instances", stop_instances)
+
+    def refuse(self, zone: str, operation: str) -> None:
+        if zone not in self.full:
+            return
+        if self.full_tries is not None and self.refused_launches >= self.full_tries:
+            return
+        self.refused_launches += 1
+        raise EC2ClientError(self.full[zone], f"no p4d.24xlarge capacity in {zone} ({operation})")
+
+    @staticmethod
+    def subnet_of(backend, kwargs: dict) -> str:
+        if kwargs.get("nics"):
+            return kwargs["nics"][0]["SubnetId"]
+        if kwargs.get("subnet_id"):
+            return kwargs["subnet_id"]
+        template = backend._get_template_from_args(kwargs["launch_template"]).data
+        return template["NetworkInterfaces"][0]["SubnetId"]
+
+    def make_pending(self, instance_id: str, refusals: int) -> None:
+        """The node is pending, and EC2 refuses `refusals` stops before it is running."""
+        instance = backend_instance(instance_id)
+        instance._state.name, instance._state.code = "pending", 0
+        self.pending[instance_id] = refusals
+
+
+# --- the triggers' events ----------------------------------------------------------------------
+
+
+def done_event(run: str = RUN) -> dict:
+    """EventBridge "Object Created" as S3 sends it with EventBridge notifications on."""
+    return {
+        "version": "0",
+        "detail-type": "Object Created",
+        "source": "aws.s3",
+        "region": REGION,
+        "detail": {
+            "bucket": {"name": BUCKET},
+            "object": {"key": f"runs/{run}/DONE.json", "etag": "e1", "sequencer": "01"},
+            "reason": "PutObject",
+        },
+    }
+
+
+def state_change_event(instance_id: str, state: str) -> dict:
+    """https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instance-state-changes.html"""
+    return {
+        "version": "0",
+        "detail-type": "EC2 Instance State-change Notification",
+        "source": "aws.ec2",
+        "region": REGION,
+        "resources": [f"arn:aws:ec2:{REGION}:{DEFAULT_ACCOUNT_ID}:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id, "state": state},
+    }
+
+
+def spot_warning_event(instance_id: str) -> dict:
+    """https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html"""
+    return {
+        "version": "0",
+        "detail-type": "EC2 Spot Instance Interruption Warning",
+        "source": "aws.ec2",
+        "region": REGION,
+        "resources": [f"arn:aws:ec2:{REGION}:{DEFAULT_ACCOUNT_ID}:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id, "instance-action": "terminate"},
+    }
+
+
+def alarm_event(run: str = RUN, at: str = "2026-11-22T04:30:00.000+0000") -> dict:
+    """The idle alarm's Lambda action."""
+    name = f"horovod-fleet-idle-{run}"
+    return {
+        "source": "aws.cloudwatch",
+        "alarmArn": f"arn:aws:cloudwatch:{REGION}:{DEFAULT_ACCOUNT_ID}:alarm:{name}",
+        "region": REGION,
+        "alarmData": {
+            "alarmName": name,
+            "state": {"value": "ALARM", "reason": "Threshold Crossed", "timestamp": at},
+            "configuration": {
+                "metrics": [{"metricStat": {"metric": {"dimensions": {"Run": run}}}}]
+            },
+        },
+    }
+
+
+def set_idle_alarm(run: str, state: str) -> None:
+    cloudwatch = clients.client("cloudwatch")
+    name = f"horovod-fleet-idle-{run}"
+    if not cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"]:
+        cloudwatch.put_metric_alarm(
+            AlarmName=name,
+            Namespace="HorovodFleet",
+            MetricName="nvidia_smi_utilization_gpu",
+            Dimensions=[{"Name": "Run", "Value": run}],
+            Statistic="Average",
+            Period=300,
+            EvaluationPeriods=6,
+            Threshold=5,
+            ComparisonOperator="LessThanThreshold",
+        )
+    cloudwatch.set_alarm_state(AlarmName=name, StateValue=state, StateReason="test")
+
+
+CAP_EVENT = {"trigger": "hard-cap", "run": RUN}

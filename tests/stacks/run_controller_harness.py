@@ -1,0 +1,215 @@
+"""The run controller's workflow offline: the state machine TeardownStack synthesizes, executed by
+moto's ASL interpreter (mock_aws with `execute_state_machine`), every state's real step code run
+in process, against moto's EC2, S3 and CloudFormation; its waits scaled down and recorded.
+
+How (notes of the research that found it, /work/notes/run-engine-research.md §1, §3):
+- moto's Lambda runs code in Docker; LambdaFunction.invoke is replaced by a call of the
+  function's handler (its template `Handler`, module.function of the asset) that answers as
+  Lambda's Python runtime does, an error as {"errorType": <class name>, ...}, which the
+  interpreter turns into the state's error name, as Step Functions does.
+- Wait states and Retry intervals really sleep in moto: the Wait function's interval and the
+  retrier's clock are scaled by SCALE, and every wait is recorded with its execution and state.
+- The DefinitionString's tokens (Fn::GetAtt of the step functions, Ref of pseudo parameters) are
+  resolved to the moto functions made under the same logical ids.
+"""
+
+import importlib
+import json
+import threading
+import time
+import types
+import typing
+from contextlib import ExitStack
+from unittest import mock
+
+import boto3
+import clients
+from moto.awslambda.models import LambdaFunction
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
+
+REGION = "us-east-1"
+SCALE = 0.0002  # a 600 s wait takes 0.12 s
+SERVICES = ("s3", "ec2", "cloudformation", "stepfunctions", "cloudwatch", "sns", "ssm")
+PSEUDO = {
+    "AWS::Partition": "aws",
+    "AWS::Region": REGION,
+    "AWS::AccountId": DEFAULT_ACCOUNT_ID,
+    "AWS::URLSuffix": "amazonaws.com",
+}
+
+
+def resolve(node, arns: dict[str, str]):
+    """A template value with its tokens replaced: GetAtt Arn by the moto function's ARN."""
+    if isinstance(node, str):
+        return node
+    if "Fn::Join" in node:
+        separator, parts = node["Fn::Join"]
+        return separator.join(resolve(part, arns) for part in parts)
+    if "Fn::GetAtt" in node:
+        logical_id, attribute = node["Fn::GetAtt"]
+        assert attribute == "Arn", node
+        return arns[logical_id]
+    if "Ref" in node:
+        return PSEUDO.get(node["Ref"]) or arns[node["Ref"]]
+    raise ValueError(f"unsupported token {node}")
+
+
+class Workflow:
+    """The synthesized run controller in moto; use inside mock_aws(config=CONFIG)."""
+
+    CONFIG: typing.ClassVar = {"stepfunctions": {"execute_state_machine": True}}
+
+    def __init__(self, template: dict, monkeypatch) -> None:
+        self.template = template
+        self.monkeypatch = monkeypatch
+        self.handlers: dict[str, object] = {}
+        self.waits: list[tuple[str, str, int]] = []  # (execution, state, seconds)
+        self.retries: list[float] = []
+        self.calls: list[tuple[str, dict]] = []  # (handler, event)
+        self.on_wait = None  # called (execution, state, seconds) at each Wait
+        self.faults: dict[str, list[Exception]] = {}  # handler -> errors to raise first
+        self.lock = threading.Lock()
+        self.stack = ExitStack()
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Workflow":
+        resources = self.template["Resources"]
+        functions = {
+            logical_id: resource["Properties"]
+            for logical_id, resource in resources.items()
+            if resource["Type"] == "AWS::Lambda::Function"
+            and resource["Properties"]["Runtime"].startswith("python")
+        }
+        iam = boto3.client("iam", region_name=REGION)
+        role = iam.create_role(RoleName="controller", AssumeRolePolicyDocument="{}")["Role"]
+        lam = boto3.client("lambda", region_name=REGION)
+        arns = {}
+        for logical_id, props in functions.items():
+            arns[logical_id] = lam.create_function(
+                FunctionName=logical_id,
+                Runtime="python3.12",
+                Role=role["Arn"],
+                Handler=props["Handler"],
+                Code={"ZipFile": b"PK\x05\x06" + b"\x00" * 18},
+            )["FunctionArn"]
+            module, name = props["Handler"].split(".")
+            self.handlers[logical_id] = (
+                props["Handler"],
+                getattr(importlib.import_module(module), name),
+            )
+            for key, value in (props.get("Environment") or {}).get("Variables", {}).items():
+                self.monkeypatch.setenv(key, resolve(value, arns))
+        [machine] = [r["Properties"] for r in resources.values()
+                     if r["Type"] == "AWS::StepFunctions::StateMachine"]  # fmt: skip
+        definition = resolve(machine["DefinitionString"], arns)
+        self.sfn = boto3.client("stepfunctions", region_name=REGION)
+        self.arn = self.sfn.create_state_machine(
+            name=machine["StateMachineName"], definition=definition, roleArn=role["Arn"]
+        )["stateMachineArn"]
+        self.definition = json.loads(definition)
+        for service in SERVICES:  # made here, not concurrently in the executions' threads
+            clients.client(service)
+        self.stack.enter_context(mock.patch.object(LambdaFunction, "invoke", self._invoke()))
+        self.stack.enter_context(
+            mock.patch.object(wait_function.WaitFunction, "_wait_interval", self._wait())
+        )
+        sleep = types.SimpleNamespace(sleep=self._retry_sleep)
+        self.stack.enter_context(mock.patch.object(retrier_decl, "time", sleep))
+        return self
+
+    def __exit__(self, *_) -> None:
+        """Stop what still runs, before the mock it calls goes away."""
+        deadline = time.monotonic() + 10
+        while running := self.running():
+            try:
+                for execution in running:
+                    self.sfn.stop_execution(executionArn=execution["executionArn"])
+            except AttributeError:  # moto: an execution whose worker has not begun yet
+                assert time.monotonic() < deadline, running
+                time.sleep(0.01)
+        self.stack.close()
+
+    def _invoke(self):
+        workflow = self
+
+        def invoke(function, body, request_headers, response_headers):
+            event = json.loads(body) if body else {}
+            name, handler = workflow.handlers[function.function_name]
+            with workflow.lock:
+                workflow.calls.append((name, event))
+                faults = workflow.faults.get(name) or []
+                fault = faults.pop(0) if faults else None
+            try:
+                if fault is not None:
+                    raise fault
+                return json.dumps(handler(event, None)).encode()
+            except Exception as error:  # what Lambda's Python runtime answers
+                response_headers["x-amz-function-error"] = "Unhandled"
+                return json.dumps(
+                    {"errorType": type(error).__name__, "errorMessage": str(error)}
+                ).encode()
+
+        return invoke
+
+    def _wait(self):
+        workflow = self
+
+        def wait_interval(_function, env, wait_seconds):
+            context = env.states.context_object.context_object_data
+            where = (context["Execution"]["Name"], context["State"]["Name"], wait_seconds)
+            with workflow.lock:
+                workflow.waits.append(where)
+            if workflow.on_wait is not None:
+                workflow.on_wait(*where)
+            if wait_seconds > 0:
+                env.program_state_event.wait(wait_seconds * SCALE)
+
+        return wait_interval
+
+    def _retry_sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.retries.append(seconds)
+        time.sleep(seconds * SCALE)
+
+    # --- driving and reading ---------------------------------------------------------------
+
+    def running(self) -> list[dict]:
+        pages = self.sfn.get_paginator("list_executions").paginate(
+            stateMachineArn=self.arn, statusFilter="RUNNING"
+        )
+        return [e for p in pages for e in p["executions"]]
+
+    def settle(self, timeout: float = 60) -> list[dict]:
+        """Wait until no execution runs; every execution, oldest first."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            assert time.monotonic() < deadline, f"still running: {self.running()}"
+            time.sleep(0.02)
+        return self.executions()
+
+    def executions(self) -> list[dict]:
+        pages = self.sfn.get_paginator("list_executions").paginate(stateMachineArn=self.arn)
+        return sorted((e for p in pages for e in p["executions"]), key=lambda e: e["startDate"])
+
+    def states(self, execution: dict) -> list[str]:
+        """The states the execution entered, in order."""
+        events = self.sfn.get_execution_history(
+            executionArn=execution["executionArn"], maxResults=1000
+        )["events"]
+        return [
+            details["name"]
+            for e in events
+            for key, details in e.items()
+            if key == "stateEnteredEventDetails"
+        ]
+
+    def output(self, execution: dict) -> dict:
+        described = self.sfn.describe_execution(executionArn=execution["executionArn"])
+        return json.loads(described.get("output") or "{}")
+
+    def steps_called(self, handler: str) -> list[dict]:
+        with self.lock:
+            return [event for name, event in self.calls if name == handler]
