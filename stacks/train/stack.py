@@ -43,33 +43,11 @@ class TrainStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", config.run)
-        # Not every zone offers every GPU type, and zone names differ between accounts: the
-        # reaper picks, at deploy time, config.az if it offers the type, else one that does.
-        # A given subnet or capacity reservation fixes the zone; then the type must be there.
-        # config.az may be a zone ID (use1-az4): the reaper answers this account's zone name.
-        # It also answers the zone of each move slot (Zone1, ...): where the fleet may go when
-        # its zone has no capacity. Which zones offer the type is known only at deploy, and
-        # CloudFormation cannot make a resource per element of a deploy-time list, so the slots
-        # are as many as the region has other zones, and a slot no other zone fills answers the
-        # fleet's own zone (a spare subnet and group, which cost nothing).
+        # Construct ids and their order are the template's logical ids: the parts below keep
+        # the ids and scope the one constructor had, so a split changes no resource.
         fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
         slots = 0 if fixed_zone else move_slots(config.region)
-        zone = reaper_answers(
-            self,
-            "Zone",
-            reaper=reaper,
-            resource_type=ZONE_TYPE,
-            properties={
-                "InstanceType": config.gpu.name,
-                "PreferredZone": config.az,
-                "Fixed": str(fixed_zone).lower(),
-                "MoveSlots": str(slots),
-                # What the answer holds. A new attribute changes this, so CloudFormation sends
-                # the stacks deployed before it an Update, whose answer has it, instead of
-                # failing on the attribute their stored answer lacks.
-                "Answers": ",".join(["Zone", "Zones", *(f"Zone{s}" for s in range(1, slots + 1))]),
-            },
-        )
+        zone = self._zone(config, reaper, fixed_zone, slots)
         prerequisites = [zone]  # answered before any instance launches
         network = SingleZoneNetwork(
             self,
@@ -102,19 +80,7 @@ class TrainStack(Stack):
             move_slots=slots,
         )
         if config.benchmark in (None, "data"):
-            # The nodes pull the dataset at boot: without its manifest none of them could
-            # train, so the deploy fails before the first instance launches (the reaper answers).
-            dataset = reaper_answers(
-                self,
-                "Dataset",
-                reaper=reaper,
-                resource_type=DATASET_TYPE,
-                properties={
-                    "Bucket": bucket.bucket_name,
-                    "Key": f"{config.dataset_prefix}manifest.json",
-                },
-            )
-            prerequisites.append(dataset)
+            prerequisites.append(self._dataset_check(config, bucket, reaper))
         for instance in fleet.instances:
             instance.node.add_dependency(*prerequisites)
         # Updated before every node and replacement template: a deploy that would change what a
@@ -129,6 +95,63 @@ class TrainStack(Stack):
             max_restarts=0 if config.benchmark else config.max_restarts,
             instances=fleet.instances,
         )
+        self._relaunch_places(config, reaper, zone, network, fleet, move_zones, move_subnets)
+        dashboard = RunDashboard(
+            self,
+            "Watch",
+            run=config.run,
+            gpu=config.gpu,
+            nodes=config.nodes,
+            max_hours=config.max_hours,
+            instances=fleet.instances,
+            idle_alarm=guard.idle_alarm,
+        )
+        self._outputs(config, bucket, fleet, dashboard)
+
+    def _zone(self, config: FleetConfig, reaper: aws_lambda.IFunction, fixed: bool, slots: int):
+        """The fleet's zone, answered at deploy. Not every zone offers every GPU type, and zone
+        names differ between accounts: the answer is config.az if it offers the type, else one
+        that does. A given subnet or capacity reservation fixes the zone; then the type must be
+        there. config.az may be a zone ID (use1-az4): the answer is this account's zone name.
+        It also answers the zone of each move slot (Zone1, ...): where the fleet may go when
+        its zone has no capacity. Which zones offer the type is known only at deploy, and
+        CloudFormation cannot make a resource per element of a deploy-time list, so the slots
+        are as many as the region has other zones, and a slot no other zone fills answers the
+        fleet's own zone (a spare subnet and group, which cost nothing)."""
+        return reaper_answers(
+            self,
+            "Zone",
+            reaper=reaper,
+            resource_type=ZONE_TYPE,
+            properties={
+                "InstanceType": config.gpu.name,
+                "PreferredZone": config.az,
+                "Fixed": str(fixed).lower(),
+                "MoveSlots": str(slots),
+                # What the answer holds. A new attribute changes this, so CloudFormation sends
+                # the stacks deployed before it an Update, whose answer has it, instead of
+                # failing on the attribute their stored answer lacks.
+                "Answers": ",".join(["Zone", "Zones", *(f"Zone{s}" for s in range(1, slots + 1))]),
+            },
+        )
+
+    def _dataset_check(self, config: FleetConfig, bucket: s3.IBucket, reaper: aws_lambda.IFunction):
+        """The nodes pull the dataset at boot: without its manifest none of them could train, so
+        the deploy fails before the first instance launches (answered at deploy)."""
+        return reaper_answers(
+            self,
+            "Dataset",
+            reaper=reaper,
+            resource_type=DATASET_TYPE,
+            properties={
+                "Bucket": bucket.bucket_name,
+                "Key": f"{config.dataset_prefix}manifest.json",
+            },
+        )
+
+    def _relaunch_places(self, config, reaper, zone, network, fleet, move_zones, move_subnets):
+        """What a relaunch needs from the stack: the replacement templates, where it may launch,
+        and the resource that ends the nodes it launched when the stack goes."""
         # The run controller launches a node EC2 terminated from its replacement template, out
         # of CloudFormation's sight: this resource, deleted before any of the fleet's, has the
         # reaper terminate those instances first (their interfaces would hold up the delete).
@@ -169,16 +192,10 @@ class TrainStack(Stack):
                 }
             ),
         ).override_logical_id(ZONES_OUTPUT_KEY)
-        dashboard = RunDashboard(
-            self,
-            "Watch",
-            run=config.run,
-            gpu=config.gpu,
-            nodes=config.nodes,
-            max_hours=config.max_hours,
-            instances=fleet.instances,
-            idle_alarm=guard.idle_alarm,
-        )
+
+    def _outputs(self, config: FleetConfig, bucket: s3.IBucket, fleet: GpuFleet, dashboard) -> None:
+        """Where the user looks: the dashboard, the watch command, the results, the logs and a
+        shell on the leader."""
         CfnOutput(self, "Dashboard", value=dashboard.url)
         CfnOutput(self, "WatchCommand", value=dashboard.watch_command)
         CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
