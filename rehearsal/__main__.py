@@ -59,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=1200, help="seconds for the training nodes"
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=2,
+        choices=range(0, 21),
+        metavar="{0..20}",
+        help="relaunches of the fleet the run controller may decide after a retryable failure "
+        "(TrainStack's maxRestarts)",
+    )
+    parser.add_argument(
         "--processes", action="store_true", help="separate processes even where namespaces work"
     )
     parser.add_argument(

@@ -1,5 +1,5 @@
 """The attempt loop of a run as the deployed fleet makes it: after each attempt the run
-controller's own code decides (the reaper's part), and on `relaunch` the rehearsal plays EC2's
+controller's own code decides (its Record step), and on `relaunch` the rehearsal plays EC2's
 part and the fleet comes back.
 
 `Attempts` is one part of `Rehearsal` (rehearsal/core.py): it trains with the nodes
@@ -86,3 +86,19 @@ class Attempts:
             if before_relaunch:
                 before_relaunch(self)
             self.relaunch()
+
+    def train_recovering(self, epochs: int) -> None:
+        """Every attempt of the plain rehearsal's run under the run controller, as on the fleet:
+        a node lost mid-run (its host killed from outside, say) is relaunched and the run
+        resumes from S3, at most --max-restarts times. Fails when the run did not succeed."""
+        entries = self.train_under_controller(epochs, self.args.max_restarts)
+        done = self.done_json()
+        if done is None:
+            raise StepFailed("the nodes ended without a DONE.json (their log is above)")
+        if done["status"] != "succeeded":
+            decided = f"; the run controller decided {entries[-1]['decision']}" if entries else ""
+            raise StepFailed(
+                f"attempt {done.get('attempt')} {done['status']}: {done['reason']}{decided}"
+            )
+        if relaunches := sum(e["decision"] == "relaunch" for e in entries):
+            say(f"recovered: the run succeeded after {relaunches} relaunch(es) of the fleet")

@@ -77,12 +77,15 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
             ("local S3 endpoint", self.start_s3),
             ("sample dataset", self.make_sample),
             ("preprocessing node", self.preprocess),
-            ("training nodes", lambda: self.train(self.args.epochs)),
+            ("training nodes", lambda: self.train_recovering(self.args.epochs)),
             ("results", lambda: self.report(self.args.epochs)),
         ]
         if self.args.rerun_epochs:
             steps += [
-                ("reboot: training nodes again", lambda: self.train(self.args.rerun_epochs)),
+                (
+                    "reboot: training nodes again",
+                    lambda: self.train_recovering(self.args.rerun_epochs),
+                ),
                 ("results after the rerun", lambda: self.report(self.args.rerun_epochs)),
             ]
         return steps

@@ -95,3 +95,48 @@ def test_the_rehearsal_restarts_a_killed_node_bootstrap_as_systemd_would(monkeyp
     assert procs["node1"].returncode == -15 and procs["node2"].returncode == 1
     rehearsal.close()
     assert rehearsal.output["node0"] == ["restarted\n"]
+
+
+def plain_rehearsal(tmp_path, monkeypatch, outcomes: list[str]):
+    """A plain rehearsal whose nodes, EC2 and run controller are stubs: each attempt ends as
+    `outcomes` says, and the controller relaunches every failed one."""
+    from rehearsal import common, core
+
+    rehearsal = core.Rehearsal(
+        argparse.Namespace(workdir=tmp_path, epochs=4, rerun_epochs=0, max_restarts=2)
+    )
+    attempts = iter(outcomes)
+    calls = {"relaunch": 0, "done": None}
+
+    def train(epochs, **overrides):
+        calls["done"] = {"status": next(attempts), "attempt": calls["relaunch"] + 1, "reason": "r"}
+        if calls["done"]["status"] != "succeeded":
+            raise common.StepFailed("node1 was killed")
+
+    def end_attempt(max_restarts):
+        failed = calls["done"]["status"] != "succeeded"
+        return {"attempt": calls["done"]["attempt"], "status": calls["done"]["status"],
+                "decision": "relaunch" if failed and calls["relaunch"] < max_restarts
+                else "teardown", "why": ""}  # fmt: skip
+
+    monkeypatch.setattr(rehearsal, "train", train)
+    monkeypatch.setattr(rehearsal, "end_attempt", end_attempt)
+    monkeypatch.setattr(rehearsal, "relaunch", lambda: calls.update(relaunch=calls["relaunch"] + 1))
+    monkeypatch.setattr(rehearsal, "done_json", lambda: calls["done"])
+    [(_, training)] = [(n, a) for n, a in rehearsal.plan_steps() if n == "training nodes"]
+    return training, calls
+
+
+def test_the_plain_rehearsal_recovers_a_lost_node_under_the_run_controller(tmp_path, monkeypatch):
+    training, calls = plain_rehearsal(tmp_path, monkeypatch, ["failed", "succeeded"])
+    training()
+    assert calls["relaunch"] == 1 and calls["done"]["attempt"] == 2
+
+
+def test_the_plain_rehearsal_fails_when_its_restarts_run_out(tmp_path, monkeypatch):
+    from rehearsal import common
+
+    training, calls = plain_rehearsal(tmp_path, monkeypatch, ["failed"] * 3)
+    with pytest.raises(common.StepFailed, match=r"^attempt 3 failed: r; .*decided teardown"):
+        training()
+    assert calls["relaunch"] == 2
