@@ -54,7 +54,7 @@ def prepare_start(rehearsal: Rehearsal, start: str) -> None:
         say(f"--- snapshot '{CHECKPOINTED}': {CHECKPOINTED_EPOCHS} epochs, a checkpoint each")
         rehearsal.train(CHECKPOINTED_EPOCHS, **EVERY_EPOCH)
         # What a deployment finds of an earlier one: its model, logs and key; not its end.
-        ended = ("DONE.json", "attempts.json", "status.json")
+        ended = ("DONE.json", "attempts.json", "status.json", "controller.json")
         rehearsal.save_snapshot(CHECKPOINTED, tuple(f"runs/{RUN}/{name}" for name in ended))
     rehearsal.restore_snapshot(start)
     rehearsal.renew_fleet()

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import NoReturn
 
 from watch.aws import Fleet, RunStore, WatchError, explain
-from watch.screen import RunFacts, parse_time, runs_table, status_screen
+from watch.screen import RunFacts, parse_time, runs_table, status_screen, with_controller
 
 RUN_OUTPUT = "HorovodFleetRun"  # TrainStack's output naming its run (docs/contracts.md)
 REFRESH_S = 10
@@ -83,7 +83,10 @@ class Watcher:
             run=run,
             bucket=self.store.bucket,
             now=now or datetime.now(timezone.utc),
-            status=self.store.read_json(f"{prefix}status.json"),
+            status=with_controller(
+                self.store.read_json(f"{prefix}status.json"),
+                self.store.read_json(f"{prefix}controller.json"),
+            ),
             done=self.store.read_json(f"{prefix}DONE.json"),
             attempts=(self.store.read_json(f"{prefix}attempts.json") or {}).get("attempts"),
         )

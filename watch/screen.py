@@ -40,7 +40,7 @@ class RunFacts:
     run: str
     bucket: str
     now: datetime
-    status: dict | None = None  # runs/<run>/status.json
+    status: dict | None = None  # runs/<run>/status.json, with controller.json (with_controller)
     done: dict | None = None  # runs/<run>/DONE.json
     attempts: list[dict] | None = None  # runs/<run>/attempts.json's ended attempts
     nodes_up: int | None = None  # registrations in runs/<run>/nodes/
@@ -165,6 +165,21 @@ def status_screen(facts: RunFacts) -> str:
     elif status.get("reason"):
         lines.append(f"  reason      {status['reason']}")
     return "\n".join(lines) + "\n\n"
+
+
+def with_controller(status: dict | None, controller: dict | None) -> dict | None:
+    """status.json as the screen shows it: the leader's document (its only writer) with what
+    the run controller says in its own controller.json: always its execution and state; its
+    phase, attempt and reason when it wrote them after the leader's last word (the leader is
+    gone, or a relaunch is under way). Both stamps are UTC "%Y-%m-%dT%H:%M:%SZ", so they
+    compare as text."""
+    if not controller:
+        return status
+    shown = dict(status or {})
+    shown.update({k: controller[k] for k in ("execution", "controller_state") if k in controller})
+    if (controller.get("updated_at") or "") > (shown.get("updated_at") or ""):
+        shown.update({k: controller[k] for k in ("phase", "attempt", "reason") if k in controller})
+    return shown
 
 
 def console_link(execution_arn: str) -> str:

@@ -57,6 +57,7 @@ class ControllerArns:
         self.done = bucket.arn_for_objects("runs/*/DONE.json")
         self.attempts = bucket.arn_for_objects("runs/*/attempts.json")
         self.status = bucket.arn_for_objects("runs/*/status.json")
+        self.controller = bucket.arn_for_objects("runs/*/controller.json")
 
     def wildcards(self) -> list[str]:
         return [
@@ -72,6 +73,7 @@ class ControllerArns:
             self.done,
             self.attempts,
             self.status,
+            self.controller,
             "*",
         ]
 
@@ -148,10 +150,10 @@ def cleanup_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
 def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
     """The workflow's steps: record the run, stop, start and launch its fleet, delete TrainStack."""
     return [
-        *reads(arns, arns.done, arns.attempts, arns.status),
+        *reads(arns, arns.done, arns.attempts, arns.status, arns.controller),
         # Checkpoints and logs are listed (results), never read.
         iam.PolicyStatement(
-            actions=["s3:PutObject"], resources=[arns.done, arns.attempts, arns.status]
+            actions=["s3:PutObject"], resources=[arns.done, arns.attempts, arns.controller]
         ),
         # A relaunch removes DONE.json, which would end the next attempt's members at once.
         iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[arns.done]),

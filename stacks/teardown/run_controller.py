@@ -110,7 +110,7 @@ class RunController(Construct):
             policy,
             arns.wildcards(),
             "The wildcards are TrainStack's stack-id suffix, the run name in runs/<run>/ "
-            "(DONE.json, attempts.json, status.json: the controller's record), the controller's "
+            "(DONE.json, attempts.json, controller.json: the controller's record), the controller's "
             "own executions, TrainStack's instances (stopped, started or terminated only with "
             "CloudFormation's stack-name tag TrainStack or the fleet's tag holding TrainStack's "
             "id, and Project=horovod-fleet), RunInstances only from a launch template tagged as "
@@ -202,7 +202,7 @@ class RunController(Construct):
             self.alarm(
                 "ExecutionsFailedAlarm",
                 "The horovod-fleet run controller failed: it stopped the run's nodes and wrote "
-                "why into attempts.json and status.json. See the execution in the Step "
+                "why into attempts.json and controller.json. See the execution in the Step "
                 "Functions console, then deploy again or delete TrainStack",
                 machine.metric_failed(period=five, statistic="Sum"),
             ),

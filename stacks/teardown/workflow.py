@@ -71,7 +71,7 @@ class RunWorkflow(Construct):
             "ControllerFailed",
             error="RunControllerFailed",
             cause="a state failed after its retries; StopBilling stopped the run's nodes and "
-            "recorded why in attempts.json and status.json",
+            "recorded why in attempts.json and controller.json",
         )
         stop_billing = self.task("StopBilling", steps["stop_billing"], "$.failure", catch=None)
         stop_billing.add_catch(failed, errors=["States.ALL"], result_path="$.failure_error")
@@ -169,7 +169,7 @@ class RunWorkflow(Construct):
         identify = sfn.Pass(
             self,
             "Identify",
-            comment="The execution's ARN, which status.json and attempts.json name",
+            comment="The execution's ARN, which controller.json and attempts.json name",
             parameters={"arn.$": "$$.Execution.Id"},
             result_path="$.execution",
         )
@@ -199,7 +199,7 @@ class RunWorkflow(Construct):
             Acknowledgment(
                 id="AwsSolutions-SF1",
                 reason="Every state's input, output and error is in the execution's history, "
-                "which the Step Functions console shows for 90 days (status.json links it); "
+                "which the Step Functions console shows for 90 days (controller.json links it); "
                 "delivering it to CloudWatch Logs too would need log-delivery actions, "
                 "deletes among them, on every resource.",
             ),

@@ -189,7 +189,9 @@ def test_a_relaunch_is_recorded_and_removes_done_json(s3):
     }
     # The next attempt's members must not see this DONE.json and end at once.
     assert read(s3, "DONE.json") is None
-    status = read(s3, "status.json")
+    # status.json stays the leader's; the controller says what it does in its own document.
+    assert read(s3, "status.json")["phase"] == "failed"
+    status = read(s3, "controller.json")
     assert (status["phase"], status["attempt"]) == ("relaunching", 2)
     assert status["reason"].startswith("step 'training' failed")
 

@@ -8,7 +8,7 @@ import clients
 import pytest
 import starter
 from run_controller_fleet import RUN, ZONES, Ec2Answers, Fleet, done_event, read_json
-from test_run_workflow import ATTEMPTS, DONE, STATUS, launches  # noqa: F401  (a fixture)
+from test_run_workflow import ATTEMPTS, CONTROLLER, DONE, launches  # noqa: F401  (a fixture)
 
 # ruff: noqa: F811  (launches is a fixture)
 
@@ -107,14 +107,14 @@ def test_the_hard_cap_ends_the_wait_for_capacity_early(workflow, monkeypatch):
     assert workflow.states(execution)[-1] == "Deleted"
 
 
-def test_while_it_waits_for_capacity_status_json_says_what_and_names_the_execution(
+def test_while_it_waits_for_capacity_controller_json_says_what_and_names_the_execution(
     workflow, monkeypatch
 ):
     fleet = Fleet(zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
     answers.full, answers.full_tries = {ZONES[0]: "InsufficientInstanceCapacity"}, 1
     seen = []
-    workflow.on_wait = lambda *_: seen.append(read_json(STATUS))
+    workflow.on_wait = lambda *_: seen.append(read_json(CONTROLLER))
     execution = relaunch(workflow, fleet)
     [status] = seen
     assert status["execution"] == execution["executionArn"]

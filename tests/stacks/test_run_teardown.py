@@ -20,7 +20,7 @@ from run_controller_fleet import (
     put_json,
     read_json,
 )
-from test_run_workflow import ATTEMPTS, DONE, STATUS
+from test_run_workflow import ATTEMPTS, CONTROLLER, DONE
 
 
 def finish(fleet: Fleet, **done) -> None:
@@ -201,8 +201,8 @@ def test_following_a_delete_ends_after_three_hours_in_a_failed_execution(workflo
 
 
 def test_a_step_that_keeps_failing_stops_the_billing_and_records_why(workflow, monkeypatch):
-    """Every state's Catch ends in StopBilling: the nodes stop, attempts.json and status.json
-    say the controller failed and why, and the execution fails (its alarm mails)."""
+    """Every state's Catch ends in StopBilling: the nodes stop, attempts.json and
+    controller.json say the controller failed and why, and the execution fails (its alarm mails)."""
     fleet = Fleet(zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
     workflow.faults["steps_fleet.launch"] = [RuntimeError("the launch broke")] * 3
@@ -218,7 +218,7 @@ def test_a_step_that_keeps_failing_stops_the_billing_and_records_why(workflow, m
         "RuntimeError",
         "the launch broke",
     )
-    status = read_json(STATUS)
+    status = read_json(CONTROLLER)
     assert status["controller_state"] == "Failed"
     assert status["reason"].startswith("the run controller failed (RuntimeError: the launch broke)")
 

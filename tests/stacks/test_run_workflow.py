@@ -23,8 +23,9 @@ from run_controller_fleet import (
     state_change_event,
 )
 
-ATTEMPTS, DONE, STATUS = (
-    f"runs/{RUN}/{name}" for name in ("attempts.json", "DONE.json", "status.json")
+ATTEMPTS, DONE, STATUS, CONTROLLER = (
+    f"runs/{RUN}/{name}"
+    for name in ("attempts.json", "DONE.json", "status.json", "controller.json")
 )
 
 
@@ -102,7 +103,8 @@ def test_a_step_that_fails_once_right_after_the_relaunch_decision_still_relaunch
     [entry] = read_json(ATTEMPTS)["attempts"]
     assert (entry["attempt"], entry["decision"]) == (1, "relaunch")
     assert read_json(DONE) is None
-    status = read_json(STATUS)
+    assert read_json(STATUS) is None  # the leader's alone: the controller never writes it
+    status = read_json(CONTROLLER)
     assert status["execution"] == execution["executionArn"]
     assert (status["phase"], status["attempt"], status["controller_state"]) == (
         "relaunching",

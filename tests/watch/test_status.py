@@ -117,8 +117,9 @@ def test_an_ended_run_shows_done_json_reason(s3, capsys):
 
 
 def test_a_relaunched_run_lists_its_ended_attempts(s3, capsys):
-    relaunching = {**status_doc("training", PROGRESS), "phase": "relaunching", "attempt": 2}
-    put(s3, "runs/r1/status.json", relaunching)
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS))  # the leader's last word
+    put(s3, "runs/r1/controller.json", {"phase": "relaunching", "attempt": 2,
+                                        "updated_at": stamp(-1)})  # fmt: skip
     put(s3, "runs/r1/attempts.json", {
         "format": "horovod-fleet/attempts/1", "run": "r1", "max_restarts": 3,
         "attempts": [{"attempt": 1, "status": "failed", "decision": "relaunch",
@@ -136,8 +137,9 @@ def test_a_relaunched_run_lists_its_ended_attempts(s3, capsys):
 
 def test_a_run_the_controller_handles_names_its_state_and_console_page(s3, capsys):
     arn = "arn:aws:states:eu-west-1:123456789012:execution:horovod-fleet-run-controller:r1-a1-0a1b2c3d"
-    put(s3, "runs/r1/status.json", {
-        **status_doc("training", PROGRESS), "phase": "relaunching", "attempt": 2,
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS))
+    put(s3, "runs/r1/controller.json", {
+        "phase": "relaunching", "attempt": 2, "updated_at": stamp(-1),
         "execution": arn, "controller_state": "WaitForCapacity",
         "reason": "waiting for capacity: InsufficientInstanceCapacity in eu-west-1a (try 1 of 8)",
     })  # fmt: skip
@@ -147,6 +149,24 @@ def test_a_run_the_controller_handles_names_its_state_and_console_page(s3, capsy
         f"region=eu-west-1#/v2/executions/details/{arn}"
     ) in out.splitlines()
     assert "  reason      waiting for capacity: InsufficientInstanceCapacity" in out
+
+
+def test_the_leader_s_newer_word_keeps_the_controller_s_line(s3, capsys):
+    """A Spot warning starts an execution while the leader still writes status.json: each has
+    its own document, so the leader's rewrite cannot drop the controller's line, and the
+    controller's older phase does not hide the leader's."""
+    arn = "arn:aws:states:us-east-1:123456789012:execution:horovod-fleet-run-controller:r1-a1-0a"
+    put(s3, "runs/r1/controller.json", {
+        "execution": arn, "controller_state": "Record", "phase": "relaunching",
+        "reason": "relaunching after the warning", "updated_at": stamp(-60),
+    })  # fmt: skip
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS))
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "phase       training" in out and "relaunching" not in out
+    assert (
+        f"  controller  Record: https://us-east-1.console.aws.amazon.com/states/home?region=us-east-1#/v2/executions/details/{arn}"
+        in out.splitlines()
+    )
 
 
 def test_phase_comes_from_cloudformation_before_the_leader_writes():

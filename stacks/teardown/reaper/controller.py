@@ -26,7 +26,7 @@ import sys
 
 import boto3
 from clients import parse_stamp, stamp
-from records import FORMAT, key, read_json, update_status, write_json
+from records import FORMAT, key, read_json, update_controller, write_json
 
 # The retry rule, keyed by DONE.json's `cause` (docs/contracts.md, "Causes"; the nodes write it,
 # bootstrap/causes.py, and so does the run controller when it gives a relaunch up or writes the
@@ -132,7 +132,7 @@ def end_attempt(
     write_json(s3, bucket, key(run, "attempts.json"), document)
     if decision == "relaunch":
         s3.delete_object(Bucket=bucket, Key=key(run, "DONE.json"))
-        update_status(
+        update_controller(
             s3,
             bucket,
             run,

@@ -1,7 +1,8 @@
 """The run's records the run controller reads and writes in S3 (docs/contracts.md, "A run as it
-goes"): DONE.json, attempts.json and status.json. Every writer of the controller goes through
-this module, status.json above all (`update_status`), so the shape the `horovod-fleet status`
-command and the dashboard read has one author on the controller's side.
+goes"): DONE.json, attempts.json and controller.json. Every write of the controller goes
+through this module. status.json is the leader's alone: the controller only reads it, and says
+what it does in its own controller.json (`update_controller`), which `horovod-fleet status`
+shows beside it, so neither writer's document can overwrite the other's.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
@@ -67,13 +68,13 @@ def current_attempt(s3, bucket: str, run: str) -> int:
     return max((e.get("attempt") or 0 for e in attempts(s3, bucket, run)), default=0) + 1
 
 
-def update_status(s3, bucket: str, run: str, *, at: str, **fields) -> dict:
-    """Merge `fields` into status.json; the leader's fields stay."""
-    name = key(run, "status.json")
-    status = read_json(s3, bucket, name) or {}
-    status.update(updated_at=at, **fields)
-    write_json(s3, bucket, name, status)
-    return status
+def update_controller(s3, bucket: str, run: str, *, at: str, **fields) -> dict:
+    """Merge `fields` into controller.json, whose only writer is the run controller."""
+    name = key(run, "controller.json")
+    document = read_json(s3, bucket, name) or {}
+    document.update(updated_at=at, **fields)
+    write_json(s3, bucket, name, document)
+    return document
 
 
 def write_done(

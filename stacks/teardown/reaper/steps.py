@@ -70,8 +70,8 @@ def record(event: dict) -> dict:
 
 
 def tell(event: dict, state: str, **fields) -> None:
-    """status.json names the execution that handles the run now, and its state."""
-    records.update_status(
+    """controller.json names the execution that handles the run now, and its state."""
+    records.update_controller(
         client("s3"),
         setting("BUCKET"),
         event["run"],
@@ -230,7 +230,7 @@ def judge_idle(event: dict, stack: dict) -> dict:
 @step
 def stop_billing(event: dict) -> dict:
     """Where every failure of the workflow ends (its Catch): the run's nodes stop billing, and
-    attempts.json and status.json say that the controller failed, where and why. The execution
+    attempts.json and controller.json say that the controller failed, where and why. The execution
     fails next, and its alarm mails the budget address."""
     run = event["run"]
     error = event.get("error") or {}
