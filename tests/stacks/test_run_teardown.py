@@ -3,6 +3,7 @@ goes, what it waits for, the one stack it may delete, the delete it follows, the
 where every failure ends."""
 
 import json
+import time
 
 import clients
 import pytest
@@ -122,9 +123,16 @@ def test_the_hard_cap_deletes_without_its_results_and_ends_a_relaunch_that_waits
     answers.full = {ZONES[0]: "InsufficientInstanceCapacity"}
     capped = []
 
-    def cap_while_waiting(_execution, state, _seconds):
+    def cap_while_waiting(execution, state, _seconds):
         if state == "WaitForCapacity" and not capped:
             capped.append(starter.handler(CAP_EVENT))
+            # On AWS this wait lasts ten minutes and the cap acts in seconds: hold the scaled
+            # wait until the cap has stopped it, so a loaded machine cannot end the wait first.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(
+                e["name"] == execution for e in workflow.running()
+            ):
+                time.sleep(0.05)
 
     workflow.on_wait = cap_while_waiting
     fleet.fail("node_lost")
