@@ -64,16 +64,26 @@ def processes_with(env_entries: list[str], command_part: str) -> list[int]:
     return found
 
 
+def rank_pids(rehearsal: Rehearsal, rank: int) -> list[int]:
+    """Rank `rank`'s trainer processes of this rehearsal only: other rehearsals may run on the
+    same machine."""
+    return processes_with(
+        [f"HOROVOD_RANK={rank}", f"AWS_ENDPOINT_URL={rehearsal.endpoint}"], "trainer.train"
+    )
+
+
+def send(pids: list[int], signum: signal.Signals) -> None:
+    """`signum` to each pid that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
 def kill_rank(rank: int) -> Action:
     def kill(rehearsal: Rehearsal) -> None:
-        # Only this rehearsal's ranks: other rehearsals may run on the same machine.
-        pids = processes_with(
-            [f"HOROVOD_RANK={rank}", f"AWS_ENDPOINT_URL={rehearsal.endpoint}"], "trainer.train"
-        )
+        pids = rank_pids(rehearsal, rank)
         say(f"FAULT: SIGKILL to rank {rank} (pid {', '.join(map(str, pids)) or 'not found'})")
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        send(pids, signal.SIGKILL)
 
     return kill
 
@@ -226,20 +236,10 @@ def pause_rank(rank: int, seconds: float) -> Action:
     """SIGSTOP to rank `rank`'s trainer, SIGCONT `seconds` later (if it still exists)."""
 
     def pause(rehearsal: Rehearsal) -> None:
-        pids = processes_with(
-            [f"HOROVOD_RANK={rank}", f"AWS_ENDPOINT_URL={rehearsal.endpoint}"], "trainer.train"
-        )
+        pids = rank_pids(rehearsal, rank)
         say(f"FAULT: rank {rank}'s trainer paused for {seconds:.0f} s (pid {pids})")
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-
-        def resume() -> None:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-
-        timer = threading.Timer(seconds, resume)
+        send(pids, signal.SIGSTOP)
+        timer = threading.Timer(seconds, send, args=(pids, signal.SIGCONT))
         timer.daemon = True
         timer.start()
 
