@@ -24,11 +24,11 @@ from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.fleet.member import Member
 from bootstrap.leader.leader import Leader
 from bootstrap.lines import REASON_LIMIT, one_line
-from bootstrap.node import health, spot
+from bootstrap.node import assignment, health, spot
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 from bootstrap.preprocess.preprocessing_node import PreprocessingNode
-from bootstrap.steps import Interrupted, StepFailed, interrupt_on_sigterm
+from bootstrap.steps import Interrupted, StepFailed, interrupt_on_sigterm, step
 
 
 def node_for(cfg, attempt: Attempt) -> PreprocessingNode | Leader | Member:
@@ -36,6 +36,19 @@ def node_for(cfg, attempt: Attempt) -> PreprocessingNode | Leader | Member:
     if isinstance(cfg, PreprocessConfig):
         return PreprocessingNode(cfg)
     return Leader(cfg, attempt) if cfg.is_leader else Member(cfg, attempt)
+
+
+def as_launched(cfg: TrainConfig, command: str) -> TrainConfig:
+    """A replacement node's node.json names no index: it is the node its launch assignment
+    names (bootstrap/node/assignment.py). train-node waits for it; a failure report of a shell
+    step before it reads it once, so a failure is not reported ten minutes late."""
+    wait_s = assignment.WAIT_S if command == "train-node" else 0
+    return step(
+        "launch assignment",
+        lambda: assignment.assigned(
+            cfg, aws.s3_client(cfg.region), aws.instance_id(cfg), wait_s=wait_s
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +77,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"cannot write the CloudWatch agent config {args.path}: {exc.strerror}"
             )
         return 0
+    if (
+        isinstance(cfg, TrainConfig)
+        and cfg.node_index is None
+        and args.command != "cloudwatch-config"
+    ):
+        try:
+            cfg = as_launched(cfg, args.command)
+        except StepFailed as failure:  # no index, so no node to report as: the line is all
+            aws.log(f"FAILED: {failure} (cause {failure.cause})")
+            return 1
     attempt = Attempt()
     node = node_for(cfg, attempt)
     try:

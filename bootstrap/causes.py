@@ -45,6 +45,7 @@ STEP_CAUSES = {
     "cloudwatch agent": NODE_UNHEALTHY,
     "health": NODE_UNHEALTHY,
     "instance identity": NODE_UNHEALTHY,
+    "launch assignment": NODE_UNHEALTHY,
     "allreduce check": NODE_UNHEALTHY,
 }
 

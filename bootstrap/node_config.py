@@ -30,7 +30,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,9 @@ MARKETS = ("on-demand", "spot")
 @dataclass(frozen=True)
 class TrainConfig(Common):
     run: str
-    node_index: int
+    # None: a node the run controller launched from the replacement template, which reads its
+    # index at boot from its launch assignment (bootstrap/node/assignment.py, with_node_index).
+    node_index: int | None
     nodes: int
     gpus_per_node: int
     instance_type: str
@@ -292,9 +294,9 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
             stop_when_done=r.get("stop_when_done", bool),
         )
     nodes = r.integer("nodes", minimum=1)
-    index = r.integer("node_index")
-    if index >= nodes:
-        raise r.fail("node_index", f"must be < nodes ({nodes}), got {index}")
+    index = r.integer("node_index") if "node_index" in doc else None
+    if index is not None:
+        _check_index(r, index, nodes)
     run = r.text("run")
     runs_prefix = r.prefix("runs_prefix")
     if runs_prefix != f"runs/{run}/":
@@ -346,6 +348,22 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         spot_notice_file=r.text("spot_notice_file", None, nullable=True),
         collective_timeout_s=r.integer("collective_timeout_s", COLLECTIVE_TIMEOUT_S, minimum=1),
     )
+
+
+def _check_index(r: _Reader, index: int, nodes: int) -> None:
+    if index >= nodes:
+        raise r.fail("node_index", f"must be < nodes ({nodes}), got {index}")
+
+
+def with_node_index(cfg: TrainConfig, index: Any, source: str) -> TrainConfig:
+    """`cfg` as node `index`, which `source` (a launch assignment) named; checked as node.json's
+    own `node_index` would be, the message naming `source`."""
+    r = _Reader({"node_index": index})
+    try:
+        _check_index(r, r.integer("node_index"), cfg.nodes)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("node.json", source, 1)) from None
+    return replace(cfg, node_index=index)
 
 
 def _cost(r: _Reader) -> dict[str, Any] | None:

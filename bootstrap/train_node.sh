@@ -15,7 +15,9 @@ step "read node.json"
 role=$(config role)
 [[ $role == train ]] || { log "node.json role is '$role', this script is for 'train'"; false; }
 start_log
-log "node $(config node_index) of $(config nodes), run $(config run)"
+# A replacement node's node.json names no index: it learns it from S3 in the bootstrap.
+index=$(config node_index)
+log "node ${index:-"(named by its launch assignment)"} of $(config nodes), run $(config run)"
 
 step "training image"
 # The system python3: the check needs only the standard library, and runs before anything else.

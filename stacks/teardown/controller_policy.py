@@ -6,7 +6,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
 from stacks.node_code import PROJECT
-from stacks.teardown.names import FLEET_TAG, NOTIFY_TOPIC_PREFIX, TRAIN_STACK_NAME
+from stacks.teardown.names import FLEET_TAG, NODE_TAG, NOTIFY_TOPIC_PREFIX, TRAIN_STACK_NAME
 
 
 class ControllerArns:
@@ -58,6 +58,7 @@ class ControllerArns:
         self.attempts = bucket.arn_for_objects("runs/*/attempts.json")
         self.status = bucket.arn_for_objects("runs/*/status.json")
         self.controller = bucket.arn_for_objects("runs/*/controller.json")
+        self.launches = bucket.arn_for_objects("runs/*/launches/*")
 
     def wildcards(self) -> list[str]:
         return [
@@ -74,6 +75,7 @@ class ControllerArns:
             self.attempts,
             self.status,
             self.controller,
+            self.launches,
             "*",
         ]
 
@@ -153,7 +155,8 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
         *reads(arns, arns.done, arns.attempts, arns.status, arns.controller),
         # Checkpoints and logs are listed (results), never read.
         iam.PolicyStatement(
-            actions=["s3:PutObject"], resources=[arns.done, arns.attempts, arns.controller]
+            actions=["s3:PutObject"],
+            resources=[arns.done, arns.attempts, arns.controller, arns.launches],
         ),
         # A relaunch removes DONE.json, which would end the next attempt's members at once.
         iam.PolicyStatement(actions=["s3:DeleteObject"], resources=[arns.done]),
@@ -222,6 +225,17 @@ def launch_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
             actions=["ec2:CreateTags"],
             resources=[arns.instances, *arns.launched],
             conditions={"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+        ),
+        # A launched node's index, on the fleet's instances only and no other key
+        # (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_examples_iam-add-tag-user-role.html:
+        # "ForAllValues:StringEquals ... the only tag key in the request must be" the one named).
+        iam.PolicyStatement(
+            actions=["ec2:CreateTags"],
+            resources=[arns.instances],
+            conditions={
+                **fleet_tagged(arns),
+                "ForAllValues:StringEquals": {"aws:TagKeys": [NODE_TAG]},
+            },
         ),
         # The nodes' role, named in the launch templates' instance profile.
         iam.PolicyStatement(

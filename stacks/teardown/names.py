@@ -14,8 +14,10 @@ NOTIFY_OUTPUT_KEY = "NotifyTopic"
 # TrainStack's outputs the run controller reads: how many relaunches, and the hard cap's time.
 MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
-# ... and the launch templates of the nodes' replacements, in node order, comma-separated.
-REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
+# ... and the one launch template every replacement node is launched from.
+REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
+# ... and how many nodes the fleet has: the indexes a relaunch brings back.
+NODES_OUTPUT_KEY = "HorovodFleetNodes"
 # ... and the zones TrainStack made a subnet and a cluster placement group in, the deployed one
 # first: where a relaunch may launch the fleet (reaper/zones.py, docs/contracts.md).
 ZONES_OUTPUT_KEY = "HorovodFleetZones"

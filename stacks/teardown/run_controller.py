@@ -34,7 +34,8 @@ EVENT_RETRIES = 185
 # The states of EC2's state-change events the starter judges: a node stopping or going.
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instance-state-changes.html
 NODE_GONE_STATES = ["stopping", "stopped", "shutting-down", "terminated"]
-STEP_TIMEOUT_MINUTES = {"launch": 5}  # one RunInstances per missing node
+# One RunInstances, then an S3 put and a CreateTags per launched node.
+STEP_TIMEOUT_MINUTES = {"launch": 5}
 
 
 class RunController(Construct):
@@ -110,12 +111,14 @@ class RunController(Construct):
             policy,
             arns.wildcards(),
             "The wildcards are TrainStack's stack-id suffix, the run name in runs/<run>/ "
-            "(DONE.json, attempts.json, controller.json: the controller's record), the controller's "
+            "(DONE.json, attempts.json, controller.json, launches/: the controller's record), the "
+            "controller's "
             "own executions, TrainStack's instances (stopped, started or terminated only with "
             "CloudFormation's stack-name tag TrainStack or the fleet's tag holding TrainStack's "
             "id, and Project=horovod-fleet), RunInstances only from a launch template tagged as "
             "TrainStack's, into a subnet, security group and placement group TrainStack made, "
-            "tags only at RunInstances, PassRole only of TrainStack's roles and only to EC2, the "
+            "tags only at RunInstances or the node index tag on the fleet's instances, PassRole only "
+            "of TrainStack's roles and only to EC2, the "
             "runs' notification topics by name prefix, read-only DescribeAlarms on the region's "
             "alarms (CloudWatch may authorise it against alarm:*), and the read-only EC2 "
             "Describe calls, which support no resource-level permissions.",

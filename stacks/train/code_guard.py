@@ -4,10 +4,10 @@ change what TrainStack's nodes run while its fleet has a live node (answers/answ
 
 CloudFormation applies a changed UserData by stopping and starting the instance, and user data
 runs only at an instance's first boot, so every node would come back on its old code
-(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html); the replacement templates
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html); the replacement template
 would hold the new code, and a relaunch would mix the two. The guard holds node 0's ImageId,
 InstanceType, UserData (its code URLs and node.json) and launch template version, the same
-values the node's own properties take, and every node and replacement template depends on it.
+values the node's own properties take, and every node and the replacement template depend on it.
 A resource is updated after the resources it depends on: "Resource B is updated before resource
 A" (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-dependson.html),
 so the guard's refusal fails the update, and CloudFormation rolls it back, before any node or
@@ -43,6 +43,6 @@ def code_guard(
             "LaunchTemplateVersion": node.launch_template.version,
         },
     )
-    for resource in (*fleet.instances, *fleet.replacement_templates):
+    for resource in (*fleet.instances, fleet.replacement_template):
         resource.add_resource_dependency(guard.node.default_child)
     return guard

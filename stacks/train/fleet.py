@@ -127,7 +127,6 @@ class GpuFleet(Construct):
             },
             "notify_topic_arn": notify_topic.topic_arn if notify_topic else None,
         }
-        self.replacement_templates: list[ec2.CfnLaunchTemplate] = []
         self.instances = [
             self._node(
                 index,
@@ -143,6 +142,21 @@ class GpuFleet(Construct):
             )
             for index in range(nodes)
         ]
+        self.replacement_template = self._replacement_template(
+            self.instances[0],
+            profile,
+            code=code,
+            run=run,
+            document=common_document(
+                role="train",
+                region=Stack.of(self).region,
+                bucket_name=bucket.bucket_name,
+                log_group_name=self.log_group.log_group_name,
+                signal_stack=None,
+                signal_resource=None,
+            )
+            | {"run": run, **fleet_document},
+        )
 
     def _move_group(self, slot: int) -> ec2.PlacementGroup:
         """The cluster placement group of move slot `slot`, used only with that slot's subnet
@@ -308,32 +322,37 @@ class GpuFleet(Construct):
         instance.user_data = code.user_data(
             node_document=document, script="train_node.sh", signal_resource=logical_id
         )
-        # What the reaper finds a node by, the first instance and its replacements alike.
+        # What the run controller finds a node by; a replacement gets its index tag at launch.
         Tags.of(instance).add(NODE_TAG, str(index))
         Tags.of(instance).add(FLEET_TAG, stack.stack_id)
-        self.replacement_templates.append(
-            self._replacement_template(index, instance, profile, run=run)
-        )
         return instance
 
     def _replacement_template(
-        self, index: int, instance: ec2.CfnInstance, profile: iam.CfnInstanceProfile, *, run: str
+        self,
+        instance: ec2.CfnInstance,
+        profile: iam.CfnInstanceProfile,
+        *,
+        code: NodeCode,
+        run: str,
+        document: dict,
     ) -> ec2.CfnLaunchTemplate:
-        """Node `index` whole, for the run controller: an instance EC2 has terminated (a Spot
-        interruption, a retired host) cannot be started again, so the reaper launches its
-        replacement from this template alone, with nothing of its own (docs/contracts.md). The
-        node's own instance keeps its properties: an update of TrainStack stops and starts it,
-        where a launch template version would replace it under a running fleet."""
+        """Every replacement node, for the run controller: an instance EC2 has terminated (a Spot
+        interruption, a retired host) cannot be started again, so the controller launches all
+        the missing nodes in one all-or-nothing request from this template, with nothing of
+        their own. Their node.json has no `node_index`: each reads its index at boot from the
+        controller's launch assignment in S3, and none signals (the CreationPolicy signals are
+        the nodes' own). The nodes' instances keep their properties: an update of TrainStack
+        stops and starts them, where a launch template version would replace them under a
+        running fleet (docs/contracts.md)."""
         stack = Stack.of(self)
         tags = [
             CfnTag(key="Project", value=PROJECT),
             CfnTag(key=f"{PROJECT}:run", value=run),
-            CfnTag(key=NODE_TAG, value=str(index)),
             CfnTag(key=FLEET_TAG, value=stack.stack_id),
         ]
         return ec2.CfnLaunchTemplate(
             self,
-            f"Node{index}Replacement",
+            "NodeReplacement",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 **self.launch_fields,
                 image_id=instance.image_id,
@@ -346,7 +365,9 @@ class GpuFleet(Construct):
                 ),
                 monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
                 ebs_optimized=True,
-                user_data=instance.user_data,
+                user_data=code.user_data(
+                    node_document=document, script="train_node.sh", signal_resource=None
+                ),
                 tag_specifications=[
                     ec2.CfnLaunchTemplate.TagSpecificationProperty(resource_type=kind, tags=tags)
                     for kind in ("instance", "volume", "network-interface")

@@ -1,6 +1,6 @@
 """TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
 
-from aws_cdk import CfnOutput, Fn, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -12,9 +12,10 @@ from stacks.network import SingleZoneNetwork, move_slots
 from stacks.node_code import PROJECT
 from stacks.teardown.names import (
     DATASET_TYPE,
+    NODES_OUTPUT_KEY,
     NOTIFY_OUTPUT_KEY,
     NOTIFY_TOPIC_PREFIX,
-    REPLACEMENTS_OUTPUT_KEY,
+    REPLACEMENT_OUTPUT_KEY,
     REPLACEMENTS_TYPE,
     ZONE_TYPE,
     ZONES_OUTPUT_KEY,
@@ -83,7 +84,7 @@ class TrainStack(Stack):
             prerequisites.append(self._dataset_check(config, bucket, reaper))
         for instance in fleet.instances:
             instance.node.add_dependency(*prerequisites)
-        # Updated before every node and replacement template: a deploy that would change what a
+        # Updated before every node and the replacement template: a deploy that would change what a
         # live fleet runs is refused there, before any node restarts on its old code.
         code_guard(self, reaper=reaper, run=config.run, fleet=fleet)
         guard = RunGuard(
@@ -150,9 +151,9 @@ class TrainStack(Stack):
         )
 
     def _relaunch_places(self, config, reaper, zone, network, fleet, move_zones, move_subnets):
-        """What a relaunch needs from the stack: the replacement templates, where it may launch,
+        """What a relaunch needs from the stack: the replacement template, where it may launch,
         and the resource that ends the nodes it launched when the stack goes."""
-        # The run controller launches a node EC2 terminated from its replacement template, out
+        # The run controller launches the nodes EC2 terminated from the replacement template, out
         # of CloudFormation's sight: this resource, deleted before any of the fleet's, has the
         # reaper terminate those instances first (their interfaces would hold up the delete).
         replacements = reaper_answers(
@@ -164,10 +165,9 @@ class TrainStack(Stack):
         )
         replacements.node.add_dependency(fleet, network)
         CfnOutput(
-            self,
-            "ReplacementTemplates",
-            value=Fn.join(",", [template.ref for template in fleet.replacement_templates]),
-        ).override_logical_id(REPLACEMENTS_OUTPUT_KEY)
+            self, "ReplacementTemplate", value=fleet.replacement_template.ref
+        ).override_logical_id(REPLACEMENT_OUTPUT_KEY)
+        CfnOutput(self, "Nodes", value=str(config.nodes)).override_logical_id(NODES_OUTPUT_KEY)
         # Where a relaunch may launch the fleet, in the order it tries them: the deployed zone's
         # own subnet and group first (the launch templates name them), then each move slot's
         # (docs/contracts.md). Only the first when the zone is fixed.

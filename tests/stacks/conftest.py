@@ -69,8 +69,8 @@ def node_document(instance: dict) -> dict:
 
 
 def fleet_launch_template(template: Any) -> tuple[str, dict]:
-    """The launch template every node's instance names (logical ID, resource); the others are
-    the nodes' replacement templates."""
+    """The launch template every node's instance names (logical ID, resource); the other is
+    the replacement template."""
     [found] = [
         (logical_id, resource)
         for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
@@ -79,13 +79,14 @@ def fleet_launch_template(template: Any) -> tuple[str, dict]:
     return found
 
 
-def replacement_templates(template: Any) -> dict[str, dict]:
-    """Each node's replacement template by logical ID."""
-    return {
-        logical_id: resource
+def replacement_template(template: Any) -> tuple[str, dict]:
+    """The one launch template every replacement node is launched from (logical ID, resource)."""
+    [found] = [
+        (logical_id, resource)
         for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
         if "Replacement" in logical_id
-    }
+    ]
+    return found
 
 
 def statements(template: Any, policy_prefix: str) -> list[dict]:

@@ -1,7 +1,7 @@
 """A deployed TrainStack in moto as the run controller finds it (stacks/train/, docs/contracts.md):
-its outputs, a subnet per zone, a launch template per node, its nodes; the EC2 answers moto does
-not give (no capacity in a zone, a stop refused while a node is pending); and the triggers'
-events as EventBridge and CloudWatch deliver them."""
+its outputs, a subnet per zone, the replacement template, its nodes; the EC2 answers moto does
+not give (no capacity in a zone, a stop refused while a node is pending, a launch repeated with
+its ClientToken); and the triggers' events as EventBridge and CloudWatch deliver them."""
 
 import datetime
 import functools
@@ -19,7 +19,7 @@ BUCKET = f"horovod-fleet-{DEFAULT_ACCOUNT_ID}-{REGION}"
 RUN = "resnet50-r1"
 ZONES = ("us-east-1a", "us-east-1b")
 FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"
-CARDS = 2  # EFA interfaces per node in the templates
+CARDS = 2  # EFA interfaces per node in the template
 
 
 # One client per service for the session: moto's mock serves any client, whenever it was made,
@@ -59,13 +59,14 @@ class Fleet:
         }
         group = ec2().create_security_group(GroupName="fleet", Description="fleet", VpcId=vpc)
         self.security_group = group["GroupId"]
-        self.templates = [self.template(index) for index in range(nodes)]
+        self.template = self.replacement_template()
         deadline = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=hours)
         outputs = {
             "HorovodFleetRun": run,
             "HorovodFleetMaxRestarts": str(max_restarts),
             "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
-            "HorovodFleetReplacementTemplates": ",".join(self.templates),
+            "HorovodFleetReplacementTemplate": self.template,
+            "HorovodFleetNodes": str(nodes),
         }
         if zones:
             entries = [
@@ -76,11 +77,10 @@ class Fleet:
         self.update_outputs(outputs)
         self.nodes = [self.launch_node(index) for index in range(nodes)]
 
-    def template(self, index: int) -> str:
+    def replacement_template(self) -> str:
         tags = [
             {"Key": "Project", "Value": "horovod-fleet"},
             {"Key": FLEET_TAG, "Value": self.stack_id},
-            {"Key": NODE_TAG, "Value": str(index)},
         ]
         data = {
             "ImageId": "ami-12c6146b",
@@ -102,7 +102,7 @@ class Fleet:
         if self.spot:
             data["InstanceMarketOptions"] = {"MarketType": "spot"}
         created = ec2().create_launch_template(
-            LaunchTemplateName=f"node{index}", LaunchTemplateData=data
+            LaunchTemplateName="node-replacement", LaunchTemplateData=data
         )
         return created["LaunchTemplate"]["LaunchTemplateId"]
 
@@ -138,7 +138,8 @@ class Fleet:
         return reservation["Instances"][0]["InstanceId"]
 
     def instances(self, states=("pending", "running", "stopping", "stopped")) -> list[dict]:
-        """The fleet's instances in `states`: id, state, node, zone, whether CloudFormation's."""
+        """The fleet's instances in `states`: id, state, node (None before the controller tagged
+        it), zone, whether CloudFormation's."""
         pages = (
             ec2()
             .get_paginator("describe_instances")
@@ -156,12 +157,12 @@ class Fleet:
                 {
                     "id": instance["InstanceId"],
                     "state": instance["State"]["Name"],
-                    "node": int(tags[NODE_TAG]),
+                    "node": int(tags[NODE_TAG]) if NODE_TAG in tags else None,
                     "zone": instance["Placement"]["AvailabilityZone"],
                     "cloudformation": "aws:cloudformation:stack-id" in tags,
                 }
             )
-        return sorted(found, key=lambda n: (n["node"], n["id"]))
+        return sorted(found, key=lambda n: (n["node"] is None, n["node"] or 0, n["id"]))
 
     def billing(self) -> list[dict]:
         return self.instances(states=("pending", "running"))
@@ -201,12 +202,18 @@ def backend_instance(instance_id: str):
 
 class Ec2Answers:
     """EC2's answers moto does not give. `full`: zone -> the capacity code RunInstances and
-    StartInstances answer there (for `full_tries` calls, then capacity again); `pending`:
-    instance -> how many stops EC2 refuses before it has reached `running`."""
+    StartInstances answer there (for `full_tries` calls, then capacity again); `capacity`:
+    zone -> how many instances EC2 has there, a RunInstances for more launching none
+    (InsufficientInstanceCapacity); `pending`: instance -> how many stops EC2 refuses before it
+    has reached `running`. A RunInstances repeated with its ClientToken gets its first answer
+    again, which moto does not do ("If you repeat the request with the same client token, the
+    same response is returned", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Run_Instance_Idempotency.html)."""
 
     def __init__(self, monkeypatch, fleet: Fleet) -> None:
         self.fleet = fleet
         self.full: dict[str, str] = {}
+        self.capacity: dict[str, int] = {}
+        self.reservations: dict[str, tuple[int, object]] = {}  # ClientToken -> (count, answer)
         self.full_tries: int | None = None
         self.refused_launches = 0
         self.pending: dict[str, int] = {}
@@ -216,12 +223,26 @@ class Ec2Answers:
         answers = self
 
         def run_instances(backend, image_id, count, user_data, groups, **kwargs):
+            token = kwargs.get("client_token")
+            if token in answers.reservations:
+                first_count, reservation = answers.reservations[token]
+                if first_count != count:
+                    raise EC2ClientError("IdempotentParameterMismatch", f"token {token}")
+                return reservation
             subnet = answers.subnet_of(backend, kwargs)
             zone = backend.get_subnet(subnet).availability_zone
             answers.refuse(zone, "RunInstances")
+            if count > answers.capacity.get(zone, count):
+                raise EC2ClientError(
+                    "InsufficientInstanceCapacity",
+                    f"{answers.capacity[zone]} p4d.24xlarge in {zone}, {count} asked for",
+                )
             if not kwargs.get("nics"):  # moto leaves a template's interfaces out
                 kwargs["nics"] = [{"DeviceIndex": 0, "SubnetId": subnet}]
-            return real_run(backend, image_id, count, user_data, groups, **kwargs)
+            reservation = real_run(backend, image_id, count, user_data, groups, **kwargs)
+            if token != "ABCDE":  # moto's own token for a request without one
+                answers.reservations[token] = (count, reservation)
+            return reservation
 
         def start_instances(backend, instance_ids):
             for instance_id in instance_ids:

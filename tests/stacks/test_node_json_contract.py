@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, node_document
+from conftest import ROOT, node_document, replacement_template
 
 # Deploy-time tokens (bucket name, volume id, logical ids) become plausible literals.
 TOKEN_VALUES = {"volume_id": "vol-0123456789abcdef0"}
@@ -54,6 +54,21 @@ def test_every_train_node_document_is_valid_for_bootstrap(synth, tmp_path, key, 
         assert result.stdout.strip() == expected
         indexes.add(bootstrap_reads(document, "node_index", tmp_path).stdout.strip())
     assert indexes == {"0", "1", "2"}
+
+
+def test_the_replacement_template_document_is_valid_for_bootstrap_without_an_index(
+    default, tmp_path
+):
+    """A replacement node's node.json names no index (it reads its launch assignment) and no
+    signal: bootstrap accepts it as it is."""
+    _, template = replacement_template(default["TrainStack"])
+    data = template["Properties"]["LaunchTemplateData"]
+    document = node_document({"Properties": {"UserData": data["UserData"]}})
+    assert "node_index" not in document
+    for key, expected in (("node_index", ""), ("signal", ""), ("nodes", "8")):
+        result = bootstrap_reads(document, key, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == expected
 
 
 def test_preprocess_node_document_is_valid_for_bootstrap(default, tmp_path):

@@ -6,7 +6,7 @@ answers."""
 import cleanup
 import clients
 import pytest
-from run_controller_fleet import RUN, Ec2Answers, Fleet
+from run_controller_fleet import NODE_TAG, RUN, Ec2Answers, Fleet
 
 TOKEN = "arn:aws:lambda:us-east-1:123456789012:function:CleanupProviderframeworkonEvent"
 
@@ -74,12 +74,17 @@ class CloudFormation:
 
 
 def replaced_node(fleet: Fleet) -> str:
-    """Node 1 as the run controller relaunched it: from its template, outside CloudFormation."""
+    """Node 1 as the run controller relaunched it: from the replacement template, outside
+    CloudFormation, then tagged with its index."""
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])
     launched = clients.client("ec2").run_instances(
-        LaunchTemplate={"LaunchTemplateId": fleet.templates[1]}, MinCount=1, MaxCount=1
+        LaunchTemplate={"LaunchTemplateId": fleet.template}, MinCount=1, MaxCount=1
     )
-    return launched["Instances"][0]["InstanceId"]
+    instance_id = launched["Instances"][0]["InstanceId"]
+    clients.client("ec2").create_tags(
+        Resources=[instance_id], Tags=[{"Key": NODE_TAG, "Value": "1"}]
+    )
+    return instance_id
 
 
 @pytest.mark.parametrize("change", ["rename the run", "roll back an update"])

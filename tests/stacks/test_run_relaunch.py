@@ -1,10 +1,12 @@
 """The run controller's relaunch, executed from the synthesized workflow in moto: stop or
-replace, launch all or none, zone by zone and round by round, give up in one line."""
+replace, launch the missing nodes in one all-or-nothing request and tell each its index, zone
+by zone and round by round, give up in one line."""
 
 import datetime
 import json
 
 import clients
+import ec2_fleet
 import pytest
 import starter
 from run_controller_fleet import RUN, ZONES, Ec2Answers, Fleet, done_event, read_json
@@ -20,12 +22,9 @@ def relaunch(workflow, fleet: Fleet, cause="node_lost", status="failed") -> dict
     return execution
 
 
-def test_a_spot_interruption_replaces_every_node_from_its_own_template(
-    workflow, monkeypatch, launches
-):
-    """One-time Spot Instances cannot be stopped: the survivors are terminated too, and each
-    node comes back as a new instance launched from its own template, one request per node,
-    with a token of its own."""
+def test_a_spot_interruption_replaces_every_node_in_one_request(workflow, monkeypatch, launches):
+    """One-time Spot Instances cannot be stopped: the survivors are terminated too, and every
+    node comes back as a new instance, all from the one template in one request."""
     fleet = Fleet(spot=True, zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])
@@ -34,9 +33,9 @@ def test_a_spot_interruption_replaces_every_node_from_its_own_template(
     nodes = fleet.instances()
     assert [n["node"] for n in nodes] == [0, 1] and all(n["state"] == "running" for n in nodes)
     assert not {n["id"] for n in nodes} & set(fleet.nodes)
-    assert [r["LaunchTemplate"]["LaunchTemplateId"] for r in launches] == fleet.templates
-    assert {r["LaunchTemplate"]["Version"] for r in launches} == {"$Latest"}
-    assert len({r["ClientToken"] for r in launches}) == 2
+    [request] = launches
+    assert request["LaunchTemplate"] == {"LaunchTemplateId": fleet.template, "Version": "$Latest"}
+    assert (request["MinCount"], request["MaxCount"]) == (2, 2)
     # The deployed zone's subnet and group are the templates' own: nothing overridden.
     assert not any("NetworkInterfaces" in r or "Placement" in r for r in launches)
 
@@ -51,7 +50,9 @@ def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_stop_and_start(
     output = workflow.output(execution)
     assert output["launch"]["started"] == sorted(fleet.nodes[:2])
     assert list(output["launch"]["replaced"]) == ["2"]
-    assert [r["LaunchTemplate"]["LaunchTemplateId"] for r in launches] == fleet.templates[2:]
+    assert [(r["LaunchTemplate"]["LaunchTemplateId"], r["MinCount"]) for r in launches] == [
+        (fleet.template, 1)
+    ]
     assert [n["state"] for n in fleet.instances()] == ["running"] * 3
 
 
@@ -67,7 +68,7 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(workflow, mon
     nodes = fleet.instances()
     assert [(n["node"], n["zone"]) for n in nodes] == [(0, ZONES[1]), (1, ZONES[1])]
     moved = [r for r in launches if r.get("Placement")]
-    assert len(moved) == 2 and all(
+    assert len(moved) == 1 and all(
         r["Placement"] == {"GroupName": f"TrainStack-group-{ZONES[1]}"}
         and [i["SubnetId"] for i in r["NetworkInterfaces"]] == [fleet.subnets[ZONES[1]]] * 2
         and [i["NetworkCardIndex"] for i in r["NetworkInterfaces"]] == [0, 1]
@@ -143,9 +144,12 @@ def test_cdk_destroy_during_a_relaunch_starts_nothing_and_follows_the_delete(wor
     assert fleet.billing() == []
 
 
-def test_a_fleet_without_templates_that_lost_a_node_is_deleted(workflow, monkeypatch):
-    """A stack from before the nodes had launch templates cannot bring back a node EC2
-    terminated: starting the others would wait for it until restarts ran out."""
+def test_a_fleet_without_the_replacement_template_that_lost_a_node_is_deleted(
+    workflow, monkeypatch
+):
+    """A stack from before the replacement template (none, or one per node with its index in
+    it) cannot bring back a node EC2 terminated: starting the others would wait for it until
+    restarts ran out."""
     fleet = Fleet(nodes=1, zones=None)
     template = {
         "Resources": {"Node0": {"Type": "AWS::EC2::Instance",
@@ -189,3 +193,107 @@ def test_an_end_that_is_not_relaunched_tears_the_fleet_down(
     assert "DeleteStack" in workflow.states(execution)
     assert workflow.states(execution)[-1] == "Deleted"
     assert fleet.stack_status() == "DELETE_COMPLETE"
+
+
+EVERY_STATE = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
+
+
+def launched(fleet: Fleet) -> list[dict]:
+    """Every instance the controller ever launched for the fleet, whatever its state now."""
+    return [n for n in fleet.instances(states=EVERY_STATE) if not n["cloudformation"]]
+
+
+def assignment(instance_id: str) -> dict | None:
+    return read_json(f"runs/{RUN}/launches/{instance_id}.json")
+
+
+def launch_order(ids: list[str]) -> list[str]:
+    reservations = clients.client("ec2").describe_instances(InstanceIds=ids)["Reservations"]
+    found = [i for r in reservations for i in r["Instances"]]
+    return [i["InstanceId"] for i in sorted(found, key=lambda i: i["AmiLaunchIndex"])]
+
+
+def test_the_missing_nodes_launch_in_one_request_and_each_learns_its_index(
+    workflow, monkeypatch, launches
+):
+    """EC2 retired three of four nodes' hosts: one RunInstances for all three from the one
+    template, MinCount = MaxCount = 3, so EC2 launches all or none; the instance at launch
+    index k is the k-th missing node, in its tag and in the assignment it reads at boot."""
+    fleet = Fleet(nodes=4, zones=ZONES[:1])
+    Ec2Answers(monkeypatch, fleet)
+    clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[i] for i in (0, 2, 3)])
+    execution = relaunch(workflow, fleet)
+    assert workflow.states(execution)[-1] == "Relaunched"
+    [request] = launches
+    assert request["LaunchTemplate"]["LaunchTemplateId"] == fleet.template
+    assert (request["MinCount"], request["MaxCount"]) == (3, 3)
+    replaced = workflow.output(execution)["launch"]["replaced"]
+    assert launch_order(list(replaced.values())) == [replaced[i] for i in ("0", "2", "3")]
+    for index, instance_id in replaced.items():
+        assert assignment(instance_id) == {
+            "node_index": int(index),
+            "instance_id": instance_id,
+            "run": RUN,
+            "attempt": 2,
+            "zone": ZONES[0],
+        }
+    nodes = fleet.instances()
+    assert [(n["node"], n["state"]) for n in nodes] == [(i, "running") for i in range(4)]
+    assert {n["id"] for n in nodes if n["node"] != 1} == set(replaced.values())
+
+
+def test_a_fleet_short_of_capacity_launches_none_and_keeps_its_wait(
+    workflow, monkeypatch, launches
+):
+    """EC2 has one p4d in the zone and the Spot fleet needs two: each try's one request
+    launches nothing (MinCount: "Amazon EC2 does not launch any instances"), so no node bills
+    during the wait, which keeps its schedule (10, 20, 40 minutes) and its one-line end."""
+    fleet = Fleet(spot=True, zones=ZONES[:1])
+    answers = Ec2Answers(monkeypatch, fleet)
+    answers.capacity = {ZONES[0]: 1}
+    execution = relaunch(workflow, fleet, "interrupted", "interrupted")
+    assert [s for _, state, s in workflow.waits if state == "WaitForCapacity"] == [600, 1200, 2400]
+    assert [(r["MinCount"], r["MaxCount"]) for r in launches] == [(2, 2)] * 4
+    assert launched(fleet) == []
+    done = read_json(DONE)
+    assert (done["cause"], done["attempt"]) == ("no_capacity", 2)
+    assert done["reason"].startswith(
+        "no capacity for the fleet in us-east-1a: InsufficientInstanceCapacity on each of 4 tries"
+    )
+    assert workflow.states(execution)[-1] == "Deleted"
+
+
+@pytest.mark.parametrize("dies", ["after RunInstances", "after the first node's tag"])
+def test_a_launch_that_dies_midway_and_is_retried_launches_each_node_once(
+    workflow, monkeypatch, launches, dies
+):
+    """The Launch step's process dies after EC2 launched the nodes (or after it tagged the
+    first): its retry asks for the same launch with the same ClientToken, EC2 answers with the
+    same reservation (Ec2Answers plays it: moto launches again), and it writes the same
+    assignments and tags. The fleet ends with one instance per missing node, each tagged with
+    its index and with its assignment in S3."""
+    fleet = Fleet(nodes=3, spot=True, zones=ZONES[:1])
+    Ec2Answers(monkeypatch, fleet)
+    module, name = (
+        (ec2_fleet, "launch") if dies == "after RunInstances" else (ec2_fleet, "tag_node")
+    )
+    real, calls = getattr(module, name), []
+
+    def then_die(*args):
+        result = real(*args)
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("Runtime.ExitError")  # what Lambda answers for a dead process
+        return result
+
+    monkeypatch.setattr(ec2_fleet, name, then_die)
+    execution = relaunch(workflow, fleet, "interrupted", "interrupted")
+    assert workflow.states(execution)[-1] == "Relaunched"
+    assert len(workflow.steps_called("steps_fleet.launch")) == 2
+    assert len(launches) == 2 and launches[0] == launches[1]
+    assert (launches[0]["MinCount"], launches[0]["MaxCount"]) == (3, 3)
+    nodes = launched(fleet)
+    assert [(n["node"], n["state"]) for n in nodes] == [(i, "running") for i in range(3)]
+    for node in nodes:
+        assert assignment(node["id"])["node_index"] == node["node"]
+    assert fleet.instances() == nodes

@@ -1,16 +1,16 @@
-"""-c market=spot, and the replacement templates the run controller relaunches nodes from:
+"""-c market=spot, and the replacement template the run controller relaunches nodes from:
 a Spot fleet is one-time Spot Instances that EC2 terminates on interruption, and every node,
-Spot or on demand, can be launched again whole from its own template."""
+Spot or on demand, can be launched again from the one template, all but its index."""
 
 import pytest
-from conftest import fleet_launch_template, node_document, replacement_templates
+from conftest import fleet_launch_template, node_document, replacement_template, user_data
 
 from stacks.config import ConfigError, FleetConfig
 from stacks.instance_types import GPU_TYPES, quota_note, spot_estimate
 from stacks.teardown.names import (
     FLEET_TAG,
     NODE_TAG,
-    REPLACEMENTS_OUTPUT_KEY,
+    REPLACEMENT_OUTPUT_KEY,
     REPLACEMENTS_TYPE,
 )
 
@@ -41,9 +41,9 @@ def test_spot_fleet_is_one_time_spot_terminated_on_interruption(spot):
             "InstanceInterruptionBehavior": "terminate",
         },
     }
-    for replacement in replacement_templates(spot).values():
-        data = replacement["Properties"]["LaunchTemplateData"]
-        assert data["InstanceMarketOptions"]["MarketType"] == "spot"
+    _, replacement = replacement_template(spot)
+    data = replacement["Properties"]["LaunchTemplateData"]
+    assert data["InstanceMarketOptions"]["MarketType"] == "spot"
 
 
 def test_on_demand_fleet_has_no_market_options(default):
@@ -59,47 +59,53 @@ def test_every_node_learns_its_market(spot, default):
 
 
 @pytest.mark.parametrize("overrides", [{}, SPOT, {"nodes": 2, "instanceType": "g5.12xlarge"}])
-def test_each_node_has_a_replacement_template_that_is_the_node_whole(synth, overrides):
-    """What the run controller's RunInstances gets is the template alone (in another zone, with
-    its subnet and placement group): it must launch the same node CloudFormation launched, down
-    to its user data."""
+def test_one_replacement_template_is_every_node_but_its_index(synth, overrides):
+    """What the run controller's one RunInstances gets is the template alone (in another zone,
+    with its subnet and placement group): it must launch the nodes CloudFormation launched, down
+    to their node.json, except what is a node's own: its index (read at boot from the launch
+    assignment), its index tag (the controller tags it) and its CreationPolicy signal."""
     template = synth(**overrides)["TrainStack"]
     _, shared = fleet_launch_template(template)
     nodes = instances(template)
-    replacements = replacement_templates(template)
-    assert len(replacements) == len(nodes) == overrides.get("nodes", 8)
-    output = template.to_json()["Outputs"][REPLACEMENTS_OUTPUT_KEY]["Value"]["Fn::Join"]
-    assert output[0] == ","
-    ordered = [ref["Ref"] for ref in output[1]]
-    assert sorted(ordered) == sorted(replacements)
-    for index, replacement_id in enumerate(ordered):
+    assert len(nodes) == overrides.get("nodes", 8)
+    replacement_id, replacement = replacement_template(template)
+    output = template.to_json()["Outputs"][REPLACEMENT_OUTPUT_KEY]["Value"]
+    assert output == {"Ref": replacement_id}
+    data = replacement["Properties"]["LaunchTemplateData"]
+    for key, value in shared["Properties"]["LaunchTemplateData"].items():
+        assert data[key] == value, key
+    [node0] = [i for k, i in nodes.items() if k.startswith("FleetNode0")]
+    props = node0["Properties"]
+    assert data["ImageId"] == props["ImageId"]
+    assert data["InstanceType"] == props["InstanceType"]
+    assert data["Placement"]["GroupName"] == props["PlacementGroupName"]
+    assert data["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0] == props["IamInstanceProfile"]["Ref"]
+    assert data["Monitoring"] == {"Enabled": True} and data["EbsOptimized"] is True
+    launched = {"Properties": {"UserData": data["UserData"]}}
+    document = node_document(launched)
+    assert "node_index" not in document and document["signal"] is None
+    for instance in nodes.values():
+        own = node_document(instance)
+        assert own.pop("node_index") in range(len(nodes)) and own.pop("signal")
+        assert own == {k: v for k, v in document.items() if k != "signal"}
+    # A replacement that fails before its bootstrap halts; it has no resource to signal.
+    assert "signal-resource" not in user_data(launched)
+    tags = {
+        spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]}
+        for spec in data["TagSpecifications"]
+    }
+    assert set(tags) == {"instance", "volume", "network-interface"}
+    for kind_tags in tags.values():
+        assert NODE_TAG not in kind_tags
+        assert kind_tags[FLEET_TAG] == {"Ref": "AWS::StackId"}
+        assert kind_tags["Project"] == "horovod-fleet"
+    [own] = replacement["Properties"]["TagSpecifications"]
+    assert own["ResourceType"] == "launch-template"
+    assert {t["Key"]: t["Value"] for t in own["Tags"]}[FLEET_TAG] == {"Ref": "AWS::StackId"}
+    for index in range(len(nodes)):
         [instance] = [i for k, i in nodes.items() if k.startswith(f"FleetNode{index}")]
-        props = instance["Properties"]
-        data = replacements[replacement_id]["Properties"]["LaunchTemplateData"]
-        for key, value in shared["Properties"]["LaunchTemplateData"].items():
-            assert data[key] == value, key
-        assert data["UserData"] == props["UserData"]
-        assert data["ImageId"] == props["ImageId"]
-        assert data["InstanceType"] == props["InstanceType"]
-        assert data["Placement"]["GroupName"] == props["PlacementGroupName"]
-        assert (
-            data["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0] == props["IamInstanceProfile"]["Ref"]
-        )
-        assert data["Monitoring"] == {"Enabled": True} and data["EbsOptimized"] is True
         assert node_document(instance)["node_index"] == index
-        tags = {
-            spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]}
-            for spec in data["TagSpecifications"]
-        }
-        assert set(tags) == {"instance", "volume", "network-interface"}
-        for kind_tags in tags.values():
-            assert kind_tags[NODE_TAG] == str(index)
-            assert kind_tags[FLEET_TAG] == {"Ref": "AWS::StackId"}
-            assert kind_tags["Project"] == "horovod-fleet"
-        [own] = replacements[replacement_id]["Properties"]["TagSpecifications"]
-        assert own["ResourceType"] == "launch-template"
-        assert {t["Key"]: t["Value"] for t in own["Tags"]}[FLEET_TAG] == {"Ref": "AWS::StackId"}
-        instance_tags = {t["Key"]: t["Value"] for t in props["Tags"]}
+        instance_tags = {t["Key"]: t["Value"] for t in instance["Properties"]["Tags"]}
         assert instance_tags[NODE_TAG] == str(index)
         assert instance_tags[FLEET_TAG] == {"Ref": "AWS::StackId"}
 

@@ -621,6 +621,25 @@ def test_instances_are_launched_only_from_train_stacks_templates_into_its_networ
     ]
 
 
+def test_the_controller_tells_a_launched_node_its_index_and_nothing_else(templates):
+    """After the one launch: each instance's assignment under runs/<run>/launches/ in S3, and
+    the node index tag, only on the fleet's instances and only that key."""
+    puts = [r for s in statements_for(templates, "s3:PutObject") for r in as_list(s["Resource"])]
+    assert any(render(r).endswith("/runs/*/launches/*") for r in puts)
+    [tagging] = [
+        s
+        for s in statements_for(templates, "ec2:CreateTags")
+        if "ForAllValues:StringEquals" in s["Condition"]
+    ]
+    assert tagging["Condition"]["ForAllValues:StringEquals"] == {
+        "aws:TagKeys": ["horovod-fleet:node"]
+    }
+    assert tagging["Condition"]["StringEquals"] == {"aws:ResourceTag/Project": "horovod-fleet"}
+    [(key, value)] = tagging["Condition"]["StringLike"].items()
+    assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
+    assert render(tagging["Resource"]).endswith(":instance/*")
+
+
 def test_only_the_controller_starts_or_stops_its_executions(templates):
     teardown = templates["TeardownStack"]
     for action in ("states:StartExecution", "states:StopExecution", "states:ListExecutions"):

@@ -6,7 +6,7 @@ import json
 
 import boto3
 import pytest
-from conftest import replacement_templates, statements
+from conftest import replacement_template, statements
 from moto import mock_aws
 from test_teardown import render
 
@@ -211,17 +211,17 @@ def test_nothing_in_train_stack_may_make_network_at_run_time(train, default):
     }
 
 
-def test_a_nodes_template_lets_a_launch_override_its_whole_network(default):
+def test_the_replacement_template_lets_a_launch_override_its_whole_network(default):
     """A launch in a move slot gives NetworkInterfaces (every card, with the slot's subnet)
     and Placement.GroupName, which overwrite the template's. Nothing else of the template
     names a network that could conflict: no SubnetId or security groups beside the
     interfaces, no zone in the placement, and interfaces with nothing but INTERFACE_FIELDS."""
-    for logical_id, resource in replacement_templates(default["TrainStack"]).items():
-        data = resource["Properties"]["LaunchTemplateData"]
-        assert not {"SubnetId", "SecurityGroupIds", "SecurityGroups"} & data.keys(), logical_id
-        assert set(data["Placement"]) == {"GroupName"}
-        for interface in data["NetworkInterfaces"]:
-            assert set(interface) == INTERFACE_FIELDS | {"SubnetId"}, interface
+    _, resource = replacement_template(default["TrainStack"])
+    data = resource["Properties"]["LaunchTemplateData"]
+    assert not {"SubnetId", "SecurityGroupIds", "SecurityGroups"} & data.keys()
+    assert set(data["Placement"]) == {"GroupName"}
+    for interface in data["NetworkInterfaces"]:
+        assert set(interface) == INTERFACE_FIELDS | {"SubnetId"}, interface
 
 
 def resolve(value, refs: dict):
@@ -238,7 +238,7 @@ def resolve(value, refs: dict):
 
 
 @mock_aws
-def test_a_node_launches_in_a_move_slot_from_its_own_template(default, monkeypatch):
+def test_nodes_launch_in_a_move_slot_from_the_replacement_template(default, monkeypatch):
     """The template TrainStack deploys, launched as a relaunch does in slot 1: moto puts the
     instances in the slot's subnet and zone (it does not model EFA or placement: the request
     itself is what is checked, research §2d)."""
@@ -250,7 +250,7 @@ def test_a_node_launches_in_a_move_slot_from_its_own_template(default, monkeypat
     slot = ec2.create_subnet(VpcId=vpc, CidrBlock=MOVE_CIDRS[0], AvailabilityZone="us-east-1c")
     group = ec2.create_security_group(GroupName="fleet", Description="fleet", VpcId=vpc)
     profile = boto3.client("iam").create_instance_profile(InstanceProfileName="fleet")
-    template = next(iter(replacement_templates(default["TrainStack"]).values()))
+    _, template = replacement_template(default["TrainStack"])
     data = dict(template["Properties"]["LaunchTemplateData"])
     data.pop("UserData")
     refs = {

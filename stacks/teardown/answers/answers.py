@@ -276,7 +276,7 @@ FLEET_TAG = "horovod-fleet:stack"  # stacks/teardown/names.py: every node of a T
 def answer_code_guard(event: Mapping) -> dict:
     """Refuses, in one line, a deploy that would change what TrainStack's nodes run while its
     fleet has a live node: CloudFormation would stop and start each node on its old code, as
-    user data runs only at first boot. Every node instance and replacement template depends on
+    user data runs only at first boot. Every node instance and the replacement template depend on
     this resource, so CloudFormation updates it first and rolls the update back before any node
     is touched (stacks/train/code_guard.py). A rollback's own Update, and an update of nothing
     the nodes run, pass."""

@@ -2,8 +2,9 @@
 or terminate them, start them, launch the missing ones.
 
 Every instance of a fleet, CloudFormation's and the ones the controller launched, carries the
-tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its index); the
-controller's role may stop, start, terminate and launch only instances so tagged.
+tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its index; a launched one
+gets it from the controller right after its launch); the controller's role may stop, start,
+terminate, launch and tag only instances so tagged.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
@@ -73,6 +74,9 @@ def node_of(instance: dict) -> dict:
         "zone": instance.get("Placement", {}).get("AvailabilityZone"),
         "stack": tags.get(FLEET_TAG),
         "cloudformation": "aws:cloudformation:stack-id" in tags,
+        # Which launch request made it ("The client token is included in the response when you
+        # describe the instance", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Run_Instance_Idempotency.html).
+        "client_token": instance.get("ClientToken", ""),
     }
 
 
@@ -141,28 +145,54 @@ def start(ids: list[str]) -> None:
         client("ec2").start_instances(InstanceIds=ids)
 
 
-def launch(templates: list[str], indexes: list[int], zone: dict, token: str) -> dict[str, str]:
-    """Launch each missing node from its own launch template, in `zone` (its subnet on every
-    interface, its placement group), all or none: the ones launched are terminated again when
-    one is refused, and the error is raised. The same `token` gives the same ClientToken to a
-    retried step, so EC2 launches no second instance
-    (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html)."""
-    launched: dict[str, str] = {}
-    try:
-        for index in indexes:
-            digest = hashlib.sha256(f"{token}/{index}".encode()).hexdigest()
-            reservation = client("ec2").run_instances(
-                LaunchTemplate={"LaunchTemplateId": templates[index], "Version": "$Latest"},
-                MinCount=1,
-                MaxCount=1,
-                ClientToken=digest[:64],
-                **overrides(templates[index], zone),
-            )
-            launched[str(index)] = reservation["Instances"][0]["InstanceId"]
-    except ClientError:
-        terminate(list(launched.values()))
-        raise
-    return launched
+def client_token(try_token: str, indexes: list[int]) -> str:
+    """The launch's ClientToken: a digest of the try, then one of the node indexes it launches,
+    so a retried step asks for the same launch again and EC2 answers it with the same
+    reservation ("If you repeat the request with the same client token, the same response is
+    returned", 64 ASCII characters at most;
+    https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html)."""
+    nodes = ",".join(map(str, sorted(indexes)))
+    return digest(try_token)[:32] + digest(nodes)[:32]
+
+
+def launched_by(try_token: str, fleet: list[dict]) -> set[str]:
+    """The instances an earlier run of this try's step launched: a retried step counts the
+    nodes missing as they were before its launch, whatever of it was tagged since, so it asks
+    for the same launch again."""
+    return {n["id"] for n in fleet if n["client_token"].startswith(digest(try_token)[:32])}
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def launch(template: str, indexes: list[int], zone: dict, try_token: str) -> list[str]:
+    """Launch the missing nodes `indexes` in one request from the replacement template, in
+    `zone` (its subnet on every interface, its placement group), all or none: MinCount =
+    MaxCount, and "If you specify a value that is more capacity than Amazon EC2 can provide in
+    the target Availability Zone, Amazon EC2 does not launch any instances"
+    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html, MinCount).
+    A refusal is raised. The instance ids in launch order: the one at AmiLaunchIndex k ("which
+    can be used to find this instance in the launch group", the Instance type of the same
+    reference) is node indexes[k]."""
+    if not indexes:
+        return []
+    reservation = client("ec2").run_instances(
+        LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
+        MinCount=len(indexes),
+        MaxCount=len(indexes),
+        ClientToken=client_token(try_token, indexes),
+        **overrides(template, zone),
+    )
+    ordered = sorted(reservation["Instances"], key=lambda i: i["AmiLaunchIndex"])
+    return [i["InstanceId"] for i in ordered]
+
+
+def tag_node(instance_id: str, index: int) -> None:
+    """The node index tag the controller finds a node by; the same tag again changes nothing."""
+    client("ec2").create_tags(
+        Resources=[instance_id], Tags=[{"Key": NODE_TAG, "Value": str(index)}]
+    )
 
 
 def overrides(template: str, zone: dict) -> dict:

@@ -1,5 +1,5 @@
 """The run's records the run controller reads and writes in S3 (docs/contracts.md, "A run as it
-goes"): DONE.json, attempts.json and controller.json. Every write of the controller goes
+goes"): DONE.json, attempts.json, controller.json and the launch assignments. Every write of the controller goes
 through this module. status.json is the leader's alone: the controller only reads it, and says
 what it does in its own controller.json (`update_controller`), which `horovod-fleet status`
 shows beside it, so neither writer's document can overwrite the other's.
@@ -99,6 +99,13 @@ def write_done(
         "finished_at": at,
     }
     return write_json(s3, bucket, key(run, "DONE.json"), done, only_new=True)
+
+
+def write_launch(s3, bucket: str, run: str, instance_id: str, assignment: dict) -> None:
+    """A launched node's assignment, runs/<run>/launches/<instance-id>.json: which node it is.
+    The node waits for it at boot (bootstrap/node/assignment.py); the same assignment written
+    again by a retried step is the same document."""
+    write_json(s3, bucket, key(run, f"launches/{instance_id}.json"), assignment)
 
 
 def record_failure(s3, bucket: str, run: str, failure: dict) -> None:

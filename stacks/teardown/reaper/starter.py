@@ -90,7 +90,7 @@ def ec2(event: dict) -> dict:
     if live := executions.live(run, attempts_only=True):
         return {"deferred": kind, "instance": instance_id, "to": [e["name"] for e in live]}
     fleet = ec2_fleet.nodes(stack["id"])
-    count = len(stack["templates"]) or len(train_stack.instances(stack["id"]))
+    count = train_stack.node_count(stack)
     if kind == "instance-state" and ec2_fleet.whole(count, fleet):
         return {"ignored": kind, "instance": instance_id, "fleet": "whole"}
     if kind == "spot-warning" and node["state"] not in ec2_fleet.LIVE_STATES:

@@ -108,7 +108,7 @@ def watch(event: dict, stack: dict) -> dict:
         if not (event.get("record") or {}).get("noticed"):
             return wait(NOTICE, noticed=True)
         fleet = ec2_fleet.nodes(stack["id"])
-        count = len(stack["templates"]) or len(train_stack.instances(stack["id"]))
+        count = train_stack.node_count(stack)
         if ec2_fleet.whole(count, fleet):
             log("fleet-whole", run=run, attempt=attempt, trigger=event["trigger"])
             return {"next": "nothing"}
@@ -166,12 +166,12 @@ def record_done(stack: dict, run: str, attempt: int) -> dict | None:
 
 def relaunch(event: dict, stack: dict, entry: dict) -> dict:
     """Where the relaunch goes: the fleet's zones in try order, its current one first. A
-    fleet without launch templates cannot bring back a node EC2 terminated: it goes now, its
-    results being in S3."""
+    fleet without the replacement template cannot bring back a node EC2 terminated: it goes
+    now, its results being in S3."""
     run = event["run"]
     fleet = ec2_fleet.nodes(stack["id"])
     lost = sorted(set(train_stack.instances(stack["id"])) - {n["id"] for n in fleet})
-    if not stack["templates"] and lost:
+    if not stack["template"] and lost:
         notify(
             stack,
             run,
@@ -188,7 +188,8 @@ def relaunch(event: dict, stack: dict, entry: dict) -> dict:
         f"ended attempt {entry['attempt']} ({entry['reason']}); the fleet is relaunched "
         f"({entry['why']}) and resumes from its newest checkpoint",
     )
-    return {"next": "relaunch", "entry": entry, "zones": order, "nodes": len(stack["templates"])}
+    nodes = train_stack.node_count(stack)
+    return {"next": "relaunch", "entry": entry, "zones": order, "nodes": nodes}
 
 
 def judge_idle(event: dict, stack: dict) -> dict:

@@ -90,9 +90,9 @@ def settled(event: dict) -> dict:
 
 @step
 def launch(event: dict) -> dict:
-    """One try: in its zone (`record.zones[(try - 1) % len]`), launch the missing nodes from
-    their templates and start the stopped ones, all or none. Nodes in another zone are
-    terminated first (a placement group is one zone), and the fleet settles again."""
+    """One try: in its zone (`record.zones[(try - 1) % len]`), launch the missing nodes in one
+    request and start the stopped ones, all or none. Nodes in another zone are terminated
+    first (a placement group is one zone), and the fleet settles again."""
     run, plan = event["run"], event["record"]
     attempt = plan["entry"]["attempt"]
     number = (event.get("launch") or {}).get("next_try", 1)
@@ -110,27 +110,55 @@ def launch(event: dict) -> dict:
     if elsewhere or not ec2_fleet.settled(fleet) or train_stack.busy(stack):
         log("relaunch-settle", run=run, zone=zone["zone"], moving=elsewhere)
         return {"outcome": "settle", "next_try": number}
-    missing = ec2_fleet.missing(plan["nodes"], fleet)
-    stopped = sorted(n["id"] for n in fleet if n["state"] == "stopped")
     token = f"{stack['id']}/{run}/a{attempt}/t{number}/{zone['zone']}"
+    earlier = ec2_fleet.launched_by(token, fleet)
+    missing = ec2_fleet.missing(plan["nodes"], [n for n in fleet if n["id"] not in earlier])
+    stopped = sorted(n["id"] for n in fleet if n["state"] == "stopped")
     try:
-        launched = ec2_fleet.launch(stack["templates"], missing, zone, token)
-        try:
-            ec2_fleet.start(stopped)
-        except ClientError:
-            ec2_fleet.terminate(list(launched.values()))  # all or none
-            raise
+        launched = ec2_fleet.launch(stack["template"], missing, zone, token)
     except ClientError as error:
-        if (retry := throttled(error)) is not None:
-            raise retry from error
+        return refused(event, stack, zone, number, unless_throttled(error))
+    replaced = assign(run, attempt + 1, zone, launched, missing)
+    try:
+        ec2_fleet.start(stopped)
+    except ClientError as error:
+        # A retried step finds this launch again by its token; a refused start ends the try,
+        # and its launched nodes must not bill through the wait.
+        unless_throttled(error)
+        ec2_fleet.terminate(list(replaced.values()))
         return refused(event, stack, zone, number, error)
-    log("relaunched", run=run, zone=zone["zone"], started=stopped, replaced=launched)
+    log("relaunched", run=run, zone=zone["zone"], started=stopped, replaced=replaced)
     first = plan["zones"][0]["zone"]
     tell(event, "Relaunched", reason=f"relaunched in {zone['zone'] or 'its zone'}")
-    if zone["zone"] != first and (stopped or launched):
+    if zone["zone"] != first and (stopped or replaced):
         tried = ", ".join(z["zone"] for z in plan["zones"][: plan["zones"].index(zone)])
         notify(stack, run, f"moved to zone {zone['zone']}: {tried} had no capacity")
-    return {"outcome": "launched", "zone": zone["zone"], "started": stopped, "replaced": launched}
+    return {"outcome": "launched", "zone": zone["zone"], "started": stopped, "replaced": replaced}
+
+
+def unless_throttled(error: ClientError) -> ClientError:
+    """`error`, or, when AWS only throttled the call, AwsThrottled raised for the state's Retry."""
+    if (retry := throttled(error)) is not None:
+        raise retry from error
+    return error
+
+
+def assign(run: str, attempt: int, zone: dict, launched: list[str], indexes: list[int]) -> dict:
+    """Each instance launched for `attempt`: the one at launch index k is node indexes[k]. Written to S3,
+    where the node waits for it at boot, then tagged on the instance, where the controller
+    finds it; a retried step gets the same instances in the same order and writes the same."""
+    s3, bucket = client("s3"), setting("BUCKET")
+    for instance_id, index in zip(launched, indexes, strict=True):
+        assignment = {
+            "node_index": index,
+            "instance_id": instance_id,
+            "run": run,
+            "attempt": attempt,
+            "zone": zone["zone"],
+        }
+        records.write_launch(s3, bucket, run, instance_id, assignment)
+        ec2_fleet.tag_node(instance_id, index)
+    return {str(index): instance_id for instance_id, index in zip(launched, indexes, strict=True)}
 
 
 def refused(event: dict, stack: dict, zone: dict, number: int, error: ClientError) -> dict:

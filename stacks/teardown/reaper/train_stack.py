@@ -14,8 +14,9 @@ RUN_OUTPUT_KEY = "HorovodFleetRun"
 NOTIFY_OUTPUT_KEY = "NotifyTopic"
 MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
-# The nodes' launch templates, in node order, comma-separated (stacks/train/fleet.py).
-REPLACEMENTS_OUTPUT_KEY = "HorovodFleetReplacementTemplates"
+# The one launch template every replacement node is launched from (stacks/train/fleet.py).
+REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
+NODES_OUTPUT_KEY = "HorovodFleetNodes"
 # ROLLBACK_COMPLETE is a create that failed and was rolled back: nothing of it bills.
 GONE_STATES = ("DELETE_COMPLETE", "ROLLBACK_COMPLETE")
 # The statuses in which the stack itself finished a deployment: the fleet's launch.
@@ -49,8 +50,10 @@ def describe(name_or_id: str = TRAIN_STACK) -> dict | None:
         # A stack without them (deployed before the controller) is never relaunched.
         "max_restarts": int(outputs.get(MAX_RESTARTS_OUTPUT_KEY) or 0),
         "deadline": deadline,
-        # Empty for a stack deployed before nodes had them: it is never replaced.
-        "templates": [t for t in outputs.get(REPLACEMENTS_OUTPUT_KEY, "").split(",") if t],
+        # "" for a stack deployed before the one template (its nodes' own templates held their
+        # index): a node of it that EC2 terminated is never replaced.
+        "template": outputs.get(REPLACEMENT_OUTPUT_KEY, ""),
+        "nodes": int(outputs.get(NODES_OUTPUT_KEY) or 0),
         # [] for a fleet whose zone is fixed, or a stack from before zones were made at deploy.
         "zones": parse_zones(outputs.get(ZONES_OUTPUT_KEY, "")),
     }
@@ -82,6 +85,12 @@ def delete(stack: dict, **fields) -> None:
         raise RefusedStack(f"the run controller deletes only {TRAIN_STACK}, not {stack['name']}")
     client("cloudformation").delete_stack(StackName=stack["id"])
     log("delete-stack", stack=stack["name"], **fields)
+
+
+def node_count(stack: dict) -> int:
+    """How many nodes the fleet has; for a stack from before its output, as many as the
+    instances CloudFormation made, one per node."""
+    return stack["nodes"] or len(instances(stack["id"]))
 
 
 def instances(stack_id: str) -> list[str]:
