@@ -203,7 +203,7 @@ def backend_instance(instance_id: str):
 class Ec2Answers:
     """EC2's answers moto does not give. `full`: zone -> the capacity code RunInstances and
     StartInstances answer there (for `full_tries` calls, then capacity again); `capacity`:
-    zone -> how many instances EC2 has there, a RunInstances for more launching none
+    zone -> how many more instances EC2 has there, a RunInstances for more launching none
     (InsufficientInstanceCapacity); `pending`: instance -> how many stops EC2 refuses before it
     has reached `running`. A RunInstances repeated with its ClientToken gets its first answer
     again, which moto does not do ("If you repeat the request with the same client token, the
@@ -237,6 +237,8 @@ class Ec2Answers:
                     "InsufficientInstanceCapacity",
                     f"{answers.capacity[zone]} p4d.24xlarge in {zone}, {count} asked for",
                 )
+            if zone in answers.capacity:
+                answers.capacity[zone] -= count
             if not kwargs.get("nics"):  # moto leaves a template's interfaces out
                 kwargs["nics"] = [{"DeviceIndex": 0, "SubnetId": subnet}]
             reservation = real_run(backend, image_id, count, user_data, groups, **kwargs)
