@@ -172,9 +172,10 @@ def launch(template: str, indexes: list[int], zone: dict, try_token: str) -> lis
     MaxCount, and "If you specify a value that is more capacity than Amazon EC2 can provide in
     the target Availability Zone, Amazon EC2 does not launch any instances"
     (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html, MinCount).
-    A refusal is raised. The instance ids in launch order: the one at AmiLaunchIndex k ("which
-    can be used to find this instance in the launch group", the Instance type of the same
-    reference) is node indexes[k]."""
+    A refusal is raised. The instance ids in launch order: the one at AmiLaunchIndex k ("The
+    AMI launch index, which can be used to find this instance in the launch group",
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html) is node
+    indexes[k]."""
     if not indexes:
         return []
     reservation = client("ec2").run_instances(

@@ -144,9 +144,10 @@ def unless_throttled(error: ClientError) -> ClientError:
 
 
 def assign(run: str, attempt: int, zone: dict, launched: list[str], indexes: list[int]) -> dict:
-    """Each instance launched for `attempt`: the one at launch index k is node indexes[k]. Written to S3,
-    where the node waits for it at boot, then tagged on the instance, where the controller
-    finds it; a retried step gets the same instances in the same order and writes the same."""
+    """Which node each instance launched for `attempt` is: the one at launch index k is node
+    indexes[k]. Written to S3, where the node waits for it at boot, then tagged on the
+    instance, where the controller finds it; a retried step gets the same instances in the
+    same order and writes the same."""
     s3, bucket = client("s3"), setting("BUCKET")
     for instance_id, index in zip(launched, indexes, strict=True):
         assignment = {
