@@ -79,9 +79,9 @@ class Attempts:
     def train_under_controller(
         self, epochs: int, max_restarts: int, before_relaunch=None, **overrides
     ) -> list[dict]:
-        """Attempts of one run as the deployed fleet makes them: after each, the run controller
-        decides; on `relaunch` the fleet comes back (EC2's part played here) and resumes from
-        S3. Returns the controller's entries."""
+        """Attempts of one run as the deployed fleet makes them: after each, the run controller's
+        execution decides; on `relaunch` the nodes its StopFleet and Launch brought back boot
+        again and resume from S3. Returns the controller's entries."""
         entries = []
         while True:
             try:
