@@ -1,91 +1,102 @@
 """The attempt loop of a run as the deployed fleet makes it: after each attempt the run
-controller's own code decides (its Record step), and on `relaunch` the rehearsal plays EC2's
-part and the fleet comes back.
+controller that TeardownStack deploys runs its state machine (rehearsal/cloud.py: moto's
+Step Functions, EC2 and CloudFormation, the local S3), and what its relaunch did to each
+instance happens to that node.
 
 `Attempts` is one part of `Rehearsal` (rehearsal/core.py): it trains with the nodes
-(rehearsal/nodes.py) and runs the controller against the local S3 (rehearsal/local_s3.py).
+(rehearsal/nodes.py) against the local S3 (rehearsal/local_s3.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
-from rehearsal.common import BUCKET, REPO, RUN, StepFailed, say
-
-# The run controller's program (the reaper's Lambda asset), run against the local S3 endpoint.
-CONTROLLER = REPO / "stacks" / "teardown" / "reaper" / "controller.py"
+from rehearsal.cloud import Cloud, Relaunch
+from rehearsal.common import StepFailed, say
 
 
 class Attempts:
-    """A run's attempts under the run controller, EC2's relaunch between them."""
+    """A run's attempts under the run controller, its relaunch between them."""
 
-    def end_attempt(self, max_restarts: int) -> dict | None:
-        """What the run controller's Record step does on a DONE.json: its own code decides and
-        records the attempt, here against the local S3 endpoint (docs/contracts.md)."""
-        command = [sys.executable, str(CONTROLLER), "--bucket", BUCKET, "--run", RUN,
-                   "--max-restarts", str(max_restarts)]  # fmt: skip
-        result = subprocess.run(
-            command, env=self.env("reaper"), capture_output=True, text=True, timeout=120
-        )
-        if result.returncode:
-            raise StepFailed(f"the run controller failed: {result.stderr.strip()[-500:]}")
-        entry = json.loads(result.stdout) if result.stdout.strip() else None
-        if entry:
+    def end_attempt(self, max_restarts: int) -> Relaunch | None:
+        """The run controller's execution for the DONE.json the attempt ended with, from its
+        trigger to its end; None when the nodes wrote none (nothing triggers the controller)."""
+        if self.done_json() is None:
+            return None
+        if self.cloud is None:  # the fleet as deployed: its instances, TrainStack's outputs
+            template = self.workdir / "cdk.out" / "TeardownStack.template.json"
+            teardown = json.loads(template.read_text())
+            self.cloud = Cloud(
+                teardown,
+                self.s3,
+                endpoint=self.endpoint,
+                nodes=self.args.nodes,
+                spot=self.market == "spot",
+                restarts=max_restarts,
+            ).__enter__()
+        relaunch = self.cloud.end_attempt()
+        for entry in relaunch.entries:
             say(f"run controller: attempt {entry['attempt']} {entry['status']}: "
                 f"{entry['decision']} ({entry['why']})")  # fmt: skip
-        return entry
+        return relaunch
 
-    def relaunch(self) -> None:
-        """Play EC2's part in the run controller's relaunch (stacks/teardown/reaper/steps_fleet.py,
-        StopFleet and Launch). An on-demand fleet is stopped and started: every process of every node
-        ends, and each node comes back with an empty instance store (/data) but its own address
-        and instance id. A Spot fleet is terminated and launched again from the nodes' launch
-        templates: each node is a new instance (new id and address, nothing left on its disks).
-        Either way its boot service then runs train_node.sh again."""
+    def close_cloud(self) -> None:
+        if self.cloud is not None:
+            self.cloud.__exit__(None, None, None)
+            self.cloud = None
+
+    def relaunch(self, relaunch: Relaunch) -> None:
+        """What the run controller's StopFleet and Launch states did to each node's instance
+        (stacks/teardown/reaper/steps_fleet.py), done to the node. Every process of every node
+        ends (the instances were stopped or terminated). A node whose instance was stopped and
+        started comes back with an empty instance store (/data) but its own address and
+        instance id; one whose instance was replaced (a Spot node: it cannot be stopped) is a
+        new instance, with a new id and address and nothing left on its disks. Either way its
+        boot service then runs train_node.sh again."""
+        if not relaunch.restarted and not relaunch.replaced:
+            raise StepFailed("the run controller decided relaunch and EC2 brought no node back")
         self.end_nodes()
-        if self.market == "spot":
-            for index in range(self.args.nodes):
-                self.replacements[index] = self.replacements.get(index, 0) + 1
-                if self.fleet:
-                    self.fleet.replace(self.fleet.nodes[index])
-                else:
-                    shutil.rmtree(self.node_home(index), ignore_errors=True)
-            launched = ", ".join(
-                f"{self.instance_id(i)} ({self.node_ip(i)})" for i in range(self.args.nodes)
-            )
-            say(f"EC2: the Spot fleet was terminated and launched from its templates: {launched}")
-            return
-        if self.fleet:
-            for node in self.fleet.nodes:
-                self.fleet.kill_host(node.namespace)
-        for index in range(self.args.nodes):
+        for index in relaunch.replaced:
+            self.replacements[index] = self.replacements.get(index, 0) + 1
+            if self.fleet:
+                self.fleet.replace(self.fleet.nodes[index])
+            else:
+                shutil.rmtree(self.node_home(index), ignore_errors=True)
+        for index in relaunch.restarted:
+            if self.fleet:
+                self.fleet.kill_host(self.fleet.nodes[index].namespace)
             shutil.rmtree(self.node_home(index) / "data", ignore_errors=True)
-        say("EC2: the fleet stopped and started again; every node's /data is empty")
+        if relaunch.replaced:
+            launched = ", ".join(
+                f"{self.instance_id(i)} ({self.node_ip(i)})" for i in relaunch.replaced
+            )
+            say(f"EC2: launched from the nodes' templates: {launched}")
+        if relaunch.restarted:
+            said = ", ".join(f"node {i}" for i in relaunch.restarted)
+            say(f"EC2: stopped and started again, /data empty: {said}")
 
     def train_under_controller(
         self, epochs: int, max_restarts: int, before_relaunch=None, **overrides
     ) -> list[dict]:
-        """Attempts of one run as the deployed fleet makes them: after each, the run controller
-        decides; on `relaunch` the fleet comes back (EC2's part played here) and resumes from
-        S3. Returns the controller's entries."""
+        """Attempts of one run as the deployed fleet makes them: after each, the run controller's
+        execution decides; on `relaunch` the nodes its StopFleet and Launch brought back boot
+        again and resume from S3. Returns the controller's entries."""
         entries = []
         while True:
             try:
                 self.train(epochs, **overrides)
             except StepFailed as exc:  # a node failed: the controller judges DONE.json
                 say(f"the nodes: {exc}")
-            entry = self.end_attempt(max_restarts)
-            if entry is None:
+            relaunch = self.end_attempt(max_restarts)
+            if relaunch is None:
                 return entries
-            entries.append(entry)
-            if entry["decision"] != "relaunch":
+            entries += relaunch.entries
+            if not relaunch.entries or relaunch.entries[-1]["decision"] != "relaunch":
                 return entries
             if before_relaunch:
                 before_relaunch(self)
-            self.relaunch()
+            self.relaunch(relaunch)
 
     def train_recovering(self, epochs: int) -> None:
         """Every attempt of the plain rehearsal's run under the run controller, as on the fleet:

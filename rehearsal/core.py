@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from rehearsal import iam_s3
 from rehearsal.attempts import Attempts
+from rehearsal.cloud import Cloud
 from rehearsal.common import BUCKET, RUN, StepFailed, say
 from rehearsal.hosts import Fleet
 from rehearsal.local_s3 import LocalS3
@@ -53,6 +54,7 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.market = "on-demand"  # the market of the newest attempt's node.json
         self.replacements: dict[int, int] = {}  # node index -> times EC2 launched it anew
         self.fault_threads: list[threading.Thread] = []  # a fault that goes on (the rehearsal's)
+        self.cloud: Cloud | None = None  # the fleet in moto and its run controller, once needed
 
     def close(self) -> None:
         """End every process, then let their output drain: nothing prints after the verdict."""
@@ -64,6 +66,7 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
+        self.close_cloud()
         if self.iam:
             self.iam.stop()
             self.iam = None

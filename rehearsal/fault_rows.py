@@ -3,9 +3,9 @@
 Each row names the snapshot it starts from, its fault (rehearsal/fault_actions.py) and when it
 strikes, and what its outcome must be (rehearsal/fault_checks.py); rehearsal/faults.py runs them.
 docs/rehearsal.md's table is `markdown_table()` (a test keeps the two equal). Rows with
-`max_restarts` play the deployed fleet: after each attempt the run controller's own code decides,
-and a relaunch brings the fleet back (EC2's part played by the rehearsal: rehearsal/attempts.py
-`relaunch`).
+`max_restarts` play the deployed fleet: after each attempt the run controller's state machine
+runs (rehearsal/cloud.py), and the nodes its relaunch brought back boot again
+(rehearsal/attempts.py `relaunch`).
 """
 
 from __future__ import annotations

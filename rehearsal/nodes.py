@@ -128,6 +128,7 @@ class Nodes:
                 shutil.rmtree(self.node_home(index), ignore_errors=True)
         shutil.rmtree(self.workdir / "imds", ignore_errors=True)
         self.replacements.clear()
+        self.close_cloud()  # its instances were the old deployment's
 
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
         """Start every node's train_node.sh and wait for all. A second call is the rerun after a

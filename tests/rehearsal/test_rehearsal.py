@@ -114,14 +114,21 @@ def plain_rehearsal(tmp_path, monkeypatch, outcomes: list[str]):
             raise common.StepFailed("node1 was killed")
 
     def end_attempt(max_restarts):
+        from rehearsal.cloud import Relaunch
+
         failed = calls["done"]["status"] != "succeeded"
-        return {"attempt": calls["done"]["attempt"], "status": calls["done"]["status"],
-                "decision": "relaunch" if failed and calls["relaunch"] < max_restarts
-                else "teardown", "why": ""}  # fmt: skip
+        relaunch = failed and calls["relaunch"] < max_restarts
+        entry = {"attempt": calls["done"]["attempt"], "status": calls["done"]["status"],
+                 "decision": "relaunch" if relaunch else "teardown", "why": ""}  # fmt: skip
+        return Relaunch(entries=[entry], restarted=[0, 1] if relaunch else [])
+
+    def relaunch(done):
+        assert done.restarted == [0, 1]
+        calls["relaunch"] += 1
 
     monkeypatch.setattr(rehearsal, "train", train)
     monkeypatch.setattr(rehearsal, "end_attempt", end_attempt)
-    monkeypatch.setattr(rehearsal, "relaunch", lambda: calls.update(relaunch=calls["relaunch"] + 1))
+    monkeypatch.setattr(rehearsal, "relaunch", relaunch)
     monkeypatch.setattr(rehearsal, "done_json", lambda: calls["done"])
     [(_, training)] = [(n, a) for n, a in rehearsal.plan_steps() if n == "training nodes"]
     return training, calls

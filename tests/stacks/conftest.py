@@ -132,12 +132,13 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def workflow(default: Templates, aws_credentials, monkeypatch: pytest.MonkeyPatch):
-    """The run controller as TeardownStack deploys it, running in moto (run_controller_harness.py):
+def workflow(default: Templates, aws_credentials):
+    """The run controller as TeardownStack deploys it, running in moto (rehearsal/state_machine.py):
     every execution it starts runs the synthesized state machine with the real step code."""
     from moto import mock_aws
-    from run_controller_harness import Workflow
+
+    from rehearsal.state_machine import Workflow
 
     template = default["TeardownStack"].to_json()
-    with mock_aws(config=Workflow.CONFIG), Workflow(template, monkeypatch) as running:
+    with mock_aws(config=Workflow.CONFIG), Workflow(template) as running:
         yield running

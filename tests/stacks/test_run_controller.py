@@ -219,11 +219,3 @@ def test_a_repeated_event_counts_the_attempt_once(s3):
 def test_no_done_json_records_nothing(s3):
     assert end(s3) is None
     assert read(s3, "attempts.json") is None
-
-
-def test_the_program_decides_against_an_endpoint(s3, capsys):
-    """The rehearsal runs the file as a program (its local S3 through AWS_ENDPOINT_URL)."""
-    put(s3, "DONE.json", {**done(1, "succeeded"), "cause": None, "reason": None})
-    assert controller.main(["--bucket", BUCKET, "--run", RUN, "--max-restarts", "3"]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert (printed["attempt"], printed["decision"]) == (1, "teardown")

@@ -1,5 +1,5 @@
 """The run controller's workflow, executed from the synthesized TeardownStack in moto with the
-real step code (run_controller_harness.py): what each trigger ends in, and the failures of
+real step code (rehearsal/state_machine.py): what each trigger ends in, and the failures of
 AWS's ordinary behaviour it must survive."""
 
 import copy

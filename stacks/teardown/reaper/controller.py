@@ -3,15 +3,9 @@ the run end.
 
 The workflow's Record step (steps.py) calls `end_attempt` for each ended attempt, then the
 workflow (stacks/teardown/workflow.py) stops and starts the fleet's instances when the decision
-is `relaunch`. The rehearsal runs this file as a program against its local S3 and plays EC2's
-part itself:
-
-    python stacks/teardown/reaper/controller.py --bucket B --run R --max-restarts 3 \
-        [--deadline 2026-11-25T14:00:00Z]
-
-which prints the recorded attempt as one JSON line (nothing when no DONE.json is there).
-Decisions (docs/contracts.md, attempts.json), on DONE.json's `cause` (never on its reason, which is
-for people): `relaunch` a failed or interrupted attempt that another one can get past, while
+is `relaunch` (in the rehearsal too: rehearsal/cloud.py runs the same state machine). Decisions
+(docs/contracts.md, attempts.json), on DONE.json's `cause` (never on its reason, which is for
+people): `relaunch` a failed or interrupted attempt that another one can get past, while
 restarts remain and the hard cap leaves time for one;
 `teardown` a finished run, or one that would fail the same way again; `stop` when restarts or
 time are exhausted, or the stack is being deleted. Unknown causes are retried (as SkyPilot's
@@ -19,13 +13,9 @@ time are exhausted, or the stack is being deleted. Unknown causes are retried (a
 Only boto3 and the standard library: this file is part of the run controller's Lambda asset.
 """
 
-import argparse
 import datetime
-import json
-import sys
 
-import boto3
-from clients import parse_stamp, stamp
+from clients import stamp
 from records import FORMAT, key, read_json, update_controller, write_json
 
 # The retry rule, keyed by DONE.json's `cause` (docs/contracts.md, "Causes"; the nodes write it,
@@ -142,27 +132,3 @@ def end_attempt(
             reason=f"{done.get('reason')} ({why})",
         )
     return entry
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--run", required=True)
-    parser.add_argument("--max-restarts", type=int, required=True)
-    parser.add_argument("--deadline", type=parse_stamp, help="the hard cap, YYYY-MM-DDTHH:MM:SSZ")
-    args = parser.parse_args(argv)
-    entry = end_attempt(
-        boto3.client("s3"),
-        args.bucket,
-        args.run,
-        max_restarts=args.max_restarts,
-        now=datetime.datetime.now(datetime.timezone.utc),
-        deadline=args.deadline,
-    )
-    if entry is not None:
-        print(json.dumps(entry, sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

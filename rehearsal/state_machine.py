@@ -1,6 +1,8 @@
 """The run controller's workflow offline: the state machine TeardownStack synthesizes, executed by
 moto's ASL interpreter (mock_aws with `execute_state_machine`), every state's real step code run
-in process, against moto's EC2, S3 and CloudFormation; its waits scaled down and recorded.
+in process, against moto's EC2 and CloudFormation (and S3: moto's, or the rehearsal's local S3
+endpoint); its waits scaled down and recorded. The tests of tests/stacks drive it, and so does
+the rehearsal's attempt loop (rehearsal/cloud.py): one workflow definition, the one deployed.
 
 How (notes of the research that found it, /work/notes/run-engine-research.md §1, §3):
 - moto's Lambda runs code in Docker; LambdaFunction.invoke is replaced by a call of the
@@ -15,19 +17,26 @@ How (notes of the research that found it, /work/notes/run-engine-research.md §1
 
 import importlib
 import json
+import os
+import sys
 import threading
 import time
 import types
 import typing
 from contextlib import ExitStack
+from pathlib import Path
 from unittest import mock
 
 import boto3
-import clients
 from moto.awslambda.models import LambdaFunction
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
+
+# The functions' Lambda assets import their sibling modules as Lambda loads them: top-level.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/answers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/reaper"))
+import clients  # the asset's module, found through the path above
 
 REGION = "us-east-1"
 SCALE = 0.0002  # a 600 s wait takes 0.12 s
@@ -61,9 +70,8 @@ class Workflow:
 
     CONFIG: typing.ClassVar = {"stepfunctions": {"execute_state_machine": True}}
 
-    def __init__(self, template: dict, monkeypatch) -> None:
+    def __init__(self, template: dict) -> None:
         self.template = template
-        self.monkeypatch = monkeypatch
         self.handlers: dict[str, object] = {}
         self.waits: list[tuple[str, str, int]] = []  # (execution, state, seconds)
         self.retries: list[float] = []
@@ -86,7 +94,7 @@ class Workflow:
         iam = boto3.client("iam", region_name=REGION)
         role = iam.create_role(RoleName="controller", AssumeRolePolicyDocument="{}")["Role"]
         lam = boto3.client("lambda", region_name=REGION)
-        arns = {}
+        arns, environment = {}, {}
         for logical_id, props in functions.items():
             arns[logical_id] = lam.create_function(
                 FunctionName=logical_id,
@@ -101,7 +109,7 @@ class Workflow:
                 getattr(importlib.import_module(module), name),
             )
             for key, value in (props.get("Environment") or {}).get("Variables", {}).items():
-                self.monkeypatch.setenv(key, resolve(value, arns))
+                environment[key] = resolve(value, arns)
         [machine] = [r["Properties"] for r in resources.values()
                      if r["Type"] == "AWS::StepFunctions::StateMachine"]  # fmt: skip
         definition = resolve(machine["DefinitionString"], arns)
@@ -110,6 +118,8 @@ class Workflow:
             name=machine["StateMachineName"], definition=definition, roleArn=role["Arn"]
         )["stateMachineArn"]
         self.definition = json.loads(definition)
+        # The functions' settings, for as long as the workflow runs, as their environment.
+        self.stack.enter_context(mock.patch.dict(os.environ, environment))
         for service in SERVICES:  # made here, not concurrently in the executions' threads
             clients.client(service)
         self.stack.enter_context(mock.patch.object(LambdaFunction, "invoke", self._invoke()))

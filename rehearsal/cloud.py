@@ -1,0 +1,221 @@
+"""The rehearsal's fleet as EC2, CloudFormation and Step Functions see it: moto in this process
+holds TrainStack (its outputs, a subnet, the nodes' launch templates) and one instance per node,
+and the run controller that TeardownStack synthesizes runs its state machine there, every state's
+real step code against moto's EC2 and the rehearsal's local S3, judged as the controller's role
+(rehearsal/iam_s3.py). So the relaunch a rehearsal makes is the one the deployed workflow makes:
+the rehearsal only turns what EC2 did to each instance into what happens to its node.
+
+`Cloud` is made when an attempt first ends after a fleet is deployed (rehearsal/attempts.py), and
+closed with the fleet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from unittest import mock
+
+import boto3
+from moto import mock_aws
+from moto.ec2.models.instances import InstanceBackend
+
+from rehearsal.common import BUCKET, REGION, RUN, StepFailed
+from rehearsal.state_machine import Workflow, clients
+
+FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"  # stacks/teardown/names.py
+ZONE = f"{REGION}a"
+IMAGE = "ami-12c6146b"  # any image moto knows
+HARD_CAP = datetime.timedelta(hours=6)  # TrainStack's default maxHours (cdk.json)
+SETTLE_S = 60  # the waits are scaled down: a workflow runs in seconds
+
+
+@dataclass
+class Relaunch:
+    """What the run controller's execution did to the fleet: the decisions it recorded (an
+    attempts.json entry each), the nodes whose instance it stopped and started again, and
+    those it replaced with a new instance (a Spot node, or one EC2 terminated)."""
+
+    entries: list[dict] = field(default_factory=list)
+    restarted: list[int] = field(default_factory=list)
+    replaced: list[int] = field(default_factory=list)
+
+
+class Cloud:
+    """TrainStack's fleet of `nodes` in moto, and TeardownStack's run controller over it."""
+
+    def __init__(
+        self, teardown: dict, s3, *, endpoint: str, nodes: int, spot: bool, restarts: int
+    ) -> None:
+        self.teardown, self.s3, self.endpoint = teardown, s3, endpoint
+        self.count, self.spot, self.restarts = nodes, spot, restarts
+        self.started: list[str] = []  # the instances StartInstances started, in order
+        self.stack = ExitStack()
+
+    def __enter__(self) -> Cloud:
+        # The steps' S3 requests go to the local endpoint as the controller's role (the local S3
+        # judges them by the access key); every other service is moto's, in this process.
+        settings = {
+            "AWS_ACCESS_KEY_ID": "reaper",
+            "AWS_SECRET_ACCESS_KEY": "rehearsal",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+        }
+        self.stack.enter_context(mock.patch.dict(os.environ, settings))
+        config = {**Workflow.CONFIG, "core": {"mock_credentials": False}}
+        self.stack.enter_context(mock_aws(config=config))
+        self.stack.enter_context(
+            mock.patch.object(InstanceBackend, "start_instances", self._start())
+        )
+        self.ec2 = boto3.client("ec2", region_name=REGION)
+        self.deploy()
+        # The steps make their clients once per process, as Lambda does: here under the settings
+        # above, and never again after them.
+        clients.client.cache_clear()
+        self.stack.callback(clients.client.cache_clear)
+        self.workflow = self.stack.enter_context(Workflow(self.teardown))
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stack.close()
+
+    def _start(self):
+        real, started = InstanceBackend.start_instances, self.started
+
+        def start_instances(backend, instance_ids):
+            started.extend(instance_ids)
+            return real(backend, instance_ids)
+
+        return start_instances
+
+    # --- TrainStack as deployed -------------------------------------------------------------
+
+    def deploy(self) -> None:
+        """What `cdk deploy TrainStack` leaves for the controller: the stack and its outputs
+        (docs/contracts.md), a subnet and placement group in one zone, a launch template per
+        node, and the nodes' instances, tagged as CloudFormation and TrainStack tag them."""
+        placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
+        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        self.stack_id = cloudformation.create_stack(
+            StackName="TrainStack", TemplateBody=json.dumps(placeholder)
+        )["StackId"]
+        vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+        subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/20", AvailabilityZone=ZONE)
+        self.subnet = subnet["Subnet"]["SubnetId"]
+        templates = [self.template(index) for index in range(self.count)]
+        deadline = datetime.datetime.now(datetime.timezone.utc) + HARD_CAP
+        zone = {"zone": ZONE, "subnet": self.subnet, "group": f"TrainStack-group-{ZONE}"}
+        outputs = {
+            "HorovodFleetRun": RUN,
+            "HorovodFleetMaxRestarts": str(self.restarts),
+            "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
+            "HorovodFleetReplacementTemplates": ",".join(templates),
+            "HorovodFleetZones": json.dumps({"zones": [zone]}),
+        }
+        with_outputs = {
+            **placeholder,
+            "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+        }
+        cloudformation.update_stack(StackName="TrainStack", TemplateBody=json.dumps(with_outputs))
+        for index in range(self.count):
+            tags = {"aws:cloudformation:stack-id": self.stack_id, **self.tags(index)}
+            self.ec2.run_instances(
+                ImageId=IMAGE,
+                MinCount=1,
+                MaxCount=1,
+                SubnetId=self.subnet,
+                TagSpecifications=[{"ResourceType": "instance", "Tags": as_tags(tags)}],
+                **self.market(),
+            )
+
+    def tags(self, index: int) -> dict[str, str]:
+        return {"Project": "horovod-fleet", FLEET_TAG: self.stack_id, NODE_TAG: str(index)}
+
+    def market(self) -> dict:
+        return {"InstanceMarketOptions": {"MarketType": "spot"}} if self.spot else {}
+
+    def template(self, index: int) -> str:
+        """Node `index`'s replacement launch template (stacks/train/fleet.py): its tags; the
+        relaunch puts the zone's subnet and placement group on the launch itself."""
+        data = {
+            "ImageId": IMAGE,
+            "InstanceType": "p4d.24xlarge",
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": as_tags(self.tags(index))}],
+            **self.market(),
+        }
+        created = self.ec2.create_launch_template(
+            LaunchTemplateName=f"node{index}", LaunchTemplateData=data
+        )
+        return created["LaunchTemplate"]["LaunchTemplateId"]
+
+    def instances(self) -> dict[int, str]:
+        """The instance serving each node index now."""
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": f"tag:{FLEET_TAG}", "Values": [self.stack_id]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )
+        found = {}
+        for instance in (i for p in pages for r in p["Reservations"] for i in r["Instances"]):
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            found[int(tags[NODE_TAG])] = instance["InstanceId"]
+        return found
+
+    # --- the run controller -----------------------------------------------------------------
+
+    def end_attempt(self) -> Relaunch:
+        """The leader wrote DONE.json: S3's "Object Created" event reaches the controller's
+        starter, as EventBridge delivers it, and the execution it starts runs to its end.
+        Returns what the execution did."""
+        import starter  # the controller's Lambda asset (rehearsal/state_machine.py's path)
+
+        before, self.started[:] = self.instances(), []
+        known = len(self.attempts())
+        starter.handler(done_event())
+        try:
+            executions = self.workflow.settle(timeout=SETTLE_S)
+        except AssertionError as still:
+            raise StepFailed(
+                f"the run controller did not finish in {SETTLE_S} s: {still}"
+            ) from None
+        failed = [e for e in executions if e["status"] != "SUCCEEDED"]
+        if failed:
+            states = " > ".join(self.workflow.states(failed[-1]))
+            raise StepFailed(f"the run controller's execution {failed[-1]['status']}: {states}")
+        after = self.instances()
+        return Relaunch(
+            entries=self.attempts()[known:],
+            restarted=sorted(i for i, node in after.items() if node in self.started),
+            replaced=sorted(i for i, node in after.items() if before.get(i) != node),
+        )
+
+    def attempts(self) -> list[dict]:
+        """attempts.json's entries (docs/contracts.md), read as the rehearsal."""
+        try:
+            body = self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/attempts.json")["Body"]
+        except self.s3.exceptions.NoSuchKey:
+            return []
+        return json.loads(body.read())["attempts"]
+
+
+def as_tags(tags: dict[str, str]) -> list[dict]:
+    return [{"Key": key, "Value": value} for key, value in tags.items()]
+
+
+def done_event() -> dict:
+    """EventBridge's "Object Created" for the run's DONE.json, as S3 sends it with EventBridge
+    notifications on (https://docs.aws.amazon.com/AmazonS3/latest/userguide/ev-events.html)."""
+    return {
+        "version": "0",
+        "detail-type": "Object Created",
+        "source": "aws.s3",
+        "region": REGION,
+        "detail": {
+            "bucket": {"name": BUCKET},
+            "object": {"key": f"runs/{RUN}/DONE.json"},
+            "reason": "PutObject",
+        },
+    }

@@ -1,0 +1,166 @@
+"""The rehearsal's relaunch runs the state machine TeardownStack synthesizes (rehearsal/cloud.py):
+its decision, and what EC2 did to each instance, turned into what happens to the node."""
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+
+from rehearsal import common, core
+from rehearsal.cloud import Cloud
+
+NODES = 2
+
+
+@pytest.fixture(scope="module")
+def teardown(tmp_path_factory) -> dict:
+    """TeardownStack as the rehearsal synthesizes it for its bucket and run (`python app.py`)."""
+    workdir = tmp_path_factory.mktemp("rehearsal")
+    rehearsal = core.Rehearsal(argparse.Namespace(workdir=workdir, nodes=NODES))
+    workdir.mkdir(exist_ok=True)
+    rehearsal.synthesize()
+    return json.loads((workdir / "cdk.out" / "TeardownStack.template.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The local S3 as the rehearsal runs it, moto_server in its own process: the moto this
+    process mocks EC2 and Step Functions with starts each Cloud empty (a ThreadedMotoServer
+    here would share, and lose, its state)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    moto = shutil.which("moto_server", path=str(Path(sys.executable).parent))
+    process = subprocess.Popen(
+        [moto, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def moto_endpoint(server):
+    urllib.request.urlopen(urllib.request.Request(f"{server}/moto-api/reset", method="POST"))
+    return server
+
+
+@pytest.fixture
+def s3(moto_endpoint):
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name=common.REGION,
+        aws_access_key_id="rehearsal",
+        aws_secret_access_key="rehearsal",
+    )
+    client.create_bucket(Bucket=common.BUCKET)
+    return client
+
+
+def put(s3, name: str, body: bytes) -> None:
+    s3.put_object(Bucket=common.BUCKET, Key=f"runs/{common.RUN}/{name}", Body=body)
+
+
+def ended(s3, attempt: int, status: str, cause: str | None) -> None:
+    """The leader's DONE.json of `attempt`, and what the run left in S3 by then."""
+    put(s3, "logs/node-0.log", b"log")
+    put(s3, "model/checkpoints/ckpt-1.index", b"index")
+    done = {"run": common.RUN, "attempt": attempt, "status": status, "cause": cause,
+            "reason": cause, "epochs": 2}  # fmt: skip
+    put(s3, "DONE.json", json.dumps(done).encode())
+
+
+def cloud(teardown, s3, moto_endpoint, spot: bool, restarts: int = 2) -> Cloud:
+    return Cloud(teardown, s3, endpoint=moto_endpoint, nodes=NODES, spot=spot, restarts=restarts)
+
+
+def test_a_lost_node_relaunches_the_on_demand_fleet_by_stop_and_start(teardown, s3, moto_endpoint):
+    with cloud(teardown, s3, moto_endpoint, spot=False) as running:
+        instances = running.instances()
+        ended(s3, 1, "failed", "node_lost")
+        relaunch = running.end_attempt()
+        [execution] = running.workflow.executions()
+        states = running.workflow.states(execution)
+        assert [e["decision"] for e in relaunch.entries] == ["relaunch"]
+        assert (relaunch.restarted, relaunch.replaced) == ([0, 1], [])
+        assert running.instances() == instances  # stopped and started: the same instances
+        assert states[states.index("StopFleet") :] == [
+            "StopFleet", "CheckSettled", "SettledDecision", "Launch", "LaunchDecision",
+            "Relaunched",
+        ]  # fmt: skip
+        ended(s3, 2, "succeeded", None)
+        relaunch = running.end_attempt()
+        assert [e["decision"] for e in relaunch.entries] == ["teardown"]
+        assert (relaunch.restarted, relaunch.replaced) == ([], [])
+        assert "DeleteStack" in running.workflow.states(running.workflow.executions()[-1])
+
+
+def test_a_spot_fleet_is_replaced_from_its_launch_templates(teardown, s3, moto_endpoint):
+    with cloud(teardown, s3, moto_endpoint, spot=True) as running:
+        instances = running.instances()
+        ended(s3, 1, "interrupted", "interrupted")
+        relaunch = running.end_attempt()
+        assert (relaunch.restarted, relaunch.replaced) == ([], [0, 1])
+        assert set(running.instances().values()).isdisjoint(instances.values())
+
+
+def test_restarts_run_out_and_nothing_comes_back(teardown, s3, moto_endpoint):
+    with cloud(teardown, s3, moto_endpoint, spot=False, restarts=0) as running:
+        ended(s3, 1, "failed", "node_lost")
+        relaunch = running.end_attempt()
+        assert [(e["decision"], e["why"]) for e in relaunch.entries] == [
+            ("stop", "restarts exhausted (0 of maxRestarts 0)")
+        ]
+        assert (relaunch.restarted, relaunch.replaced) == ([], [])
+
+
+def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
+    tmp_path, teardown, s3, moto_endpoint, monkeypatch
+):
+    """attempts.py end to end in process: the nodes are stubs that write DONE.json; the run
+    controller, EC2 and S3 are the workflow's, and a relaunched node starts with empty /data."""
+    args = argparse.Namespace(workdir=tmp_path, nodes=NODES, max_restarts=2)
+    rehearsal = core.Rehearsal(args)
+    rehearsal.s3, rehearsal.endpoint = s3, moto_endpoint
+    (tmp_path / "cdk.out").mkdir()
+    (tmp_path / "cdk.out" / "TeardownStack.template.json").write_text(json.dumps(teardown))
+    outcomes = iter([("failed", "node_lost"), ("succeeded", None)])
+
+    def train(epochs, **_):
+        for index in range(NODES):
+            (rehearsal.node_home(index) / "data").mkdir(parents=True, exist_ok=True)
+        status, cause = next(outcomes)
+        ended(s3, len(rehearsal.cloud.attempts()) + 1 if rehearsal.cloud else 1, status, cause)
+
+    monkeypatch.setattr(rehearsal, "train", train)
+    monkeypatch.setattr(rehearsal, "end_nodes", lambda: None)
+    emptied = []
+    real_relaunch = rehearsal.relaunch
+
+    def relaunch(done):
+        real_relaunch(done)
+        emptied.extend(i for i in range(NODES) if not (rehearsal.node_home(i) / "data").exists())
+
+    monkeypatch.setattr(rehearsal, "relaunch", relaunch)
+    try:
+        entries = rehearsal.train_under_controller(epochs=2, max_restarts=2)
+    finally:
+        rehearsal.close_cloud()
+    assert [(e["attempt"], e["decision"]) for e in entries] == [(1, "relaunch"), (2, "teardown")]
+    assert emptied == [0, 1]
