@@ -57,8 +57,8 @@ class Attempts:
         if not relaunch.restarted and not relaunch.replaced:
             raise StepFailed("the run controller decided relaunch and EC2 brought no node back")
         self.end_nodes()
-        for index in relaunch.replaced:
-            self.replacements[index] = self.replacements.get(index, 0) + 1
+        for index, instance in relaunch.launched.items():
+            self.launched[index] = instance
             if self.fleet:
                 self.fleet.replace(self.fleet.nodes[index])
             else:
@@ -71,7 +71,7 @@ class Attempts:
             launched = ", ".join(
                 f"{self.instance_id(i)} ({self.node_ip(i)})" for i in relaunch.replaced
             )
-            say(f"EC2: launched from the nodes' templates: {launched}")
+            say(f"EC2: launched in one request from the replacement template: {launched}")
         if relaunch.restarted:
             said = ", ".join(f"node {i}" for i in relaunch.restarted)
             say(f"EC2: stopped and started again, /data empty: {said}")

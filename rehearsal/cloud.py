@@ -35,12 +35,16 @@ SETTLE_S = 60  # the waits are scaled down: a workflow runs in seconds
 @dataclass
 class Relaunch:
     """What the run controller's execution did to the fleet: the decisions it recorded (an
-    attempts.json entry each), the nodes whose instance it stopped and started again, and
-    those it replaced with a new instance (a Spot node, or one EC2 terminated)."""
+    attempts.json entry each), the nodes whose instance it stopped and started again, and the
+    new instance it launched for each node it replaced (a Spot node, or one EC2 terminated)."""
 
     entries: list[dict] = field(default_factory=list)
     restarted: list[int] = field(default_factory=list)
-    replaced: list[int] = field(default_factory=list)
+    launched: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def replaced(self) -> list[int]:
+        return sorted(self.launched)
 
 
 class Cloud:
@@ -94,8 +98,8 @@ class Cloud:
 
     def deploy(self) -> None:
         """What `cdk deploy TrainStack` leaves for the controller: the stack and its outputs
-        (docs/contracts.md), a subnet and placement group in one zone, a launch template per
-        node, and the nodes' instances, tagged as CloudFormation and TrainStack tag them."""
+        (docs/contracts.md), a subnet and placement group in one zone, the replacement launch
+        template, and the nodes' instances, tagged as CloudFormation and TrainStack tag them."""
         placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
         cloudformation = boto3.client("cloudformation", region_name=REGION)
         self.stack_id = cloudformation.create_stack(
@@ -104,14 +108,14 @@ class Cloud:
         vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
         subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/20", AvailabilityZone=ZONE)
         self.subnet = subnet["Subnet"]["SubnetId"]
-        templates = [self.template(index) for index in range(self.count)]
         deadline = datetime.datetime.now(datetime.timezone.utc) + HARD_CAP
         zone = {"zone": ZONE, "subnet": self.subnet, "group": f"TrainStack-group-{ZONE}"}
         outputs = {
             "HorovodFleetRun": RUN,
             "HorovodFleetMaxRestarts": str(self.restarts),
             "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
-            "HorovodFleetReplacementTemplates": ",".join(templates),
+            "HorovodFleetReplacementTemplate": self.template(),
+            "HorovodFleetNodes": str(self.count),
             "HorovodFleetZones": json.dumps({"zones": [zone]}),
         }
         with_outputs = {
@@ -120,7 +124,11 @@ class Cloud:
         }
         cloudformation.update_stack(StackName="TrainStack", TemplateBody=json.dumps(with_outputs))
         for index in range(self.count):
-            tags = {"aws:cloudformation:stack-id": self.stack_id, **self.tags(index)}
+            tags = {
+                "aws:cloudformation:stack-id": self.stack_id,
+                **self.tags(),
+                NODE_TAG: str(index),
+            }
             self.ec2.run_instances(
                 ImageId=IMAGE,
                 MinCount=1,
@@ -130,23 +138,24 @@ class Cloud:
                 **self.market(),
             )
 
-    def tags(self, index: int) -> dict[str, str]:
-        return {"Project": "horovod-fleet", FLEET_TAG: self.stack_id, NODE_TAG: str(index)}
+    def tags(self) -> dict[str, str]:
+        return {"Project": "horovod-fleet", FLEET_TAG: self.stack_id}
 
     def market(self) -> dict:
         return {"InstanceMarketOptions": {"MarketType": "spot"}} if self.spot else {}
 
-    def template(self, index: int) -> str:
-        """Node `index`'s replacement launch template (stacks/train/fleet.py): its tags; the
-        relaunch puts the zone's subnet and placement group on the launch itself."""
+    def template(self) -> str:
+        """The replacement launch template (stacks/train/fleet.py): the fleet's tags and no node
+        index, which the controller tags and assigns after the launch; the relaunch puts the
+        zone's subnet and placement group on the launch itself."""
         data = {
             "ImageId": IMAGE,
             "InstanceType": "p4d.24xlarge",
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": as_tags(self.tags(index))}],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": as_tags(self.tags())}],
             **self.market(),
         }
         created = self.ec2.create_launch_template(
-            LaunchTemplateName=f"node{index}", LaunchTemplateData=data
+            LaunchTemplateName="node-replacement", LaunchTemplateData=data
         )
         return created["LaunchTemplate"]["LaunchTemplateId"]
 
@@ -189,7 +198,7 @@ class Cloud:
         return Relaunch(
             entries=self.attempts()[known:],
             restarted=sorted(i for i, node in after.items() if node in self.started),
-            replaced=sorted(i for i, node in after.items() if before.get(i) != node),
+            launched={i: node for i, node in after.items() if before.get(i) != node},
         )
 
     def attempts(self) -> list[dict]:

@@ -52,7 +52,7 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.entries: list[dict] = []  # the run controller's decisions of the current row
         self.iam: iam_s3.IamS3Proxy | None = None  # the local S3's IAM judge
         self.market = "on-demand"  # the market of the newest attempt's node.json
-        self.replacements: dict[int, int] = {}  # node index -> times EC2 launched it anew
+        self.launched: dict[int, str] = {}  # node index -> the instance a relaunch launched for it
         self.fault_threads: list[threading.Thread] = []  # a fault that goes on (the rehearsal's)
         self.cloud: Cloud | None = None  # the fleet in moto and its run controller, once needed
 

@@ -58,7 +58,7 @@ def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
         if (entry.get("instance_id"), entry.get("ip")) != (
             rehearsal.instance_id(index),
             rehearsal.node_ip(index),
-        ) or not rehearsal.replacements.get(index):
+        ) or index not in rehearsal.launched:
             return False
     return node_said(rehearsal, 0, "Resuming from")
 

@@ -108,8 +108,7 @@ class Nodes:
 
     def instance_id(self, index: int) -> str:
         """Node `index`'s current instance: a replacement is a new instance, with a new id."""
-        launches = self.replacements.get(index, 0)
-        return f"rehearsal-node-{index}" + (f"-r{launches}" if launches else "")
+        return self.launched.get(index, f"rehearsal-node-{index}")
 
     def notice_file(self, index: int) -> Path:
         """Where node `index`'s current instance reads its Spot interruption notice (its IMDS
@@ -127,7 +126,7 @@ class Nodes:
             else:
                 shutil.rmtree(self.node_home(index), ignore_errors=True)
         shutil.rmtree(self.workdir / "imds", ignore_errors=True)
-        self.replacements.clear()
+        self.launched.clear()
         self.close_cloud()  # its instances were the old deployment's
 
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
@@ -191,6 +190,8 @@ class Nodes:
             }
             doc["trainer"].update(overrides.get("trainer", {}))
             doc.update({k: v for k, v in overrides.items() if k != "trainer"})
+            if index in self.launched:  # the replacement template's node.json: no index
+                del doc["node_index"]  # (the node reads the controller's launch assignment)
             self.market = doc.get("market", "on-demand")
             if self.market == "spot":
                 doc["spot_notice_file"] = str(self.notice_file(index))

@@ -118,6 +118,11 @@ def test_a_spot_fleet_is_replaced_from_its_launch_templates(teardown, s3, moto_e
         relaunch = running.end_attempt()
         assert (relaunch.restarted, relaunch.replaced) == ([], [0, 1])
         assert set(running.instances().values()).isdisjoint(instances.values())
+        assert running.instances() == relaunch.launched
+        for index, instance in relaunch.launched.items():  # what each new node reads at boot
+            key = f"runs/{common.RUN}/launches/{instance}.json"
+            assignment = json.loads(s3.get_object(Bucket=common.BUCKET, Key=key)["Body"].read())
+            assert assignment["node_index"] == index
 
 
 def test_restarts_run_out_and_nothing_comes_back(teardown, s3, moto_endpoint):
