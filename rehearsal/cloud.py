@@ -183,7 +183,7 @@ class Cloud:
 
         before, self.started[:] = self.instances(), []
         known = len(self.attempts())
-        starter.handler(done_event())
+        starter.handler(done_event(BUCKET, RUN))
         try:
             executions = self.workflow.settle(timeout=SETTLE_S)
         except AssertionError as still:
@@ -214,7 +214,7 @@ def as_tags(tags: dict[str, str]) -> list[dict]:
     return [{"Key": key, "Value": value} for key, value in tags.items()]
 
 
-def done_event() -> dict:
+def done_event(bucket: str, run: str) -> dict:
     """EventBridge's "Object Created" for the run's DONE.json, as S3 sends it with EventBridge
     notifications on (https://docs.aws.amazon.com/AmazonS3/latest/userguide/ev-events.html)."""
     return {
@@ -223,8 +223,8 @@ def done_event() -> dict:
         "source": "aws.s3",
         "region": REGION,
         "detail": {
-            "bucket": {"name": BUCKET},
-            "object": {"key": f"runs/{RUN}/DONE.json"},
+            "bucket": {"name": bucket},
+            "object": {"key": f"runs/{run}/DONE.json", "etag": "e1", "sequencer": "01"},
             "reason": "PutObject",
         },
     }

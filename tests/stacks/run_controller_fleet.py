@@ -14,6 +14,8 @@ from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import InstanceBackend
 
+from rehearsal import cloud
+
 REGION = "us-east-1"
 BUCKET = f"horovod-fleet-{DEFAULT_ACCOUNT_ID}-{REGION}"
 RUN = "resnet50-r1"
@@ -299,18 +301,7 @@ class Ec2Answers:
 
 
 def done_event(run: str = RUN) -> dict:
-    """EventBridge "Object Created" as S3 sends it with EventBridge notifications on."""
-    return {
-        "version": "0",
-        "detail-type": "Object Created",
-        "source": "aws.s3",
-        "region": REGION,
-        "detail": {
-            "bucket": {"name": BUCKET},
-            "object": {"key": f"runs/{run}/DONE.json", "etag": "e1", "sequencer": "01"},
-            "reason": "PutObject",
-        },
-    }
+    return cloud.done_event(BUCKET, run)
 
 
 def state_change_event(instance_id: str, state: str) -> dict:
