@@ -127,10 +127,12 @@ def test_the_hard_cap_deletes_without_its_results_and_ends_a_relaunch_that_waits
         if state == "WaitForCapacity" and not capped:
             capped.append(starter.handler(CAP_EVENT))
             # On AWS this wait lasts ten minutes and the cap acts in seconds: hold the scaled
-            # wait until the cap has stopped it, so a loaded machine cannot end the wait first.
+            # wait until the cap's execution has ended (this one is stopped by then), so a
+            # loaded machine cannot end the wait first. moto marks this execution stopped only
+            # once its thread leaves this callback: waiting for that would last the 30 s.
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and any(
-                e["name"] == execution for e in workflow.running()
+                "-cap-" in e["name"] for e in workflow.running()
             ):
                 time.sleep(0.05)
 
