@@ -211,6 +211,13 @@ def test_the_lock_pins_every_package_exactly_and_satisfies_the_code_requirements
         assert version and "," not in version, line
         pinned[name.replace("_", "-")] = version
     assert pinned["tensorflow"] == PINS["TENSORFLOW_VERSION"]
+    # Resolved for the image's interpreter: the header says so and `make image-lock` asks for it.
+    python = ".".join(PINS["PYTHON_VERSION"].split(".")[:2])
+    assert f"CPython {python} on Ubuntu {PINS['UBUNTU_RELEASE']}" in (
+        RECIPE_DIR / "requirements.lock"
+    ).read_text().replace("\n# ", " ")
+    makefile = (RECIPE_DIR.parents[1] / "Makefile").read_text()
+    assert f"--python-version {python} " in makefile
     for requirements in ("trainer/requirements.txt", "bootstrap/requirements.txt"):
         for line in (RECIPE_DIR.parents[1] / requirements).read_text().splitlines():
             line = line.split("#")[0].strip()
