@@ -5,7 +5,7 @@
 # The rolling kernel is newer than the LTS one, and GRUB boots the highest version it finds, so
 # the rolling meta-packages are removed (no upgrade brings that series back) and GRUB_DEFAULT
 # names the LTS kernel's entry; the recipe reboots after this step, and the step's validate
-# fails unless the kernel then running is the held one.
+# fails unless the kernel then running is the held one (step 2 then removes the others).
 #   https://documentation.ubuntu.com/public-cloud/all-clouds-explanation/kernels-on-the-cloud/
 #   https://www.gnu.org/software/grub/manual/grub/html_node/default.html (submenu>entry titles)
 #   https://help.ubuntu.com/community/AutomaticSecurityUpdates

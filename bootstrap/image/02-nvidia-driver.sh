@@ -26,6 +26,17 @@ packages=(
 )
 
 if [[ $MODE == run ]]; then
+	# The rolling track's kernels stay installed after step 1's reboot into the held one. DKMS
+	# (the EFA installer, step 3) would build for them too, with no NVIDIA driver for them, and an
+	# upgrade by hand could make GRUB boot one: only the running kernel stays.
+	mapfile -t stale < <(dpkg-query -W -f '${Package} ${db:Status-Abbrev}\n' 'linux-image-[0-9]*' \
+		'linux-headers-[0-9]*' 'linux-modules-[0-9]*' 2>/dev/null |
+		awk -v kernel="$kernel" '$2 == "ii" && index($1, kernel) == 0 {print $1}')
+	if ((${#stale[@]})); then
+		log "removing the kernels other than $kernel: ${stale[*]}"
+		apt_get -y purge "${stale[@]}"
+		apt_get -y autoremove --purge
+	fi
 	log "installing ${packages[*]}"
 	apt_get update
 	apt_get -y install --no-install-recommends "${packages[@]}"

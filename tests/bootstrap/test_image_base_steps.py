@@ -153,6 +153,8 @@ case "$*" in *license*) echo "{license_}";; *) echo "{modules}";; esac
 printf '%s\\n' "dpkg-query $*" >>"$STUB_LOG"
 case "$*" in
 *nvidia-fabricmanager-580) printf '%s' "{fabric_manager}";;
+*"linux-image-[0-9]*"*) printf '%s\n' "linux-image-{KERNEL} ii " "linux-image-6.17.0-1005-aws ii " \
+    "linux-headers-6.17.0-1005-aws ii " "linux-modules-6.14.0-1011-aws rc ";;
 *) printf '%s' "{DRIVER}-0ubuntu0.24.04.2";;
 esac
 """,
@@ -178,6 +180,10 @@ def test_driver_step_installs_r580_open_modules_for_the_held_kernel_and_holds_th
         "nvidia-fabricmanager-580",
     ):
         assert f" {package}" in install
+    # The rolling kernels step 1 left installed go first (removed ones, "rc", are left alone).
+    [purge] = [c for c in bake.calls("apt-get") if " purge " in c]
+    assert purge.endswith(" purge linux-image-6.17.0-1005-aws linux-headers-6.17.0-1005-aws")
+    assert bake.calls().index(purge) < bake.calls().index(install)
     # The rolling track's module meta-package would pull the rolling kernel back in.
     assert "open-aws" not in install and "dkms" not in install.replace("no-dkms", "")
     [hold] = [c for c in bake.calls("apt-mark") if c.startswith("apt-mark hold")]
