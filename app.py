@@ -21,7 +21,7 @@ from cdk_nag import AwsSolutionsChecks
 from stacks.benchmark import benchmark_estimate
 from stacks.composition import HorovodFleet, compose
 from stacks.config import ConfigError, FleetConfig
-from stacks.image.recipe import bake_estimate
+from stacks.image.recipe import bake_estimate, jit_estimate
 from stacks.instance_types import (
     PRICES_AS_OF,
     fleet_estimate,
@@ -109,6 +109,8 @@ def estimates(config: FleetConfig) -> list[str]:
         lines.append(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed")
     else:
         lines.append(bake_estimate(config.image_test))
+        if config.image_jit:
+            lines.append(jit_estimate(config.image_jit))
     return [*lines, f"prices: {PRICES_AS_OF} list prices"]
 
 

@@ -35,6 +35,11 @@ if [[ $(config install) == true ]]; then
 		[[ -d $dir/lib ]] && LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	done
 	export PATH LD_LIBRARY_PATH
+	# The JIT caches the image baked for these GPUs and this driver (H100/H200: TensorFlow
+	# 2.15.1 has no native code for them), from image.json; horovodrun exports them to every rank.
+	while IFS= read -r setting; do
+		export "${setting?}"
+	done < <(python3 -m bootstrap.image.jit_env)
 else
 	log "install=false: using $(command -v python3) and $(command -v horovodrun)"
 fi

@@ -170,6 +170,7 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
         in (result.stderr)
     )
     assert "g5.xlarge at $1.006/h for the GPU proof" in result.stderr
+    assert "JIT proof" not in result.stderr  # only with -c imageJitInstanceType
     assert "TrainStack training estimate: 90 epochs (recipe goyal) x 1,281,167 images" in (
         result.stderr
     )
