@@ -19,7 +19,7 @@ from aws_cdk import App, Aspects, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.benchmark import benchmark_estimate
-from stacks.composition import HorovodFleet, compose
+from stacks.composition import HorovodFleet, checkpoint_plan, compose
 from stacks.config import ConfigError, FleetConfig
 from stacks.image.recipe import bake_estimate, jit_estimate
 from stacks.instance_types import (
@@ -31,7 +31,7 @@ from stacks.instance_types import (
     zone_note,
 )
 from stacks.nag import LogGroupReasons
-from stacks.run_estimate import recipe_plan, training_estimate
+from stacks.run_estimate import checkpoint_note, recipe_plan, training_estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -98,6 +98,8 @@ def estimates(config: FleetConfig) -> list[str]:
                 image_size=config.image_size,
             )
         )
+        interval_s, training_s = checkpoint_plan(config)
+        lines.append(checkpoint_note(interval_s, training_s, config.checkpoint_every_s is not None))
     lines += [
         quota_note(config.gpu, config.nodes, config.market),
         zone_note(config.gpu, config.region, config.az),

@@ -21,7 +21,9 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   benchmark (null: train; docs/contracts.md), cost and notify_topic_arn (null: status.json
   without prices, no notifications),
   spot_notice_file (null: ask IMDS for the Spot interruption notice when market is "spot"; a
-  path: the notice is that file's JSON once it exists, which is how a rehearsal interrupts).
+  path: the notice is that file's JSON once it exists, which is how a rehearsal interrupts),
+  min_nodes (nodes - 1, at least 1), reset_limit (null: none) and elastic_timeout_s (120): the
+  head's elastic horovodrun (docs/contracts.md), which stacks/ writes into every node's node.json.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 # under the progress watchdog's 10 minutes, so a timeout, which names the peer, ends it first.
 # Whole seconds: Horovod reads the value as an integer.
 COLLECTIVE_TIMEOUT_S = 120
+# How long the head's elastic driver waits for enough slots (HOROVOD_ELASTIC_TIMEOUT); stacks/
+# writes its own (stacks/train/stack.py ELASTIC_TIMEOUT_S says why).
+ELASTIC_TIMEOUT_S = 120
+ROLES = ("preprocess", "train", "head")
 
 
 class ConfigError(ValueError):
@@ -150,10 +156,20 @@ class TrainConfig(Common):
     market: str = "on-demand"
     spot_notice_file: str | None = None
     collective_timeout_s: int = COLLECTIVE_TIMEOUT_S
+    # The head's elastic horovodrun: a reset trains on at least min_nodes nodes, an attempt
+    # allows reset_limit resets (None: no limit), the driver waits elastic_timeout_s for slots.
+    min_nodes: int = 1
+    reset_limit: int | None = None
+    elastic_timeout_s: float = ELASTIC_TIMEOUT_S
 
     @property
     def is_leader(self) -> bool:
         return self.node_index == 0
+
+    @property
+    def is_head(self) -> bool:
+        """The fleet's head (role "head"): it runs horovodrun, no rank, and has no node index."""
+        return self.role == "head"
 
     @property
     def slots(self) -> int:
@@ -280,7 +296,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
     if not isinstance(doc, dict):
         raise ConfigError("node.json: must be a JSON object")
     r = _Reader(doc)
-    role = r.choice("role", ("preprocess", "train"))
+    role = r.choice("role", ROLES)
     if role == "preprocess":
         return PreprocessConfig(
             **_common(r),
@@ -294,6 +310,8 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
             stop_when_done=r.get("stop_when_done", bool),
         )
     nodes = r.integer("nodes", minimum=1)
+    if role == "head" and "node_index" in doc:
+        raise r.fail("node_index", "must be absent for the head, which is no node of the fleet")
     index = r.integer("node_index") if "node_index" in doc else None
     if index is not None:
         _check_index(r, index, nodes)
@@ -347,6 +365,9 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         market=r.choice("market", MARKETS, "on-demand"),
         spot_notice_file=r.text("spot_notice_file", None, nullable=True),
         collective_timeout_s=r.integer("collective_timeout_s", COLLECTIVE_TIMEOUT_S, minimum=1),
+        min_nodes=r.integer("min_nodes", max(1, nodes - 1), minimum=1, maximum=nodes),
+        reset_limit=None if doc.get("reset_limit") is None else r.integer("reset_limit", minimum=1),
+        elastic_timeout_s=r.number("elastic_timeout_s", ELASTIC_TIMEOUT_S, minimum=1),
     )
 
 

@@ -20,7 +20,6 @@ from stacks.image.recipe import read_pins
 from stacks.instance_types import PRICES_AS_OF, GpuType, fleet_usd_per_hour
 from stacks.nag import (
     SSM_MANAGED_POLICY,
-    acknowledge_metric_data,
     acknowledge_no_termination_protection,
     acknowledge_ssm_policy,
     acknowledge_wildcard_resources,
@@ -62,6 +61,7 @@ class GpuFleet(Construct):
         capacity_reservation: CapacityReservation | None = None,
         notify_topic: sns.ITopic | None = None,
         move_slots: int = 0,
+        elastic: dict | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.market = market
@@ -87,7 +87,9 @@ class GpuFleet(Construct):
             self.policy.add_statements(
                 iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
             )
-        profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
+        self.profile = profile = iam.CfnInstanceProfile(
+            self, "Profile", roles=[self.role.role_name]
+        )
         self.launch_fields = self._launch_fields(gpu, subnet, capacity_reservation, market)
         launch_template = ec2.CfnLaunchTemplate(
             self,
@@ -98,7 +100,7 @@ class GpuFleet(Construct):
         )
         pins = read_pins()
         # Every node's node.json holds these after its run and index (docs/contracts.md).
-        fleet_document = {
+        self.fleet_document = fleet_document = {
             "nodes": nodes,
             "gpus_per_node": gpu.gpus,
             "instance_type": gpu.name,
@@ -126,6 +128,9 @@ class GpuFleet(Construct):
                 "max_hours": max_hours,
             },
             "notify_topic_arn": notify_topic.topic_arn if notify_topic else None,
+            # The head's elastic horovodrun (stacks/train/head.py); every node carries them so
+            # that the code guard, which holds node 0's user data, sees them change.
+            **(elastic or {}),
         }
         self.instances = [
             self._node(
@@ -237,6 +242,8 @@ class GpuFleet(Construct):
                     actions=["cloudformation:SignalResource"],
                     resources=[Stack.of(self).stack_id],
                 ),
+                # The head's discovery lists a node only while EC2 runs it.
+                iam.PolicyStatement(actions=["ec2:DescribeInstances"], resources=["*"]),
                 *log_statements(self.log_group),
             ],
         )
@@ -246,7 +253,14 @@ class GpuFleet(Construct):
             "Read: the dataset's shards, named in its manifest. Write: only under this run's "
             "prefix, where the checkpoints, logs and rendezvous files are named at run time.",
         )
-        acknowledge_metric_data(policy)
+        acknowledge_wildcard_resources(
+            policy,
+            ["*"],
+            "cloudwatch:PutMetricData supports no resource-level permissions (the statement's "
+            "condition limits it to the HorovodFleet namespace), and neither does the head's "
+            "read-only ec2:DescribeInstances (https://docs.aws.amazon.com/service-authorization/"
+            "latest/reference/list_amazonec2.html lists no resource type for it).",
+        )
         return role, policy
 
     def _launch_fields(
