@@ -37,7 +37,14 @@ def leader_up_to_the_check(s3, train_config, monkeypatch):
     monkeypatch.setattr(health, "count_gpus", lambda: 8)
     monkeypatch.setattr(health, "efa_present", lambda: True)
     monkeypatch.setattr(health, "life_cycle", lambda cfg: cfg.market)
-    monkeypatch.setattr(data_pull, "pull_dataset", lambda *a: events.append("pull"))
+
+    def pull(*args, on_own, **kwargs):
+        events.append("pull")
+        now = time.time()
+        on_own(now)
+        return data_pull.Pulled({}, 0, now, now, now)
+
+    monkeypatch.setattr(data_pull, "pull_dataset", pull)
     monkeypatch.setattr(aws, "private_ip", lambda cfg: "10.0.0.5")
     monkeypatch.setattr(aws, "instance_id", lambda cfg: "i-0")
     monkeypatch.setattr(

@@ -55,9 +55,10 @@ def test_booting_counts_fresh_heartbeats_leader_included(train_config, s3, tmp_p
     assert set(doc) == {
         "format", "run", "attempt", "phase", "updated_at", "attempt_started_at",
         "instance_type", "nodes", "gpus_per_node", "nodes_healthy", "progress", "checkpoint",
-        "reason", "cost",
+        "reason", "cost", "goodput",
     }  # fmt: skip
     assert (doc["format"], doc["run"], doc["attempt"], doc["phase"]) == (FORMAT, "r1", 1, "booting")
+    assert doc["goodput"] is None  # nothing trained yet
     assert (doc["nodes"], doc["nodes_healthy"], doc["gpus_per_node"]) == (3, 2, 8)
     assert (doc["progress"], doc["checkpoint"], doc["reason"], doc["cost"]) == (
         None, None, None, COST,
