@@ -150,7 +150,7 @@ def wait_for_fleet_shards(
         live = rendezvous.live_nodes(s3, cfg, now, leader_key, since)
         held = {i: e.get("shards") for i, e in live.items()}
         held[cfg.node_index] = pull.holds if pull is not None else ALL
-        if lost := [i for i in range(cfg.nodes) if i not in live]:
+        if lost := [i for i in range(cfg.nodes) if i not in live and i != cfg.node_index]:
             named = [supervision.name_node(supervision.read_entry(s3, cfg, i) or {"index": i})
                      for i in lost]  # fmt: skip
             raise NodesLost(
