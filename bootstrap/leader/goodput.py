@@ -219,9 +219,10 @@ def live(
 ) -> dict | None:
     """status.json's goodput while the trainer runs: `current` (this attempt, without its end
     step and step time) to its progress.json's global step, each step at the global batch over
-    its global rate; None before the first timed log step."""
+    its global rate; None before the first timed log step (its `eta_s` is null until then: the
+    first interval's rate includes the first step's compilation)."""
     rate, step = progress.get("images_per_s"), progress.get("global_step")
-    if not rate or step is None or not global_batch:
+    if not rate or step is None or not global_batch or progress.get("eta_s") is None:
         return None
     now = current.ended_at
     so_far = Attempt(

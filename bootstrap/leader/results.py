@@ -126,6 +126,9 @@ def attempt_timeline(
         "launched_at": fleet_view.stamp(fleet_view.launched_at(records)),
         "first_step_at": fleet_view.stamp(fleet_view.first_step_at(training, records)),
         "phases": fleet_view.fleet_phases(records),
+        # The trainer's steps of this attempt: what goodput counts (and the run controller
+        # copies into attempts.json for the next attempt's).
+        "steps": {k: training.get(k) for k in ("start_step", "end_step", "step_s", "steps_redone")},
         "lost_s": goodput.attempt_lost(records, steps, training),
         "budget_s": budget_s,
     }

@@ -199,6 +199,7 @@ def pull_dataset(
     own_at = time.time()
     on_own(own_at)
     fetch.shards([s for s in wanted if s["file"] not in mine], f"pulling s3://{bucket}/{prefix}")
+    shutil.rmtree(data_dir / PARTIAL_DIR, ignore_errors=True)
     marker.write_text(digest)
     total = sum(s["records"] for s in shards)
     log(f"pulled and verified {len(shards)} shards, {total} records in {data_dir}")

@@ -150,9 +150,11 @@ def test_attempts_json_entries_carry_the_controller_s_copies():
 
 def test_live_goodput_counts_the_steps_so_far_at_the_global_rate():
     current = Attempt(ended_at=T0 + 1000, launched_at=T0, first_step_at=T0 + 200, start_step=0)
-    progress = {"global_step": 400, "images_per_s": 2048.0}  # batch 1024: 0.5 s a step
+    progress = {"global_step": 400, "images_per_s": 2048.0, "eta_s": 600.0}  # 0.5 s a step
     assert goodput.live([], current, progress, 1024) == {"goodput": 0.2, "runtime_goodput": 0.25}
-    assert goodput.live([], current, {"global_step": 5, "images_per_s": None}, 1024) is None
+    # The first log step's rate includes the compilation: no figure until a timed one.
+    assert goodput.live([], current, {**progress, "eta_s": None}, 1024) is None
+    assert goodput.live([], current, {**progress, "images_per_s": None}, 1024) is None
 
 
 def test_resets_name_the_nodes_horovod_named_by_address():
