@@ -31,7 +31,9 @@ from stacks.instance_types import (
     zone_note,
 )
 from stacks.nag import LogGroupReasons
+from stacks.root_volume import init_rate
 from stacks.run_estimate import checkpoint_note, recipe_plan, training_estimate
+from stacks.startup_estimate import startup_lines, startup_phases
 
 HERE = Path(__file__).resolve().parent
 
@@ -100,6 +102,17 @@ def estimates(config: FleetConfig) -> list[str]:
         )
         interval_s, training_s = checkpoint_plan(config)
         lines.append(checkpoint_note(interval_s, training_s, config.checkpoint_every_s is not None))
+    # Each start-up phase's budget and its source (docs/cost.md, Start-up).
+    lines += startup_lines(
+        config.gpu,
+        config.nodes,
+        startup_phases(
+            config.gpu,
+            config.nodes,
+            pulls_data=config.benchmark in (None, "data"),
+            init_rate=init_rate(config.nodes),
+        ),
+    )
     lines += [
         quota_note(config.gpu, config.nodes, config.market),
         zone_note(config.gpu, config.region, config.az),

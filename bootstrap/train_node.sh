@@ -15,6 +15,7 @@ step "read node.json"
 role=$(config role)
 [[ $role == train ]] || { log "node.json role is '$role', this script is for 'train'"; false; }
 start_log
+record_step_times "$(config state_dir)/shell-steps.tsv"
 # A replacement node's node.json names no index: it learns it from S3 in the bootstrap.
 index=$(config node_index)
 log "node ${index:-"(named by its launch assignment)"} of $(config nodes), run $(config run)"
