@@ -14,7 +14,7 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   heartbeat_timeout_s (120), collective_timeout_s (120: how long a rank waits on a peer in a
   Gloo collective before the attempt fails, see docs/faults-and-recovery.md),
   checkpoint_sync_s (60: what a crash can lose on top of the epoch
-  in progress, see docs/faults-and-recovery.md), status_every_s (15: how often the leader rewrites status.json
+  in progress, see docs/faults-and-recovery.md), status_every_s (15: how often the head rewrites status.json
   while the trainer runs),
   gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
   check requires GDRDMA connections), allreduce_floor_gbps (0: no floor),
@@ -170,13 +170,14 @@ class TrainConfig(Common):
     startup_budget_s: dict[str, float] | None = field(default=None, hash=False)
 
     @property
-    def is_leader(self) -> bool:
-        return self.node_index == 0
-
-    @property
     def is_head(self) -> bool:
         """The fleet's head (role "head"): it runs horovodrun, no rank, and has no node index."""
         return self.role == "head"
+
+    @property
+    def node_name(self) -> str:
+        """How the fleet's records name this instance: its node index, or "head"."""
+        return "head" if self.is_head else str(self.node_index)
 
     @property
     def slots(self) -> int:

@@ -80,7 +80,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Fault:
-    """What is done to the run, and when: at node 0's first output line that matches `when`
+    """What is done to the run, and when: at the head's first output line (its own, and its horovodrun's: the ranks') that matches `when`
     (text or pattern), once the local S3 has answered a Request, or before the attempt starts
     (None)."""
 

@@ -76,7 +76,7 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     elif isinstance(when, Request):
         rehearsal.iam.on_request(when.method, when.path, lambda: row.fault.what(rehearsal))
     else:
-        rehearsal.watches.append(("node0", when, lambda: row.fault.what(rehearsal)))
+        rehearsal.watches.append(("head", when, lambda: row.fault.what(rehearsal)))
     refused_before = len(rehearsal.iam.refusals) if rehearsal.iam else 0
     overrides = dict(row.overrides)
     try:

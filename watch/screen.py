@@ -44,7 +44,7 @@ class RunFacts:
     done: dict | None = None  # runs/<run>/DONE.json
     attempts: list[dict] | None = None  # runs/<run>/attempts.json's ended attempts
     nodes_up: int | None = None  # registrations in runs/<run>/nodes/
-    stack_phase: str | None = None  # from CloudFormation, before the leader writes anything
+    stack_phase: str | None = None  # from CloudFormation, before the head writes anything
     stack_created: datetime | None = None  # TrainStack's creation: the bill's start
     hard_cap_at: datetime | None = None  # TrainStack's HorovodFleetDeadline output
 
@@ -221,9 +221,9 @@ def phases_table(run: str, done: dict) -> str | None:
 
 
 def with_controller(status: dict | None, controller: dict | None) -> dict | None:
-    """status.json as the screen shows it: the leader's document (its only writer) with what
+    """status.json as the screen shows it: the head's document (its only writer) with what
     the run controller says in its own controller.json: always its execution and state; its
-    phase, attempt and reason when it wrote them after the leader's last word (the leader is
+    phase, attempt and reason when it wrote them after the head's last word (the head is
     gone, or a relaunch is under way). Both stamps are UTC "%Y-%m-%dT%H:%M:%SZ", so they
     compare as text."""
     if not controller:
@@ -269,7 +269,7 @@ def cap_line(facts: RunFacts) -> str:
         return "unknown (no TrainStack output HorovodFleetDeadline, no max_hours in status.json)"
     at, exact = cap
     left = (at - facts.now).total_seconds()
-    how = "" if exact else " (estimated from the leader's start)"
+    how = "" if exact else " (estimated from the head's start)"
     return f"{clock(left)} left, at {at.strftime(TIME_FORMAT)}{how}"
 
 

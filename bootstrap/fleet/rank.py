@@ -1,7 +1,7 @@
 """`python3 -m bootstrap.fleet.rank PROGRAM...`: one Horovod rank's program, run as a child so that a
 signal that kills it is named. horovodrun starts remote ranks over ssh, and OpenSSH's client
 exits 255 for a remote command killed by a signal, so horovodrun could only report
-`Exit code: 255`; this line says which signal (and the leader adds the host from the hostfile),
+`Exit code: 255`; this line says which signal (and the head adds the host from the hostfile),
 and for a rank that failed on its own, its exit code (horovodrun turns every rank's failure into
 its own status 1): the trainer's codes are its contract (2: input refused, 75: interrupted).
 

@@ -103,7 +103,7 @@ def _why_not(
     entry, now, heartbeat_timeout_s, head_key, since, noticed, ec2_states, admitted, started,
     s3_back_at,
 ) -> str | None:  # fmt: skip
-    if entry.get("leader_key_sha256") != head_key:
+    if entry.get("head_key_sha256") != head_key:
         return "registered without the head's key"
     beat = parse_stamp(entry["registered_at"])
     if beat < math.floor(since):  # stamps carry whole seconds

@@ -112,15 +112,21 @@ def elastic_env(env: dict[str, str], ssh_bin: Path) -> dict[str, str]:
 Run = Callable[..., subprocess.CompletedProcess]
 
 
-def interface_of(ip: str, run: Run = subprocess.run) -> str | None:
-    """The name of this host's interface that holds `ip` (`ip -o -4 addr show`: one line per
-    address, `2: ens5    inet 10.0.0.7/24 ...`), or None."""
+def addresses(run: Run = subprocess.run) -> list[tuple[str, str]]:
+    """(interface name, IPv4 address) of this host (`ip -o -4 addr show`: one line per address,
+    `2: ens5    inet 10.0.0.7/24 ...`)."""
     listing = run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True)
+    found = []
     for line in listing.stdout.splitlines():
         fields = line.split()
-        if len(fields) >= 4 and fields[2] == "inet" and fields[3].split("/")[0] == ip:
-            return fields[1].rstrip(":")
-    return None
+        if len(fields) >= 4 and fields[2] == "inet":
+            found.append((fields[1].rstrip(":"), fields[3].split("/")[0]))
+    return found
+
+
+def interface_of(ip: str, run: Run = subprocess.run) -> str | None:
+    """The name of this host's interface that holds `ip`, or None."""
+    return next((name for name, address in addresses(run) if address == ip), None)
 
 
 def alias_interface(name: str, ip: str, run: Run = subprocess.run) -> str | None:
@@ -132,7 +138,7 @@ def alias_interface(name: str, ip: str, run: Run = subprocess.run) -> str | None
     the head (a c6i), so the head gets one: a veth end of that name holding its own address as a
     /32, which adds no route (traffic still leaves by its real interface) and which Linux
     answers on any interface. Returns what it did, or None when nothing was needed."""
-    if interface_of(ip, run) == name:
+    if (name, ip) in addresses(run):  # its own, or the alias a previous start added
         return None
     links = run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     if any(line.split(":")[1].strip().split("@")[0] == name for line in links.splitlines()):

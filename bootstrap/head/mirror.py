@@ -6,7 +6,7 @@ copies that dir into its own over ssh (it has ssh to every node): from the node 
 progress.json is newest (rank 0's now), every MIRROR_S and once more after horovodrun ends.
 ModelStore's uploads, the progress watchdog and status.json read the head's copy.
 
-The copy keeps TensorFlow's order, on which ModelStore.upload relies (bootstrap/leader/
+The copy keeps TensorFlow's order, on which ModelStore.upload relies (bootstrap/head/
 checkpoints.py): the listing reads checkpoints/checkpoint before it lists the files, so every
 checkpoint the state file names is whole in the listing (TensorFlow writes the state file after
 the files), and the head writes that state file last, once the files it names are in place.
@@ -120,6 +120,7 @@ class Mirror(threading.Thread):
         self.lock = threading.Lock()  # one copy at a time: the thread's and the final one
         self.copied: dict[str, list[int]] = {}  # name -> [size, mtime_ns] at the source
         self.failing = False
+        self.finished = False
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval_s):
@@ -144,10 +145,14 @@ class Mirror(threading.Thread):
 
     def final(self) -> str | None:
         """After horovodrun ended: stop the thread, then copy once more, from the node that held
-        rank 0 last (its host may have left the discovery since)."""
+        rank 0 last (its host may have left the discovery since). Once: a second call returns
+        where the copy came from."""
+        if self.finished:
+            return self.source
         self.stop()
         if self.is_alive():
             self.join()
+        self.finished = True
         return self.sync()
 
     def round(self) -> str | None:
@@ -226,9 +231,17 @@ class Mirror(threading.Thread):
             raise RuntimeError(f"ssh {host} exited {proc.returncode}: {error[-300:]}")
 
 
+def push_all(ssh: Ssh, hosts: list[str], local_dir: Path, remote_dir: Path) -> None:
+    """push() to every host at once: whichever holds rank 0 resumes from the restored
+    checkpoints, and no node keeps one of its own that S3 does not vouch for."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done in [pool.submit(push, ssh, host, local_dir, remote_dir) for host in hosts]:
+            done.result()
+
+
 def push(ssh: Ssh, host: str, local_dir: Path, remote_dir: Path, timeout_s: float = 600) -> None:
-    """Put the head's checkpoints (the restored ones) into a node's model dir, replacing its
-    own: the node that will hold rank 0 resumes from them."""
+    """Put the head's checkpoints (the restored ones, or none) into a node's model dir,
+    replacing its own."""
     remote = shlex.quote(str(remote_dir))
     command = ssh.command(
         host, f"rm -rf {remote}/checkpoints && mkdir -p {remote} && tar -C {remote} -xf -"

@@ -49,7 +49,7 @@ def test_train_document_parses_and_maps_trainer_flags():
                                    "image_size": 224, "base_lr": 0.1, "synthetic": True,
                                    "eval_only": False}))  # fmt: skip
     assert isinstance(cfg, TrainConfig)
-    assert cfg.is_leader and cfg.slots == 8
+    assert not cfg.is_head and cfg.node_name == "0" and cfg.slots == 8
     assert cfg.trainer_flags() == [
         "--epochs", "90", "--batch-size", "256", "--arch", "resnet50", "--image-size", "224",
         "--base-lr", "0.1", "--synthetic",
@@ -223,7 +223,7 @@ def head_doc(**overrides) -> dict:
 
 def test_the_heads_document_parses_with_the_elastic_settings():
     cfg = parse(head_doc(nodes=8, min_nodes=6, reset_limit=40, elastic_timeout_s=90))
-    assert cfg.is_head and not cfg.is_leader and cfg.node_index is None
+    assert cfg.is_head and cfg.node_name == "head" and cfg.node_index is None
     assert (cfg.min_nodes, cfg.reset_limit, cfg.elastic_timeout_s) == (6, 40, 90)
     defaults = parse(head_doc(nodes=3))
     assert (defaults.min_nodes, defaults.reset_limit, defaults.elastic_timeout_s) == (2, None, 120)

@@ -27,7 +27,7 @@ def entry(index, ip=None, *, age=5.0, key=KEY, instance=None, shards=None, gpus=
         "gpus": gpus,
         "instance_id": instance or f"i-{index:04d}",
         "registered_at": utc_stamp(NOW - age),
-        "leader_key_sha256": key,
+        "head_key_sha256": key,
     }
     if shards is not None:
         found["shards"] = shards

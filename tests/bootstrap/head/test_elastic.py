@@ -151,3 +151,18 @@ def test_the_head_gets_the_nodes_interface_name_holding_its_own_address():
     assert alias_interface("ens5", "10.0.0.7", StubIp()) is None  # same name: nothing to do
     with pytest.raises(RuntimeError, match="does not hold its address"):
         alias_interface("ens5", "10.0.0.9", StubIp())
+
+
+def test_a_restarted_head_keeps_the_alias_it_added():
+    ip = StubIp()
+    aliased = (
+        ADDRESSES + "4: ens32    inet 10.0.0.7/32 scope global ens32\\       valid_lft forever\n"
+    )
+
+    def ip_with_alias(command, **_):
+        listing = aliased if command[1:3] == ["-o", "-4"] else LINKS
+        return subprocess.CompletedProcess(command, 0, listing, "")
+
+    assert interface_of("10.0.0.7", ip_with_alias) == "ens5"
+    assert alias_interface("ens32", "10.0.0.7", ip_with_alias) is None
+    assert ip.calls == []

@@ -1,7 +1,7 @@
-"""The leader's runs/<run>/status.json, its CloudWatch metrics and its e-mails (docs/contracts.md,
+"""The head's runs/<run>/status.json, its CloudWatch metrics and its e-mails (docs/contracts.md,
 "A run as it goes").
 
-The leader says which phase it is in; a thread rewrites status.json at each phase change and, while
+The head says which phase it is in; a thread rewrites status.json at each phase change and, while
 the trainer runs, every node.json status_every_s (15 s) from the trainer's progress.json, with the nodes
 whose heartbeat is fresh and the newest checkpoint in S3. Each new progress.json also becomes one
 line of CloudWatch embedded metric format (EMF) in <log_dir>/metrics.log, which the baked
@@ -92,7 +92,7 @@ class OutageLog:
 
 
 class RunStatus:
-    """What the leader publishes about its run. Members get one too, which does nothing."""
+    """What the head publishes about its run. Nodes get one too, which does nothing."""
 
     def __init__(
         self,
@@ -108,7 +108,7 @@ class RunStatus:
         self.cfg, self.s3, self.sns, self.log, self.clock = cfg, s3, sns, log, clock
         self.progress_path = Path(model_dir) / "progress.json"
         self.metrics_path = Path(cfg.log_dir) / METRICS_LOG
-        self.enabled = cfg.is_leader
+        self.enabled = cfg.is_head
         self.attempt_started = attempt_started
         self.earlier: list[dict] | None = None  # attempts.json's entries, once read
         self.current = "booting"
@@ -255,13 +255,12 @@ class RunStatus:
         return [e for e in json.loads(body).get("attempts", []) if isinstance(e, dict)]
 
     def _nodes_healthy(self) -> int:
-        """Nodes whose heartbeat is younger than heartbeat_timeout_s; the leader, which is
-        writing this, always counts."""
+        """Nodes whose heartbeat is younger than heartbeat_timeout_s."""
         now = self.clock()
         listing = self.s3.with_policy(QUICK).list_objects_v2(
             Bucket=self.cfg.bucket, Prefix=f"{self.cfg.runs_prefix}nodes/"
         )
-        healthy = {self.cfg.node_index}
+        healthy = set()
         for obj in listing.get("Contents", []):
             body = self.s3.with_policy(QUICK).get_object(Bucket=self.cfg.bucket, Key=obj["Key"])
             entry = json.loads(body["Body"].read())

@@ -1,46 +1,72 @@
-"""The leader (node 0): after the steps every training node runs, it meets the fleet, checks it
-with an allreduce, signals CloudFormation, restores the checkpoints, runs horovodrun under its
-stall watch, uploads the results and writes DONE.json last; or runs the benchmark instead."""
+"""The head: the fleet's CPU instance that runs horovodrun and what the run needs besides
+training. It meets the nodes, checks them with an allreduce, signals CloudFormation, restores
+the checkpoints and puts them on node 0, runs the training from here under its stall watch with
+rank 0's outputs copied here, uploads the results and writes DONE.json last; or runs the
+benchmark instead. It holds no data and runs no rank (stacks/train/head.py says why)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.fleet import rendezvous, supervision
+from bootstrap.fleet import node_failures, rendezvous, supervision
+from bootstrap.fleet.rank import NODE_ENV
 from bootstrap.fleet.rendezvous import parse_stamp
-from bootstrap.leader import benchmark, checkpoints, goodput, launch, results
+from bootstrap.head import benchmark, checkpoints, goodput, launch, mirror, results
+from bootstrap.head.elastic import alias_interface, install_ssh_wrapper
 from bootstrap.node import dataset, health, spot
+from bootstrap.node.attempt import read_json
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
 
+NODE_ENV_FILE = "node.env"  # in each node's mount point: its own settings (bootstrap/fleet/rank.py)
 
-class Leader(TrainingNode):
-    # The leader's checkpoints, logs and DONE.json are the run's results: retried until they are
+
+class InterfacesDiffer(RuntimeError):
+    """The nodes name their network interfaces differently: horovodrun takes one name."""
+
+
+class Head(TrainingNode):
+    # The run's checkpoints, logs and DONE.json are the head's results: retried until they are
     # in S3 (the hard cap, or a shutdown's deadline, bounds it).
     results_policy = aws.UNTIL_DONE
 
     def run(self) -> None:
-        ip, instance_id = self.boot()
+        ip, instance_id = self.begin()
         cfg, attempt, status = self.cfg, self.attempt, self.attempt.status
         self.hostfile = Path(cfg.state_dir) / "hostfile"
+        # What a node says failed on it: before training, any such failure ends the attempt.
+        self.failures = node_failures.Watch(cfg, self.s3, since=attempt.started, log=self.log)
+        # The nodes pull their data meanwhile: the run is in that phase until they have met.
+        status.phase("pulling_data")
         nodes = step("rendezvous", lambda: self.meet(ip, instance_id))
+        self.nodes = nodes
+        # The rehearsal without network namespaces: every node is this host, and node 0's model
+        # dir is this one (its node.json says so), so nothing is copied either way.
+        self.same_host = {n["ip"] for n in nodes} == {ip}
         self.ranks = sum(n["gpus"] or 1 for n in nodes)
         self.key = rendezvous.private_key_path(cfg)
+        self.ssh = mirror.Ssh(self.key, cfg.ssh_port, shutil.which("ssh") or "ssh")
+        self.interface = step("network interface", lambda: self.driver_interface(nodes, ip))
         if cfg.benchmark:
             # The benchmark runs the allreduce check at every size itself, and reports it.
             step("signal", lambda: self.fleet_ready(f"{len(nodes)} node(s) met"))
             benchmark.lead(
-                cfg, self.s3, nodes, self.key, self.data_dir, attempt.started, self.log, step
-            )
+                cfg, self.s3, nodes, self.key, self.data_dir, attempt.started, self.log, step,
+                self.interface,
+            )  # fmt: skip
             status.end("done", None)
             return
         self.env = launch.launcher_env(cfg, dict(os.environ))
         # What marks this run's training processes, for a restarted bootstrap to end them.
         self.env[supervision.JOB_ENV] = supervision.job_id(cfg)
+        # Each node's own settings, read by its ranks over this environment.
+        self.env[NODE_ENV] = str(Path(cfg.mount_point) / NODE_ENV_FILE)
+        self.ssh_bin = install_ssh_wrapper(Path(cfg.state_dir))
         fleet = f"{len(nodes)} node(s) met, no GPUs: no allreduce check"
         if cfg.gpus_per_node:
             fleet = self.check_fleet()
@@ -60,46 +86,57 @@ class Leader(TrainingNode):
         if recorded := results.clear_done(s3, cfg, attempt.started):
             raise results.RecordTaken(f"{results.describe_record(cfg, recorded)}: it stands")
         since = time.time()
-        key = rendezvous.ensure_leader_key(s3, cfg)
-        public_key = key.with_suffix(".pub").read_text()
-        fingerprint = rendezvous.key_fingerprint(public_key)
-        # The leader is a host in the hostfile too: a launcher that ssh-es to it must get in.
-        rendezvous.install_authorized_key(cfg.authorized_keys_file, public_key)
+        key = rendezvous.ensure_head_key(s3, cfg)
+        fingerprint = rendezvous.key_fingerprint(key.with_suffix(".pub").read_text())
 
-        def register() -> None:
-            rendezvous.register_node(
-                s3, cfg, ip, instance_id, time.time(), fingerprint, self.holds()
-            )
+        def beat() -> None:
+            rendezvous.register_head(s3, cfg, ip, instance_id, time.time(), fingerprint)
 
-        register()
+        beat()
         registered = time.time()
         attempt.heartbeat = supervision.Heartbeat(
-            register, supervision.heartbeat_interval(cfg), self.log
+            beat, supervision.heartbeat_interval(cfg), self.log
         )
         attempt.heartbeat.start()
-        self.log(f"registered as node 0 ({ip}); waiting for {cfg.nodes} node(s)")
+        self.log(f"the head ({ip}) published the run's key; waiting for {cfg.nodes} node(s)")
         self.key_fingerprint, self.met_since = fingerprint, since
         nodes = rendezvous.wait_for_nodes(
-            s3, cfg, leader_key=fingerprint, since=since, while_waiting=self.check_pull
+            s3, cfg, head_key=fingerprint, since=since, while_waiting=self.failures.check
         )
         text = rendezvous.write_hostfile(s3, cfg, nodes, self.hostfile)
         self.phases.measure("rendezvous", registered, time.time())
         self.log("hostfile:\n" + text.rstrip())
         return nodes
 
+    def driver_interface(self, nodes: list[dict], ip: str) -> str | None:
+        """The interface name horovodrun gives every rank and takes the driver's address from:
+        the one the nodes registered (node.json `network_interface` where they named none),
+        which this host then has too (elastic.alias_interface)."""
+        names = {n["interface"] for n in nodes if n.get("interface")}
+        if len(names) > 1:
+            raise InterfacesDiffer(
+                f"the nodes' network interfaces have different names ({', '.join(sorted(names))}):"
+                " horovodrun gives every rank one"
+            )
+        name = names.pop() if names else self.cfg.network_interface
+        if name and (done := alias_interface(name, ip)):
+            self.log(done)
+        return name
+
     def wait_for_fleet_shards(self) -> None:
         dataset.wait_for_fleet_shards(
-            self.s3, self.cfg, self.pull, self.key_fingerprint, self.met_since, log=self.log
-        )
+            self.s3, self.cfg, None, self.key_fingerprint, self.met_since, log=self.log,
+            while_waiting=self.failures.check,
+        )  # fmt: skip
 
     def fleet_ready(self, detail: str) -> None:
         rendezvous.write_fleet_check(self.s3, self.cfg, detail, time.time())
         rendezvous.signal_fleet_ready(self.cfg, detail, self.log)
 
-    def lost_members(self, failed_at: float) -> list[str]:
+    def lost_nodes(self, failed_at: float) -> list[str]:
         lost: list[str] = []
         attempt_to(
-            "read the members' heartbeats",
+            "read the nodes' heartbeats",
             lambda: lost.extend(supervision.lost_nodes(self.s3, self.cfg, failed_at)),
         )
         return lost
@@ -113,12 +150,12 @@ class Leader(TrainingNode):
         on_start=None,
     ) -> str:
         # Each rank under bootstrap.fleet.rank, which names the signal that kills it; horovodrun
-        # is guarded, and a failure names the members whose heartbeat went stale.
+        # is guarded, and a failure names the nodes whose heartbeat went stale.
         ranked = ["python3", "-m", "bootstrap.fleet.rank", *program]
         return launch.run_horovodrun(
             self.cfg, self.hostfile, self.key, self.ranks, ranked, self.env, log_name,
-            keep=keep, progress=progress, lost=self.lost_members, log=self.log,
-            on_start=on_start,
+            keep=keep, interface=self.interface, progress=progress, lost=self.lost_nodes,
+            log=self.log, on_start=on_start,
         )  # fmt: skip
 
     def check_fleet(self) -> str:
@@ -145,15 +182,24 @@ class Leader(TrainingNode):
         return fleet
 
     def restore(self) -> checkpoints.ModelStore:
+        """The newest whole checkpoint from S3 onto this disk, then onto every node's in place
+        of its own: rank 0, wherever it is, resumes from it (a node's leftovers, which S3 does
+        not vouch for, are gone)."""
         cfg, attempt = self.cfg, self.attempt
         store = checkpoints.ModelStore(self.s3, cfg, self.model_dir, self.log)
         resumes_from = step("restore checkpoints", store.restore)
         self.resumes_at_step = checkpoints.step_of(resumes_from) if resumes_from else 0
         attempt.store, attempt.outputs_since = store, time.time()
         attempt.resumes_from(self.model_dir)
+        hosts = list(dict.fromkeys(n["ip"] for n in self.nodes))
+        if not self.same_host:
+            step(
+                "checkpoints to the nodes",
+                lambda: mirror.push_all(self.ssh, hosts, self.model_dir, self.model_dir),
+            )
         self.log(
-            f"restored and verified {checkpoints.model_prefix(cfg)}: the trainer resumes from "
-            f"{resumes_from}"
+            f"restored and verified {checkpoints.model_prefix(cfg)} onto every node: the "
+            f"trainer resumes from {resumes_from}"
             if resumes_from
             else f"no checkpoint in {checkpoints.model_prefix(cfg)} yet: the trainer starts run "
             f"{cfg.run} from its first step"
@@ -164,13 +210,20 @@ class Leader(TrainingNode):
         cfg, attempt = self.cfg, self.attempt
         sync = checkpoints.CheckpointSync(store, cfg.checkpoint_sync_s, self.log)
         sync.start()
+        # Rank 0's outputs, into this model dir: the uploads, the watchdog and status.json read
+        # them here.
+        hosts = [] if self.same_host else [n["ip"] for n in self.nodes]
+        outputs = mirror.Mirror(
+            self.ssh, lambda: hosts, self.model_dir, self.model_dir, source=None, log=self.log
+        )
+        outputs.start()
         attempt.status.live_goodput = self.live_goodput
         attempt.status.phase("training")
 
-        def end_if_the_pull_fails(proc) -> None:
-            """The trainer started beside the rest of the data pull: its failure ends it."""
-            if self.pull is not None:
-                self.pull.on_failure(lambda: launch.end_process(proc))
+        def watch_nodes(proc) -> None:
+            """A node's reported failure (its data pull, say) ends the training at once."""
+            self.failures.on_end = lambda: launch.end_process(proc)
+            self.failures.start()
 
         def train() -> None:
             try:
@@ -178,10 +231,12 @@ class Leader(TrainingNode):
                     launch.trainer_command(cfg, self.data_dir, self.model_dir),
                     "train.log",
                     progress=self.model_dir / "progress.json",
-                    on_start=end_if_the_pull_fails,
+                    on_start=watch_nodes,
                 )
             except RuntimeError as exc:
-                self.check_pull()  # the data pull's failure, not what it did to the ranks
+                if self.failures.ended is not None:  # the node's words, not what its ranks said
+                    raise self.failures.ended from exc
+                outputs.final()  # interrupted.json, if the ranks stopped at a checkpoint
                 # A Spot notice stopped the ranks (any node's): an interruption, named, not a
                 # failure.
                 why = spot.interruption_reason(
@@ -194,6 +249,8 @@ class Leader(TrainingNode):
         try:
             step("training", train)
         finally:
+            self.failures.stop()
+            outputs.final()
             sync.stop()
 
     def finish(self, store: checkpoints.ModelStore) -> None:
@@ -201,11 +258,10 @@ class Leader(TrainingNode):
         # Results are retried until they are in S3: the hard cap bounds the wait (README).
         attempt.status.phase("uploading")
         step("upload results", lambda: store.upload(aws.UNTIL_DONE))
-        self.follower.stop()  # this node's trainer's start-up, into its record
         doc = results.done_document(
             cfg, "succeeded", None, self.model_dir, time.time(), attempt.started,
             attempt.outputs_since, attempt.earlier, STEP_SECONDS, restarts=attempt.restarts,
-            records=self.phase_records(),
+            records=self.phase_records(), written_by=self.written_by(),
         )  # fmt: skip
         self.log(
             f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}, goodput "
@@ -222,11 +278,12 @@ class Leader(TrainingNode):
         self.log(f"wrote s3://{cfg.bucket}/{cfg.runs_prefix}DONE.json")
 
     def live_goodput(self, progress: dict) -> dict | None:
-        """status.json's goodput while training: this attempt from its launch (this node's,
-        about the fleet's) and the step it resumed at, the earlier ones from attempts.json."""
+        """status.json's goodput while training: this attempt from its launch (the head's,
+        about the fleet's), its first step (rank 0's node's startup.json, copied here) and the
+        step it resumed at, the earlier ones from attempts.json."""
         cfg, record = self.cfg, self.phases.doc
         launched = record.get("launched_at")
-        first = record["phases"].get("first_step", {}).get("end")
+        first = read_json(self.model_dir / "startup.json").get("first_step_at")
         current = goodput.Attempt(
             ended_at=time.time(),
             launched_at=parse_stamp(launched) if launched else self.attempt.started,
@@ -241,7 +298,7 @@ class Leader(TrainingNode):
         return True
 
     def written_by(self) -> str:
-        return "leader"
+        return "head"
 
     def record_model_dir(self) -> Path | None:
         return self.model_dir

@@ -2,14 +2,14 @@
 restore are lost time, the buckets add up to the wall clock, the slowest node of each phase is
 named.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_goodput.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_goodput.py
 """
 
 import pytest
 
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader import goodput, timeline
-from bootstrap.leader.goodput import Attempt
+from bootstrap.head import goodput, timeline
+from bootstrap.head.goodput import Attempt
 from bootstrap.node.phases import PHASES
 
 T0 = 1_800_000_000.0

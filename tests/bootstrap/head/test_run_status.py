@@ -1,4 +1,4 @@
-"""bootstrap/leader/status.py: the leader's status.json, its EMF metrics line and its e-mails."""
+"""bootstrap/head/status.py: the leader's status.json, its EMF metrics line and its e-mails."""
 
 import json
 import time
@@ -9,7 +9,7 @@ from botocore.exceptions import EndpointConnectionError
 
 from bootstrap import aws
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader.status import FORMAT, RunStatus, emf_line
+from bootstrap.head.status import FORMAT, RunStatus, emf_line
 
 COST = {"usd_per_hour": 31.212, "prices_as_of": "2025-06", "max_hours": 4}
 TOPIC = "arn:aws:sns:us-east-1:123456789012:run-r1"
@@ -35,7 +35,7 @@ def status_json(s3) -> dict:
 
 
 def make_status(train_config, s3, tmp_path, **config):
-    cfg = train_config(nodes=3, cost=COST, **config)
+    cfg = train_config(role="head", nodes=3, cost=COST, **config)
     lines = []
     status = RunStatus(
         cfg, aws.RetryingS3(s3), tmp_path / "model", attempt_started=time.time() - 60,
@@ -44,8 +44,9 @@ def make_status(train_config, s3, tmp_path, **config):
     return status, lines
 
 
-def test_booting_counts_fresh_heartbeats_leader_included(train_config, s3, tmp_path):
+def test_booting_counts_the_nodes_with_a_fresh_heartbeat(train_config, s3, tmp_path):
     now = time.time()
+    heartbeat(s3, 0, 5, now)  # fresh
     heartbeat(s3, 1, 10, now)  # fresh
     heartbeat(s3, 2, 600, now)  # older than heartbeat_timeout_s (120): lost
     status, lines = make_status(train_config, s3, tmp_path)
@@ -153,7 +154,7 @@ def test_s3_trouble_is_a_log_line_never_an_error(train_config, tmp_path):
 
             return fail
 
-    cfg = train_config(nodes=3)
+    cfg = train_config(role="head", nodes=3)
     lines = []
     status = RunStatus(
         cfg, aws.RetryingS3(Refusing()), tmp_path, attempt_started=0, log=lines.append
@@ -188,7 +189,7 @@ def test_an_outage_is_a_line_when_it_begins_about_one_a_minute_and_one_when_it_e
     clock = lambda: now[0]  # noqa: E731 - the injected clock
     lines = []
     status = RunStatus(
-        train_config(nodes=3, status_every_s=3600), aws.RetryingS3(S3Down(s3, clock, now[0] + outage_s)),
+        train_config(role="head", nodes=3, status_every_s=3600), aws.RetryingS3(S3Down(s3, clock, now[0] + outage_s)),
         tmp_path / "model", attempt_started=now[0], log=lines.append, clock=clock,
     )  # fmt: skip
     for _ in range(outage_s + 5):  # a publish every second, through the outage and after it

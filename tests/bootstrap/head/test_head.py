@@ -1,8 +1,10 @@
-"""The leader's steps in their real order, with health, data pull, identity, signals and
-horovodrun recorded instead of run: it signals SUCCESS only after the allreduce check, says which
-checkpoint the trainer resumes from, names a Spot interruption, and keeps the attempt's record.
+"""The head's steps in their real order, with the nodes' rendezvous, identity, signals,
+horovodrun and the copies to and from the nodes recorded instead of run: it signals SUCCESS only
+after the allreduce check, puts the restored checkpoint on the nodes, says which checkpoint the
+trainer resumes from, names a Spot interruption, ends the attempt with a node's reported
+failure, and keeps the attempt's record.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_leader.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_head.py
 """
 
 import dataclasses
@@ -14,48 +16,53 @@ import time
 from pathlib import Path
 
 import pytest
+from bootstrap_helpers import head_doc, train_doc
 
 from bootstrap import aws
+from bootstrap.fleet import node_failures, rendezvous
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader import checkpoints, launch
-from bootstrap.leader.leader import Leader
-from bootstrap.node import data_pull, health
+from bootstrap.head import checkpoints, launch, mirror
+from bootstrap.head.head import Head, InterfacesDiffer
 from bootstrap.node.attempt import Attempt
+from bootstrap.node_config import parse
 from bootstrap.steps import StepFailed
+
+NODE = {"index": 0, "ip": "10.0.0.6", "gpus": 8, "instance_id": "i-n0", "interface": None}
 
 
 @pytest.fixture
-def leader_up_to_the_check(s3, train_config, monkeypatch):
-    """A one-node GPU leader whose health, data pull and identity pass, with signals and
-    horovodrun recorded instead of sent: what runs is the real order of the leader's steps."""
+def head_up_to_the_check(s3, tmp_path, monkeypatch):
+    """The head of a one-node GPU fleet whose node has registered, with signals, horovodrun and
+    the copies to and from the node recorded instead of made: what runs is the real order of
+    the head's steps."""
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen (openssh-client) not installed")
-    cfg = train_config(
-        nodes=1, signal={"stack": "TrainStack", "resource": "Node0"}, heartbeat_timeout_s=60
-    )
+    cfg = parse(
+        head_doc(
+            nodes=1, signal={"stack": "TrainStack", "resource": "HeadInstance"},
+            heartbeat_timeout_s=60, state_dir=str(tmp_path / "state"),
+            log_dir=str(tmp_path / "logs"), mount_point=str(tmp_path / "data"),
+            # The nodes' trainer waits for its files: no wait for every node's whole pull.
+            trainer={**train_doc()["trainer"], "data_wait_s": 600},
+        )
+    )  # fmt: skip
     events: list[str] = []
     aws.client.cache_clear()  # clients made before moto started would reach for AWS
-    monkeypatch.setattr(health, "count_gpus", lambda: 8)
-    monkeypatch.setattr(health, "efa_present", lambda: True)
-    monkeypatch.setattr(health, "life_cycle", lambda cfg: cfg.market)
-
-    def pull(*args, on_own, **kwargs):
-        events.append("pull")
-        now = time.time()
-        on_own(now)
-        return data_pull.Pulled({}, 0, now, now, now)
-
-    monkeypatch.setattr(data_pull, "pull_dataset", pull)
     monkeypatch.setattr(aws, "private_ip", lambda cfg: "10.0.0.5")
-    monkeypatch.setattr(aws, "instance_id", lambda cfg: "i-0")
+    monkeypatch.setattr(aws, "instance_id", lambda cfg: "i-head")
     monkeypatch.setattr(
         aws,
         "signal_cloudformation",
         lambda cfg, success, reason: events.append(f"signal {success}: {reason}") or "recorded",
     )
+    monkeypatch.setattr(rendezvous, "wait_for_nodes", lambda *a, **k: [dict(NODE)])
+    monkeypatch.setattr(
+        mirror, "push_all", lambda ssh, hosts, *a: events.append(f"push to {', '.join(hosts)}")
+    )
+    monkeypatch.setattr(mirror.Mirror, "sync", lambda self: None)
     attempt = Attempt()
     yield cfg, events, monkeypatch, attempt
-    # What a failure report ends on a node: the status thread and the heartbeat.
+    # What a failure report ends on the head: the status thread and the heartbeat.
     if attempt.status is not None:
         attempt.status.end("failed", "test over", wait_s=5)
     if attempt.heartbeat is not None:
@@ -63,8 +70,8 @@ def leader_up_to_the_check(s3, train_config, monkeypatch):
     aws.client.cache_clear()
 
 
-def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_the_check, tmp_path):
-    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+def test_the_head_signals_success_only_after_the_allreduce_check(head_up_to_the_check, tmp_path):
+    cfg, events, monkeypatch, attempt = head_up_to_the_check
     tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
     image = tmp_path / "image.json"
     versions = {"efa_installer": "1.47.0", "efa_driver": "2.17.3g", "aws_ofi_nccl": "1.18.0-1"}
@@ -79,8 +86,8 @@ def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_th
 
     monkeypatch.setattr(launch, "stream", horovodrun)
     with pytest.raises(StepFailed) as failed:
-        Leader(cfg, attempt, log=logged.append).run()
-    assert events == ["pull", "allreduce check"]  # no SUCCESS: the deployment rolls back
+        Head(cfg, attempt, log=logged.append).run()
+    assert events == ["allreduce check"]  # no SUCCESS: the deployment rolls back
     # The reason `horovod-fleet status` shows names what the image baked for the network.
     stack = (
         "EFA installer 1.47.0, efa driver 2.17.3g, aws-ofi-nccl 1.18.0-1, efa_nv_peermem loaded "
@@ -91,8 +98,8 @@ def test_a_leader_signals_success_only_after_the_allreduce_check(leader_up_to_th
     assert f"the image's network stack: {stack}" in logged
 
 
-def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_the_check, s3):
-    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+def test_a_head_that_passes_the_check_signals_and_publishes_it(head_up_to_the_check, s3):
+    cfg, events, monkeypatch, attempt = head_up_to_the_check
     ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
 
     def horovodrun(command, env, log_path, keep, on_start=None):
@@ -106,12 +113,19 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
     monkeypatch.setattr(launch, "stream", horovodrun)
     monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: events.append("restore"))
     with pytest.raises(StepFailed, match="stop after the check"):
-        Leader(cfg, attempt).run()
-    assert events[:3] == [
-        "pull",
+        Head(cfg, attempt).run()
+    assert events[:4] == [
         "allreduce check",
         "signal True: healthy, data verified; fleet check: NCCL transport: ofi",
+        "restore",
+        "push to 10.0.0.6",  # the restored checkpoints onto the node, wherever rank 0 lands
     ]
+    # The head's heartbeat and key, which every node watches and installs.
+    head = json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/head.json")["Body"].read())
+    public = s3.get_object(Bucket=cfg.bucket, Key="runs/r1/ssh/head.pub")["Body"].read().decode()
+    assert head["ip"] == "10.0.0.5" and head["head_key_sha256"] == rendezvous.key_fingerprint(
+        public
+    )
     check = json.loads(
         s3.get_object(Bucket=cfg.bucket, Key="runs/r1/fleet-check.json")["Body"].read()
     )
@@ -121,18 +135,18 @@ def test_a_leader_that_passes_the_check_signals_and_publishes_it(leader_up_to_th
 @pytest.mark.parametrize(
     ("chosen", "said"),
     [
-        ("ckpt-7", "restored and verified s3://fleet-data/runs/r1/model/: the trainer resumes "
-         "from ckpt-7"),
+        ("ckpt-7", "restored and verified s3://fleet-data/runs/r1/model/ onto every node: the "
+         "trainer resumes from ckpt-7"),
         (None, "no checkpoint in s3://fleet-data/runs/r1/model/ yet: the trainer starts run r1 "
          "from its first step"),
     ],
 )  # fmt: skip
-def test_the_leader_says_which_checkpoint_the_trainer_resumes_from(
-    leader_up_to_the_check, capsys, chosen, said
+def test_the_head_says_which_checkpoint_the_trainer_resumes_from(
+    head_up_to_the_check, capsys, chosen, said
 ):
     """Before: "restored and verified ...: the trainer resumes from it" whenever S3 held any
     file of the model dir, tensorboard's alone included, and the trainer then started over."""
-    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    cfg, _events, monkeypatch, attempt = head_up_to_the_check
     ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
 
     def horovodrun(command, env, log_path, keep, on_start=None):
@@ -143,24 +157,24 @@ def test_the_leader_says_which_checkpoint_the_trainer_resumes_from(
     monkeypatch.setattr(launch, "stream", horovodrun)
     monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: chosen)
     with pytest.raises(StepFailed, match="stop before training"):
-        Leader(cfg, attempt).run()
+        Head(cfg, attempt).run()
     messages = [line.split(" [bootstrap] ", 1)[-1] for line in capsys.readouterr().out.splitlines()]
     assert said in messages
 
 
 @pytest.mark.parametrize("noticed", [True, False])
 def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
-    leader_up_to_the_check, s3, tmp_path, noticed
+    head_up_to_the_check, s3, tmp_path, noticed
 ):
-    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
-    cfg = dataclasses.replace(cfg, mount_point=str(tmp_path / "data"))
+    cfg, _events, monkeypatch, attempt = head_up_to_the_check
     ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
     stopped = "[1]<stderr>:stopping\nProcess 1 exit with status code 75\n"
 
     def horovodrun(command, env, log_path, keep, on_start=None):
         if "bootstrap.fleet.allreduce_check" in command:
             return 0, ofi
-        # What a member's watcher and the trainer's coordinated stop leave behind.
+        # What a node's watcher and the trainer's coordinated stop leave behind (rank 0's
+        # interrupted.json, copied here by the mirror).
         if noticed:
             record = {"index": 1, "instance_id": "i-0abc", "ip": "10.0.1.23",
                       "action": "terminate", "time": "2026-11-25T14:02:00Z",
@@ -178,7 +192,7 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
     monkeypatch.setattr(launch, "stream", horovodrun)
     monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
     with pytest.raises(StepFailed) as ended:
-        Leader(cfg, attempt).run()
+        Head(cfg, attempt).run()
     if noticed:
         assert ended.value.status == "interrupted"
         assert str(ended.value) == (
@@ -191,10 +205,10 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
         assert "horovodrun exited 1: " in str(ended.value)
 
 
-def test_a_leader_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
-    leader_up_to_the_check, s3
+def test_a_head_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
+    head_up_to_the_check, s3
 ):
-    cfg, _events, monkeypatch, attempt = leader_up_to_the_check
+    cfg, _events, monkeypatch, attempt = head_up_to_the_check
     began = time.time() - 3600
     record = {"run": "r1", "attempt": 1, "started_at": utc_stamp(began), "restarts": []}
     Path(cfg.state_dir).mkdir(parents=True)
@@ -204,8 +218,8 @@ def test_a_leader_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
         launch, "stream", lambda command, env, log_path, keep, on_start=None: (0, tcp)
     )
     with pytest.raises(StepFailed) as failed:
-        Leader(cfg, attempt).run()
-    Leader(cfg, attempt).report(failed.value)
+        Head(cfg, attempt).run()
+    Head(cfg, attempt).report(failed.value)
     read = lambda key: json.loads(s3.get_object(Bucket=cfg.bucket, Key=key)["Body"].read())  # noqa: E731
     done, status = read("runs/r1/DONE.json"), read("runs/r1/status.json")
     assert done["attempt_started_at"] == status["attempt_started_at"] == utc_stamp(began)
@@ -215,19 +229,19 @@ def test_a_leader_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
     assert done["restarts"][0]["at"] >= utc_stamp(time.time() - 60)
 
 
-def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
-    leader_up_to_the_check, s3, capsys
+def test_a_restarted_head_whose_attempt_a_node_already_ended_adds_nothing(
+    head_up_to_the_check, s3, capsys
 ):
-    """A member found the leader lost while systemd restarted it: the member's DONE.json is the
-    attempt's record, and the restarted leader neither clears nor overwrites it."""
-    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    """A node found the head lost while systemd restarted it: the node's DONE.json is the
+    attempt's record, and the restarted head neither clears nor overwrites it."""
+    cfg, events, monkeypatch, attempt = head_up_to_the_check
     monkeypatch.setattr(launch, "stream", lambda *a, **k: events.append("horovodrun") or (1, ""))
     ended = {"status": "failed", "cause": "node_lost", "written_by": "member 1"}
     s3.put_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json", Body=json.dumps(ended))
     attempt.started = time.time() - 600  # the attempt's first start, before the member wrote
     with pytest.raises(StepFailed) as failed:
-        Leader(cfg, attempt).run()
-    Leader(cfg, attempt).report(failed.value)
+        Head(cfg, attempt).run()
+    Head(cfg, attempt).report(failed.value)
     assert (
         json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/DONE.json")["Body"].read())
         == ended
@@ -242,7 +256,7 @@ def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
 
 
 class Horovodrun:
-    """horovodrun's process as the leader's launch sees it: ended by end_process."""
+    """horovodrun's process as the head's launch sees it: ended by end_process."""
 
     def __init__(self):
         self.ended = threading.Event()
@@ -256,23 +270,14 @@ class Horovodrun:
         return 1 if self.ended.is_set() else None
 
 
-def test_a_trainer_that_waits_for_its_files_starts_beside_the_pull_and_ends_with_it(
-    leader_up_to_the_check, tmp_path
-):
-    """node.json `trainer` with data_wait_s: each rank waits for its own files, so training
-    starts once every node holds its own shards. When the rest of the pull then finds a corrupt
-    shard, horovodrun is ended at once and the attempt fails as the data pull (corrupt_shard),
-    not as whatever its ranks said."""
-    cfg, events, monkeypatch, attempt = leader_up_to_the_check
-    cfg = dataclasses.replace(cfg, trainer={**cfg.trainer, "data_wait_s": 600},
-                              mount_point=str(tmp_path / "data"))  # fmt: skip
+def test_a_nodes_reported_failure_ends_the_training_with_its_cause(head_up_to_the_check, s3):
+    """The rest of node 0's data pull found a corrupt shard while the trainer ran: the node
+    says so in runs/<run>/failures/0.json, horovodrun is ended at once and the attempt fails
+    with the node's cause and words (corrupt_shard: not relaunched), not with what its ranks
+    said."""
+    cfg, events, monkeypatch, attempt = head_up_to_the_check
+    monkeypatch.setattr(node_failures, "WATCH_S", 0.05)
     ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
-    training = threading.Event()
-
-    def pull(*args, on_own, **kwargs):
-        on_own(time.time())
-        training.wait(30)
-        raise data_pull.VerificationError("train-00009-of-01024: sha256 differs from the manifest")
 
     def horovodrun(command, env, log_path, keep, on_start=None):
         if "bootstrap.fleet.allreduce_check" in command:
@@ -280,15 +285,31 @@ def test_a_trainer_that_waits_for_its_files_starts_beside_the_pull_and_ends_with
         events.append("training")
         proc = Horovodrun()
         on_start(proc)
-        training.set()  # the trainer runs while the rest of the pull comes
+        node_failures.write(
+            s3, dataclasses.replace(cfg, node_index=0), "10.0.0.6", "i-n0", "corrupt_shard",
+            "step 'data pull' failed: VerificationError: train-00009-of-01024: sha256 differs",
+            time.time(),
+        )  # fmt: skip
         assert proc.ended.wait(30), "horovodrun was not ended"
         return 143, "terminated"
 
-    monkeypatch.setattr(data_pull, "pull_dataset", pull)
     monkeypatch.setattr(launch, "stream", horovodrun)
     monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
     with pytest.raises(StepFailed) as failed:
-        Leader(cfg, attempt).run()
-    assert "training" in events  # no wait for the fleet's shards first
-    assert (failed.value.step, failed.value.cause) == ("data pull", "corrupt_shard")
-    assert "train-00009-of-01024: sha256 differs" in failed.value.reason
+        Head(cfg, attempt).run()
+    assert "training" in events  # no wait for the fleet's shards first: the trainer waits
+    assert (failed.value.step, failed.value.cause) == ("training", "corrupt_shard")
+    assert failed.value.reason.startswith(
+        "NodeFailed: node 0 (i-n0, 10.0.0.6) failed: step 'data pull' failed: VerificationError"
+    )
+
+
+def test_nodes_that_name_their_interfaces_apart_are_refused_in_one_line(head_up_to_the_check):
+    cfg, _events, monkeypatch, attempt = head_up_to_the_check
+    nodes = [dict(NODE, interface="ens32"), dict(NODE, index=1, ip="10.0.0.7", interface="ens5")]
+    monkeypatch.setattr(rendezvous, "wait_for_nodes", lambda *a, **k: nodes)
+    with pytest.raises(StepFailed) as failed:
+        Head(dataclasses.replace(cfg, nodes=2), attempt).run()
+    assert failed.value.step == "network interface"
+    assert isinstance(failed.value.__cause__, InterfacesDiffer)
+    assert "(ens32, ens5)" in str(failed.value)

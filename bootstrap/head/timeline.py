@@ -1,7 +1,6 @@
 """The fleet's view of an attempt's start-up and resets, for DONE.json (docs/contracts.md,
 "Start-up, resets and goodput"): pure functions of the nodes' phases records and the trainer's
-train.json, so whichever node writes DONE.json (the leader, a member that found it lost, a head
-node) builds the same view from the same documents.
+train.json, so whichever instance writes DONE.json (the head, or a node that found it lost) builds the same view from the same documents.
 """
 
 from __future__ import annotations
