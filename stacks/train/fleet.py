@@ -83,7 +83,7 @@ class GpuFleet(Construct):
             code, bucket, dataset_prefix=dataset_prefix, runs_prefix=runs_prefix, run=run
         )
         if notify_topic is not None:
-            # The leader's two e-mails: training started, the run ended (bootstrap/leader/status.py).
+            # The leader's two e-mails: training started, the run ended (bootstrap/head/status.py).
             self.policy.add_statements(
                 iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
             )
