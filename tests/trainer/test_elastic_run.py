@@ -118,9 +118,6 @@ def test_a_smaller_world_keeps_the_batch_per_rank_and_scales_the_lr_by_the_recip
     planned_peak = trainer.recipe.peak_lr  # settled for the 4 planned ranks
     trainer.set_world(4, 100)  # the planned world
     assert trainer.peak_lr == planned_peak
-    traced = trainer.train_step.get_concrete_function(
-        *data.synthetic_batch(4, 32, 10), tf.constant([0.0, 0.0, 0.0])
-    )
     trainer.mark_position(1, 50)  # half of epoch 2, past the warmup
     start = start_from(trainer, None, 100)
     lr_at_half = trainer.learning_rate()
@@ -131,11 +128,23 @@ def test_a_smaller_world_keeps_the_batch_per_rank_and_scales_the_lr_by_the_recip
     assert (trainer.global_batch, start.skip_steps, trainer.global_step()) == (8, 100, 300)
     assert trainer.peak_lr == pytest.approx(planned_peak * scaling)
     assert trainer.learning_rate() == pytest.approx(lr_at_half * scaling, rel=1e-3)
-    # No retrace: the LR is the schedule's variables, the pre-divide the planned world's.
-    again = trainer.train_step.get_concrete_function(
-        *data.synthetic_batch(4, 32, 10), tf.constant([0.0, 0.0, 0.0])
-    )
-    assert again is traced and trainer.ranks == 2
+
+
+def test_the_step_traced_in_one_world_applies_the_next_world_s_lr_without_a_new_trace(tmp_path):
+    trainer = elastic_trainer(tmp_path, "--warmup-epochs", "0")
+    images, labels = data.synthetic_batch(4, 32, 10)
+    flags = tf.constant([0.0, 0.0, 0.0])
+    trainer.set_world(4, 100)
+    traced = trainer.train_step.get_concrete_function(images, labels, flags)
+    trainer.train_step(images, labels, flags)
+    applied = float(trainer.optimizer.learning_rate)  # what the traced step used, step 0
+    assert applied == pytest.approx(trainer.recipe.peak_lr)
+
+    trainer.set_world(2, 100)
+    trainer.optimizer.iterations.assign(0)
+    trainer.train_step(images, labels, flags)
+    assert float(trainer.optimizer.learning_rate) == pytest.approx(applied / 2)
+    assert trainer.train_step.get_concrete_function(images, labels, flags) is traced
 
 
 def test_gradients_pre_divided_by_the_planned_ranks_average_in_a_smaller_world(tmp_path):
