@@ -38,7 +38,7 @@ from typing import Any
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from trainer.actions import CheckpointOnStop, PeriodicCheckpoint, StopAtTarget
+from trainer.actions import CheckpointOnStop, StopAtTarget, checkpoint_and_target
 from trainer.loop import Action, Check, Loop, Schedule
 from trainer.progress import utc_stamp
 
@@ -297,15 +297,14 @@ class ElasticSession:
         checkpoints, recorder = self.parts.checkpoints, self.recorder
         agree = self.collectives.agree
         coordinated = CheckpointOnStop(self.step, checkpoints, recorder, self.stop_request, agree)
+        more, target = checkpoint_and_target(
+            checkpoints, self.checkpoint_every_s, self.target_top1, recorder
+        )
         actions: list[Action] = [
             ElasticStop(self, coordinated, self.min_ranks),
             ElasticCommit(self, CommitCadence(self.commit_every_s)),
-            PeriodicCheckpoint(checkpoints, self.checkpoint_every_s),
+            *more,
         ]
-        target = None
-        if self.target_top1 is not None:
-            target = StopAtTarget(self.target_top1, checkpoints, recorder)
-            actions.append(target)
         loop = Loop(
             self.step,
             world.batches,

@@ -36,9 +36,8 @@ from trainer.actions import (
     CheckpointOnStop,
     Checkpoints,
     Interrupted,
-    PeriodicCheckpoint,
-    StopAtTarget,
     StopRequest,
+    checkpoint_and_target,
 )
 from trainer.cli import fail
 from trainer.config import TrainConfig
@@ -125,14 +124,10 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int, timings: Timin
     batches = plan.batches(config, node_cpus, "/gpu:0" if gpu else None)  # its one GPU
     schedule = loop_schedule(config, recipe, plan.steps_per_epoch)
     checkpoints = Checkpoints(trainer, manager, timings)
-    actions = [
-        CheckpointOnStop(trainer, checkpoints, recorder, stop, agree),
-        PeriodicCheckpoint(checkpoints, config.checkpoint_every_s),
-    ]
-    target = None
-    if config.target_top1 is not None:
-        target = StopAtTarget(config.target_top1, checkpoints, recorder)
-        actions.append(target)
+    more, target = checkpoint_and_target(
+        checkpoints, config.checkpoint_every_s, config.target_top1, recorder
+    )
+    actions = [CheckpointOnStop(trainer, checkpoints, recorder, stop, agree), *more]
     loop = Loop(
         trainer, batches, recorder, schedule, actions=actions, stop_request=stop, agree=agree
     )
