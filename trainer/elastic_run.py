@@ -130,6 +130,7 @@ class ElasticRun:
         # The recipe of the planned world, on every rank, a joining one included.
         config, self.recipe = settle_recipe(config, config.batch_size * config.planned_ranks)
         self.config = config
+        log(f"{self.recipe.describe()}; planned for {config.planned_ranks} ranks")
         if config.seed is not None:
             tf.keras.utils.set_random_seed(config.seed)  # rank 0's weights are synced to all
         self.trainer = Trainer(
