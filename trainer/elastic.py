@@ -43,9 +43,10 @@ from trainer.loop import Action, Check, Loop, Schedule
 from trainer.progress import utc_stamp
 
 # Exit status of a rank that left the elastic job while the others go on: its host got SIGTERM
-# (a Spot notice), or Horovod could not take it into the next world (its host removed). Never
-# 0: a worker that exits 0 makes Horovod's driver stop every other one (registration.py v0.28.1
-# lines 145-149, "if any process succeeded, shutdown all other processes").
+# (a Spot notice) and enough ranks are left. Never 0: once a worker exited 0,
+# Horovod's driver ends the job at the others' next reset instead of forming a new world
+# (registration.py v0.28.1 lines 145-149, "if any process succeeded, shutdown all other
+# processes").
 EXIT_LEFT = 76
 
 

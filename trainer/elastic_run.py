@@ -23,14 +23,7 @@ from trainer import data
 from trainer.actions import Checkpoints
 from trainer.cli import fail
 from trainer.config import TrainConfig
-from trainer.elastic import (
-    ElasticSession,
-    LeftJob,
-    Parts,
-    UnexpectedError,
-    World,
-    is_collective_failure,
-)
+from trainer.elastic import ElasticSession, Parts, UnexpectedError, World, is_collective_failure
 from trainer.inputs import plan_inputs
 from trainer.ranks import agree, log, pin_devices
 from trainer.recorder import Recorder, make_model_dir
@@ -172,18 +165,11 @@ class ElasticRun:
         )
 
     def run(self) -> None:
-        try:
-            hvd.elastic.run(self.session.run_world)(self.state)
-        except ValueError as exc:
-            # hvd.init() in the reset failed (horovod/common/basics.py v0.28.1 line 132): the
-            # driver gave this rank no slot (horovod/common/gloo/gloo_context.cc line 188: its
-            # host "has been removed from elastic job"), or the driver is gone.
-            if "Horovod initialization failed" not in str(exc):
-                raise
-            raise LeftJob(
-                "Horovod took this rank into no new world (its host was removed from the job, "
-                "or horovodrun stopped)"
-            ) from exc
+        """Train to the end, through every reset. A rank whose host Horovod's driver takes out
+        of the job does not come back from its reset: Horovod aborts it there (SIGABRT:
+        horovod/common/operations.cc v0.28.1 line 444 initialises Gloo outside the try of line
+        654, and gloo_context.cc line 192 throws "has been removed from elastic job")."""
+        hvd.elastic.run(self.session.run_world)(self.state)
 
     def open_world(self, state) -> World:
         """Collective, after hvd.elastic.run's sync: this world's devices, hosts, model dir and
