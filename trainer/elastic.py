@@ -4,7 +4,8 @@
 
 Each world (`ElasticSession.run_world`, what hvd.elastic.run calls after its state sync): open
 it (this world's ranks, shards, learning rate, the restore in the first), record the reset that
-led to it, commit, train with the loop (trainer/loop.py) and two more actions, finish together.
+led to it, commit, train with the loop (trainer/loop.py) and two more actions
+(trainer/elastic_actions.py), finish together.
 
 - ElasticCommit commits the state in memory every N steps (N from the measured step time, so
   that a commit ends at most --commit-every-s of steps) and at every epoch end, and takes
@@ -31,7 +32,6 @@ run_fn. Only Horovod's exception classes are imported (pure Python).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,19 +39,9 @@ from typing import Any
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from trainer.actions import CheckpointOnStop, StopAtTarget, checkpoint_and_target
-from trainer.loop import Action, Check, Loop, Schedule
+from trainer.elastic_actions import CommitCadence, ElasticCommit, ElasticStop
+from trainer.loop import Action, Loop, Schedule
 from trainer.progress import utc_stamp
-
-# Exit status of a rank that left the elastic job while the others go on: its host got SIGTERM
-# (a Spot notice) and enough ranks are left. Never 0: once a worker exited 0,
-# Horovod's driver ends the job at the others' next reset instead of forming a new world
-# (registration.py v0.28.1 lines 145-149, "if any process succeeded, shutdown all other
-# processes").
-EXIT_LEFT = 76
-
-
-class LeftJob(Exception):
-    """This rank leaves the elastic job; the others train on without it."""
 
 
 class UnexpectedError(RuntimeError):
@@ -96,105 +86,6 @@ class Pending:
     kind: str  # "failure" | "hosts updated" | "leave"
     failed_at_step: int  # the last global step issued before it
     steps_seen_done_at: float  # wall time the host last saw steps done
-
-
-class CommitCadence:
-    """Commit every `every_steps` steps: at each check step until the world's step time is
-    measured (between its first two check steps, the same steps on every rank, the slowest
-    rank's time agreed), then every floor(every_s / step_s) steps."""
-
-    def __init__(self, every_s: float):
-        self.every_s = every_s
-        self.every_steps: int | None = None
-        self.first_check: tuple[int, float] | None = None
-
-    def measure(self, global_step: int, now: float) -> float | None:
-        """This rank's mean step time at the world's second check, else None."""
-        if self.every_steps is not None:
-            return None
-        if self.first_check is None:
-            self.first_check = (global_step, now)
-            return None
-        steps, began = global_step - self.first_check[0], self.first_check[1]
-        return (now - began) / steps if steps > 0 else None
-
-    def set_step_seconds(self, step_s: float) -> int:
-        self.every_steps = max(1, math.floor(self.every_s / step_s)) if step_s > 0 else 1
-        return self.every_steps
-
-    def due(self, global_step: int, last_commit_step: int) -> bool:
-        if self.every_steps is None:
-            return True
-        return global_step - last_commit_step >= self.every_steps
-
-
-class ElasticCommit(Action):
-    """Commits (in memory, every rank at the same steps) and Horovod's host updates."""
-
-    def __init__(self, session: ElasticSession, cadence: CommitCadence):
-        self.session = session
-        self.cadence = cadence
-
-    def at_check(self, check: Check) -> None:
-        session = self.session
-        session.settle_recovery()
-        step_s = self.cadence.measure(check.global_step, session.step_clock())
-        if step_s is not None:
-            # Horovod: every rank measured the same steps; the slowest sets the cadence.
-            agreed = session.collectives.most(step_s, "step_seconds")
-            every = self.cadence.set_step_seconds(agreed)
-            session.log(
-                f"elastic: commit every {every} steps (at most {self.cadence.every_s:g} s of "
-                f"steps at {agreed:.3f} s/step)"
-            )
-        if check.hosts_updated:
-            # Commit first: a host update resets without restoring (docs/elastic.rst step 3).
-            session.commit(check.epoch - 1, check.step, check.global_step)
-            session.take_host_updates()  # raises HostsUpdatedInterrupt on every rank
-        elif not check.last_in_epoch and self.cadence.due(check.global_step, session.committed):
-            session.commit(check.epoch - 1, check.step, check.global_step)
-
-    def at_epoch_end(self, epoch: int, evaluation: dict | None, last: bool) -> bool:
-        self.session.commit(epoch, 0, self.session.loop.global_step)
-        return False
-
-
-class ElasticStop(Action):
-    """SIGTERM under --elastic: the signalled ranks' hosts leave at this check step, or every
-    rank stops at a checkpoint (`coordinated`, CheckpointOnStop) when fewer than `min_ranks`
-    would be left."""
-
-    def __init__(self, session: ElasticSession, coordinated: CheckpointOnStop, min_ranks: int):
-        self.session = session
-        self.coordinated = coordinated
-        self.min_ranks = min_ranks
-
-    def at_check(self, check: Check) -> None:
-        if not check.stop:
-            return
-        session, world = self.session, self.session.world
-        # Horovod: which hosts asked to leave (a node's SIGTERM reaches each of its ranks at its
-        # own moment: a host leaves whole when any of its ranks asked).
-        asked = session.collectives.gather((world.host, session.stop_request.requested), "leave")
-        leaving = {host for host, requested in asked if requested}
-        staying = sum(1 for host, _ in asked if host not in leaving)
-        if staying < max(self.min_ranks, 1):
-            session.log(
-                f"elastic: {', '.join(sorted(leaving))} leaving would leave {staying} of "
-                f"{len(asked)} ranks, fewer than --min-ranks {self.min_ranks}: every rank stops"
-            )
-            self.coordinated.at_check(check)  # raises Interrupted
-            return
-        session.commit(check.epoch - 1, check.step, check.global_step)
-        session.note("leave")
-        if world.host in leaving:
-            raise LeftJob(
-                f"host {world.host} leaves the elastic job at step {check.global_step} "
-                f"(SIGTERM); {staying} ranks go on"
-            )
-        # The others reset into a world without it; its ranks exit EXIT_LEFT, which Horovod's
-        # driver records as their failure and so takes their host out.
-        raise HostsUpdatedInterrupt(False)
 
 
 @dataclasses.dataclass

@@ -41,7 +41,7 @@ from trainer.actions import (
 )
 from trainer.cli import fail
 from trainer.config import TrainConfig
-from trainer.elastic import EXIT_LEFT, LeftJob
+from trainer.elastic_actions import EXIT_LEFT, LeftJob
 from trainer.elastic_run import ElasticRun
 from trainer.inputs import InputPlan, plan_inputs
 from trainer.loop import Loop, Schedule

@@ -1,7 +1,7 @@
-"""trainer/elastic.py in this process: the elastic loop, driven by fakes of the step, the world and
-the other ranks through Horovod's own hvd.elastic.run and run_fn (no horovodrun, no child
-process): a collective lost mid-epoch, a host update, a SIGTERM that leaves or stops, the
-commit cadence, and the error messages Horovod really raises.
+"""trainer/elastic.py and trainer/elastic_actions.py in this process: the elastic loop, driven by
+fakes of the step, the world and the other ranks through Horovod's own hvd.elastic.run and run_fn
+(no horovodrun, no child process): a collective lost mid-epoch, a host update, a SIGTERM that
+leaves or stops, the commit cadence, and the error messages Horovod really raises.
 
 The fake state keeps the fake step's "weights" (its step count and position), as the real one
 keeps every variable, so a restore to the last commit shows in the steps trained again.
@@ -20,15 +20,13 @@ from loop_fakes import Agreed, FakeBatches, FakeCheckpoints, FakeRecorder, FakeS
 
 from trainer.actions import Interrupted, StopRequest
 from trainer.elastic import (
-    EXIT_LEFT,
-    CommitCadence,
     ElasticSession,
-    LeftJob,
     Parts,
     UnexpectedError,
     World,
     is_collective_failure,
 )
+from trainer.elastic_actions import EXIT_LEFT, CommitCadence, LeftJob
 
 SHUT_DOWN = (
     "Horovod has been shut down. This was caused by an exception on one of the ranks or an "
