@@ -14,15 +14,11 @@ No TensorFlow; Horovod's exception classes only.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from trainer.actions import CheckpointOnStop
 from trainer.loop import Action, Check
-
-if TYPE_CHECKING:
-    from trainer.elastic import ElasticSession
 
 # Exit status of a rank that left the elastic job while the others go on: its host got SIGTERM
 # (a Spot notice) and enough ranks are left. Never 0: once a worker exited 0,
@@ -67,9 +63,10 @@ class CommitCadence:
 
 
 class ElasticCommit(Action):
-    """Commits (in memory, every rank at the same steps) and Horovod's host updates."""
+    """Commits (in memory, every rank at the same steps) and Horovod's host updates. `session`:
+    trainer/elastic.py's ElasticSession (its commit, take_host_updates, collectives, log)."""
 
-    def __init__(self, session: ElasticSession, cadence: CommitCadence):
+    def __init__(self, session, cadence: CommitCadence):
         self.session = session
         self.cadence = cadence
 
@@ -100,9 +97,9 @@ class ElasticCommit(Action):
 class ElasticStop(Action):
     """SIGTERM under --elastic: the signalled ranks' hosts leave at this check step, or every
     rank stops at a checkpoint (`coordinated`, CheckpointOnStop) when fewer than `min_ranks`
-    would be left."""
+    would be left. `session`: trainer/elastic.py's ElasticSession."""
 
-    def __init__(self, session: ElasticSession, coordinated: CheckpointOnStop, min_ranks: int):
+    def __init__(self, session, coordinated: CheckpointOnStop, min_ranks: int):
         self.session = session
         self.coordinated = coordinated
         self.min_ranks = min_ranks
