@@ -62,7 +62,7 @@ class Cloud:
         # The steps' S3 requests go to the local endpoint as the controller's role (the local S3
         # judges them by the access key); every other service is moto's, in this process.
         settings = {
-            "AWS_ACCESS_KEY_ID": "reaper",
+            "AWS_ACCESS_KEY_ID": "controller",
             "AWS_SECRET_ACCESS_KEY": "rehearsal",
             "AWS_DEFAULT_REGION": REGION,
             "AWS_ENDPOINT_URL_S3": self.endpoint,

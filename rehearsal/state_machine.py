@@ -35,7 +35,7 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wai
 
 # The functions' Lambda assets import their sibling modules as Lambda loads them: top-level.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/answers"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/reaper"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/controller"))
 import clients  # the asset's module, found through the path above
 
 REGION = "us-east-1"

@@ -2,7 +2,7 @@
 
 Node 0 runs ResNet-50 at 1 GPU, 1 node, then 2, 4, ... nodes up to `nodes` (warm-up steps, then
 timed steps) and the allreduce check at each size, writes runs/<run>/benchmark.{json,md,png} and
-DONE.json; the reaper deletes the fleet as after any run. The schedule is made here and reaches
+DONE.json; the run controller deletes the fleet as after any run. The schedule is made here and reaches
 node 0 through node.json, so a size larger than the fleet cannot be asked for.
 
 `python -m stacks.benchmark --mode synthetic|data --nodes N --gpus-per-node G` prints that
@@ -40,7 +40,7 @@ BOOT_S = 300
 PER_SIZE_S = 150
 # With real data each node first pulls the ~150 GB of TFRecords to its NVMe.
 DATA_PULL_S = 900
-# From DONE.json until the reaper's delete has terminated the instances.
+# From DONE.json until the run controller's delete has terminated the instances.
 TEARDOWN_S = 300
 
 

@@ -12,7 +12,7 @@
     preprocess_guard.py  PreprocessGuard (inside PreprocessStack): registers the preprocessing
                          instance and grants its stop exactly that instance and volume
     names.py             what the controller, its triggers and the other stacks agree on
-    reaper/              the run controller's Lambda asset: the steps (steps*.py) and the
+    controller/          the run controller's Lambda asset: the steps (steps*.py) and the
                          modules they share, the starter, the cleanup, the preprocessing stop
 
 Both guards live in the dependent stacks, so TeardownStack never references them and there is

@@ -12,7 +12,7 @@ from constructs import Construct
 from stacks.nag import checkov_reason
 
 HERE = Path(__file__).parent
-CONTROLLER_CODE = HERE / "reaper"  # the run controller's steps, its starter, the cleanup
+CONTROLLER_CODE = HERE / "controller"  # the run controller's steps, its starter, the cleanup
 ANSWERS_CODE = HERE / "answers"  # the deploy-time answers
 
 

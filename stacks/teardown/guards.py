@@ -1,5 +1,5 @@
 """FleetGuards: what TeardownStack hands the stacks it guards (TrainStack and PreprocessStack
-take it as their `reaper`), so each construct there finds the function, role or token it needs."""
+take it as their `guards`), so each construct there finds the function, role or token it needs."""
 
 from dataclasses import dataclass
 

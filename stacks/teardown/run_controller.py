@@ -1,7 +1,7 @@
 """RunController: the run controller on AWS Step Functions in TeardownStack: the workflow and
-its steps (workflow.py, reaper/steps*.py), the starter every trigger invokes
-(reaper/starter.py) with the EventBridge rules of DONE.json and of EC2's own events, the
-Replacements resource's answer (reaper/cleanup.py), and the alarms on their failures."""
+its steps (workflow.py, controller/steps*.py), the starter every trigger invokes
+(controller/starter.py) with the EventBridge rules of DONE.json and of EC2's own events, the
+Replacements resource's answer (controller/cleanup.py), and the alarms on their failures."""
 
 from aws_cdk import CrossStackReferences, Duration, ReferenceStrength, Stack, custom_resources
 from aws_cdk import aws_cloudwatch as cloudwatch

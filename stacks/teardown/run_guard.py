@@ -12,6 +12,7 @@ from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
 from stacks.node_code import PROJECT
+from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     DEADLINE_OUTPUT_KEY,
@@ -24,7 +25,6 @@ from stacks.teardown.names import (
     METRIC_NAMESPACE,
     RUN_OUTPUT_KEY,
 )
-from stacks.teardown.reaper_answers import reaper_answers
 
 GPU_METRIC = "nvidia_smi_utilization_gpu"
 IDLE_THRESHOLD_PERCENT = 5
@@ -35,7 +35,7 @@ SCHEDULE_MAX_AGE_S = 86400
 
 class RunGuard(Construct):
     """Per-run hard cap (one-time schedule) and idle alarm, both invoking the run controller's
-    starter (stacks/teardown/reaper/starter.py).
+    starter (stacks/teardown/controller/starter.py).
 
     Also outputs the run as TrainStack's `HorovodFleetRun`, which the controller compares with
     the trigger's run before it deletes anything, and `maxRestarts` and the cap's time, which
@@ -47,7 +47,7 @@ class RunGuard(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: FleetGuards,
+        guards: FleetGuards,
         run_name: str,
         max_hours: float,
         max_restarts: int,
@@ -56,17 +56,17 @@ class RunGuard(Construct):
         super().__init__(scope, construct_id)
         if max_hours <= 0:
             raise ValueError(f"max_hours must be positive, got {max_hours!r}")
-        guards, starter = reaper, reaper.starter
+        starter = guards.starter
         self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", run_name)
 
         # CloudFormation has no "now": a deploy-time answer gives the deadline,
         # so the cap counts from this deployment and synthesis stays deterministic.
-        deadline = reaper_answers(
+        deadline = answered(
             self,
             "Deadline",
-            reaper=guards,
+            guards=guards,
             resource_type=DEADLINE_TYPE,
             properties={"Run": run_name, "MaxHours": str(max_hours)},
         )

@@ -1,5 +1,5 @@
 """RunWorkflow: the run controller's state machine (AWS Step Functions, Standard), a few declared
-states over small functions (reaper/steps*.py), in JSONPath.
+states over small functions (controller/steps*.py), in JSONPath.
 
     Identify -> Record -> Record?  wait:     WaitToRecord -> Record
                                    relaunch: StopFleet -> CheckSettled -> Launch
@@ -15,7 +15,7 @@ states over small functions (reaper/steps*.py), in JSONPath.
     any state's failure, after its retries: StopBilling -> ControllerFailed (fails)
 
 Every wait is a Wait state whose seconds the state before it chose (its `wait_s`), so the
-schedule lives in the step code (reaper/zones.py, steps*.py) and a test reads it there.
+schedule lives in the step code (controller/zones.py, steps*.py) and a test reads it there.
 Standard workflows run each state once unless a Retry says otherwise
 (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-standard-vs-express.html).
 """
@@ -55,7 +55,7 @@ def wait_on(scope: Construct, state_id: str, path: str) -> sfn.Wait:
 
 class RunWorkflow(Construct):
     """The state machine, named `name` (so every function can know its ARN without a reference
-    that would make a cycle), over `steps` (reaper/steps*.py by STEPS name)."""
+    that would make a cycle), over `steps` (controller/steps*.py by STEPS name)."""
 
     def __init__(
         self,

@@ -51,16 +51,16 @@ CONTROLLER_LIMIT = 400  # lines: one module per role, none holding two
 
 
 def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
-    runtime = STACKS / "teardown" / "reaper"
+    runtime = STACKS / "teardown" / "controller"
     assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
         "cleanup.py",
         "clients.py",
-        "controller.py",
         "ec2_fleet.py",
         "executions.py",
         "notify.py",
         "preprocess.py",
         "records.py",
+        "recovery.py",
         "starter.py",
         "steps.py",
         "steps_fleet.py",
@@ -70,7 +70,15 @@ def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
     ]
     assert not (runtime / "__init__.py").exists()  # modules import each other by file name
     functions = (STACKS / "teardown" / "functions.py").read_text()
-    assert 'HERE / "reaper"' in functions and 'HERE / "answers"' in functions
+    assert 'HERE / "controller"' in functions and 'HERE / "answers"' in functions
+
+
+def test_nothing_under_stacks_is_named_for_the_reaper_it_no_longer_is():
+    """The run controller reconciles; "reaper" named a job it no longer does."""
+    named = [
+        p for p in STACKS.rglob("*") if "reaper" in p.name.lower() and "__pycache__" not in p.parts
+    ]
+    assert named == []
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""TrainStack's Replacements resource (stacks/teardown/reaper/cleanup.py) under the requests
+"""TrainStack's Replacements resource (stacks/teardown/controller/cleanup.py) under the requests
 CloudFormation sends it: an update that renames the run and a rolled-back update end no live
 node; `cdk destroy` ends every instance CloudFormation does not know, and its Delete always
 answers."""

@@ -5,9 +5,9 @@ import json
 import re
 
 import boto3
-import controller
 import pytest
 import records
+import recovery
 from conftest import ROOT
 from moto import mock_aws
 
@@ -56,7 +56,7 @@ FINAL = {
 
 def decide(done: dict, earlier: list[dict] | None = None, **kwargs):
     settings = {"max_restarts": 3, "now": NOW, "deadline": FAR, "deleting": False, **kwargs}
-    return controller.decide(done, earlier or [], **settings)
+    return recovery.decide(done, earlier or [], **settings)
 
 
 @pytest.mark.parametrize(("cause", "reason"), RETRYABLE.items(), ids=RETRYABLE.keys())
@@ -83,14 +83,14 @@ def test_a_spot_interruption_or_shutdown_is_relaunched():
 def test_ends_another_attempt_cannot_get_past_are_torn_down(cause, reason):
     retryable, decision, why = decide({"status": "failed", "cause": cause, "reason": reason})
     assert (retryable, decision) == (False, "teardown")
-    assert why == f"not retryable: {controller.FINAL[cause]}"
+    assert why == f"not retryable: {recovery.FINAL[cause]}"
 
 
 def test_the_retry_table_covers_every_cause_the_nodes_write_and_the_contract_lists():
     from bootstrap import causes
 
-    assert set(controller.FINAL) | set(controller.RETRYABLE) == set(causes.CAUSES)
-    assert not set(controller.FINAL) & set(controller.RETRYABLE)
+    assert set(recovery.FINAL) | set(recovery.RETRYABLE) == set(causes.CAUSES)
+    assert not set(recovery.FINAL) & set(recovery.RETRYABLE)
     assert set(RETRYABLE) | set(FINAL) == set(causes.CAUSES)  # this file tests each of them
     contract = (ROOT / "docs" / "contracts.md").read_text()
     listed = contract[contract.index("## Causes") :].split("\n## ")[0]
@@ -118,11 +118,11 @@ def test_restarts_are_bounded_by_max_restarts():
 
 def test_nothing_is_relaunched_too_close_to_the_hard_cap():
     failed = {"status": "failed", "cause": "node_lost", "reason": RETRYABLE["node_lost"]}
-    soon = NOW + controller.MIN_ATTEMPT - datetime.timedelta(seconds=1)
+    soon = NOW + recovery.MIN_ATTEMPT - datetime.timedelta(seconds=1)
     retryable, decision, why = decide(failed, deadline=soon)
     assert (retryable, decision) == (True, "stop")
     assert "hard cap" in why
-    assert decide(failed, deadline=NOW + controller.MIN_ATTEMPT)[1] == "relaunch"
+    assert decide(failed, deadline=NOW + recovery.MIN_ATTEMPT)[1] == "relaunch"
 
 
 def test_nothing_is_relaunched_while_the_stack_is_being_deleted():
@@ -154,7 +154,7 @@ def read(s3, name: str) -> dict | None:
 
 def end(s3, **kwargs):
     settings = {"max_restarts": 2, "now": NOW, "deadline": FAR, **kwargs}
-    return controller.end_attempt(s3, BUCKET, RUN, **settings)
+    return recovery.end_attempt(s3, BUCKET, RUN, **settings)
 
 
 def done(attempt: int, status: str = "failed", cause: str = "node_lost") -> dict:

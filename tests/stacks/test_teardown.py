@@ -28,7 +28,7 @@ RUN = "resnet50-r1"
 MAX_HOURS = 3.5
 EMAIL = "ops@example.com"
 TEARDOWN = Path(__file__).parents[2] / "stacks" / "teardown"
-LAMBDA_MODULES = sorted([*TEARDOWN.glob("reaper/*.py"), *TEARDOWN.glob("answers/*.py")])
+LAMBDA_MODULES = sorted([*TEARDOWN.glob("controller/*.py"), *TEARDOWN.glob("answers/*.py")])
 
 
 def acknowledge(construct, reason: str, *rule_ids: str) -> None:
@@ -98,7 +98,7 @@ def build_app(
     guard = RunGuard(
         train,
         "Guard",
-        reaper=teardown.guards,
+        guards=teardown.guards,
         run_name=RUN,
         max_hours=MAX_HOURS,
         max_restarts=3,
@@ -114,7 +114,7 @@ def build_app(
         PreprocessGuard(
             preprocess,
             "Guard",
-            reaper=teardown.guards,
+            guards=teardown.guards,
             instance=fixture_instance(preprocess, "Node"),
             volume=volume,
             snapshot_volume=snapshot,
@@ -205,7 +205,7 @@ def test_hard_cap_deadline_derives_from_max_hours(templates):
     assert schedule_props["FlexibleTimeWindow"] == {"Mode": "OFF"}
     assert json.loads(schedule_props["Target"]["Input"]) == {"trigger": "hard-cap", "run": RUN}
     assert "RunControllerStarter" in render(schedule_props["Target"]["Arn"])
-    # What the reaper answers for exactly these properties: deploy time + MAX_HOURS.
+    # What the deploy-time answers give for exactly these properties: deploy time + MAX_HOURS.
     deployed = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
     answer = deadline(deployed, float(props["MaxHours"]), deployed)
     assert answer["ScheduleExpression"] == "at(2026-01-01T15:30:00)"
@@ -228,12 +228,12 @@ def test_run_guard_exposes_the_cap_for_the_cost_estimate(app_stacks):
 def test_run_guard_rejects_a_non_positive_cap():
     app = cdk.App()
     stack = cdk.Stack(app, "TrainStack")
-    reaper = cdk.aws_lambda.Function.from_function_arn(
-        stack, "Reaper", "arn:aws:lambda:us-east-1:123456789012:function:Reaper"
+    tick = cdk.aws_lambda.Function.from_function_arn(
+        stack, "Tick", "arn:aws:lambda:us-east-1:123456789012:function:Tick"
     )
     with pytest.raises(ValueError, match="max_hours"):
         RunGuard(
-            stack, "Guard", reaper=reaper, run_name=RUN, max_hours=0, max_restarts=3, instances=[]
+            stack, "Guard", guards=tick, run_name=RUN, max_hours=0, max_restarts=3, instances=[]
         )
 
 
@@ -650,7 +650,7 @@ def test_only_the_controller_starts_or_stops_its_executions(templates):
     assert stops and all(s in role_statements(teardown, "RunControllerStepsRole") for s in stops)
 
 
-def test_reaper_may_name_the_zone_of_a_zone_id(templates):
+def test_the_zone_check_may_name_the_zone_of_a_zone_id(templates):
     # answer_zone calls DescribeAvailabilityZones for -c az=use1-az4 (stacks/config.py).
     [describe] = statements_for(templates, "ec2:DescribeAvailabilityZones")
     assert "ec2:DescribeInstanceTypeOfferings" in describe["Action"]

@@ -11,10 +11,10 @@ import datetime
 import json
 import math
 
-import controller
 import ec2_fleet
 import executions
 import records
+import recovery
 import train_stack
 import zones
 from clients import client, log, now, parse_stamp, setting, stamp, step
@@ -154,7 +154,7 @@ def record_done(stack: dict, run: str, attempt: int) -> dict | None:
     if done_of(run, attempt) is None:
         return None
     s3, bucket = client("s3"), setting("BUCKET")
-    return controller.end_attempt(
+    return recovery.end_attempt(
         s3,
         bucket,
         run,

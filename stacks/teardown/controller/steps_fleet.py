@@ -13,9 +13,9 @@ Only boto3 and the standard library: part of the run controller's Lambda asset.
 
 import datetime
 
-import controller
 import ec2_fleet
 import records
+import recovery
 import train_stack
 import zones
 from botocore.exceptions import ClientError
@@ -171,7 +171,7 @@ def refused(event: dict, stack: dict, zone: dict, number: int, error: ClientErro
         return give_up(event, stack, "relaunch_refused", why)
     pause = zones.wait_after(number, len(order))
     deadline = train_stack.deadline_of(stack)
-    if pause is None or (deadline and now() + pause + controller.MIN_ATTEMPT > deadline):
+    if pause is None or (deadline and now() + pause + recovery.MIN_ATTEMPT > deadline):
         where = ", ".join(z["zone"] or "its zone" for z in order)
         return give_up(
             event,
@@ -202,7 +202,7 @@ def refused(event: dict, stack: dict, zone: dict, number: int, error: ClientErro
 def give_up(event: dict, stack: dict, cause: str, reason: str) -> dict:
     """The relaunch cannot bring the fleet back: the attempt it was for ends as failed with
     `cause` and `reason`, one line, in the DONE.json it never wrote; the controller records it
-    as final (controller.FINAL) and the fleet is torn down with its results."""
+    as final (recovery.FINAL) and the fleet is torn down with its results."""
     run, attempt = event["run"], event["record"]["entry"]["attempt"] + 1
     s3, bucket = client("s3"), setting("BUCKET")
     records.write_done(
@@ -215,7 +215,7 @@ def give_up(event: dict, stack: dict, cause: str, reason: str) -> dict:
         reason=reason,
         at=stamp(now()),
     )
-    entry = controller.end_attempt(
+    entry = recovery.end_attempt(
         s3,
         bucket,
         run,
