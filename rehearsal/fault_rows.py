@@ -24,6 +24,7 @@ from rehearsal.fault_actions import (
     fill_model_dir,
     forget_node,
     freeze_s3,
+    kill_fleet_for,
     kill_host,
     kill_host_for,
     kill_leader_bootstrap,
@@ -47,6 +48,7 @@ from rehearsal.fault_checks import (
     no_epoch_retrained,
     no_node_blamed,
     node_said,
+    the_controller_wrote_the_silence,
 )
 
 DATASET = "dataset converted"
@@ -66,6 +68,7 @@ DEAD_FOR_S = 60
 MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
 # The trainer's line at an epoch's end ("Epoch 3/5 done in 3.0 s: ...").
 EPOCH_DONE = re.compile(r"<stdout>:Epoch \d+/\d+ done in ")
+SECOND_OF_FOUR_DONE = re.compile(r"<stdout>:Epoch 2/4 done in ")
 # A checkpoint at every epoch's end (the trainer's default: the last epoch and after 600 s).
 EVERY_EPOCH = {"trainer": {"checkpoint_every_s": 1}}
 
@@ -327,6 +330,21 @@ ROWS = [
         before_relaunch=wait_for_fault_threads,
         needs_hosts=True,
         # Not in CI's subset: CI's upload-cut row loses the leader's host too, and relaunches.
+    ),
+    Row(
+        "nodes",
+        f"every node's host dead for {DEAD_FOR_S} s right after epoch 2 of 4 (the whole fleet "
+        "silent)",
+        "no node can write DONE.json; the run controller finds every heartbeat stale, writes the "
+        "attempt's record (node_lost, naming every node) and relaunches; succeeded with every "
+        "epoch",
+        DATASET,
+        4,
+        Fault(kill_fleet_for(DEAD_FOR_S), when=SECOND_OF_FOUR_DONE),
+        Expect("succeeded", 4, {"the_controller_wrote_it": the_controller_wrote_the_silence}),
+        max_restarts=2,
+        before_relaunch=wait_for_fault_threads,
+        needs_hosts=True,
     ),
     Row(
         "nodes",

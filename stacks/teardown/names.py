@@ -29,6 +29,9 @@ NODE_TAG = "horovod-fleet:node"
 # it launched, which CloudFormation does not know, before their interfaces hold up the delete.
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
+# The hard cap's one-time schedule of a run is named this and the run: the tick reads its time
+# there while TrainStack is still being created (it has no outputs yet).
+CAP_SCHEDULE_PREFIX = "horovod-fleet-cap-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 # The deploy-time answers (answers/answers.py, read only): the hard cap's time, counted from the
 # first deploy ...

@@ -25,7 +25,7 @@ from stacks.train.fleet import GpuFleet
 
 
 def code_guard(
-    scope: Construct, *, guards: FleetGuards, run: str, fleet: GpuFleet
+    scope: Construct, *, guards: FleetGuards, run: str, bucket: str, fleet: GpuFleet
 ) -> CustomResource:
     node: ec2.CfnInstance = fleet.instances[0]
     guard = answered(
@@ -35,6 +35,8 @@ def code_guard(
         resource_type=CODE_GUARD_TYPE,
         properties={
             "Run": run,
+            # Where the run's attempts.json says whether a relaunch is under way.
+            "Bucket": bucket,
             # What the refusal names: the code assets' keys are their content hashes.
             "Code": Fn.join(",", [a.s3_object_key for a in fleet.code.assets.values()]),
             "ImageId": node.image_id,

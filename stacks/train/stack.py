@@ -25,7 +25,7 @@ from stacks.teardown.names import (
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
-from stacks.train.fleet import GpuFleet
+from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, STARTUP_GRACE_S, GpuFleet
 
 
 class TrainStack(Stack):
@@ -45,6 +45,7 @@ class TrainStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", config.run)
+        self._controller_tags(config)
         # Construct ids and their order are the template's logical ids: the parts below keep
         # the ids and scope the one constructor had, so a split changes no resource.
         fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
@@ -87,7 +88,7 @@ class TrainStack(Stack):
             instance.node.add_dependency(*prerequisites)
         # Updated before every node and the replacement template: a deploy that would change what a
         # live fleet runs is refused there, before any node restarts on its old code.
-        code_guard(self, guards=guards, run=config.run, fleet=fleet)
+        code_guard(self, guards=guards, run=config.run, bucket=bucket.bucket_name, fleet=fleet)
         guard = RunGuard(
             self,
             "Guard",
@@ -109,6 +110,24 @@ class TrainStack(Stack):
             idle_alarm=guard.idle_alarm,
         )
         self._outputs(config, bucket, fleet, dashboard)
+
+    def _controller_tags(self, config: FleetConfig) -> None:
+        """What the run controller's tick reads from the stack while it is still being created,
+        when it has no outputs (stacks/teardown/controller/train_stack.py): stack-level tags,
+        which the CDK CLI passes to CreateStack (with @aws-cdk/core:explicitStackTags, only
+        tags set on the stack itself are). Only values that cannot change while a fleet lives
+        (each is in node.json, which the code guard keeps): CloudFormation applies stack tags to
+        the resources, and a changed stack tag has replaced a resource
+        (https://github.com/aws-cloudformation/cloudformation-coverage-roadmap/issues/538).
+        maxRestarts and maxHours, which a deploy may change over a live fleet, stay outputs and
+        the cap's schedule."""
+        for key, value in {
+            "run": config.run,
+            "nodes": config.nodes,
+            "heartbeatTimeoutS": HEARTBEAT_TIMEOUT_S,
+            "startupGraceS": STARTUP_GRACE_S,
+        }.items():
+            self.tags.set_tag(f"{PROJECT}:{key}", str(value))
 
     def _zone(self, config: FleetConfig, guards: FleetGuards, fixed: bool, slots: int):
         """The fleet's zone, answered at deploy. Not every zone offers every GPU type, and zone

@@ -134,7 +134,8 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def workflow(default: Templates, aws_credentials):
     """The run controller as TeardownStack deploys it, running in moto (rehearsal/state_machine.py):
-    every execution it starts runs the synthesized state machine with the real step code."""
+    every execution it starts runs the synthesized state machine with the real step code, and
+    its tick is the synthesized Tick function's handler."""
     from moto import mock_aws
 
     from rehearsal.state_machine import Workflow

@@ -53,18 +53,22 @@ CONTROLLER_LIMIT = 400  # lines: one module per role, none holding two
 def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
     runtime = STACKS / "teardown" / "controller"
     assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
+        "act.py",
         "cleanup.py",
         "clients.py",
+        "decide.py",
         "ec2_fleet.py",
         "executions.py",
+        "judge.py",
         "notify.py",
+        "observe.py",
         "preprocess.py",
         "records.py",
         "recovery.py",
-        "starter.py",
         "steps.py",
         "steps_fleet.py",
         "steps_teardown.py",
+        "tick.py",
         "train_stack.py",
         "zones.py",
     ]
