@@ -32,6 +32,7 @@ from stacks.instance_types import (
 )
 from stacks.nag import LogGroupReasons
 from stacks.run_estimate import recipe_plan, training_estimate
+from stacks.teardown.controller_cost import controller_estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -105,6 +106,7 @@ def estimates(config: FleetConfig) -> list[str]:
     if config.capacity_reservation:
         lines.append(capacity_note(config))
     lines.append(preprocess_estimate(config.preprocess, config.data_volume_gib))
+    lines.append(controller_estimate())
     if config.ami:
         lines.append(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed")
     else:

@@ -120,7 +120,7 @@ def test_the_graph_sees_the_project():
         assert name in graph, name
     assert "rehearsal.core" in graph["rehearsal.faults"]
     assert "rehearsal.core" in graph["rehearsal.benchmark"]
-    assert "stacks/teardown/controller:recovery" in graph["stacks/teardown/controller:steps"]
+    assert "stacks/teardown/controller:recovery" in graph["stacks/teardown/controller:decide"]
 
 
 def test_no_module_imports_a_main():

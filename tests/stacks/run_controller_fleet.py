@@ -239,8 +239,10 @@ class Ticks:
         self.workflow, self.offset = workflow, datetime.timedelta(0)
         for module in ("tick", "steps", "steps_fleet", "steps_teardown"):
             monkeypatch.setattr(f"{module}.now", self.now)
-        # What S3 stamps (a heartbeat's LastModified) is on the same clock.
-        monkeypatch.setattr("moto.s3.models.utcnow", lambda: self.now().replace(tzinfo=None))
+        # What S3 and CloudFormation stamp (a heartbeat's LastModified, a stack event) is on the
+        # same clock.
+        for stamps in ("moto.s3.models.utcnow", "moto.cloudformation.models.utcnow"):
+            monkeypatch.setattr(stamps, lambda: self.now().replace(tzinfo=None))
         self.decisions: list[dict] = []
 
     def now(self) -> datetime.datetime:
@@ -249,10 +251,11 @@ class Ticks:
     def advance(self, **delta) -> None:
         self.offset += datetime.timedelta(**delta)
 
-    def minutes(self, count: int, fleet: "Fleet | None" = None) -> None:
-        """`count` minutes of the schedule's ticks; the nodes of `fleet` beat each minute."""
-        for _ in range(count):
-            self.advance(minutes=1)
+    def minutes(self, count: int, fleet: "Fleet | None" = None, every: int = 1) -> None:
+        """`count` minutes of the schedule's ticks, one in `every` of them run (what a tick
+        reads does not change in between); the nodes of `fleet` beat before each."""
+        for _ in range(0, count, every):
+            self.advance(minutes=every)
             if fleet is not None:
                 fleet.beat()
             self()

@@ -61,9 +61,11 @@ def test_the_idle_alarm_that_fired_during_the_create_ends_a_fleet_that_never_tra
     set_idle_alarm(RUN, "ALARM")
     ticks(alarm_event())  # the alarm's one action, during the create
     assert fleet.stack_status() == "CREATE_IN_PROGRESS"
-    ticks.minutes(10, fleet)
+    ticks.minutes(10, fleet, every=5)
     fleet.created()
-    ticks.minutes(45, fleet)
+    ticks.minutes(35, fleet, every=5)
+    assert fleet.stack_status() == "CREATE_COMPLETE"  # within its launch grace
+    ticks.minutes(10, fleet, every=5)
     assert fleet.stack_status() == "DELETE_COMPLETE"
     assert fleet.billing() == []
 
@@ -74,7 +76,7 @@ def test_the_hard_cap_that_fires_during_a_slow_create_deletes_the_stack(ticks):
     fleet = Fleet(zones=ZONES[:1], creating=True)
     deadline = ticks.now() + datetime.timedelta(minutes=30)
     cap_schedule(deadline.strftime("%Y-%m-%dT%H:%M:%S"))
-    ticks.minutes(29, fleet)
+    ticks.minutes(29, fleet, every=29)
     assert fleet.stack_status() == "CREATE_IN_PROGRESS"
     ticks.advance(minutes=1)
     ticks(CAP_EVENT)
