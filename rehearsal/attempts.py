@@ -35,6 +35,7 @@ class Attempts:
                 nodes=self.args.nodes,
                 spot=self.market == "spot",
                 restarts=max_restarts,
+                log_path=self.workdir / "controller.log",
             ).__enter__()
             self.cloud.start_ticking()
         return self.cloud

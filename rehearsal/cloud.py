@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -67,10 +68,11 @@ class Cloud:
         restarts: int,
         heartbeat_s: int = 60,
         grace_s: int = 360,
+        log_path=None,
     ) -> None:
         self.teardown, self.s3, self.endpoint = teardown, s3, endpoint
         self.count, self.spot, self.restarts = nodes, spot, restarts
-        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        self.heartbeat_s, self.grace_s, self.log_path = heartbeat_s, grace_s, log_path
         self.started: list[str] = []  # the instances StartInstances started, in order
         self.stack = ExitStack()
         self.ticking = threading.Event()
@@ -98,8 +100,25 @@ class Cloud:
         clients.client.cache_clear()
         self.stack.callback(clients.client.cache_clear)
         self.workflow = self.stack.enter_context(Workflow(self.teardown))
+        self.quiet_log()
         self.stack.callback(self.stop_ticking)
         return self
+
+    def quiet_log(self) -> None:
+        """The controller's one JSON line per decision goes to <workdir>/controller.log (on
+        AWS, its log group), not between the nodes' lines; the tick's verdicts are said."""
+        sink = self.log_path.open("a") if self.log_path else None
+
+        def log(decision: str, **fields) -> None:
+            if sink is not None:
+                sink.write(json.dumps({"decision": decision, **fields}, default=str) + "\n")
+                sink.flush()
+
+        for module in list(sys.modules.values()):
+            if getattr(module, "log", None) is clients.log:
+                self.stack.enter_context(mock.patch.object(module, "log", log))
+        if sink is not None:
+            self.stack.callback(sink.close)
 
     def __exit__(self, *_) -> None:
         self.stack.close()
