@@ -13,7 +13,6 @@ of a live run; a tick with no TrainStack makes two). Step Functions bills the lo
 state transition, a few dozen per relaunch ($0.025 per 1,000, https://aws.amazon.com/step-functions/pricing/).
 """
 
-PRICES_READ = "2026-11 (us-east-1)"
 LAMBDA_USD_PER_REQUEST = 0.20 / 1_000_000
 LAMBDA_USD_PER_GB_SECOND = 0.0000166667
 SCHEDULER_USD_PER_INVOCATION = 1.00 / 1_000_000
