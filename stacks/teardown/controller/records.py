@@ -204,10 +204,14 @@ def delete_done(s3, bucket: str, run: str, etag: str) -> bool:
 
 def write_launch(s3, bucket: str, run: str, instance_id: str, assignment: dict) -> None:
     """A launched node's assignment, runs/<run>/launches/<instance-id>.json: which node it is.
-    The node waits for it at boot (bootstrap/node/assignment.py); the same assignment written
-    again by a retried step is the same document, and one there already is kept."""
-    name = key(run, f"launches/{instance_id}.json")
-    update(s3, bucket, name, lambda found: None if found == assignment else assignment)
+    The node waits for it at boot (bootstrap/node/assignment.py). Written whole, unconditionally:
+    an instance id is launched once, and a retried step writes the same document again."""
+    s3.put_object(
+        Bucket=bucket,
+        Key=key(run, f"launches/{instance_id}.json"),
+        Body=json.dumps(assignment, indent=1).encode(),
+        ContentType="application/json",
+    )
 
 
 def listed(s3, bucket: str, prefix: str) -> list[dict]:
