@@ -345,6 +345,10 @@ ROWS = [
         max_restarts=2,
         before_relaunch=wait_for_fault_threads,
         needs_hosts=True,
+        # In CI: the one row whose attempt only the run controller can end (no node is left to
+        # write DONE.json), instead of node 1's lost host, whose DONE.json a node writes as in
+        # the upload-cut and Spot rows; the two rows take the same time.
+        in_ci=True,
     ),
     Row(
         "nodes",
@@ -385,7 +389,7 @@ ROWS = [
         EVERY_EPOCH,
         max_restarts=2,
         needs_hosts=True,
-        in_ci=True,
+        # Not in CI's subset: a node's DONE.json after a lost host is in the upload-cut row.
     ),
     Row(
         "disk",
