@@ -124,9 +124,11 @@ bench-input: setup
 IMAGE_LOCK := bootstrap/image/requirements.lock
 image-lock: setup
 	$(PY) -m pip install --quiet --dry-run --ignore-installed --report /tmp/image-lock.json \
-		--python-version 3.10 --implementation cp --only-binary=:all: --target /tmp/image-lock \
+		--python-version 3.11 --implementation cp --only-binary=:all: --target /tmp/image-lock \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_27_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+		--platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 \
+		--platform manylinux_2_39_x86_64 \
 		-r bootstrap/image/image-requirements.in
 	{ grep '^#' $(IMAGE_LOCK); $(PY) -c "import json; r = json.load(open('/tmp/image-lock.json')); \
 		print('\n'.join(sorted('%s==%s' % (i['metadata']['name'].lower(), i['metadata']['version']) \

@@ -21,7 +21,7 @@ from cdk_nag import AwsSolutionsChecks
 from stacks.benchmark import benchmark_estimate
 from stacks.composition import HorovodFleet, compose
 from stacks.config import ConfigError, FleetConfig
-from stacks.image.recipe import bake_estimate
+from stacks.image.recipe import bake_estimate, jit_estimate
 from stacks.instance_types import (
     PRICES_AS_OF,
     fleet_estimate,
@@ -31,7 +31,9 @@ from stacks.instance_types import (
     zone_note,
 )
 from stacks.nag import LogGroupReasons
+from stacks.root_volume import init_rate
 from stacks.run_estimate import recipe_plan, training_estimate
+from stacks.startup_estimate import startup_lines, startup_phases
 from stacks.teardown.controller_cost import controller_estimate
 
 HERE = Path(__file__).resolve().parent
@@ -99,6 +101,17 @@ def estimates(config: FleetConfig) -> list[str]:
                 image_size=config.image_size,
             )
         )
+    # Each start-up phase's budget and its source (docs/cost.md, Start-up).
+    lines += startup_lines(
+        config.gpu,
+        config.nodes,
+        startup_phases(
+            config.gpu,
+            config.nodes,
+            pulls_data=config.benchmark in (None, "data"),
+            init_rate=init_rate(config.nodes),
+        ),
+    )
     lines += [
         quota_note(config.gpu, config.nodes, config.market),
         zone_note(config.gpu, config.region, config.az),
@@ -106,11 +119,13 @@ def estimates(config: FleetConfig) -> list[str]:
     if config.capacity_reservation:
         lines.append(capacity_note(config))
     lines.append(preprocess_estimate(config.preprocess, config.data_volume_gib))
-    lines.append(controller_estimate())
     if config.ami:
         lines.append(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed")
     else:
         lines.append(bake_estimate(config.image_test))
+        if config.image_jit:
+            lines.append(jit_estimate(config.image_jit))
+    lines.append(controller_estimate())
     return [*lines, f"prices: {PRICES_AS_OF} list prices"]
 
 

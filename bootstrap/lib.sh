@@ -26,14 +26,30 @@ fail() {
 source "$APP_DIR/bootstrap/image/signed_download.sh"
 
 # Each step logs when it starts, in seconds since boot (a node's launch-to-healthy time), and
-# how long the one before it took.
+# how long the one before it took. Once a script names a file (record_step_times), each finished
+# step is also a line `<name>\t<start>\t<end>` there (epoch seconds): the Python bootstrap reads
+# the start-up's shell phases from it (docs/contracts.md, "Start-up, resets and goodput").
+STEP_TIMES=""
+STEP_STARTED_AT=""
 step() {
-	[[ $STEP == start ]] || log "step '$STEP': done in $((SECONDS - STEP_STARTED)) s"
+	local now=${EPOCHREALTIME/,/.} # bash >= 5.0; a locale's decimal comma made a point
+	if [[ $STEP != start ]]; then
+		log "step '$STEP': done in $((SECONDS - STEP_STARTED)) s"
+		[[ -z $STEP_TIMES ]] || printf '%s\t%s\t%s\n' "$STEP" "$STEP_STARTED_AT" "$now" >>"$STEP_TIMES"
+	fi
 	STEP=$1
 	STEP_STARTED=$SECONDS
+	STEP_STARTED_AT=$now
 	local uptime=0
 	[[ -r /proc/uptime ]] && read -r uptime _ </proc/uptime
 	log "step '$STEP': start, ${uptime%.*} s after boot"
+}
+
+# Appended to, never emptied: a reboot's steps follow the last boot's, and the reader takes the
+# newest of each step since the kernel's start.
+record_step_times() {
+	mkdir -p "$(dirname "$1")"
+	STEP_TIMES=$1
 }
 
 on_error() {

@@ -21,7 +21,11 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   benchmark (null: train; docs/contracts.md), cost and notify_topic_arn (null: status.json
   without prices, no notifications),
   spot_notice_file (null: ask IMDS for the Spot interruption notice when market is "spot"; a
-  path: the notice is that file's JSON once it exists, which is how a rehearsal interrupts).
+  path: the notice is that file's JSON once it exists, which is how a rehearsal interrupts),
+  launched_at (null: ask EC2's DescribeInstances when the instance was launched; a
+  YYYY-MM-DDTHH:MM:SSZ stamp: that, which is how a rehearsal's node process says it started),
+  startup_budget_s (null, or synthesis's estimate of each start-up phase in seconds, which
+  DONE.json's timeline carries beside the measured ones: docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ TRAINER_RECIPES = ("goyal", "fast")  # trainer/recipes.py RECIPES
 # S3's rules for bucket names: S3 refuses any other name, so one in node.json is a typo.
 BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 REGION_NAME = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
 # Horovod's own 30 s made any pause of a rank over 30 s (a stopped process, a host or network
@@ -150,6 +155,8 @@ class TrainConfig(Common):
     market: str = "on-demand"
     spot_notice_file: str | None = None
     collective_timeout_s: int = COLLECTIVE_TIMEOUT_S
+    launched_at: str | None = None
+    startup_budget_s: dict[str, float] | None = field(default=None, hash=False)
 
     @property
     def is_leader(self) -> bool:
@@ -347,6 +354,10 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         market=r.choice("market", MARKETS, "on-demand"),
         spot_notice_file=r.text("spot_notice_file", None, nullable=True),
         collective_timeout_s=r.integer("collective_timeout_s", COLLECTIVE_TIMEOUT_S, minimum=1),
+        launched_at=r.matching("launched_at", STAMP, "a time like '2026-01-31T12:00:00Z'")
+        if doc.get("launched_at") is not None
+        else None,
+        startup_budget_s=_budget(r),
     )
 
 
@@ -364,6 +375,13 @@ def with_node_index(cfg: TrainConfig, index: Any, source: str) -> TrainConfig:
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("node.json", source, 1)) from None
     return replace(cfg, node_index=index)
+
+
+def _budget(r: _Reader) -> dict[str, float] | None:
+    budget = r.child("startup_budget_s", nullable=True)
+    if budget is None:
+        return None
+    return {key: budget.number(key) for key in budget.doc}
 
 
 def _cost(r: _Reader) -> dict[str, Any] | None:

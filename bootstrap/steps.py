@@ -43,6 +43,8 @@ def step(name: str, action: Callable[[], object]):
     started = time.time()
     try:
         result = action()
+    except StepFailed:  # another step's failure, seen here (the data pull's, beside the others)
+        raise
     except Interrupted as exc:
         raise StepFailed(name, str(exc), causes.INTERRUPTED, "interrupted") from exc
     except Exception as exc:

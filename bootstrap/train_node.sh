@@ -15,6 +15,7 @@ step "read node.json"
 role=$(config role)
 [[ $role == train ]] || { log "node.json role is '$role', this script is for 'train'"; false; }
 start_log
+record_step_times "$(config state_dir)/shell-steps.tsv"
 # A replacement node's node.json names no index: it learns it from S3 in the bootstrap.
 index=$(config node_index)
 log "node ${index:-"(named by its launch assignment)"} of $(config nodes), run $(config run)"
@@ -35,6 +36,11 @@ if [[ $(config install) == true ]]; then
 		[[ -d $dir/lib ]] && LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	done
 	export PATH LD_LIBRARY_PATH
+	# The JIT caches the image baked for these GPUs and this driver (H100/H200: TensorFlow
+	# 2.15.1 has no native code for them), from image.json; horovodrun exports them to every rank.
+	while IFS= read -r setting; do
+		export "${setting?}"
+	done < <(python3 -m bootstrap.image.jit_env)
 else
 	log "install=false: using $(command -v python3) and $(command -v horovodrun)"
 fi

@@ -95,12 +95,12 @@ def run_s5cmd(*args: str, stall_s: float = S5CMD_STALL_S) -> str:
     return "".join(streams["out"])
 
 
-def run_s5cmd_batch(lines: list[str]) -> str:
-    """Several s5cmd commands in one process (s5cmd run FILE: one command per line)."""
+def run_s5cmd_batch(lines: list[str], *flags: str) -> str:
+    """Several s5cmd commands in one process (s5cmd [FLAGS] run FILE: one command per line)."""
     with tempfile.NamedTemporaryFile("w", suffix=".s5cmd", delete=False) as commands:
         commands.write("".join(line + "\n" for line in lines))
     try:
-        return run_s5cmd("run", commands.name)
+        return run_s5cmd(*flags, "run", commands.name)
     finally:
         os.unlink(commands.name)
 
@@ -116,6 +116,23 @@ def _has_size(path: Path, size: int) -> bool:
         return False
 
 
+# How many requests a download keeps in flight, for a 100 Gbps network (p4d and p5 reach S3
+# through the ENA side of their first network card). AWS suggests "one concurrent request for
+# each 85-90 MB/s of desired network throughput" over byte ranges of 8-16 MB
+# (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance-guidelines.html,
+# "Horizontal scaling"): 100 Gbps is 12,500 MB/s, about 140-150 requests. The AWS CRT's S3
+# client plans 0.4 Gbps a connection, 250 connections for 100 Gbps (awslabs/aws-c-s3,
+# source/s3_client.c, s_throughput_per_connection_gbps). So 32 objects at a time (s5cmd's
+# --numworkers, default 256) x 8 ranges each (cp --concurrency, default 5) of 16 MiB (cp
+# --part-size, default 50) = 256 requests, which a node's own shards alone fill (on 8 nodes,
+# an eighth of the dataset: 128 train and 16 validation shards). Re-measured on the first
+# deploy as docs/cost.md says (the `data_pull` phase's mb_per_s).
+DOWNLOAD_WORKERS = 32
+PART_CONCURRENCY = 8
+PART_SIZE_MIB = 16
+ARRIVAL_POLL_S = 0.2
+
+
 def download(
     bucket: str,
     prefix: str,
@@ -124,18 +141,46 @@ def download(
     what: str,
     policy: RetryPolicy | None = None,
     note: Callable[[str], None] = log,
+    on_arrival: Callable[[str], None] | None = None,
 ) -> None:
     """Copy s3://bucket/prefix<name> to dest/<name> for every name of `sizes`, by name (no
-    listing for s5cmd to get wrong), until every file is there with its size."""
+    listing for s5cmd to get wrong), until every file is there with its size.
+
+    on_arrival(name) is called once per file as soon as it is whole in dest, while the others
+    still download: s5cmd writes each download under a temporary name and renames it to its
+    own only when it is complete (peak/s5cmd v2.3.0, command/cp.go doDownload: CreateTemp,
+    then Rename), so a file under its own name with its size is whole. A name on_arrival was
+    given counts as copied even once it has moved on (the caller takes it out of dest)."""
+    arrived: set[str] = set()
+
+    def pending() -> list[str]:
+        return [n for n in _missing(dest, sizes) if n not in arrived]
+
+    def arrive(names: Iterable[str]) -> None:
+        for name in names:
+            if name not in arrived and _has_size(dest / name, sizes[name]):
+                arrived.add(name)
+                on_arrival(name)
 
     def once() -> None:
-        missing = _missing(dest, sizes)
+        missing = pending()
         if not missing:
             return
         for name in missing:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        output = run_s5cmd_batch([f"cp s3://{bucket}/{prefix}{n} {dest / n}" for n in missing])
-        still = _missing(dest, sizes)
+        lines = [
+            f"cp --concurrency {PART_CONCURRENCY} --part-size {PART_SIZE_MIB} "
+            f"s3://{bucket}/{prefix}{n} {dest / n}"
+            for n in missing
+        ]
+        watch = _ArrivalWatch(lambda: arrive(missing)) if on_arrival else None
+        try:
+            output = run_s5cmd_batch(lines, "--numworkers", str(DOWNLOAD_WORKERS))
+        finally:  # what arrived before a failure is not fetched again, so it is reported now
+            if watch:
+                watch.stop()
+                arrive(missing)
+        still = pending()
         if still:
             raise TransferNotVerified(
                 f"s5cmd exited 0 but {len(still)} of {len(missing)} objects are not in {dest} "
@@ -144,6 +189,23 @@ def download(
             )
 
     with_retries(what, once, policy, note)
+
+
+class _ArrivalWatch(threading.Thread):
+    """Calls look() every ARRIVAL_POLL_S until stopped."""
+
+    def __init__(self, look: Callable[[], None]) -> None:
+        super().__init__(name="download-arrivals", daemon=True)
+        self.look, self.stopped = look, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopped.wait(ARRIVAL_POLL_S):
+            self.look()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
 
 
 def upload(

@@ -71,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         "--processes", action="store_true", help="separate processes even where namespaces work"
     )
     parser.add_argument(
+        "--pull-mb-per-s",
+        type=float,
+        default=0,
+        metavar="MB",
+        help="the local S3 serves each node's TFRecords at most this fast (0: as fast as it "
+        "can): a pull that takes visible time, to measure the start-up beside it",
+    )
+    parser.add_argument(
         "--faults",
         action="store_true",
         help="the fault rehearsal instead: one fault per training attempt (S3 outages, a killed "

@@ -24,6 +24,7 @@ import http.client
 import json
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -177,6 +178,7 @@ class IamS3Proxy:
         # it, runs the action (the fault rehearsal injects faults at a request this way).
         self.watches: list[tuple[str, re.Pattern, Callable[[], None]]] = []
         self.lock = threading.Lock()
+        self.pace: Pace | None = None  # a throttle on some reads (Pace), for a measurement
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -229,7 +231,8 @@ class IamS3Proxy:
             if not allowed(self.statements[role], "s3:ListBucket", f"arn:aws:s3:::{bucket}", {}):
                 # S3 does not tell a caller that may not list the bucket what is absent.
                 return reply(request, 403, access_denied(parsed.path))
-        reply(request, status, answer, headers)
+        paced = self.pace if self.pace and self.pace.applies(request.command, parsed.path) else None
+        reply(request, status, answer, headers, paced and paced.sender(request.client_address[0]))
         self.run_watches(request.command, parsed.path)
 
     def on_request(self, method: str, path: re.Pattern, action: Callable[[], None]) -> None:
@@ -273,8 +276,43 @@ def access_denied(resource: str) -> bytes:
     ).encode()
 
 
-def reply(request, status: int, body: bytes, headers: list | None = None) -> None:
-    """Send S3's answer on; a HEAD's Content-Length is the object's, not this empty body's."""
+class Pace:
+    """At most `bytes_per_s` a second of GET bodies whose path matches `path`, for each client
+    address (each simulated host's network), shared by its connections: a slow network, so
+    that a measurement of the pull beside the start-up has a pull that takes visible time."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, path: re.Pattern, bytes_per_s: float) -> None:
+        self.path, self.bytes_per_s = path, bytes_per_s
+        self.free_at: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def applies(self, method: str, path: str) -> bool:
+        return method == "GET" and bool(self.path.search(path))
+
+    def sender(self, client: str) -> Callable[[object, bytes], None]:
+        def send(out, body: bytes) -> None:
+            for start in range(0, len(body), self.CHUNK):
+                chunk = body[start : start + self.CHUNK]
+                with self.lock:
+                    at = max(time.monotonic(), self.free_at.get(client, 0.0))
+                    self.free_at[client] = at + len(chunk) / self.bytes_per_s
+                time.sleep(max(0.0, at - time.monotonic()))
+                out.write(chunk)
+
+        return send
+
+
+def reply(
+    request,
+    status: int,
+    body: bytes,
+    headers: list | None = None,
+    send: Callable[[object, bytes], None] | None = None,
+) -> None:
+    """Send S3's answer on; a HEAD's Content-Length is the object's, not this empty body's.
+    send(out, body) writes the body (a Pace's), else it is written at once."""
     request.send_response(status)
     length = str(len(body))
     for key, value in headers or [("Content-Type", "application/xml")]:
@@ -286,4 +324,4 @@ def reply(request, status: int, body: bytes, headers: list | None = None) -> Non
     request.send_header("Content-Length", length)
     request.end_headers()
     if request.command != "HEAD":
-        request.wfile.write(body)
+        (send or (lambda out, data: out.write(data)))(request.wfile, body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -65,6 +66,12 @@ class LocalS3:
         self.iam = iam_s3.IamS3Proxy(
             (address, port), (address, moto_port), statements, self.workdir / "iam-refusals.log"
         )
+        if self.args.pull_mb_per_s:
+            # Each node's shards at most this fast: the pull takes visible time beside the
+            # start-up (docs/rehearsal.md, "The start-up, measured").
+            self.iam.pace = iam_s3.Pace(re.compile(r"/tfrecords/(train|validation)-"),
+                                        self.args.pull_mb_per_s * 1e6)  # fmt: skip
+            say(f"the local S3 serves each node's shards at most {self.args.pull_mb_per_s:g} MB/s")
         self.iam.start()
         self.endpoint = f"http://{address}:{port}"
         judged = ", ".join(f"{role} ({len(s)} statements)" for role, s in statements.items())

@@ -184,6 +184,8 @@ class Nodes:
                 "mount_point": str(data_mount if node else home / "data"),
                 "ip": self.node_ip(index),
                 "instance_id": self.instance_id(index),
+                # EC2's launch time, for the start-up record: this process's start.
+                "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "ssh_port": SSH_PORT,
                 "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
                 "network_interface": NODE_INTERFACE if node else None,

@@ -15,6 +15,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from stacks import startup_estimate
 from stacks.instance_types import GpuType, fleet_usd_per_hour
 
 # `-c benchmark=` value -> the mode node.json carries (None: a training run).
@@ -32,16 +33,22 @@ TIMED_STEPS = 100
 MAX_HOURS = 1.0  # the mode's default hard cap; -c maxHours= overrides it
 
 # Duration estimate, in seconds (estimates: nothing of this project has run on AWS yet).
-# Launch, boot of the baked image, health check, rendezvous: docs/benchmark.md's goal of 5 minutes.
-BOOT_S = 300
 # Per size: horovodrun start over ssh, TensorFlow and Horovod start, building and XLA-compiling
 # ResNet-50, warm-up and timed steps (~0.2 s each on a V100 at batch 256 with fp16), and the
 # allreduce check (256 MiB x 10).
 PER_SIZE_S = 150
-# With real data each node first pulls the ~150 GB of TFRecords to its NVMe.
-DATA_PULL_S = 900
 # From DONE.json until the run controller's delete has terminated the instances.
 TEARDOWN_S = 300
+# The start-up's phases before node 0 measures (stacks/startup_estimate.py): the framework's
+# start, the first step and the allreduce check are each size's (PER_SIZE_S).
+PER_SIZE_PHASES = ("allreduce_check", "framework_start", "first_step")
+
+
+def boot_s(mode: str, gpu: GpuType, nodes: int) -> float:
+    """Launch to the rendezvous, with the whole data pull for real data: a benchmark's sizes
+    are not the fleet's first world, so its ranks may read any shard."""
+    phases = startup_estimate.startup_phases(gpu, nodes, pulls_data=mode == "data")
+    return sum(p.seconds for p in phases if p.code not in (*PER_SIZE_PHASES, "own_shards"))
 
 
 @dataclass(frozen=True)
@@ -80,14 +87,14 @@ def plan(mode: str, nodes: int, gpus_per_node: int) -> dict:
     }
 
 
-def expected_seconds(mode: str, nodes: int, gpus_per_node: int) -> int:
-    pull = DATA_PULL_S if mode == "data" else 0
-    return BOOT_S + pull + PER_SIZE_S * len(schedule(nodes, gpus_per_node)) + TEARDOWN_S
+def expected_seconds(mode: str, gpu: GpuType, nodes: int) -> float:
+    sizes = len(schedule(nodes, gpu.gpus))
+    return boot_s(mode, gpu, nodes) + PER_SIZE_S * sizes + TEARDOWN_S
 
 
 def benchmark_estimate(mode: str, gpu: GpuType, nodes: int, max_hours: float) -> str:
     """The line synthesis prints in benchmark mode: expected duration x fleet price, and the cap."""
-    seconds = expected_seconds(mode, nodes, gpu.gpus)
+    seconds = expected_seconds(mode, gpu, nodes)
     hourly = fleet_usd_per_hour(gpu, nodes)
     sizes = ", ".join(
         f"{s.ranks} GPU{'s' if s.ranks > 1 else ''}" for s in schedule(nodes, gpu.gpus)

@@ -83,6 +83,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         az=config.az,
         vpc_id=config.vpc_id,
         subnet_id=config.subnet_id,
+        jit_type=config.image_jit,
         env=env,
         description="horovod-fleet: the training AMI, baked by Image Builder and proven on a GPU",
     )

@@ -18,10 +18,12 @@ from stacks.instance_types import (
     DEFAULT_FLEET_TYPE,
     DEFAULT_PROOF_TYPE,
     GPU_TYPES,
+    JIT_PROOF_TYPES,
     RETIRED_FAMILIES,
     UNDRIVABLE_FAMILIES,
     BurstableType,
     GpuType,
+    JitProofType,
 )
 
 # key -> meaning; the README's table and the unknown-key check both come from here.
@@ -35,6 +37,7 @@ KEYS: dict[str, str] = {
     "ami": "bring your own training AMI (an ami- id); empty: the image ImageStack bakes",
     "imageTestInstanceType": "GPU instance type of the training image's GPU proof",
     "imageRevision": "bump to bake the training image again with unchanged files (new base, fixes)",
+    "imageJitInstanceType": "H100/H200 type of the optional JIT proof that bakes a CUDA JIT cache",
     "datasetBucket": "use this existing bucket instead of creating DatasetStack",
     "datasetPrefix": "key prefix of the TFRecords in the bucket",
     "run": "run name: S3 prefix runs/<run>/ and the horovod-fleet:run tag",
@@ -136,6 +139,7 @@ class FleetConfig:
     target_top1: float | None
     benchmark: str | None  # None: train; "synthetic" or "data": benchmark mode
     capacity_reservation: "CapacityReservation | None" = None
+    image_jit: JitProofType | None = None  # None: no JIT proof stage
 
     @property
     def runs_prefix(self) -> str:
@@ -240,7 +244,14 @@ class FleetConfig:
             target_top1=get("targetTop1", _optional(_top1)),
             capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
             benchmark=mode,
+            image_jit=get("imageJitInstanceType", _optional(_jit_proof_type)),
         )
+        if config.image_jit is not None and config.ami is not None:
+            raise ConfigError(
+                "imageJitInstanceType",
+                context.get("imageJitInstanceType"),
+                "empty with ami: the JIT proof is a stage of the image ImageStack bakes",
+            )
         if config.market == "spot" and config.capacity_reservation is not None:
             raise ConfigError(
                 "market",
@@ -449,6 +460,15 @@ def _gpu_type(successor: str) -> Parser:
         raise _Invalid(f"a known GPU instance type: {known}")
 
     return parse
+
+
+def _jit_proof_type(value: Any) -> JitProofType:
+    if isinstance(value, str) and value in JIT_PROOF_TYPES:
+        return JIT_PROOF_TYPES[value]
+    raise _Invalid(
+        "empty (no JIT proof) or a type whose GPUs TensorFlow 2.15.1 JIT-compiles for "
+        f"(H100, H200: compute capability 9.0): {', '.join(JIT_PROOF_TYPES)}"
+    )
 
 
 def _burstable_type(value: Any) -> BurstableType:

@@ -139,6 +139,36 @@ UNDRIVABLE_FAMILIES: dict[str, str] = {
     ),
 }
 
+
+@dataclass(frozen=True)
+class JitProofType:
+    """A type the training image's optional JIT proof may run on (-c imageJitInstanceType): its
+    GPUs are of compute capability 9.0 (H100, H200), which TensorFlow 2.15.1's wheel has no
+    native code for, so the first start there JIT-compiles TensorFlow's kernels."""
+
+    name: str
+    gpus: int
+    gpu_model: str
+    usd_per_hour: float
+
+
+# p5.4xlarge: one H100 80 GB, 16 vCPUs, $6.88 an hour on demand in us-east-1 (the p5.48xlarge's
+# price per GPU; as third-party price lists read AWS's, e.g. github.com/datareceipts/data-receipts
+# 109-gpu-pricing, and SageMaker's ml.p5.4xlarge in the AWS API changelog of 2026-05-19). It is no
+# fleet type (one GPU, its EFA and instance store are not checked against a source), so it is not
+# in GPU_TYPES; the two 8-GPU types are, and cost eight times as much for the same proof.
+JIT_PROOF_TYPES: dict[str, JitProofType] = {
+    t.name: t
+    for t in (
+        JitProofType("p5.4xlarge", 1, "H100 80 GB", 6.88),
+        *(
+            JitProofType(g.name, g.gpus, g.gpu_model, g.usd_per_hour)
+            for g in GPU_TYPES.values()
+            if g.compute_capability == 90
+        ),
+    )
+}
+
 BURSTABLE_TYPES: dict[str, BurstableType] = {
     t.name: t
     for t in (

@@ -21,10 +21,14 @@ INSTALL_DIR = "/opt/horovod-fleet"
 NODE_JSON = "/etc/horovod-fleet/node.json"
 LOG_DIR = "/var/log/horovod-fleet"
 MOUNT_POINT = "/data"
-# Canonical's Ubuntu 22.04 on the AWS kernel, moved by Canonical to each new image; 22.04 has gp2
-# parameters only. https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/find-ubuntu-images/
+# Canonical's Ubuntu 24.04 LTS (standard support to April 2029), moved by Canonical to each new
+# image; releases from 23.10 on have gp3 parameters ("VOL_TYPE: ebs-gp3 (for >=23.10)"). The
+# training image starts from it (bootstrap/image/pins.env UBUNTU_RELEASE) and so does the
+# preprocessing node (docs/preprocessing.md says why).
+#   https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/find-ubuntu-images/
+#   (source: github.com/canonical/ubuntu-cloud-docs, aws/aws-how-to/instances/find-ubuntu-images.rst)
 UBUNTU_AMI_PARAMETER = (
-    "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+    "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 )
 
 

@@ -2,9 +2,9 @@
 
     TrainStack training estimate: 90 epochs x 1,281,167 images at ~136,800 img/s ... ~$...
 
-Throughput is a published per-GPU figure times the GPUs times a scaling efficiency; boot and the
-data pull are stacks/benchmark.py's estimates. Nothing here has been measured on AWS by this
-project: the benchmark mode (-c benchmark=true) measures the fleet itself.
+Throughput is a published per-GPU figure times the GPUs times a scaling efficiency; the start-up,
+launch to the first step, is stacks/startup_estimate.py's budget. Nothing here has been measured
+on AWS by this project: the benchmark mode (-c benchmark=true) measures the fleet itself.
 """
 
 import json
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stacks.benchmark import BOOT_S, DATA_PULL_S
+from stacks import root_volume, startup_estimate
 from stacks.instance_types import GpuType, fleet_usd_per_hour
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -75,15 +75,22 @@ def training_estimate(
     training_s = epochs * IMAGENET_TRAIN_IMAGES * pixel_fraction / rate
     # Every eval_every epochs and after the last; taken as no faster than training.
     evaluation_s = math.ceil(epochs / eval_every) * IMAGENET_VAL_IMAGES / rate
-    startup_s = BOOT_S + DATA_PULL_S
+    startup_s = startup_estimate.startup_s(
+        startup_estimate.startup_phases(gpu, nodes, init_rate=root_volume.init_rate(nodes))
+    )
     total_s = training_s + evaluation_s + startup_s
-    usd = fleet_usd_per_hour(gpu, nodes) * total_s / 3600
+    hours = total_s / 3600
+    volumes_usd = (
+        root_volume.initialization_usd(nodes) + root_volume.throughput_usd_per_hour(nodes) * hours
+    )
+    usd = fleet_usd_per_hour(gpu, nodes) * hours + volumes_usd
     return (
         f"TrainStack training estimate: {epochs} epochs (recipe {recipe}"
         + (f", {pixel_fraction:.0%} of the pixels" if pixel_fraction < 1 else "")
         + f") x {IMAGENET_TRAIN_IMAGES:,} images at "
         f"~{rate:,.0f} img/s ({gpus} x {per_gpu:,} per GPU, NVIDIA's published {gpu.gpu_model} "
         f"figure, x {SCALING:.0%} scaling) = {training_s / 60:.1f} min training + "
-        f"{evaluation_s / 60:.1f} min evaluation + {startup_s / 60:.0f} min boot and data pull "
-        f"= ~{total_s / 60:.0f} min, ~${usd:,.2f}"
+        f"{evaluation_s / 60:.1f} min evaluation + {startup_s / 60:.1f} min start-up (launch to "
+        f"the first step, below) = ~{total_s / 60:.0f} min, ~${usd:,.2f} with the "
+        f"{root_volume.cost_note(nodes, hours)}"
     )

@@ -3,7 +3,8 @@
     horovod-fleet status [--run NAME] [--watch]    one screen: phase, progress, ETA, dollars, cap
     horovod-fleet logs [--run NAME] [--node N] [-f] the leader's training table, or node N's
                                                     bootstrap log, from CloudWatch Logs
-    horovod-fleet runs                              every run in the bucket
+    horovod-fleet runs                              every run in the bucket with its goodput,
+                                                    and its start-up measured against estimated
     horovod-fleet enable-events --bucket NAME       your own bucket (-c datasetBucket=) sends its
                                                     events to EventBridge, its other
                                                     notifications kept (watch/bucket.py)

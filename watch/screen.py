@@ -156,6 +156,8 @@ def status_screen(facts: RunFacts) -> str:
             f"  attempt {entry.get('attempt')}   {entry.get('status')}, "
             f"{entry.get('decision')} ({entry.get('why')}): {reason}"
         )
+    if line := goodput_line(facts):
+        lines.append(line)
     if facts.done:
         done = facts.done
         figures = f", top-1 {done['top1']}" if done.get("top1") is not None else ""
@@ -165,6 +167,57 @@ def status_screen(facts: RunFacts) -> str:
     elif status.get("reason"):
         lines.append(f"  reason      {status['reason']}")
     return "\n".join(lines) + "\n\n"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def goodput_of(facts: RunFacts) -> dict:
+    """DONE.json's goodput figures once the attempt has ended, else status.json's live ones."""
+    if facts.done and "goodput" in facts.done:
+        return facts.done
+    return (facts.status or {}).get("goodput") or {}
+
+
+def goodput_line(facts: RunFacts) -> str | None:
+    """Goodput from the first launch and from the first step, and (from DONE.json) where the
+    rest of the time went, the largest first (docs/contracts.md)."""
+    figures = goodput_of(facts)
+    if figures.get("goodput") is None and figures.get("runtime_goodput") is None:
+        return None
+    line = (
+        f"  goodput     {percent(figures.get('goodput'))} from the first launch, "
+        f"{percent(figures.get('runtime_goodput'))} from the first step"
+    )
+    lost = (figures.get("goodput_s") or {}).get("lost") or {}
+    largest = sorted(((s, k) for k, s in lost.items() if s), reverse=True)[:4]
+    if largest:
+        line += "\n              lost: " + ", ".join(
+            f"{k.replace('_', ' ')} {clock(s)}" for s, k in largest
+        )
+    return line
+
+
+def phases_table(run: str, done: dict) -> str | None:
+    """`horovod-fleet runs`: each start-up phase of a run's DONE.json, its slowest node's
+    seconds against the estimate synthesis made (node.json startup_budget_s)."""
+    timeline = done.get("timeline") or {}
+    phases, budget = timeline.get("phases") or {}, timeline.get("budget_s") or {}
+    if not any(p.get("s") is not None for p in phases.values()):
+        return None
+    lines = [
+        f"{run}: start-up, attempt {done.get('attempt')}, measured (the slowest node) against "
+        "estimated",
+        f"  {'phase':<16} {'measured':>9} {'estimated':>10}  slowest",
+    ]
+    for code, phase in phases.items():
+        measured = "-" if phase.get("s") is None else f"{phase['s']:.1f} s"
+        estimated = "-" if budget.get(code) is None else f"{budget[code]:g} s"
+        lines.append(
+            f"  {code:<16} {measured:>9} {estimated:>10}  {phase.get('slowest') or 'not run'}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def with_controller(status: dict | None, controller: dict | None) -> dict | None:
@@ -221,8 +274,9 @@ def cap_line(facts: RunFacts) -> str:
 
 
 def runs_table(rows: list[RunFacts]) -> str:
-    """`horovod-fleet runs`: one line per run."""
-    lines = [f"{'run':<24} {'status':<16} {'top-1':>7} {'duration':>9} {'cost':>10}"]
+    """`horovod-fleet runs`: one line per run with its goodput, then for each run whose
+    DONE.json has a timeline its start-up phases against their estimates."""
+    lines = [f"{'run':<24} {'status':<16} {'top-1':>7} {'duration':>9} {'cost':>10} {'goodput':>8}"]
     for facts in rows:
         top1 = (facts.done or {}).get("top1")
         if top1 is None:
@@ -235,6 +289,8 @@ def runs_table(rows: list[RunFacts]) -> str:
             f"{facts.run:<24} {LABELS.get(facts.phase, facts.phase):<16} "
             f"{'-' if top1 is None else f'{top1:.4f}':>7} "
             f"{'-' if duration is None else clock(duration):>9} "
-            f"{'-' if spent is None else f'${spent:,.2f}':>10}"
+            f"{'-' if spent is None else f'${spent:,.2f}':>10} "
+            f"{percent(goodput_of(facts).get('goodput')):>8}"
         )
-    return "\n".join(lines) + "\n"
+    tables = [t for f in rows if f.done and (t := phases_table(f.run, f.done))]
+    return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)

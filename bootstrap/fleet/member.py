@@ -16,15 +16,28 @@ class Member(TrainingNode):
     def run(self) -> None:
         ip, instance_id = self.boot()
         cfg, s3 = self.cfg, self.s3
-        watch = supervision.LeaderWatch(cfg, time.time())
+        started = time.time()
+        watch = supervision.LeaderWatch(cfg, started)
+        met: list[float] = []
+
+        def on_beat(now: float) -> None:
+            self.check_pull()
+            # The fleet met when the leader wrote this deployment's hostfile.
+            at = None if met else rendezvous.last_written(s3, cfg, "hostfile")
+            if at is not None and at >= int(started):
+                met.append(at)
+                self.phases.measure("rendezvous", started, max(at, started))
+
         step(
             "rendezvous",
             lambda: rendezvous.serve_as_member(
                 s3, cfg, ip, instance_id, self.log,
                 leader_lost=lambda now: watch.lost(supervision.read_entry(s3, cfg, 0), now),
                 fleet_ready=lambda check: rendezvous.signal_fleet_ready(cfg, check["detail"]),
+                shards=self.holds, on_beat=on_beat,
             ),
         )  # fmt: skip
+        self.follower.stop()
         step("upload logs", lambda: upload_logs(s3, cfg))
 
     def writes_record(self, failure: StepFailed) -> bool:

@@ -75,8 +75,16 @@ def key_fingerprint(public_key: str) -> str:
 
 
 def register_node(
-    s3, cfg: TrainConfig, ip: str, instance_id: str, now: float, leader_key: str | None = None
+    s3,
+    cfg: TrainConfig,
+    ip: str,
+    instance_id: str,
+    now: float,
+    leader_key: str | None = None,
+    shards: str | None = None,
 ) -> dict:
+    """The node's registration, its heartbeat. `shards`: what it holds of the dataset, "own"
+    (what its ranks read in the fleet's first world) or "all" (what any other world needs)."""
     entry = {
         "index": cfg.node_index,
         "ip": ip,
@@ -84,6 +92,7 @@ def register_node(
         "instance_id": instance_id,
         "registered_at": utc_stamp(now),
         "leader_key_sha256": leader_key,
+        "shards": shards,
     }
     key = f"{cfg.runs_prefix}nodes/{cfg.node_index}.json"
     s3.put_object(Bucket=cfg.bucket, Key=key, Body=json.dumps(entry).encode())
@@ -178,14 +187,17 @@ def wait_for_nodes(
     log=aws.log,
     leader_key: str | None = None,
     since: float | None = None,
+    while_waiting: Callable[[], None] = lambda: None,
 ) -> list[dict]:
     """All N live registrations sorted by index, or RendezvousError naming the missing ones.
-    Says every 30 s which nodes it still waits for. `leader_key` and `since`: see live_nodes."""
+    Says every 30 s which nodes it still waits for. `leader_key` and `since`: see live_nodes;
+    while_waiting() at each look (the node's own data pull, raising its failure)."""
     started = clock()
     next_note = started + MISSING_NOTE_EVERY_S
 
     def all_registered() -> dict[int, dict] | None:
         nonlocal next_note
+        while_waiting()
         nodes = live_nodes(s3, cfg, clock(), leader_key, since)
         if len(nodes) == cfg.nodes:
             return nodes
@@ -225,12 +237,18 @@ def write_hostfile(s3, cfg: TrainConfig, nodes: list[dict], path: str | Path) ->
     return text
 
 
-def run_finished_since(s3, cfg: TrainConfig, since: float) -> bool:
+def last_written(s3, cfg: TrainConfig, name: str) -> float | None:
+    """When runs/<run>/<name> was last written (S3's LastModified), or None while absent."""
     try:
-        head = s3.head_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}DONE.json")
+        head = s3.head_object(Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{name}")
     except ClientError:
-        return False
-    return head["LastModified"].timestamp() >= since
+        return None
+    return head["LastModified"].timestamp()
+
+
+def run_finished_since(s3, cfg: TrainConfig, since: float) -> bool:
+    written = last_written(s3, cfg, "DONE.json")
+    return written is not None and written >= since
 
 
 FLEET_CHECK = "fleet-check.json"
@@ -270,11 +288,15 @@ def serve_as_member(
     sleep=time.sleep,
     leader_lost: Callable[[float], str | None] = lambda now: None,
     fleet_ready: Callable[[dict], None] = lambda check: None,
+    shards: Callable[[], str | None] = lambda: None,
+    on_beat: Callable[[float], None] = lambda now: None,
 ) -> None:
     """Install the leader's key, register, then heartbeat until the run's DONE.json appears (the
     leader's, or another member's that found the leader lost), or until leader_lost(now) says
     why the leader is gone (bootstrap.fleet.supervision.LeaderWatch): this member then writes it.
     fleet_ready(check) is called once, when the leader's fleet check of this deployment appears.
+    Each registration says what shards() holds; on_beat(now) runs at each beat (it may raise:
+    the node's data pull failed).
 
     The key goes in before the registration, so the leader never ssh-es to a node that would
     refuse it; a key the leader replaced (a redeployed leader) is picked up on the next beat.
@@ -288,7 +310,8 @@ def serve_as_member(
         public_key = wait_for_leader_key(s3, cfg, clock, sleep)
         if install_authorized_key(cfg.authorized_keys_file, public_key):
             log(f"installed the run's public key in {cfg.authorized_keys_file}")
-        register_node(s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key))
+        register_node(s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key), shards())
+        on_beat(clock())
         if why := leader_lost(clock()):
             raise LeaderLost(why)
         sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))

@@ -9,7 +9,7 @@ manifest=$IMAGE_DIR/image.json
 
 if [[ $MODE == run ]]; then
 	python3 "$RECIPE_DIR/manifest.py" write --output "$manifest" --recipe-sha256 "$(recipe_sha256)" --root "${ROOT:-/}" \
-		--check-build "$IMAGE_DIR/horovod-check-build.txt"
+		--check-build "$IMAGE_DIR/horovod-check-build.txt" --build-record "$IMAGE_DIR/horovod-build.txt"
 	apt_get clean
 	rm -rf "$ROOT/root/.cache/pip" "$ROOT"/var/lib/apt/lists/*
 fi

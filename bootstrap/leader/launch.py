@@ -232,6 +232,7 @@ def run_horovodrun(
     details: bool = True,
     error: type[TrainingFailed] | None = None,
     log: Callable[[str], None] = aws.log,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> str:
     """Run program on `ranks` ranks of hostfile under horovodrun (horovodrun_command), its output
     streamed to <log_dir>/log_name; returns the last `keep` lines. horovodrun dies with this
@@ -243,6 +244,7 @@ def run_horovodrun(
     - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
       the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
       the reason, followed by the ranks Horovod's stall inspector lists as missing;
+    - on_start(process): horovodrun's process once started (what may end it early);
     - the reason is `horovodrun exited N: ` classify's, which names each rank's host when
       name_hosts, after the nodes `lost(failed_at)` names (supervision.lost_nodes), joined by
       "; "; with details, `(details in LOG_NAME)` follows. The cause is node_lost when a node
@@ -261,7 +263,10 @@ def run_horovodrun(
 
     def watch(proc: subprocess.Popen) -> None:
         running.append(proc)
-        stall.start()
+        if stall:
+            stall.start()
+        if on_start:
+            on_start(proc)
 
     stall = watchdog.ProgressWatchdog(progress, end_stalled) if progress is not None else None
     try:
@@ -270,7 +275,7 @@ def run_horovodrun(
             env,
             Path(cfg.log_dir) / log_name,
             keep,
-            watch if stall else None,
+            watch if stall or on_start else None,
         )
     finally:
         if stall:

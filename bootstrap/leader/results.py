@@ -18,7 +18,9 @@ from botocore.exceptions import ClientError
 
 from bootstrap import aws
 from bootstrap.fleet import allreduce_check
-from bootstrap.fleet.rendezvous import ABSENT_KEY_CODES, utc_stamp
+from bootstrap.fleet.rendezvous import ABSENT_KEY_CODES, parse_stamp, utc_stamp
+from bootstrap.leader import goodput
+from bootstrap.leader import timeline as fleet_view
 from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
 from bootstrap.node.attempt import this_attempts
 from bootstrap.node_config import TrainConfig
@@ -38,6 +40,7 @@ def done_document(
     cause: str | None = None,
     written_by: str = "leader",
     restarts: list[dict] | None = None,
+    records: list[dict] | None = None,
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
     wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
@@ -45,8 +48,10 @@ def done_document(
     `earlier` is the run controller's record of the attempts before this one (attempts.json),
     `steps` the seconds of each bootstrap step this attempt finished (its timeline), `cause` why
     it ended (bootstrap/causes.py; None when it succeeded), `written_by` which node writes it,
-    `restarts` the restarts in place of the writing node's bootstrap (bootstrap/node/attempt.py)."""
+    `restarts` the restarts in place of the writing node's bootstrap (bootstrap/node/attempt.py),
+    `records` the phases records of this attempt's nodes (the fleet's view and goodput)."""
     succeeded = status == "succeeded"
+    records = records or []
     earlier = earlier or []
     own = {
         "attempt": len(earlier) + 1,
@@ -57,6 +62,10 @@ def done_document(
     since = outputs_since or started
     evaluation = this_attempts(model_dir / "eval.json", since) if model_dir and succeeded else {}
     training = this_attempts(model_dir / "train.json", since) if model_dir else {}
+    timeline = attempt_timeline(
+        steps or {}, training, aws.s3_unreachable_s(started, now), records, cfg.startup_budget_s
+    )
+    figures = run_goodput(earlier, timeline, training, started, now)
     return {
         "run": cfg.run,
         "status": status,
@@ -75,7 +84,9 @@ def done_document(
         "time_to_target_s": training.get("time_to_target_s"),
         "attempt_started_at": utc_stamp(started),
         "finished_at": utc_stamp(now),
-        "timeline": timeline(steps or {}, training, aws.s3_unreachable_s(started, now)),
+        "timeline": timeline,
+        "resets": fleet_view.resets(training, records),
+        **figures,
         "restarts": restarts or [],
         "attempt": own["attempt"],
         "attempts": [
@@ -88,12 +99,21 @@ def done_document(
     }
 
 
-def timeline(steps: dict[str, float], training: dict, s3_unreachable_s: float = 0.0) -> dict:
+def attempt_timeline(
+    steps: dict[str, float],
+    training: dict,
+    s3_unreachable_s: float = 0.0,
+    records: list[dict] | None = None,
+    budget_s: dict | None = None,
+) -> dict:
     """Where the attempt's time went: the bootstrap's steps (data pull, rendezvous, allreduce
     check, training, uploads, ...) and, from this attempt's train.json, the trainer's start-up
     (TensorFlow, the input pipeline, the first step's compilation), evaluation, checkpoints, the
-    training steps themselves, and the time to the target; and the seconds S3 did not answer
-    this node (waiting on S3 is inside some step's seconds, or between steps)."""
+    training steps themselves, and the time to the target; the seconds S3 did not answer this
+    node (waiting on S3 is inside some step's seconds, or between steps); the fleet's view of
+    the start-up (each phase's slowest node, from the nodes' phases records), this attempt's
+    own lost seconds (goodput's buckets) and the estimate synthesis made of each phase."""
+    records = records or []
     trainer = {}
     if training.get("duration_s") is not None:
         parts = {k: training.get(k) or 0.0 for k in ("startup_s", "evaluation_s", "checkpoint_s")}
@@ -103,7 +123,38 @@ def timeline(steps: dict[str, float], training: dict, s3_unreachable_s: float = 
         "steps_s": dict(steps),
         "trainer_s": trainer,
         "s3_unreachable_s": round(s3_unreachable_s, 1),
+        "launched_at": fleet_view.stamp(fleet_view.launched_at(records)),
+        "first_step_at": fleet_view.stamp(fleet_view.first_step_at(training, records)),
+        "phases": fleet_view.fleet_phases(records),
+        # The trainer's steps of this attempt: what goodput counts (and the run controller
+        # copies into attempts.json for the next attempt's).
+        "steps": {k: training.get(k) for k in ("start_step", "end_step", "step_s", "steps_redone")},
+        "lost_s": goodput.attempt_lost(records, steps, training),
+        "budget_s": budget_s,
     }
+
+
+def run_goodput(
+    earlier: list[dict], timeline: dict, training: dict, started: float, now: float
+) -> dict:
+    """DONE.json's goodput figures over the run: the earlier attempts as attempts.json holds
+    them (an entry without the run controller's `launched_at` counts from its `started_at`),
+    then this one (from its first launch, else its writer's start)."""
+    attempts = goodput.from_entries(earlier)
+    launched = timeline["launched_at"]
+    first = timeline["first_step_at"]
+    attempts.append(
+        goodput.Attempt(
+            ended_at=now,
+            launched_at=parse_stamp(launched) if launched else started,
+            first_step_at=parse_stamp(first) if first else None,
+            start_step=training.get("start_step"),
+            end_step=training.get("end_step"),
+            step_s=training.get("step_s"),
+            lost_s=timeline["lost_s"],
+        )
+    )
+    return goodput.goodput(attempts, now)
 
 
 def allreduce_busbw_gbps(check_log: Path) -> float | None:

@@ -117,6 +117,10 @@ class RunStatus:
         self.emitted_at: str | None = None
         self.notified: set[str] = set()
         self.outage = OutageLog(log, clock)
+        # status.json's `goodput` (docs/contracts.md): live(progress) while the trainer runs,
+        # DONE.json's figures once the attempt has ended.
+        self.live_goodput: Callable[[dict], dict | None] | None = None
+        self.final_goodput: dict | None = None
         self.wake = threading.Event()
         self.stopping = False
         self.lock = threading.Lock()
@@ -131,8 +135,13 @@ class RunStatus:
         self.current, self.reason = phase, reason
         self.wake.set()
 
-    def end(self, phase: str, reason: str | None, wait_s: float = 30) -> None:
-        """The attempt's last word: publish it and wait (bounded) until it is out."""
+    def end(
+        self, phase: str, reason: str | None, wait_s: float = 30, record: dict | None = None
+    ) -> None:
+        """The attempt's last word: publish it and wait (bounded) until it is out. `record`:
+        the DONE.json about to be written, whose goodput status.json carries."""
+        if record is not None:
+            self.final_goodput = goodput_of(record)
         self.phase(phase, reason)
         self.stopping = True
         self.wake.set()
@@ -180,7 +189,19 @@ class RunStatus:
             "checkpoint": self._s3("find the newest checkpoint", self._newest_checkpoint),
             "reason": self.reason if phase in ENDED else None,
             "cost": cfg.cost,
+            "goodput": self._goodput(),
         }
+
+    def _goodput(self) -> dict | None:
+        if self.final_goodput is not None:
+            return self.final_goodput
+        if self.live_goodput is None or not self.progress:
+            return None
+        try:
+            return self.live_goodput(self.progress)
+        except Exception as exc:  # a report, never a reason to stop
+            self.log(f"status: could not work out goodput: {one_line(exc)}")
+            return None
 
     def _read_progress(self) -> None:
         try:
@@ -301,6 +322,11 @@ class RunStatus:
             return None
         self.outage.answered()
         return result
+
+
+def goodput_of(record: dict) -> dict:
+    """status.json's `goodput` from a DONE.json."""
+    return {k: record.get(k) for k in ("goodput", "runtime_goodput")}
 
 
 def emf_line(cfg: TrainConfig, values: dict, now: float) -> dict:

@@ -59,11 +59,12 @@ class Attempt:
         self.earlier: list[dict] = []  # the run controller's record of the attempts before
         self.record: Path | None = None
         self.restarts: list[dict] = []
+        self.number = 1  # one more than `earlier`, once begun
 
     def begin(self, cfg: TrainConfig, model_dir: Path, log=aws.log) -> None:
         """Take up the attempt's record (its number: one more than `earlier`)."""
         self.record = Path(cfg.state_dir) / ATTEMPT_RECORD
-        number = len(self.earlier) + 1
+        self.number = number = len(self.earlier) + 1
         record = read_json(self.record)
         left_open = "ended_at" not in record
         if left_open and (record.get("run"), record.get("attempt")) == (cfg.run, number):

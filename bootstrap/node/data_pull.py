@@ -6,6 +6,11 @@ totals add up. A verified pull leaves a marker holding the manifest's digest, so
 same manifest skips the pull. The pull copies the manifest's shards by name (no listing that
 could fail silently) and only those that are missing or fail their check, so a rerun repairs a
 shard that was corrupt, even one of the right size.
+
+The pull takes this node's own shards first (what its ranks read first), and verifies each shard
+as it arrives, beside the downloads still running: a shard is downloaded under .partial/ and
+renamed into the data dir only once it matches the manifest, so a file present under its own
+name is whole (docs/contracts.md). bootstrap/node/dataset.py runs it beside the node's start-up.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import struct
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap import aws, causes, transfer
@@ -77,45 +85,62 @@ def check_shard(data_dir: Path, shard: dict) -> str | None:
     return None
 
 
-def verify_data_dir(
-    data_dir: str | Path, workers: int | None = None, only: set[str] | None = None
-) -> dict:
-    """Raise VerificationError listing the first problems; returns the manifest. `only` limits
-    the shard checks (the split totals are always checked) to the files named, such as those
-    just downloaded beside ones checked moments before."""
-    data_dir = Path(data_dir)
-    manifest = json.loads((data_dir / "manifest.json").read_text())
-    shards = manifest.get("shards") or []
-    if not shards:
-        raise VerificationError("manifest.json lists no shards")
-    problems = []
-    for split, totals in manifest.get("splits", {}).items():
-        in_split = [s for s in shards if s["split"] == split]
-        records = sum(s["records"] for s in in_split)
-        if len(in_split) != totals["shards"] or records != totals["records"]:
-            problems.append(
-                f"split {split}: manifest lists {len(in_split)} shards / {records} records, "
-                f"its totals say {totals['shards']} / {totals['records']}"
-            )
-    checked = [s for s in shards if only is None or s["file"] in only]
-    problems += check_shards(data_dir, checked, workers)
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise VerificationError("; ".join(problems[:5]) + more)
-    return manifest
-
-
 def check_shards(data_dir: Path, shards: list[dict], workers: int | None = None) -> list[str]:
-    """The problems of every shard, hashing in parallel ([] when all are fine)."""
-    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+    """The problems of every shard ([] when all are fine), hashing in threads: hashlib releases
+    the GIL on large updates, and threads fork nothing from a bootstrap that runs several."""
+    with ThreadPoolExecutor(workers or os.cpu_count()) as pool:
         return [p for p in pool.map(check_shard, [data_dir] * len(shards), shards) if p]
 
 
+# Downloads land here and move to <data-dir>/<file> only once verified: a shard present under
+# its own name is whole. Hidden, so a trainer listing the data dir never sees one half there.
+PARTIAL_DIR = ".partial"
+
+
+@dataclass
+class Pulled:
+    """What a pull did: its manifest, the bytes it downloaded, and when it began, held this
+    node's own shards, and ended."""
+
+    manifest: dict
+    bytes: int
+    started: float
+    own_at: float
+    finished: float
+
+
+def own_files(manifest: dict, node_index: int, nodes: int, slots: int) -> set[str]:
+    """The shards node `node_index`'s ranks read first: in the fleet's first world its ranks
+    are node_index*slots .. +slots-1 of nodes*slots, and rank r of S reads, of each split's
+    files sorted by name, files[r::S], or with fewer files than ranks file r % F (the trainer's
+    rule, trainer/data.py shard_for_rank; docs/contracts.md)."""
+    size = nodes * slots
+    ranks = range(node_index * slots, (node_index + 1) * slots)
+    by_split: dict[str, list[str]] = {}
+    for shard in manifest.get("shards") or []:
+        by_split.setdefault(shard["split"], []).append(shard["file"])
+    own: set[str] = set()
+    for files in by_split.values():
+        files.sort()
+        for rank in ranks:
+            own.update(files[rank::size] if len(files) >= size else [files[rank % len(files)]])
+    return own
+
+
 def pull_dataset(
-    bucket: str, prefix: str, data_dir: str | Path, log, workers: int | None = None
-) -> dict:
+    bucket: str,
+    prefix: str,
+    data_dir: str | Path,
+    log,
+    workers: int | None = None,
+    own: Callable[[dict], set[str]] = lambda manifest: set(),
+    on_own: Callable[[float], None] = lambda at: None,
+) -> Pulled:
     """Copy the manifest's shards from s3://bucket/prefix to data_dir unless this manifest was
-    verified there already; re-fetch any shard that fails its check."""
+    verified there already; re-fetch any shard that fails its check. The shards own(manifest)
+    names come first: on_own(at) is called once they are all verified here, while the rest
+    still comes. Each shard is verified as it arrives and renamed into place only when whole."""
+    started = time.time()
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     marker = data_dir / VERIFIED_MARKER
@@ -135,15 +160,24 @@ def pull_dataset(
     if marker.exists() and marker.read_text() == digest:
         new_manifest.unlink()
         log(f"data already pulled and verified in {data_dir}: skipping the pull")
-        return json.loads((data_dir / "manifest.json").read_text())
+        now = time.time()
+        on_own(now)
+        return Pulled(json.loads((data_dir / "manifest.json").read_text()), 0, started, now, now)
     marker.unlink(missing_ok=True)
     manifest = json.loads(new_manifest.read_text())
-    shards = manifest.get("shards") or []
+    if problems := manifest_problems(manifest):
+        raise VerificationError(
+            "; ".join(problems[:5]) + f" (s3://{bucket}/{prefix}manifest.json: fix it there)"
+        )
+    shards = manifest["shards"]
+    mine = own(manifest)
     present = [s for s in shards if (data_dir / s["file"]).is_file()]
     bad = {p.split(":", 1)[0] for p in check_shards(data_dir, present, workers)}
     for name in bad:
         (data_dir / name).unlink()
-    wanted = {s["file"]: s["bytes"] for s in shards if s["file"] in bad or s not in present}
+    # The trainer reads the manifest first (its shard list): in place before any shard is.
+    new_manifest.replace(data_dir / "manifest.json")
+    wanted = [s for s in shards if s["file"] in bad or s not in present]
     kept = len(shards) - len(wanted)
     log(
         f"pulling {len(wanted)} of {len(shards)} shards from s3://{bucket}/{prefix} to {data_dir}"
@@ -155,20 +189,82 @@ def pull_dataset(
             if kept
             else ""
         )
+        + (f", this node's own {len(mine)} first" if mine and wanted else "")
     )
-    transfer.download(bucket, prefix, wanted, data_dir, f"pulling s3://{bucket}/{prefix}")
-    new_manifest.replace(data_dir / "manifest.json")
-    try:
-        manifest = verify_data_dir(data_dir, workers, only=set(wanted))
-    except VerificationError as exc:
-        raise VerificationError(
-            f"{exc} (the copy in s3://{bucket}/{prefix} differs from its manifest: fix it there "
-            "and rerun; a rerun fetches only what fails its check)"
-        ) from None
+    fetch = _Fetch(bucket, prefix, data_dir, workers)
+    fetch.shards(
+        [s for s in wanted if s["file"] in mine],
+        f"pulling this node's shards of s3://{bucket}/{prefix}",
+    )
+    own_at = time.time()
+    on_own(own_at)
+    fetch.shards([s for s in wanted if s["file"] not in mine], f"pulling s3://{bucket}/{prefix}")
+    shutil.rmtree(data_dir / PARTIAL_DIR, ignore_errors=True)
     marker.write_text(digest)
-    total = sum(s["records"] for s in manifest["shards"])
-    log(f"pulled and verified {len(manifest['shards'])} shards, {total} records in {data_dir}")
-    return manifest
+    total = sum(s["records"] for s in shards)
+    log(f"pulled and verified {len(shards)} shards, {total} records in {data_dir}")
+    return Pulled(manifest, fetch.bytes, started, own_at, time.time())
+
+
+class _Fetch:
+    """Downloads shards into PARTIAL_DIR, verifies each as it arrives (beside the downloads
+    still running) and renames it into the data dir only when it matches the manifest."""
+
+    def __init__(self, bucket: str, prefix: str, data_dir: Path, workers: int | None):
+        self.bucket, self.prefix, self.data_dir = bucket, prefix, data_dir
+        self.partial = data_dir / PARTIAL_DIR
+        self.workers = workers or os.cpu_count() or 1
+        self.bytes = 0
+
+    def shards(self, shards: list[dict], what: str) -> None:
+        if not shards:
+            return
+        by_name = {s["file"]: s for s in shards}
+        shutil.rmtree(self.partial, ignore_errors=True)  # a killed pull's leftovers
+        self.partial.mkdir()
+        with ThreadPoolExecutor(self.workers) as pool:
+            checks = []
+            transfer.download(
+                self.bucket, self.prefix, {n: s["bytes"] for n, s in by_name.items()},
+                self.partial, what,
+                on_arrival=lambda name: checks.append(pool.submit(self.place, by_name[name])),
+            )  # fmt: skip
+            problems = [p for p in (c.result() for c in checks) if p]
+        self.bytes += sum(s["bytes"] for s in shards)
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise VerificationError(
+                "; ".join(problems[:5]) + more + f" (the copy in s3://{self.bucket}/"
+                f"{self.prefix} differs from its manifest: fix it there and rerun; a rerun "
+                "fetches only what fails its check)"
+            )
+
+    def place(self, shard: dict) -> str | None:
+        """Verify a downloaded shard; rename it into place, or delete it and say why."""
+        problem = check_shard(self.partial, shard)
+        if problem:
+            (self.partial / shard["file"]).unlink(missing_ok=True)
+            return problem
+        os.replace(self.partial / shard["file"], self.data_dir / shard["file"])
+        return None
+
+
+def manifest_problems(manifest: dict) -> list[str]:
+    """What makes a manifest unusable before any shard is read: no shards, or split totals
+    that its shards do not add up to."""
+    shards = manifest.get("shards") or []
+    if not shards:
+        return ["manifest.json lists no shards"]
+    problems = []
+    for split, totals in manifest.get("splits", {}).items():
+        in_split = [s for s in shards if s["split"] == split]
+        records = sum(s["records"] for s in in_split)
+        if len(in_split) != totals["shards"] or records != totals["records"]:
+            problems.append(
+                f"split {split}: manifest lists {len(in_split)} shards / {records} records, "
+                f"its totals say {totals['shards']} / {totals['records']}"
+            )
+    return problems
 
 
 def verify_s3_dataset(s3, bucket: str, prefix: str) -> dict:

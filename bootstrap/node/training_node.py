@@ -11,7 +11,7 @@ from pathlib import Path
 from bootstrap import aws
 from bootstrap.leader import results
 from bootstrap.leader.status import RunStatus
-from bootstrap.node import data_pull, health
+from bootstrap.node import data_pull, dataset, health, phases
 from bootstrap.node.attempt import Attempt
 from bootstrap.node.logs import upload_logs
 from bootstrap.node_config import TrainConfig
@@ -28,13 +28,17 @@ class TrainingNode(ABC):
         self.cfg, self.attempt, self.log = cfg, attempt, log
         self.data_dir = Path(cfg.mount_point) / "tfrecords"
         self.model_dir = Path(cfg.mount_point) / "model"
+        self.pull: dataset.DatasetPull | None = None
+        self.phases: phases.PhaseRecord | None = None
+        self.follower: phases.TrainerFollower | None = None
 
     @abstractmethod
     def run(self) -> None:
         """The attempt on this node, from boot to its last step."""
 
     def boot(self) -> tuple[str, str]:
-        """The steps every training node runs first; returns its private IP and instance id."""
+        """The steps every training node runs first; returns its private IP and instance id.
+        The data pull runs on beside what follows once this node's own shards are here."""
         cfg, attempt = self.cfg, self.attempt
         self.s3 = aws.s3_client(cfg.region)
         attempt.status = status = RunStatus(
@@ -44,6 +48,17 @@ class TrainingNode(ABC):
         attempt.begin(cfg, self.model_dir)
         status.attempt_started = attempt.started
         status.phase("booting")
+        ip, instance_id = step(
+            "instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg))
+        )
+        self.phases = record = phases.PhaseRecord(
+            cfg, self.s3, attempt.number, instance_id, ip, self.log
+        )
+        now = time.time()
+        record.begin(
+            phases.launched_at(cfg, instance_id, self.log), phases.kernel_started_at(now), now
+        )
+        started = time.time()
         step(
             "health",
             lambda: self.log(
@@ -52,18 +67,36 @@ class TrainingNode(ABC):
                 )
             ),
         )
+        record.health(started, time.time())
         if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
             status.phase("pulling_data")
-            step(
-                "data pull",
-                lambda: data_pull.pull_dataset(
-                    cfg.bucket, cfg.dataset_prefix, self.data_dir, self.log
-                ),
+            self.pull = dataset.DatasetPull(
+                cfg.bucket, cfg.dataset_prefix, self.data_dir, self.own_shards, record, self.log
             )
+            self.pull.start()
+            # A benchmark's worlds are not the fleet's first: its ranks may read any shard.
+            step("data pull", self.pull.wait_all if cfg.benchmark else self.pull.wait_own)
+        # The trainer's start-up, copied into the record once this attempt's trainer writes it.
+        self.follower = record.follow_trainer(self.model_dir, attempt.started)
         # No SUCCESS yet: CloudFormation counts a node as created only once the whole fleet has
         # met and passed the allreduce check (the leader's fleet-check.json), so a broken network
         # rolls the deployment back instead of reaching CREATE_COMPLETE.
-        return step("instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg)))
+        return ip, instance_id
+
+    def own_shards(self, manifest: dict) -> set[str]:
+        cfg = self.cfg
+        return data_pull.own_files(manifest, cfg.node_index, cfg.nodes, cfg.slots)
+
+    def holds(self) -> str:
+        """What this node's registration says it holds of the dataset (docs/contracts.md)."""
+        if self.pull is None:  # a synthetic benchmark: it needs nothing
+            return dataset.ALL
+        return self.pull.holds or "none"
+
+    def check_pull(self) -> None:
+        """The data pull's failure, raised in whichever step looks (it runs beside them)."""
+        if self.pull is not None:
+            self.pull.check()
 
     # ------------------------------------------------------------ reporting a failure
 
@@ -93,23 +126,45 @@ class TrainingNode(ABC):
             attempt_to("upload the checkpoints", lambda: attempt.store.upload(policy))
         attempt_to("upload the logs", lambda: upload_logs(s3, cfg, policy))
         recorded = isinstance(failure.__cause__, results.RecordTaken)
+        if self.follower is not None:
+            self.follower.stop()
+        doc = None
+        if self.writes_record(failure) and not recorded:
+            doc = self.failure_record(failure)
         # status.json before DONE.json: DONE.json starts the teardown, so it is the last word.
         if attempt.status is not None and not recorded:
-            attempt.status.end(failure.status, str(failure))
-        if self.writes_record(failure) and not recorded:
-            self.write_failure_record(failure)
+            attempt.status.end(failure.status, str(failure), record=doc)
+        if doc is not None:
+            results.record_failure(
+                aws.s3_client(cfg.region, aws.UNTIL_DONE), cfg, doc, attempt.started
+            )
         if attempt.heartbeat is not None:
             attempt.heartbeat.stop()
 
-    def write_failure_record(self, failure: StepFailed) -> None:
+    def failure_record(self, failure: StepFailed) -> dict:
         attempt = self.attempt
         if attempt.status is not None:  # a read of attempts.json that failed at the start retries
             attempt.earlier = attempt.status.earlier_attempts()
-        doc = results.done_document(
+        return results.done_document(
             self.cfg, failure.status, str(failure), self.record_model_dir(), time.time(),
             attempt.started, attempt.outputs_since, attempt.earlier, STEP_SECONDS,
             cause=failure.cause, restarts=attempt.restarts, written_by=self.written_by(),
+            records=self.phase_records(),
         )  # fmt: skip
-        results.record_failure(
-            aws.s3_client(self.cfg.region, aws.UNTIL_DONE), self.cfg, doc, attempt.started
+
+    def phase_records(self) -> list[dict]:
+        """This attempt's nodes' phases records as S3 holds them, this node's as it has it (a
+        failed read: this node's alone)."""
+        if self.phases is None:  # failed before it knew who it is
+            return []
+        found: list[dict] = []
+        attempt_to(
+            "read the fleet's phases records",
+            lambda: found.extend(
+                phases.read_records(
+                    self.s3.with_policy(phases.QUICK), self.cfg, self.attempt.number
+                )
+            ),
         )
+        own = self.phases.doc
+        return [r for r in found if r.get("node") != own["node"]] + [own]

@@ -11,6 +11,10 @@ both its build and its test instances:
    GPU proof of bootstrap/image_proof/ (driver, TensorFlow, Horovod, an allreduce over every GPU,
    the aws-ofi-nccl plugin, 200 steps of the trainer's ResNet-50), recorded in image.json; its
    test phase boots the finished AMI on the same type and tags it with the proof's figures.
+3. Only with -c imageJitInstanceType: `horovod-fleet-training-jit`, on the proven image, on one
+   H100/H200 instance: the JIT proof of bootstrap/image_proof/jit_cache.py starts ResNet-50 cold
+   and warm and keeps the CUDA JIT cache (and TensorFlow's XLA cache) where they made the start
+   faster; the fleet then boots from this image.
 A failed step or check fails the image, the deploy, and every stack that depends on it.
 
     stack.py           ImageStack: the proven AMI, the SSM parameter nodes and TrainStack read

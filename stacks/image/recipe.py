@@ -10,7 +10,7 @@ from typing import Any
 
 from aws_cdk import aws_s3_assets as s3_assets
 
-from stacks.instance_types import GpuType
+from stacks.instance_types import GpuType, JitProofType
 from stacks.node_code import CODE_ROOT, PROJECT, UBUNTU_AMI_PARAMETER
 
 RECIPE_DIR = CODE_ROOT / "bootstrap" / "image"
@@ -25,6 +25,8 @@ UBUNTU_PARENT = f"ssm:{UBUNTU_AMI_PARAMETER}"
 SOURCE_DIR = "/opt/horovod-fleet/src"
 BASE_NAME = f"{PROJECT}-training-base"
 PROVEN_NAME = f"{PROJECT}-training"
+# The optional third stage (-c imageJitInstanceType): the proven image with a warmed CUDA JIT cache.
+JIT_NAME = f"{PROJECT}-training-jit"
 ROOT_GIB = 60  # CUDA, the NCCL build, ~10 GB of TensorFlow and CUDA wheels; nodes' roots are bigger
 
 
@@ -40,16 +42,21 @@ class RecipeStep:
 
 # The recipe, in order (bootstrap/image/*.sh). AWSTOE stops a step after 2 h unless told.
 RECIPE: tuple[RecipeStep, ...] = (
-    RecipeStep("01-system", "full upgrade, AWS kernel, no unattended upgrades", 3600, True),
-    RecipeStep("02-nvidia-driver", "NVIDIA R580 open modules for the AWS kernel, held", 3600),
+    RecipeStep("01-system", "Ubuntu 24.04, held LTS kernel, no unattended upgrades", 3600, True),
+    RecipeStep("02-nvidia-driver", "NVIDIA R580 open modules and fabric manager, held", 3600),
     RecipeStep("03-efa", "EFA installer (signature verified), Open MPI 4, aws-ofi-nccl", 3600),
-    RecipeStep("04-cuda-toolkit", "CUDA 12.2 compiler and headers, no driver", 3600),
+    RecipeStep("04-cuda-toolkit", "CUDA 12.6 compiler and headers (build only), no driver", 3600),
     RecipeStep("05-nccl", "NCCL built for sm_75/80/86/90", 7200),
-    RecipeStep("06-python-env", "TensorFlow 2.15.1 venv, Horovod 0.28.1 with NCCL/MPI/Gloo", 7200),
+    RecipeStep(
+        "06-python-env", "Python 3.11 venv, TensorFlow 2.15.1, Horovod 0.28.1 (gcc-12)", 7200
+    ),
     RecipeStep("07-agents", "CloudWatch agent (signature verified), SSM agent, AWS CLI", 1800),
     RecipeStep("08-manifest", "image.json: every version, Horovod's build, the recipe hash", 600),
 )
 PROOF_TIMEOUT_S = 5400
+# Three starts of the trainer, the first of which may JIT-compile for 30 minutes or longer
+# (TensorFlow's own warning on sm_90, tensorflow/tensorflow#62320).
+JIT_TIMEOUT_S = 3 * 3600
 
 # Bake cost estimate: list prices (us-east-1, Linux, on-demand; check them on
 # https://aws.amazon.com/ec2/pricing/on-demand/) and hours per stage estimated from the steps,
@@ -61,6 +68,10 @@ BASE_TEST_HOURS = 0.25  # an instance booted from the base AMI re-checks every s
 PROOF_BUILD_HOURS = 0.6  # boot, TensorFlow and NCCL checks, XLA compile, 200 ResNet-50 steps
 PROOF_TEST_HOURS = 0.25  # boot the finished AMI, nvidia-smi, tag it
 SNAPSHOT_HOURS = 0.25  # per image, while no instance runs
+# The JIT proof: boot, a cold start that JIT-compiles (TensorFlow warns "30 minutes or longer"; no
+# published figure for ResNet-50 on an H100), two warm starts, then the test boot. An estimate.
+JIT_BUILD_HOURS = 1.0
+JIT_TEST_HOURS = 0.25
 
 
 def tree_sha256(directory: Path) -> str:
@@ -107,6 +118,17 @@ def bake_estimate(test_type: GpuType) -> str:
         f"({BASE_BUILD_HOURS + BASE_TEST_HOURS:g} h {BUILD_INSTANCE_TYPE} at "
         f"${BUILD_USD_PER_HOUR:g}/h + {PROOF_BUILD_HOURS + PROOF_TEST_HOURS:g} h "
         f"{test_type.name} at ${test_type.usd_per_hour:g}/h for the GPU proof; estimates)"
+    )
+
+
+def jit_estimate(jit_type: JitProofType) -> str:
+    """The line synthesis prints when the JIT proof is on: what it adds to a bake."""
+    hours = JIT_BUILD_HOURS + JIT_TEST_HOURS
+    return (
+        f"ImageStack JIT proof (-c imageJitInstanceType={jit_type.name}): each bake adds about "
+        f"{hours + SNAPSHOT_HOURS:.1f} h and ~${hours * jit_type.usd_per_hour:.2f} ({hours:g} h "
+        f"{jit_type.name}, {jit_type.gpus} x {jit_type.gpu_model}, at ${jit_type.usd_per_hour:g}/h: "
+        "a cold and two warm starts of ResNet-50; an estimate)"
     )
 
 

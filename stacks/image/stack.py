@@ -13,7 +13,7 @@ from constructs import Construct
 
 from stacks.image.recipe import BASE_NAME, PROVEN_NAME
 from stacks.image.training_image import TrainingImage
-from stacks.instance_types import GpuType
+from stacks.instance_types import GpuType, JitProofType
 from stacks.node_code import PROJECT
 
 IMAGE_PARAMETER = "/horovod-fleet/training-ami"
@@ -32,6 +32,7 @@ class ImageStack(Stack):
         az: str,
         vpc_id: str | None,
         subnet_id: str | None,
+        jit_type: JitProofType | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -44,6 +45,7 @@ class ImageStack(Stack):
             az=az,
             vpc_id=vpc_id,
             subnet_id=subnet_id,
+            jit_type=jit_type,
         )
         self.image_id = image.image_id
         ssm.StringParameter(

@@ -21,6 +21,8 @@ from stacks.image.infrastructure import BakeInfrastructure
 from stacks.image.recipe import (
     BASE_NAME,
     BUILD_INSTANCE_TYPE,
+    JIT_NAME,
+    JIT_TIMEOUT_S,
     PROOF_DIR,
     PROOF_TIMEOUT_S,
     PROVEN_NAME,
@@ -35,7 +37,7 @@ from stacks.image.recipe import (
     semantic_version,
     tree_sha256,
 )
-from stacks.instance_types import GpuType
+from stacks.instance_types import GpuType, JitProofType
 from stacks.nag import acknowledge_managed_policy
 from stacks.node_code import CODE_EXCLUDE, PROJECT
 
@@ -44,7 +46,8 @@ LIFECYCLE_POLICY = "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 
 
 class TrainingImage(Construct):
-    """The two-stage bake. `image_id` is the proven AMI."""
+    """The two-stage bake, and with `jit_type` a third stage on an H100/H200 type that warms a CUDA
+    JIT cache into the proven image. `image_id` is the last stage's AMI."""
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class TrainingImage(Construct):
         az: str,
         vpc_id: str | None,
         subnet_id: str | None,
+        jit_type: JitProofType | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.pins = read_pins()
@@ -138,11 +142,55 @@ class TrainingImage(Construct):
             infrastructure=bake.configuration("GpuInfrastructure", PROVEN_NAME, test_type.name),
             content_sha256=proof_sha256,
         )
+        final, names = proven, [BASE_NAME, PROVEN_NAME]
+        if jit_type is not None:
+            final = self._jit_stage(
+                jit_type, proven, proof_sha256, bake, proof_asset, trainer_asset, proof_script
+            )
+            names.append(JIT_NAME)
         # Weak whatever the app's default: a fleet reads the AMI id when it deploys, so ImageStack
         # can bake a new image while a fleet runs (a strong export in use could not change).
-        CrossStackReferences.of(proven).produce(ReferenceStrength.WEAK)
-        self.image_id = proven.attr_image_id
-        self._lifecycle()
+        CrossStackReferences.of(final).produce(ReferenceStrength.WEAK)
+        self.image_id = final.attr_image_id
+        self._lifecycle(names)
+
+    def _jit_stage(
+        self,
+        jit_type: JitProofType,
+        proven: imagebuilder.CfnImage,
+        proof_sha256: str,
+        bake: BakeInfrastructure,
+        proof_asset: s3_assets.Asset,
+        trainer_asset: s3_assets.Asset,
+        proof_script: str,
+    ) -> imagebuilder.CfnImage:
+        """The proven image on one H100/H200 instance: the trainer's ResNet-50 started cold and
+        warm (bootstrap/image_proof/jit_cache.py), the caches that made it faster kept in the
+        image; its test phase boots the result and tags it."""
+        jit_sha256 = hashlib.sha256(f"{proof_sha256}\n{jit_type.name}".encode()).hexdigest()
+        component = self._component(
+            "gpu-jit-cache",
+            semantic_version(jit_sha256),
+            component_document(
+                name=f"{PROJECT}-gpu-jit-cache",
+                description=f"CUDA JIT cache on {jit_type.name}: ResNet-50 started cold and "
+                "warm, the cache kept when the warm start is faster",
+                fetch=[(proof_asset, "bootstrap/image_proof"), (trainer_asset, "trainer")],
+                build=f"bash {proof_script} jit {jit_type.gpus} {jit_type.name}",
+                check=f"bash {proof_script} jit-validate",
+                test=f"bash {proof_script} tag",
+                timeout_s=JIT_TIMEOUT_S,
+            ),
+        )
+        return self._image(
+            "Jit",
+            name=JIT_NAME,
+            version=semantic_version(jit_sha256),
+            parent=proven.attr_image_id,
+            components=[component],
+            infrastructure=bake.configuration("JitInfrastructure", JIT_NAME, jit_type.name),
+            content_sha256=jit_sha256,
+        )
 
     def _asset(self, construct_id: str, path: Path, digest: str) -> s3_assets.Asset:
         # The asset's key is the same hash the versions follow: the S3 URL inside a component
@@ -264,7 +312,7 @@ class TrainingImage(Construct):
             f"{PROJECT}:horovod": pins["HOROVOD_VERSION"],
         }
 
-    def _lifecycle(self) -> None:
+    def _lifecycle(self, names: Sequence[str]) -> None:
         role = iam.Role(
             self,
             "LifecycleRole",
@@ -303,7 +351,7 @@ class TrainingImage(Construct):
                     imagebuilder.CfnLifecyclePolicy.RecipeSelectionProperty(
                         name=name, semantic_version="x.x.x"
                     )
-                    for name in (BASE_NAME, PROVEN_NAME)
+                    for name in names
                 ]
             ),
         )

@@ -15,12 +15,12 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from stacks import root_volume, startup_estimate
 from stacks.config import CapacityReservation
 from stacks.image.recipe import read_pins
 from stacks.instance_types import PRICES_AS_OF, GpuType, fleet_usd_per_hour
 from stacks.nag import (
     SSM_MANAGED_POLICY,
-    acknowledge_metric_data,
     acknowledge_no_termination_protection,
     acknowledge_ssm_policy,
     acknowledge_wildcard_resources,
@@ -28,7 +28,6 @@ from stacks.nag import (
 from stacks.node_code import PROJECT, NodeCode, common_document, log_statements
 from stacks.teardown.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG
 
-ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs; the dataset is on the NVMe drives
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
 RENDEZVOUS_TIMEOUT_S = 1800
@@ -95,7 +94,9 @@ class GpuFleet(Construct):
                 iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
             )
         profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
-        self.launch_fields = self._launch_fields(gpu, subnet, capacity_reservation, market)
+        self.launch_fields = self._launch_fields(
+            gpu, subnet, capacity_reservation, market, root_volume.init_rate(nodes)
+        )
         launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
@@ -134,6 +135,15 @@ class GpuFleet(Construct):
                 "max_hours": max_hours,
             },
             "notify_topic_arn": notify_topic.topic_arn if notify_topic else None,
+            # Synthesis's estimate of each start-up phase: DONE.json sets it beside the measured.
+            "startup_budget_s": startup_estimate.budget(
+                startup_estimate.startup_phases(
+                    gpu,
+                    nodes,
+                    pulls_data=not benchmark or benchmark["mode"] == "data",
+                    init_rate=root_volume.init_rate(nodes),
+                )
+            ),
         }
         self.instances = [
             self._node(
@@ -245,6 +255,10 @@ class GpuFleet(Construct):
                     actions=["cloudformation:SignalResource"],
                     resources=[Stack.of(self).stack_id],
                 ),
+                # The node's launch time for its start-up record (bootstrap/node/phases.py):
+                # "Amazon EC2 ec2:Describe* API actions do not support resource-level
+                # permissions" (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html).
+                iam.PolicyStatement(actions=["ec2:DescribeInstances"], resources=["*"]),
                 *log_statements(self.log_group),
             ],
         )
@@ -254,7 +268,13 @@ class GpuFleet(Construct):
             "Read: the dataset's shards, named in its manifest. Write: only under this run's "
             "prefix, where the checkpoints, logs and rendezvous files are named at run time.",
         )
-        acknowledge_metric_data(policy)
+        acknowledge_wildcard_resources(
+            policy,
+            ["*"],
+            "cloudwatch:PutMetricData and ec2:DescribeInstances support no resource-level "
+            "permissions: the metric statement's condition limits it to the HorovodFleet "
+            "namespace; DescribeInstances only reads (the node's own launch time).",
+        )
         return role, policy
 
     def _launch_fields(
@@ -263,12 +283,14 @@ class GpuFleet(Construct):
         subnet: ec2.ISubnet,
         capacity_reservation: CapacityReservation | None,
         market: str,
+        init_rate: int | None,
     ) -> dict:
-        """What AWS::EC2::Instance cannot express: EFA interfaces, network cards, gp3 throughput,
-        the capacity reservation, the Spot market. The instances set everything else themselves."""
+        """What AWS::EC2::Instance cannot express: EFA interfaces, network cards, the root
+        volume's initialization rate and gp3 throughput, the capacity reservation, the Spot
+        market. The instances set everything else themselves."""
         return {
             "network_interfaces": self._interfaces(gpu, subnet),
-            "block_device_mappings": [_root_volume()],
+            "block_device_mappings": [_root_volume(init_rate)],
             # The instances require IMDSv2 themselves; the template says so too (checkov).
             "metadata_options": ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                 http_endpoint="enabled", http_tokens="required"
@@ -447,13 +469,16 @@ def _market(market: str) -> dict:
     }
 
 
-def _root_volume() -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
-    """Encrypted gp3 root at Ubuntu's device name."""
+def _root_volume(init_rate: int | None) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+    """Encrypted gp3 root at Ubuntu's device name, its image's blocks downloaded at init_rate
+    MiB/s from its creation, and read at THROUGHPUT_MIB_S (stacks/root_volume.py)."""
     return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
         device_name="/dev/sda1",
         ebs=ec2.CfnLaunchTemplate.EbsProperty(
-            volume_size=ROOT_VOLUME_GIB,
+            volume_size=root_volume.ROOT_VOLUME_GIB,
             volume_type="gp3",
+            throughput=root_volume.THROUGHPUT_MIB_S,
+            volume_initialization_rate=init_rate,
             encrypted=True,
             delete_on_termination=True,
         ),

@@ -144,7 +144,7 @@ def test_a_wrong_sum_fails_the_proof(tmp_path, monkeypatch):
     def wrong(argv, tools, timeout, what, **env):
         return "[1,0]<stdout>:allreduce probe: 2 ranks on 2 GPU(s), sum 2, expected 3, 9 wrong element(s)"
 
-    monkeypatch.setattr(proof, "_run", wrong)
+    monkeypatch.setattr(proof, "run_program", wrong)
     with pytest.raises(ProofError, match=r"allreduce: allreduce probe: .* 9 wrong element"):
         proof.allreduce(CPU, 2)
 

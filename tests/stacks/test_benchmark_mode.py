@@ -8,11 +8,11 @@ import pytest
 from conftest import ROOT, node_document
 
 from stacks.benchmark import (
-    BOOT_S,
     PER_SIZE_S,
     TEARDOWN_S,
     Size,
     benchmark_estimate,
+    boot_s,
     expected_seconds,
     schedule,
 )
@@ -81,15 +81,15 @@ def test_the_schedule_doubles_nodes():
 
 def test_the_cost_line_is_expected_duration_times_the_fleet_price():
     c = config(benchmark="true", nodes=8)
-    seconds = expected_seconds("synthetic", 8, 8)
-    assert seconds == BOOT_S + 5 * PER_SIZE_S + TEARDOWN_S
+    seconds = expected_seconds("synthetic", c.gpu, 8)
+    assert seconds == boot_s("synthetic", c.gpu, 8) + 5 * PER_SIZE_S + TEARDOWN_S
     line = benchmark_estimate("synthetic", c.gpu, 8, c.max_hours)
     hourly = 8 * GPU_TYPES["p4d.24xlarge"].usd_per_hour
     assert f"~${hourly * seconds / 3600:,.2f}" in line
     assert f"capped at 1 h -> at most ${hourly:,.2f}" in line
     assert "1 GPU, 8 GPUs, 16 GPUs, 32 GPUs, 64 GPUs" in line
     # Real data adds the pull to every node's NVMe.
-    assert expected_seconds("data", 8, 8) > seconds
+    assert expected_seconds("data", c.gpu, 8) > seconds
 
 
 def test_synthesis_prints_the_benchmark_cost():

@@ -222,3 +222,18 @@ def test_the_recipe_sets_the_per_gpu_batch_unless_given():
     assert str(refused.value) == (
         "error: context key recipe='mlperf' is invalid; allowed: goyal or fast"
     )
+
+
+def test_the_jit_proof_runs_only_on_h100_and_h200_types_and_only_with_the_baked_image():
+    assert config().image_jit is None
+    assert config(imageJitInstanceType="p5.4xlarge").image_jit.gpus == 1
+    assert config(imageJitInstanceType="p5en.48xlarge").image_jit.gpu_model == "H200 141 GB"
+    with pytest.raises(ConfigError) as error:
+        config(imageJitInstanceType="g5.xlarge")
+    assert str(error.value) == (
+        "error: context key imageJitInstanceType='g5.xlarge' is invalid; allowed: empty (no JIT "
+        "proof) or a type whose GPUs TensorFlow 2.15.1 JIT-compiles for (H100, H200: compute "
+        "capability 9.0): p5.4xlarge, p5.48xlarge, p5en.48xlarge"
+    )
+    with pytest.raises(ConfigError, match="empty with ami: the JIT proof is a stage of the image"):
+        config(imageJitInstanceType="p5.4xlarge", ami="ami-0abc1234")

@@ -12,7 +12,8 @@ from conftest import resources, statements, synthesize
 from test_app import copy_sources, run_app
 
 import stacks.image.training_image as image_module
-from stacks.config import ConfigError
+from app import default_context, estimates
+from stacks.config import ConfigError, FleetConfig
 from stacks.image.recipe import (
     BUILD_INSTANCE_TYPE,
     PROOF_DIR,
@@ -20,6 +21,7 @@ from stacks.image.recipe import (
     RECIPE_DIR,
     TRAINER_DIR,
     UBUNTU_PARENT,
+    read_pins,
     semantic_version,
     tree_sha256,
 )
@@ -367,3 +369,97 @@ def test_a_bootstrap_change_outside_the_recipe_rebakes_nothing(tmp_path, default
         for t in trains
     ]
     assert user_data[0] != user_data[1], "the node change must reach the nodes' code asset"
+
+
+def test_the_base_is_canonicals_ubuntu_24_04_on_gp3_the_pins_release():
+    assert UBUNTU_PARENT == (
+        "ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+    )
+    assert f"/server/{read_pins()['UBUNTU_RELEASE']}/" in UBUNTU_PARENT
+
+
+# ------------------------------------------------------------------ the optional JIT proof stage
+
+JIT_NAME = "horovod-fleet-training-jit"
+
+
+@pytest.fixture(scope="module")
+def jit(synth):
+    return synth(imageJitInstanceType="p5.4xlarge")
+
+
+def test_without_the_jit_key_the_bake_has_two_stages(image):
+    assert "horovod-fleet-gpu-jit-cache" not in components(image)
+    assert set(infrastructure_types(image)) == {
+        "horovod-fleet-training-base",
+        "horovod-fleet-training",
+    }
+
+
+def test_the_jit_proof_is_a_third_stage_on_the_proven_image_on_its_type(jit):
+    image = jit["ImageStack"]
+    resources = image.to_json()["Resources"]
+    assert infrastructure_types(image)[JIT_NAME] == ["p5.4xlarge"]
+    recipes = {
+        r["Properties"]["Name"]: r["Properties"]
+        for r in of_type(image, "AWS::ImageBuilder::ImageRecipe").values()
+    }
+    [proven] = [i for i in of_type(image, "AWS::ImageBuilder::Image") if "Proven" in i]
+    [jit_image] = [i for i in of_type(image, "AWS::ImageBuilder::Image") if "Jit" in i]
+    assert recipes[JIT_NAME]["ParentImage"] == {"Fn::GetAtt": [proven, "ImageId"]}
+    [component] = recipes[JIT_NAME]["Components"]
+    name = resources[component["ComponentArn"]["Fn::GetAtt"][0]]["Properties"]["Name"]
+    assert name == "horovod-fleet-gpu-jit-cache"
+    document = yaml.safe_load(text(components(image)[name]["Data"]))
+    phases = {phase["name"]: phase["steps"] for phase in document["phases"]}
+    assert phases["build"][2]["inputs"]["commands"] == [
+        "bash /opt/horovod-fleet/src/bootstrap/image_proof/gpu_proof.sh jit 1 p5.4xlarge"
+    ]
+    assert phases["validate"][0]["inputs"]["commands"][0].endswith("gpu_proof.sh jit-validate")
+    assert phases["test"][0]["inputs"]["commands"][0].endswith("gpu_proof.sh tag")
+    # The fleet's AMI is the third stage's; the lifecycle keeps its newest two as well.
+    [parameter] = of_type(image, "AWS::SSM::Parameter").values()
+    assert parameter["Properties"]["Value"] == {"Fn::GetAtt": [jit_image, "ImageId"]}
+    [policy] = of_type(image, "AWS::ImageBuilder::LifecyclePolicy").values()
+    selected = policy["Properties"]["ResourceSelection"]["Recipes"]
+    assert sorted(r["Name"] for r in selected) == sorted(
+        ["horovod-fleet-training", "horovod-fleet-training-base", JIT_NAME]
+    )
+
+
+def test_the_jit_key_adds_only_its_stage(default, jit):
+    # Without the key the templates are the two-stage bake's; with it, ImageStack gains the
+    # stage's six resources, its SSM parameter, output and lifecycle name the third image, and
+    # TrainStack reads that image: nothing else of any stack changes.
+    for name in ("DatasetStack", "TeardownStack", "PreprocessStack"):
+        assert jit[name].to_json() == default[name].to_json(), name
+    before = default["ImageStack"].to_json()["Resources"]
+    after = jit["ImageStack"].to_json()["Resources"]
+    added = sorted(set(after) - set(before))
+    assert len(added) == 6 and all(logical_id.startswith("TrainingImage") for logical_id in added)
+    assert all("Jit" in logical_id or "jit" in logical_id for logical_id in added), added
+    changed = sorted(k for k in before if before[k] != after[k])
+    assert [c.rstrip("0123456789ABCDEF") for c in changed] == [
+        "AmiParameter",
+        "TrainingImageLifecycle",
+    ]
+    [proven_output] = [o for o in default["ImageStack"].to_json()["Outputs"] if "Proven" in o]
+    [jit_output] = [o for o in jit["ImageStack"].to_json()["Outputs"] if "Jit" in o]
+    train = json.dumps(jit["TrainStack"].to_json()).replace(jit_output, proven_output)
+    assert json.loads(train) == default["TrainStack"].to_json()
+
+
+def test_synthesis_prints_the_jit_proofs_cost_only_with_the_key():
+    config = FleetConfig.from_context(default_context() | {"imageJitInstanceType": "p5.4xlarge"})
+    lines = estimates(config)
+    [line] = [line for line in lines if "JIT proof" in line]
+    assert line == (
+        "ImageStack JIT proof (-c imageJitInstanceType=p5.4xlarge): each bake adds about 1.5 h "
+        "and ~$8.60 (1.25 h p5.4xlarge, 1 x H100 80 GB, at $6.88/h: a cold and two warm starts "
+        "of ResNet-50; an estimate)"
+    )
+    assert not [
+        line
+        for line in estimates(FleetConfig.from_context(default_context()))
+        if "JIT proof" in line
+    ]

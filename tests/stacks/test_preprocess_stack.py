@@ -114,6 +114,7 @@ def test_ubuntu_ami_and_code_are_pinned_at_the_first_deploy(template, instance):
     [(pin_id, pin)] = template.find_resources("Custom::HorovodFleetPinned").items()
     assert instance["Properties"]["ImageId"] == {"Fn::GetAtt": [pin_id, "ImageId"]}
     assert pin["Properties"]["ImageParameter"] == UBUNTU_AMI_PARAMETER
+    assert "/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/" in UBUNTU_AMI_PARAMETER
     assert set(pin["Properties"]["Code"]) == {"bootstrap", "trainer"}
     assert "AnswersProvider" in json.dumps(pin["Properties"]["ServiceToken"])
     parts = instance["Properties"]["UserData"]["Fn::Base64"]["Fn::Join"][1]

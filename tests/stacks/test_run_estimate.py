@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from stacks.benchmark import BOOT_S, DATA_PULL_S
+from stacks import startup_estimate
 from stacks.config import RECIPES
 from stacks.instance_types import GPU_TYPES
 from stacks.run_estimate import recipe_plan, training_estimate
@@ -37,7 +37,7 @@ def estimate(
 def figures(line: str) -> tuple[float, float, float]:
     training = float(re.search(r"= ([\d.]+) min training", line)[1])
     total = float(re.search(r"= ~(\d+) min", line)[1])
-    dollars = float(re.search(r"~\$([\d,.]+)$", line)[1].replace(",", ""))
+    dollars = float(re.search(r"~\$([\d,.]+) with", line)[1].replace(",", ""))
     return training, total, dollars
 
 
@@ -47,12 +47,16 @@ def test_the_estimate_follows_the_formula():
     rate = 64 * 2375 * 0.9
     training_s = 90 * 1_281_167 / rate
     evaluation_s = 9 * 50_000 / rate
-    total_s = training_s + evaluation_s + BOOT_S + DATA_PULL_S
+    startup_s = startup_estimate.startup_s(startup_estimate.startup_phases(P4D, 8, init_rate=300))
+    total_s = training_s + evaluation_s + startup_s
     assert "estimate" in line and "~136,800 img/s" in line
     training, total, dollars = figures(line)
     assert training == pytest.approx(training_s / 60, abs=0.05)
     assert total == pytest.approx(total_s / 60, abs=0.5)
-    assert dollars == pytest.approx(8 * 21.958 * total_s / 3600, abs=0.01)
+    # The fleet's hours, the root volumes' one-time initialization and their throughput.
+    volumes = 8 * 60 * 300 * 0.0036 / 300 + 8 * (500 - 125) * 0.04 / 730 * total_s / 3600
+    assert dollars == pytest.approx(8 * 21.958 * total_s / 3600 + volumes, abs=0.01)
+    assert "root volumes initialized at 300 MiB/s (at most $1.73 once)" in line
 
 
 def test_half_the_epochs_half_the_training_minutes():

@@ -9,11 +9,15 @@ import pytest
 from conftest import (
     fleet_launch_template,
     node_document,
+    replacement_template,
     resources,
     statements,
     user_data,
 )
 
+from stacks import startup_estimate
+from stacks.instance_types import GPU_TYPES
+from stacks.root_volume import init_rate
 from stacks.train.fleet import SIGNAL_TIMEOUT
 
 # Each distinct configuration costs a synthesis: tests share these.
@@ -162,6 +166,41 @@ def test_imdsv2_encrypted_gp3_root_of_at_least_200_gib(template):
     assert root["Ebs"]["Encrypted"] is True
     assert root["Ebs"]["VolumeType"] == "gp3"
     assert root["Ebs"]["VolumeSize"] >= 200
+
+
+def test_the_root_volume_is_ready_at_boot_in_both_launch_templates(template):
+    """The image's snapshot is downloaded at 300 MiB/s from the volume's creation, not block by
+    block on first read, and read at 500 MiB/s: the fleet's nodes and their replacements."""
+    for _, launch_template in (fleet_launch_template(template), replacement_template(template)):
+        [root] = launch_template["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
+        assert root["Ebs"]["VolumeInitializationRate"] == 300
+        assert root["Ebs"]["Throughput"] > 125
+
+
+@pytest.mark.parametrize(("nodes", "rate"), [(1, 300), (16, 300), (17, 294), (50, 100), (51, None)])
+def test_every_node_s_initialization_fits_the_region_s_5000_mib_s(nodes, rate):
+    """Over the region's 5,000 MiB/s of concurrent initializations a launch fails: past 50
+    nodes the volumes load at EBS's default rate."""
+    assert init_rate(nodes) == rate
+    assert rate is None or nodes * rate <= 5000
+
+
+def test_nodes_may_read_their_own_launch_time_and_nothing_more_of_ec2(template):
+    found = statements(template, "FleetPolicy")
+    ec2 = [s for s in found if any(str(a).startswith("ec2:") for a in _actions(s))]
+    assert [(_actions(s), s["Resource"]) for s in ec2] == [(["ec2:DescribeInstances"], "*")]
+
+
+def _actions(statement: dict) -> list[str]:
+    action = statement["Action"]
+    return action if isinstance(action, list) else [action]
+
+
+def test_node_json_carries_synthesis_s_start_up_budget(template):
+    document = node_document(next(iter(instances(template).values())))
+    phases = startup_estimate.startup_phases(GPU_TYPES["p4d.24xlarge"], 8, init_rate=300)
+    assert document["startup_budget_s"] == startup_estimate.budget(phases)
+    assert {"launch", "own_shards", "data_pull", "first_step"} <= set(document["startup_budget_s"])
 
 
 def baked_image_output(image_id) -> str:

@@ -227,10 +227,60 @@ def test_runs_lists_status_top1_duration_and_cost(s3, capsys):
     code, out, _ = run_cli(capsys, "runs", "--bucket", BUCKET)
     assert code == 0
     header, first, second = out.splitlines()
-    assert header.split() == ["run", "status", "top-1", "duration", "cost"]
+    assert header.split() == ["run", "status", "top-1", "duration", "cost", "goodput"]
     assert first.split()[:3] == ["a", "training", "0.4100"]
     # Billed from the first attempt's start to DONE.json: 20 minutes of 2 nodes at $32.7726/h.
-    assert second.split() == ["b", "done", "0.7512", "0:20:00", "$21.85"]
+    assert second.split() == ["b", "done", "0.7512", "0:20:00", "$21.85", "-"]
+
+
+TIMELINE = {
+    "phases": {
+        "launch": {"s": 31.0, "slowest": "node 1 (i-1, 10.0.0.8)", "node": "1"},
+        "own_shards": {"s": 4.2, "slowest": "node 0 (i-0, 10.0.0.7)", "node": "0"},
+        "allreduce_check": {"s": None, "slowest": None, "node": None},
+    },
+    "budget_s": {"launch": 120, "own_shards": 3.1, "allreduce_check": 60},
+}
+GOODPUT = {
+    "goodput": 0.8123, "runtime_goodput": 0.9312,
+    "goodput_s": {"wall_s": 3000.0, "productive_s": 2437.0,
+                  "lost": {"capacity_wait": 0.0, "launch": 31.0, "boot": 88.0, "pull": 4.2,
+                           "checks": 40.0, "framework_start": 150.0, "checkpoint": 30.0,
+                           "evaluation": 120.0, "recovery": 0.0, "redone": 60.0,
+                           "other": 39.8}},
+}  # fmt: skip
+
+
+def test_runs_show_goodput_and_the_start_up_measured_against_estimated(s3, capsys):
+    done = {"status": "succeeded", "top1": 0.76, "duration_s": 3000, "finished_at": stamp(-60),
+            "attempt": 1, "timeline": TIMELINE, **GOODPUT}  # fmt: skip
+    put(s3, "runs/b/status.json", status_doc("done", PROGRESS, run="b"))
+    put(s3, "runs/b/DONE.json", done)
+    code, out, _ = run_cli(capsys, "runs", "--bucket", BUCKET)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split()[-1] == "81.2%"
+    table = lines[lines.index("b: start-up, attempt 1, measured (the slowest node) against "
+                              "estimated"):]  # fmt: skip
+    assert table[2].split() == ["launch", "31.0", "s", "120", "s", "node", "1", "(i-1,",
+                                "10.0.0.8)"]  # fmt: skip
+    assert table[3].split()[:5] == ["own_shards", "4.2", "s", "3.1", "s"]
+    assert table[4].split() == ["allreduce_check", "-", "60", "s", "not", "run"]
+
+
+def test_the_status_screen_shows_goodput_and_where_the_rest_went(s3, capsys):
+    put(s3, "runs/r1/status.json", status_doc("done", PROGRESS))
+    put(s3, "runs/r1/DONE.json", {"status": "succeeded", "top1": 0.76, "reason": None,
+                                  "finished_at": stamp(-60), **GOODPUT})  # fmt: skip
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "goodput     81.2% from the first launch, 93.1% from the first step" in out
+    assert "lost: framework start 0:02:30, evaluation 0:02:00, boot 0:01:28, redone 0:01:00" in out
+    # While training: status.json's live figure (no breakdown until DONE.json).
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS,
+                                              goodput={"goodput": 0.5, "runtime_goodput": 0.7}))  # fmt: skip
+    s3.delete_object(Bucket=BUCKET, Key="runs/r1/DONE.json")
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "goodput     50.0% from the first launch, 70.0% from the first step\n" in out
 
 
 def test_logs_print_the_leaders_training_table(s3, capsys):

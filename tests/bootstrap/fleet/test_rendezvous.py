@@ -30,7 +30,7 @@ class FakeClock:
 
 def test_register_node_writes_the_contract_document(s3, train_config):
     cfg = train_config(node_index=1)
-    rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0abc", T0)
+    rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0abc", T0, shards="own")
     doc = json.loads(s3.get_object(Bucket=BUCKET, Key="runs/r1/nodes/1.json")["Body"].read())
     assert doc == {
         "index": 1,
@@ -39,6 +39,7 @@ def test_register_node_writes_the_contract_document(s3, train_config):
         "instance_id": "i-0abc",
         "registered_at": "2027-01-15T08:00:00Z",
         "leader_key_sha256": None,
+        "shards": "own",
     }
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -37,7 +38,14 @@ def leader_up_to_the_check(s3, train_config, monkeypatch):
     monkeypatch.setattr(health, "count_gpus", lambda: 8)
     monkeypatch.setattr(health, "efa_present", lambda: True)
     monkeypatch.setattr(health, "life_cycle", lambda cfg: cfg.market)
-    monkeypatch.setattr(data_pull, "pull_dataset", lambda *a: events.append("pull"))
+
+    def pull(*args, on_own, **kwargs):
+        events.append("pull")
+        now = time.time()
+        on_own(now)
+        return data_pull.Pulled({}, 0, now, now, now)
+
+    monkeypatch.setattr(data_pull, "pull_dataset", pull)
     monkeypatch.setattr(aws, "private_ip", lambda cfg: "10.0.0.5")
     monkeypatch.setattr(aws, "instance_id", lambda cfg: "i-0")
     monkeypatch.setattr(
@@ -231,3 +239,56 @@ def test_a_restarted_leader_whose_attempt_a_member_already_ended_adds_nothing(
         "stands"
     ) in out
     assert "wrote s3://" not in out and "horovodrun" not in events
+
+
+class Horovodrun:
+    """horovodrun's process as the leader's launch sees it: ended by end_process."""
+
+    def __init__(self):
+        self.ended = threading.Event()
+
+    def terminate(self):
+        self.ended.set()
+
+    kill = terminate
+
+    def poll(self):
+        return 1 if self.ended.is_set() else None
+
+
+def test_a_trainer_that_waits_for_its_files_starts_beside_the_pull_and_ends_with_it(
+    leader_up_to_the_check, tmp_path
+):
+    """node.json `trainer` with data_wait_s: each rank waits for its own files, so training
+    starts once every node holds its own shards. When the rest of the pull then finds a corrupt
+    shard, horovodrun is ended at once and the attempt fails as the data pull (corrupt_shard),
+    not as whatever its ranks said."""
+    cfg, events, monkeypatch, attempt = leader_up_to_the_check
+    cfg = dataclasses.replace(cfg, trainer={**cfg.trainer, "data_wait_s": 600},
+                              mount_point=str(tmp_path / "data"))  # fmt: skip
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+    training = threading.Event()
+
+    def pull(*args, on_own, **kwargs):
+        on_own(time.time())
+        training.wait(30)
+        raise data_pull.VerificationError("train-00009-of-01024: sha256 differs from the manifest")
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.fleet.allreduce_check" in command:
+            return 0, ofi
+        events.append("training")
+        proc = Horovodrun()
+        on_start(proc)
+        training.set()  # the trainer runs while the rest of the pull comes
+        assert proc.ended.wait(30), "horovodrun was not ended"
+        return 143, "terminated"
+
+    monkeypatch.setattr(data_pull, "pull_dataset", pull)
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
+    with pytest.raises(StepFailed) as failed:
+        Leader(cfg, attempt).run()
+    assert "training" in events  # no wait for the fleet's shards first
+    assert (failed.value.step, failed.value.cause) == ("data pull", "corrupt_shard")
+    assert "train-00009-of-01024: sha256 differs" in failed.value.reason

@@ -55,9 +55,10 @@ def test_booting_counts_fresh_heartbeats_leader_included(train_config, s3, tmp_p
     assert set(doc) == {
         "format", "run", "attempt", "phase", "updated_at", "attempt_started_at",
         "instance_type", "nodes", "gpus_per_node", "nodes_healthy", "progress", "checkpoint",
-        "reason", "cost",
+        "reason", "cost", "goodput",
     }  # fmt: skip
     assert (doc["format"], doc["run"], doc["attempt"], doc["phase"]) == (FORMAT, "r1", 1, "booting")
+    assert doc["goodput"] is None  # nothing trained yet
     assert (doc["nodes"], doc["nodes_healthy"], doc["gpus_per_node"]) == (3, 2, 8)
     assert (doc["progress"], doc["checkpoint"], doc["reason"], doc["cost"]) == (
         None, None, None, COST,
@@ -96,6 +97,23 @@ def test_training_follows_progress_writes_metrics_and_names_the_newest_checkpoin
     # The attempt started a minute ago: a minute of the fleet at $31.212/h, for the dashboard.
     assert emf["usd_so_far"] == pytest.approx(31.212 / 60, abs=0.02)
     status.end("done", None)
+
+
+def test_status_json_carries_goodput_live_then_done_json_s(train_config, s3, tmp_path):
+    status, lines = make_status(train_config, s3, tmp_path)
+    (tmp_path / "model").mkdir()
+    progress = {"phase": "training", "global_step": 10, "images_per_s": 100.0,
+                "updated_at": "2026-11-22T04:00:00Z"}  # fmt: skip
+    (tmp_path / "model" / "progress.json").write_text(json.dumps(progress))
+    seen = []
+    status.live_goodput = lambda p: seen.append(p) or {"goodput": 0.4, "runtime_goodput": 0.6}
+    status.phase("training")
+    assert status.publish()["goodput"] == {"goodput": 0.4, "runtime_goodput": 0.6}
+    assert seen[-1]["global_step"] == 10  # worked out from the trainer's progress
+    status.live_goodput = lambda p: 1 / 0  # a report: never a reason to stop
+    assert status.publish()["goodput"] is None and "could not work out goodput" in lines[-1]
+    status.end("done", None, record={"goodput": 0.81, "runtime_goodput": 0.93, "top1": 0.7})
+    assert status_json(s3)["goodput"] == {"goodput": 0.81, "runtime_goodput": 0.93}
 
 
 def test_attempt_is_one_more_than_the_recorded_attempts(train_config, s3, tmp_path):
