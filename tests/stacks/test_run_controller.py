@@ -186,22 +186,23 @@ def test_an_attempts_entry_says_what_ended_it_and_the_decision_with_its_stack():
 
 
 def test_an_attempts_entry_keeps_what_its_done_json_says_of_its_time():
-    """docs/contracts.md, "Start-up, resets and goodput": a relaunch deletes the DONE.json."""
-    timeline = {"launched_at": "2026-11-25T10:00:00Z", "first_step_at": "2026-11-25T10:20:00Z"}
-    document = done(1, timeline=timeline, start_step=0, end_step=900, step_s=0.4, steps_redone=0,
-                    goodput_s={"lost": {"boot": 300.0}})  # fmt: skip
-    entry = entry_of(document)
-    assert {k: entry[k] for k in ("launched_at", "first_step_at", "start_step", "end_step")} == {
+    """docs/contracts.md, "Start-up, resets and goodput": a relaunch deletes the DONE.json, and
+    bootstrap/leader/goodput.py reads the earlier attempts' figures here."""
+    from bootstrap.leader import goodput
+
+    steps = {"start_step": 0, "end_step": 900, "step_s": 0.4, "steps_redone": 0}
+    timeline = {"launched_at": "2026-11-25T10:00:00Z", "first_step_at": "2026-11-25T10:20:00Z",
+                "lost_s": {"boot": 300.0}, "steps": steps, "phases": {}}  # fmt: skip
+    entry = entry_of(done(1, timeline=timeline))
+    assert {k: entry[k] for k in ("launched_at", "first_step_at", "lost_s", *steps)} == {
         "launched_at": "2026-11-25T10:00:00Z",
         "first_step_at": "2026-11-25T10:20:00Z",
-        "start_step": 0,
-        "end_step": 900,
+        "lost_s": {"boot": 300.0},
+        **steps,
     }
-    assert (entry["step_s"], entry["steps_redone"], entry["goodput_lost"]) == (
-        0.4,
-        0,
-        {"boot": 300.0},
-    )
+    attempt = goodput.Attempt.from_entry(entry)
+    assert (attempt.start_step, attempt.end_step, attempt.lost_s) == (0, 900, {"boot": 300.0})
+    assert "phases" not in entry
 
 
 def test_attempts_accumulate_until_restarts_run_out(s3):

@@ -76,16 +76,11 @@ def decide(
     return True, "relaunch", f"restart {restarts + 1} of {max_restarts}"
 
 
-# What the nodes' DONE.json says of the attempt's time (docs/contracts.md, "Start-up, resets and
-# goodput"), kept in its attempts.json entry: a relaunch deletes the DONE.json.
-GOODPUT_FIELDS = (
-    "launched_at",
-    "first_step_at",
-    "start_step",
-    "end_step",
-    "step_s",
-    "steps_redone",
-)
+# What the attempt's DONE.json says of its time (docs/contracts.md, "Start-up, resets and
+# goodput"), kept in its attempts.json entry, where bootstrap/leader/goodput.py reads the earlier
+# attempts: a relaunch deletes the DONE.json. Its timeline's fields, and its steps' four.
+TIMELINE_FIELDS = ("launched_at", "first_step_at", "lost_s")
+STEPS_FIELDS = ("start_step", "end_step", "step_s", "steps_redone")
 
 
 def attempt_entry(
@@ -107,8 +102,8 @@ def attempt_entry(
         done, earlier, max_restarts=max_restarts, now=now, deadline=deadline, deleting=deleting
     )
     timeline = done.get("timeline") or {}
-    kept = {k: done.get(k, timeline.get(k)) for k in GOODPUT_FIELDS}
-    lost = (done.get("goodput_s") or {}).get("lost")
+    steps = timeline.get("steps") or {}
+    kept = {k: timeline.get(k) for k in TIMELINE_FIELDS} | {k: steps.get(k) for k in STEPS_FIELDS}
     return {
         "attempt": done.get("attempt") or len(earlier) + 1,
         "started_at": started_at,
@@ -123,5 +118,4 @@ def attempt_entry(
         "decided_at": stamp(now),
         "stack_id": stack_id,
         **{k: v for k, v in kept.items() if v is not None},
-        **({"goodput_lost": lost} if lost is not None else {}),
     }
