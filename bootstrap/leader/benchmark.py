@@ -339,7 +339,7 @@ def lead(
     cfg: TrainConfig, s3, nodes: list[dict], key: Path, data_dir: Path, started: float, log, step
 ):
     """What node 0 does after the rendezvous in benchmark mode, each part a named bootstrap
-    step: measure, upload the files and the logs, then DONE.json (the reaper's cue)."""
+    step: measure, upload the files and the logs, then DONE.json (the run controller's cue)."""
     hosts = [node["ip"] for node in sorted(nodes, key=lambda node: node["index"])]
     doc, files = step("benchmark", lambda: benchmark_node(cfg, hosts, key, data_dir, log))
     keys = step("upload benchmark", lambda: upload(s3, cfg, files))
