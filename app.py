@@ -34,6 +34,7 @@ from stacks.nag import LogGroupReasons
 from stacks.root_volume import init_rate
 from stacks.run_estimate import checkpoint_note, recipe_plan, training_estimate
 from stacks.startup_estimate import startup_lines, startup_phases
+from stacks.teardown.controller_cost import controller_estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -126,6 +127,7 @@ def estimates(config: FleetConfig) -> list[str]:
         lines.append(bake_estimate(config.image_test))
         if config.image_jit:
             lines.append(jit_estimate(config.image_jit))
+    lines.append(controller_estimate())
     return [*lines, f"prices: {PRICES_AS_OF} list prices"]
 
 

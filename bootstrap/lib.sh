@@ -136,7 +136,7 @@ start_cloudwatch_agent() {
 # Restart=on-abnormal: a bootstrap killed by a signal (SIGKILL, SIGSEGV; not SIGTERM, which is a
 # stop) reported nothing, so systemd starts it again and it resumes the run from S3; a failure it
 # reported (exit status 1, DONE.json written) is final. At most 5 restarts an hour, so a crash
-# loop ends and the members' heartbeat watch and the reaper take over.
+# loop ends and the members' heartbeat watch and the run controller take over.
 # https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html (Restart=,
 # RestartSec=), https://www.freedesktop.org/software/systemd/man/latest/systemd.unit.html
 # (StartLimitIntervalSec=, StartLimitBurst=)

@@ -1,7 +1,7 @@
-"""The attempt loop of a run as the deployed fleet makes it: after each attempt the run
-controller that TeardownStack deploys runs its state machine (rehearsal/cloud.py: moto's
-Step Functions, EC2 and CloudFormation, the local S3), and what its relaunch did to each
-instance happens to that node.
+"""The attempt loop of a run as the deployed fleet makes it: the run controller that TeardownStack
+deploys looks after the run from its deploy on (rehearsal/cloud.py: its tick every few seconds,
+the executions it starts in moto's Step Functions, EC2 and CloudFormation, the local S3), and
+what its relaunch did to each instance happens to that node.
 
 `Attempts` is one part of `Rehearsal` (rehearsal/core.py): it trains with the nodes
 (rehearsal/nodes.py) against the local S3 (rehearsal/local_s3.py).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 from rehearsal.cloud import Cloud, Relaunch
 from rehearsal.common import StepFailed, say
@@ -19,36 +20,61 @@ from rehearsal.common import StepFailed, say
 class Attempts:
     """A run's attempts under the run controller, its relaunch between them."""
 
-    def end_attempt(self, max_restarts: int) -> Relaunch | None:
-        """The run controller's execution for the DONE.json the attempt ended with, from its
-        trigger to its end; None when the nodes wrote none (nothing triggers the controller)."""
-        if self.done_json() is None:
-            return None
-        if self.cloud is None:  # the fleet as deployed: its instances, TrainStack's outputs
+    def deploy_cloud(self, max_restarts: int) -> Cloud:
+        """The fleet as deployed (its instances, TrainStack's tags and outputs) and its run
+        controller ticking; a stack the controller deleted (a run ended) is deployed anew, as
+        `cdk deploy` would."""
+        if self.cloud is not None and self.cloud.gone():
+            self.close_cloud()
+        if self.cloud is None:
             template = self.workdir / "cdk.out" / "TeardownStack.template.json"
-            teardown = json.loads(template.read_text())
             self.cloud = Cloud(
-                teardown,
+                json.loads(template.read_text()),
                 self.s3,
                 endpoint=self.endpoint,
                 nodes=self.args.nodes,
                 spot=self.market == "spot",
                 restarts=max_restarts,
+                log_path=self.workdir / "controller.log",
             ).__enter__()
-        relaunch = self.cloud.end_attempt()
-        for entry in relaunch.entries:
-            say(f"run controller: attempt {entry['attempt']} {entry['status']}: "
-                f"{entry['decision']} ({entry['why']})")  # fmt: skip
-        return relaunch
+            self.cloud.start_ticking()
+        return self.cloud
 
     def close_cloud(self) -> None:
         if self.cloud is not None:
             self.cloud.__exit__(None, None, None)
             self.cloud = None
 
+    def run_attempt(self, epochs: int, max_restarts: int, **overrides) -> Relaunch:
+        """One attempt: the nodes boot and train, and whatever becomes of them (they finish,
+        fail, or die with nothing left to say), the attempt is over when the run controller has
+        recorded it and its action has run. Returns what the controller did."""
+        self.market = overrides.get("market", "on-demand")
+        cloud = self.deploy_cloud(max_restarts)
+        attempt = len(cloud.attempts()) + 1
+        cloud.watch()
+        procs = self.start_nodes(epochs, **overrides)
+        deadline = time.time() + self.args.timeout
+        shown_epoch = 0
+        while time.time() < deadline:
+            shown_epoch = self.show_status_after_each_epoch(shown_epoch)
+            codes = {name: p.poll() for name, p in procs.items()}
+            if any(self.restartable(name, code) for name, code in codes.items()):
+                self.restart_killed(procs)
+            if (relaunch := cloud.decided(attempt)) is not None:
+                for entry in relaunch.entries:
+                    say(f"run controller: attempt {entry['attempt']} {entry['status']}: "
+                        f"{entry['decision']} ({entry['why']})")  # fmt: skip
+                return relaunch
+            time.sleep(0.5)
+        raise StepFailed(
+            f"the run controller decided nothing about attempt {attempt} in "
+            f"{self.args.timeout:.0f} s (node exits: {codes})"
+        )
+
     def relaunch(self, relaunch: Relaunch) -> None:
         """What the run controller's StopFleet and Launch states did to each node's instance
-        (stacks/teardown/reaper/steps_fleet.py), done to the node. Every process of every node
+        (stacks/teardown/controller/steps_fleet.py), done to the node. Every process of every node
         ends (the instances were stopped or terminated). A node whose instance was stopped and
         started comes back with an empty instance store (/data) but its own address and
         instance id; one whose instance was replaced (a Spot node: it cannot be stopped) is a
@@ -79,20 +105,16 @@ class Attempts:
     def train_under_controller(
         self, epochs: int, max_restarts: int, before_relaunch=None, **overrides
     ) -> list[dict]:
-        """Attempts of one run as the deployed fleet makes them: after each, the run controller's
-        execution decides; on `relaunch` the nodes its StopFleet and Launch brought back boot
-        again and resume from S3. Returns the controller's entries."""
+        """Attempts of one run as the deployed fleet makes them: the run controller ends each
+        (its tick reads DONE.json, the instances, the heartbeats), and on `relaunch` the nodes
+        its StopFleet and Launch brought back boot again and resume from S3. Returns the
+        controller's entries."""
         entries = []
         while True:
-            try:
-                self.train(epochs, **overrides)
-            except StepFailed as exc:  # a node failed: the controller judges DONE.json
-                say(f"the nodes: {exc}")
-            relaunch = self.end_attempt(max_restarts)
-            if relaunch is None:
-                return entries
+            relaunch = self.run_attempt(epochs, max_restarts, **overrides)
             entries += relaunch.entries
             if not relaunch.entries or relaunch.entries[-1]["decision"] != "relaunch":
+                self.end_nodes()
                 return entries
             if before_relaunch:
                 before_relaunch(self)
@@ -100,12 +122,13 @@ class Attempts:
 
     def train_recovering(self, epochs: int) -> None:
         """Every attempt of the plain rehearsal's run under the run controller, as on the fleet:
-        a node lost mid-run (its host killed from outside, say) is relaunched and the run
-        resumes from S3, at most --max-restarts times. Fails when the run did not succeed."""
+        a node lost mid-run (its host killed from outside, say) or a whole fleet gone silent is
+        relaunched and the run resumes from S3, at most --max-restarts times. Fails when the run
+        did not succeed."""
         entries = self.train_under_controller(epochs, self.args.max_restarts)
         done = self.done_json()
         if done is None:
-            raise StepFailed("the nodes ended without a DONE.json (their log is above)")
+            raise StepFailed("the run controller ended the run without a DONE.json")
         if done["status"] != "succeeded":
             decided = f"; the run controller decided {entries[-1]['decision']}" if entries else ""
             raise StepFailed(

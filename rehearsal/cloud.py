@@ -1,12 +1,14 @@
 """The rehearsal's fleet as EC2, CloudFormation and Step Functions see it: moto in this process
-holds TrainStack (its outputs, a subnet, the nodes' launch templates) and one instance per node,
-and the run controller that TeardownStack synthesizes runs its state machine there, every state's
-real step code against moto's EC2 and the rehearsal's local S3, judged as the controller's role
-(rehearsal/iam_s3.py). So the relaunch a rehearsal makes is the one the deployed workflow makes:
-the rehearsal only turns what EC2 did to each instance into what happens to its node.
+holds TrainStack (its tags and outputs, a subnet, the nodes' launch templates) and one instance
+per node, and the run controller that TeardownStack synthesizes runs there as deployed: its tick,
+every TICK_S (the schedule's minute, scaled down), and the executions of its state machine the
+tick starts, every state's real step code against moto's EC2 and the rehearsal's local S3, judged
+as the controller's role (rehearsal/iam_s3.py). So what ends an attempt, and the relaunch that
+follows, are the deployed controller's: the rehearsal only turns what EC2 did to each instance
+into what happens to its node. A node whose processes all died is an instance still running with
+nothing on it; the tick, not the rehearsal, ends its attempt (its heartbeats go stale).
 
-`Cloud` is made when an attempt first ends after a fleet is deployed (rehearsal/attempts.py), and
-closed with the fleet.
+`Cloud` is made when a fleet is deployed (rehearsal/attempts.py), and closed with the fleet.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
+import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from unittest import mock
@@ -22,14 +26,15 @@ import boto3
 from moto import mock_aws
 from moto.ec2.models.instances import InstanceBackend
 
-from rehearsal.common import BUCKET, REGION, RUN, StepFailed
+from rehearsal.common import BUCKET, REGION, RUN, say
 from rehearsal.state_machine import Workflow, clients
 
 FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"  # stacks/teardown/names.py
 ZONE = f"{REGION}a"
 IMAGE = "ami-12c6146b"  # any image moto knows
 HARD_CAP = datetime.timedelta(hours=6)  # TrainStack's default maxHours (cdk.json)
-SETTLE_S = 60  # the waits are scaled down: a workflow runs in seconds
+# The tick's schedule, a minute on AWS, scaled down: the rehearsal's attempts last minutes.
+TICK_S = 5
 
 
 @dataclass
@@ -48,21 +53,36 @@ class Relaunch:
 
 
 class Cloud:
-    """TrainStack's fleet of `nodes` in moto, and TeardownStack's run controller over it."""
+    """TrainStack's fleet of `nodes` in moto, and TeardownStack's run controller over it. The
+    stack's tags say what its nodes' node.json says (`heartbeat_s`, `grace_s`: the rendezvous
+    timeout and a minute)."""
 
     def __init__(
-        self, teardown: dict, s3, *, endpoint: str, nodes: int, spot: bool, restarts: int
+        self,
+        teardown: dict,
+        s3,
+        *,
+        endpoint: str,
+        nodes: int,
+        spot: bool,
+        restarts: int,
+        heartbeat_s: int = 60,
+        grace_s: int = 360,
+        log_path=None,
     ) -> None:
         self.teardown, self.s3, self.endpoint = teardown, s3, endpoint
         self.count, self.spot, self.restarts = nodes, spot, restarts
+        self.heartbeat_s, self.grace_s, self.log_path = heartbeat_s, grace_s, log_path
         self.started: list[str] = []  # the instances StartInstances started, in order
         self.stack = ExitStack()
+        self.ticking = threading.Event()
+        self.ticker: threading.Thread | None = None
 
     def __enter__(self) -> Cloud:
         # The steps' S3 requests go to the local endpoint as the controller's role (the local S3
         # judges them by the access key); every other service is moto's, in this process.
         settings = {
-            "AWS_ACCESS_KEY_ID": "reaper",
+            "AWS_ACCESS_KEY_ID": "controller",
             "AWS_SECRET_ACCESS_KEY": "rehearsal",
             "AWS_DEFAULT_REGION": REGION,
             "AWS_ENDPOINT_URL_S3": self.endpoint,
@@ -80,10 +100,57 @@ class Cloud:
         clients.client.cache_clear()
         self.stack.callback(clients.client.cache_clear)
         self.workflow = self.stack.enter_context(Workflow(self.teardown))
+        self.quiet_log()
+        self.stack.callback(self.stop_ticking)
         return self
+
+    def quiet_log(self) -> None:
+        """The controller's one JSON line per decision goes to <workdir>/controller.log (on
+        AWS, its log group), not between the nodes' lines; the tick's verdicts are said."""
+        sink = self.log_path.open("a") if self.log_path else None
+
+        def log(decision: str, **fields) -> None:
+            if sink is not None:
+                sink.write(json.dumps({"decision": decision, **fields}, default=str) + "\n")
+                sink.flush()
+
+        for module in list(sys.modules.values()):
+            if getattr(module, "log", None) is clients.log:
+                self.stack.enter_context(mock.patch.object(module, "log", log))
+        if sink is not None:
+            self.stack.callback(sink.close)
 
     def __exit__(self, *_) -> None:
         self.stack.close()
+
+    # --- the tick, as its schedule runs it -----------------------------------------------------
+
+    def start_ticking(self) -> None:
+        """The tick every TICK_S in a thread of its own, as EventBridge Scheduler runs it."""
+        import tick  # the controller's Lambda asset (rehearsal/state_machine.py's path)
+
+        def every_tick() -> None:
+            last = None
+            while not self.ticking.wait(TICK_S):
+                try:
+                    decision = tick.handler({"trigger": "schedule"})
+                except Exception as error:  # the tick fails loudly; the next one decides again
+                    say(f"run controller: the tick failed: {type(error).__name__}: {error}")
+                    continue
+                if decision["actions"] or decision["phase"] != last:
+                    actions = ", ".join(decision["actions"]) or "nothing to do"
+                    say(f"run controller tick: {decision['phase']} ({decision['why']}): {actions}")
+                last = decision["phase"]
+
+        self.ticking.clear()
+        self.ticker = threading.Thread(target=every_tick, daemon=True, name="tick")
+        self.ticker.start()
+
+    def stop_ticking(self) -> None:
+        self.ticking.set()
+        if self.ticker is not None:
+            self.ticker.join(timeout=120)
+            self.ticker = None
 
     def _start(self):
         real, started = InstanceBackend.start_instances, self.started
@@ -102,8 +169,12 @@ class Cloud:
         template, and the nodes' instances, tagged as CloudFormation and TrainStack tag them."""
         placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
         cloudformation = boto3.client("cloudformation", region_name=REGION)
+        # stacks/train/stack.py's stack-level tags, with the rehearsal's node.json's values.
+        tags = {"horovod-fleet:run": RUN, "horovod-fleet:nodes": str(self.count),
+                "horovod-fleet:heartbeatTimeoutS": str(self.heartbeat_s),
+                "horovod-fleet:startupGraceS": str(self.grace_s)}  # fmt: skip
         self.stack_id = cloudformation.create_stack(
-            StackName="TrainStack", TemplateBody=json.dumps(placeholder)
+            StackName="TrainStack", TemplateBody=json.dumps(placeholder), Tags=as_tags(tags)
         )["StackId"]
         vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
         subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/20", AvailabilityZone=ZONE)
@@ -122,7 +193,9 @@ class Cloud:
             **placeholder,
             "Outputs": {key: {"Value": value} for key, value in outputs.items()},
         }
-        cloudformation.update_stack(StackName="TrainStack", TemplateBody=json.dumps(with_outputs))
+        cloudformation.update_stack(
+            StackName="TrainStack", TemplateBody=json.dumps(with_outputs), Tags=as_tags(tags)
+        )
         for index in range(self.count):
             tags = {
                 "aws:cloudformation:stack-id": self.stack_id,
@@ -175,31 +248,42 @@ class Cloud:
 
     # --- the run controller -----------------------------------------------------------------
 
-    def end_attempt(self) -> Relaunch:
-        """The leader wrote DONE.json: S3's "Object Created" event reaches the controller's
-        starter, as EventBridge delivers it, and the execution it starts runs to its end.
-        Returns what the execution did."""
-        import starter  # the controller's Lambda asset (rehearsal/state_machine.py's path)
+    def watch(self) -> None:
+        """From now on, what the controller does to the fleet is counted (decided)."""
+        self.before, self.started[:] = self.instances(), []
+        self.known = len(self.attempts())
 
-        before, self.started[:] = self.instances(), []
-        known = len(self.attempts())
-        starter.handler(done_event(BUCKET, RUN))
-        try:
-            executions = self.workflow.settle(timeout=SETTLE_S)
-        except AssertionError as still:
-            raise StepFailed(
-                f"the run controller did not finish in {SETTLE_S} s: {still}"
-            ) from None
-        failed = [e for e in executions if e["status"] != "SUCCEEDED"]
-        if failed:
-            states = " > ".join(self.workflow.states(failed[-1]))
-            raise StepFailed(f"the run controller's execution {failed[-1]['status']}: {states}")
+    def decided(self, attempt: int) -> Relaunch | None:
+        """What the run controller did with `attempt` once it is over: its decisions (the
+        attempts.json entries since `watch`), the nodes whose instance it stopped and started
+        again, the instance it launched for each node it replaced; None while the attempt is
+        under way or its action runs."""
+        entries = self.attempts()[self.known :]
+        if not any(e.get("attempt") == attempt for e in entries):
+            return None
+        if self.workflow.running() or not self.chain_ended(attempt):
+            return None
         after = self.instances()
         return Relaunch(
-            entries=self.attempts()[known:],
+            entries=entries,
             restarted=sorted(i for i, node in after.items() if node in self.started),
-            launched={i: node for i, node in after.items() if before.get(i) != node},
+            launched={i: node for i, node in after.items() if self.before.get(i) != node},
         )
+
+    def chain_ended(self, attempt: int) -> bool:
+        """Whether the execution of `attempt`'s end ran (the tick starts it right after the
+        record, so a moment may pass between them)."""
+        prefix = f"{RUN}-a{attempt}-"
+        return any(e["name"].startswith(prefix) for e in self.workflow.executions())
+
+    def gone(self) -> bool:
+        """Whether TrainStack was deleted (the run's end was torn down)."""
+        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        try:
+            [stack] = cloudformation.describe_stacks(StackName=self.stack_id)["Stacks"]
+        except cloudformation.exceptions.ClientError:
+            return True
+        return stack["StackStatus"] == "DELETE_COMPLETE"
 
     def attempts(self) -> list[dict]:
         """attempts.json's entries (docs/contracts.md), read as the rehearsal."""

@@ -227,6 +227,30 @@ def kill_host_for(index: int, seconds: float) -> Action:
     return kill
 
 
+def kill_fleet_for(seconds: float) -> Action:
+    """Every process of every node's host killed every second for `seconds`: the whole fleet
+    goes silent at once (a network event, a wedged image) while every instance runs. Their
+    systemd restarts a killed bootstrap 5 s later, at most 5 times, and each restart is killed
+    too; no node is left to write DONE.json."""
+
+    def kill(rehearsal: Rehearsal) -> None:
+        namespaces = [node.namespace for node in rehearsal.fleet.nodes]
+        say(f"FAULT: every node's host is dead for {seconds:.0f} s")
+
+        def keep_dead() -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for namespace in namespaces:
+                    rehearsal.fleet.kill_host(namespace)
+                time.sleep(1)
+            say("FAULT over: the nodes' hosts are no longer killed")
+
+        rehearsal.fault_threads.append(threading.Thread(target=keep_dead, daemon=True))
+        rehearsal.fault_threads[-1].start()
+
+    return kill
+
+
 def wait_for_fault_threads(rehearsal: Rehearsal) -> None:
     for thread in rehearsal.fault_threads:
         thread.join()

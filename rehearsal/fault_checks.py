@@ -93,3 +93,15 @@ def no_epoch_retrained(first_epoch: int) -> Check:
         not any(node_said(r, 0, f"Epoch {e}/") for e in range(1, first_epoch))
         and node_said(r, 0, "Resuming from")
     )
+
+
+def the_controller_wrote_the_silence(rehearsal: Rehearsal, done: dict) -> bool:
+    """The first attempt ended by the run controller's record: every node silent, named."""
+    first = rehearsal.entries[0] if rehearsal.entries else {}
+    return (
+        first.get("cause") == "node_lost"
+        and "silent: no heartbeat for more than" in (first.get("reason") or "")
+        and all(f"node {i}" in first["reason"] for i in range(rehearsal.args.nodes))
+        and first.get("decision") == "relaunch"
+        and (done.get("attempt") or 0) >= 2
+    )

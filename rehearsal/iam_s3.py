@@ -4,13 +4,13 @@ moto enforces no IAM, so a missing permission would first show on AWS. This prox
 front of moto and judges every request by the IAM policies CloudFormation would attach to the
 caller's role, read from the synthesized templates (`python app.py` with the rehearsal's bucket,
 run and nodes): the training nodes' role, the preprocessing node's and the run controller's
-steps' (the controller's program runs under it, as the key `reaper`). A request its role may not make is answered as S3 answers it:
+steps' (the controller's program runs under it, as the key `controller`). A request its role may not make is answered as S3 answers it:
 403 AccessDenied. A read of a missing key is 403 too, not 404, when the role may not list the
 bucket without a prefix condition, as on S3 ("If you don't have the s3:ListBucket permission,
 Amazon S3 returns an HTTP status code 403", https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html).
 
 The caller is told by its access key id, which the rehearsal sets per process: `node`,
-`preprocessor`, `reaper`; any other key (the rehearsal itself, the user's `horovod-fleet`
+`preprocessor`, `controller`; any other key (the rehearsal itself, the user's `horovod-fleet`
 command) is not judged. Modelled: Allow and Deny statements, `*` and `?` in actions and
 resources, StringEquals/StringLike (and their Not forms) on the request's `s3:prefix`. Not
 modelled: bucket policies, SCPs, permission boundaries, KMS, other condition keys (a statement
@@ -36,7 +36,7 @@ ACCOUNT = "123456789012"
 ROLES = {
     "node": "FleetRole",
     "preprocessor": "PreprocessorRole",
-    "reaper": "RunControllerStepsRole",
+    "controller": "RunControllerStepsRole",
 }
 CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 DELETE_KEY = re.compile(r"<Key>([^<]+)</Key>")

@@ -135,9 +135,15 @@ class Nodes:
         self.close_cloud()  # its instances were the old deployment's
 
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
-        """Start every node's train_node.sh and the head's, and wait for all. A second call is
-        the rerun after a reboot: the processes (sshd included) are gone, the disks, keys and
-        the run's S3 prefix are not, so the pull is skipped and training resumes from S3."""
+        """Start every node's train_node.sh and the head's, and wait for all (a fault row
+        without a run controller: their exits are the attempt's end)."""
+        self.wait(self.start_nodes(epochs, absent, **overrides), self.args.timeout)
+
+    def start_nodes(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> dict:
+        """Start every node's train_node.sh and the head's; the processes by name. A second
+        call is the rerun after a reboot: the processes (sshd included) are gone, the disks,
+        keys and the run's S3 prefix are not, so the pull is skipped and training resumes from
+        S3."""
         self.end_nodes()  # the sshd of a node whose bootstrap restarted too
         if self.node_processes:
             # Only S3 may hold the checkpoint a rerun resumes from.
@@ -158,7 +164,7 @@ class Nodes:
         self.node_processes = list(procs.values())
         self.node_groups = [proc.pid for proc in self.node_processes]
         self.restarts.clear()
-        self.wait(procs, self.args.timeout)
+        return procs
 
     def head_home(self) -> Path:
         """The head's own files; without namespaces its model dir is node 0's (one disk)."""

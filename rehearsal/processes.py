@@ -43,7 +43,7 @@ class NodeProcesses:
 
     def env(self, role: str = "rehearsal") -> dict[str, str]:
         """A process's environment; `role` is the deployed role whose IAM policies the local S3
-        judges its requests by (rehearsal/iam_s3.py): node, preprocessor, reaper, or none."""
+        judges its requests by (rehearsal/iam_s3.py): node, preprocessor, controller, or none."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(
             AWS_ENDPOINT_URL=self.endpoint,

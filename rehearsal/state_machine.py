@@ -13,6 +13,10 @@ How (notes of the research that found it, /work/notes/run-engine-research.md §1
   retrier's clock are scaled by SCALE, and every wait is recorded with its execution and state.
 - The DefinitionString's tokens (Fn::GetAtt of the step functions, Ref of pseudo parameters) are
   resolved to the moto functions made under the same logical ids.
+- A fault (`faults`) with an `error_type` is answered under that name, as Step Functions names
+  what Lambda itself answers (`Lambda.TooManyRequestsException`: the function never ran).
+- DescribeInstances' `client-token` filter, which moto does not implement, filters on the
+  instance's ClientToken.
 """
 
 import importlib
@@ -30,17 +34,18 @@ from unittest import mock
 import boto3
 from moto.awslambda.models import LambdaFunction
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2 import utils as ec2_utils
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
 
 # The functions' Lambda assets import their sibling modules as Lambda loads them: top-level.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/answers"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/reaper"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/controller"))
 import clients  # the asset's module, found through the path above
 
 REGION = "us-east-1"
 SCALE = 0.0002  # a 600 s wait takes 0.12 s
-SERVICES = ("s3", "ec2", "cloudformation", "stepfunctions", "cloudwatch", "sns", "ssm")
+SERVICES = ("s3", "ec2", "cloudformation", "stepfunctions", "cloudwatch", "sns", "ssm", "scheduler")
 PSEUDO = {
     "AWS::Partition": "aws",
     "AWS::Region": REGION,
@@ -124,6 +129,11 @@ class Workflow:
             clients.client(service)
         self.stack.enter_context(mock.patch.object(LambdaFunction, "invoke", self._invoke()))
         self.stack.enter_context(
+            mock.patch.dict(
+                ec2_utils.filter_dict_attribute_mapping, {"client-token": "client_token"}
+            )
+        )
+        self.stack.enter_context(
             mock.patch.object(wait_function.WaitFunction, "_wait_interval", self._wait())
         )
         sleep = types.SimpleNamespace(sleep=self._retry_sleep)
@@ -158,9 +168,8 @@ class Workflow:
                 return json.dumps(handler(event, None)).encode()
             except Exception as error:  # what Lambda's Python runtime answers
                 response_headers["x-amz-function-error"] = "Unhandled"
-                return json.dumps(
-                    {"errorType": type(error).__name__, "errorMessage": str(error)}
-                ).encode()
+                kind = getattr(error, "error_type", type(error).__name__)
+                return json.dumps({"errorType": kind, "errorMessage": str(error)}).encode()
 
         return invoke
 

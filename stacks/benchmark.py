@@ -2,7 +2,7 @@
 
 Node 0 runs ResNet-50 at 1 GPU, 1 node, then 2, 4, ... nodes up to `nodes` (warm-up steps, then
 timed steps) and the allreduce check at each size, writes runs/<run>/benchmark.{json,md,png} and
-DONE.json; the reaper deletes the fleet as after any run. The schedule is made here and reaches
+DONE.json; the run controller deletes the fleet as after any run. The schedule is made here and reaches
 node 0 through node.json, so a size larger than the fleet cannot be asked for.
 
 `python -m stacks.benchmark --mode synthetic|data --nodes N --gpus-per-node G` prints that
@@ -37,7 +37,7 @@ MAX_HOURS = 1.0  # the mode's default hard cap; -c maxHours= overrides it
 # ResNet-50, warm-up and timed steps (~0.2 s each on a V100 at batch 256 with fp16), and the
 # allreduce check (256 MiB x 10).
 PER_SIZE_S = 150
-# From DONE.json until the reaper's delete has terminated the instances.
+# From DONE.json until the run controller's delete has terminated the instances.
 TEARDOWN_S = 300
 # The start-up's phases before node 0 measures (stacks/startup_estimate.py): the framework's
 # start, the first step and the allreduce check are each size's (PER_SIZE_S).

@@ -82,14 +82,14 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         budget_limit_usd=budget_limit_usd(config),
         dataset_prefix=config.dataset_prefix,
         env=env,
-        description="horovod-fleet: the reaper that stops the bill when a run ends, caps or idles",
+        description="horovod-fleet: the run controller that stops the bill when a run ends, caps or idles",
     )
     preprocess = PreprocessStack(
         app,
         "PreprocessStack",
         config=config,
         bucket=bucket,
-        reaper=teardown.guards,
+        guards=teardown.guards,
         env=env,
         description="horovod-fleet: the node that converts ImageNet to TFRecords",
     )
@@ -110,7 +110,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         "TrainStack",
         config=config,
         bucket=bucket,
-        reaper=teardown.guards,
+        guards=teardown.guards,
         image_id=config.ami or image.image_id,
         checkpoint_every_s=checkpoint_plan(config)[0],
         env=env,

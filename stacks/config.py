@@ -412,7 +412,7 @@ ZONE_LETTERS: dict[str, str] = {"us-east-1": "abcdef", "us-east-2": "abc", "us-w
 # number, then -az and a number (same page: euw1-az1 to euw1-az3 in eu-west-1), numbered from 1
 # to as many as the region has zones (use1-az1 to use1-az6). A zone ID is the same physical
 # zone in every account, while a zone name may be a different zone in each account,
-# https://docs.aws.amazon.com/global-infrastructure/latest/regions/az-ids.html. The reaper
+# https://docs.aws.amazon.com/global-infrastructure/latest/regions/az-ids.html. The zone check
 # turns an ID into this account's zone name at deploy (DescribeAvailabilityZones).
 ZONE_ID_PREFIXES: dict[str, str] = {"us-east-1": "use1", "us-east-2": "use2", "us-west-2": "usw2"}
 _ZONE_ID = re.compile(r"([a-z]+\d+)-az(\d+)")

@@ -87,7 +87,7 @@ def acknowledge_no_termination_protection(instance: ec2.CfnInstance, what: str) 
     Validations.of(instance).acknowledge(
         Acknowledgment(
             id="AwsSolutions-EC29",
-            reason=f"The reaper must be able to delete {what} to stop the bill; results and "
+            reason=f"The run controller must be able to delete {what} to stop the bill; results and "
             "data live in S3, never only on the instance.",
         )
     )

@@ -140,3 +140,16 @@ class StopAtTarget(Action):
             "reached_target_at_epoch": reached and reached["epoch"],
             "time_to_target_s": reached and reached["time_to_target_s"],
         }
+
+
+def checkpoint_and_target(
+    checkpoints: Checkpoints, every_s: float, target_top1: float | None, recorder
+) -> tuple[list[Action], StopAtTarget | None]:
+    """The periodic checkpoint and, with --target-top1, the stop at the target (also returned,
+    for train.json's fields), in the order the loop runs them after a run's stop action."""
+    actions: list[Action] = [PeriodicCheckpoint(checkpoints, every_s)]
+    target = None
+    if target_top1 is not None:
+        target = StopAtTarget(target_top1, checkpoints, recorder)
+        actions.append(target)
+    return actions, target

@@ -128,7 +128,7 @@ def run(argv: list[str], node_cpus: int) -> dict | None:
             threads=input_threads(node_cpus),
             device=device,
         )
-    flags = tf.constant([0.0, 0.0])
+    flags = tf.constant([0.0, 0.0, 0.0])  # no bad input, stop or hosts update
     seconds = []
     for step in range(total):
         began = time.perf_counter()

@@ -30,6 +30,12 @@ DEFAULT_EVAL_EVERY = 10
 # training, Young's optimum for a fleet crashing once in 25-50 hours (docs/faults-and-recovery.md,
 # "A crash", has the table and the reasoning).
 DEFAULT_CHECKPOINT_EVERY_S = 600
+# Under --elastic a commit (an in-memory copy of every state variable, no disk) ends at most this
+# many seconds of steps: what a lost rank costs the others in steps trained again (issue 41).
+DEFAULT_COMMIT_EVERY_S = 30
+# How long a rank waits for its shard files to be on disk (the node's pull puts its own ranks'
+# shards first; docs/contracts.md, "Start-up, resets and goodput").
+DEFAULT_DATA_WAIT_S = 600
 
 
 class ConfigError(ValueError):
@@ -65,6 +71,11 @@ class TrainConfig:
     checkpoint_every_s: float
     target_top1: float | None
     seed: int | None = None  # None: unseeded weights, the built-in shuffle seeds
+    data_wait_s: float = DEFAULT_DATA_WAIT_S
+    elastic: bool = False
+    planned_ranks: int | None = None  # --elastic: the ranks the recipe is settled for
+    min_ranks: int = 1
+    commit_every_s: float = DEFAULT_COMMIT_EVERY_S
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -89,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_flags(parser)
     _add_device_flags(parser)
     _add_schedule_flags(parser)
+    _add_elastic_flags(parser)
     return parser
 
 
@@ -134,6 +146,13 @@ def _add_data_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.08,
         help="smallest random crop as a fraction of the image area (Inception-style crops)",
+    )
+    group.add_argument(
+        "--data-wait-s",
+        type=float,
+        default=DEFAULT_DATA_WAIT_S,
+        help="wait this long for this rank's shard files (those manifest.json lists) to be on "
+        "disk before failing, saying every 30 s which it waits for",
     )
 
 
@@ -240,6 +259,37 @@ def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
+    """Horovod elastic (horovodrun --gloo --host-discovery-script ...; docs/trainer.md)."""
+    group = parser.add_argument_group("elastic training (under horovodrun's elastic mode)")
+    group.add_argument(
+        "--elastic",
+        action="store_true",
+        help="train under hvd.elastic.run: a lost or added host resets the ranks to the last "
+        "commit in memory and training goes on in the new world",
+    )
+    group.add_argument(
+        "--planned-ranks",
+        type=int,
+        help="--elastic: the ranks the recipe is settled for (nodes x GPUs, horovodrun's "
+        "--max-np); in a smaller or larger world the per-rank batch stays and the LR scales",
+    )
+    group.add_argument(
+        "--min-ranks",
+        type=int,
+        default=1,
+        help="--elastic: the fewest ranks to train on (horovodrun's --min-np); a SIGTERM that "
+        "would leave fewer stops every rank at a checkpoint (exit 75) instead",
+    )
+    group.add_argument(
+        "--commit-every-s",
+        type=float,
+        default=DEFAULT_COMMIT_EVERY_S,
+        help="--elastic: commit the state in memory once this many seconds of steps (from the "
+        "measured step time) passed since the last commit, and at every epoch end",
+    )
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
@@ -251,6 +301,32 @@ def _path(flag: str, value: str | None) -> Path | None:
         return None
     _require(value.strip() != "", f"{flag} is empty; give a directory path")
     return Path(value)
+
+
+def _check_elastic(args: argparse.Namespace) -> None:
+    defaults = {"planned_ranks": None, "min_ranks": 1, "commit_every_s": DEFAULT_COMMIT_EVERY_S}
+    if not args.elastic:
+        for name, default in defaults.items():
+            _require(
+                getattr(args, name) == default,
+                f"--{name.replace('_', '-')} applies to --elastic only",
+            )
+        return
+    _require(not args.eval_only, "--eval-only evaluates once: it takes no --elastic")
+    _require(
+        args.planned_ranks is not None,
+        "--elastic needs --planned-ranks (nodes x GPUs, horovodrun's --max-np): every rank, "
+        "including one that joins later, settles the recipe for it",
+    )
+    _require(args.planned_ranks >= 1, f"--planned-ranks must be >= 1, got {args.planned_ranks}")
+    _require(
+        1 <= args.min_ranks <= args.planned_ranks,
+        f"--min-ranks must be in 1..--planned-ranks ({args.planned_ranks}), got {args.min_ranks}",
+    )
+    _require(
+        0 < args.commit_every_s < math.inf,
+        f"--commit-every-s must be a finite number > 0, got {args.commit_every_s}",
+    )
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
@@ -310,6 +386,11 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         f"--target-top1 must be a top-1 accuracy in (0, 1], like 0.759, got {args.target_top1}",
     )
     _require(args.seed is None or args.seed >= 0, f"--seed must be >= 0, got {args.seed}")
+    _require(
+        0 <= args.data_wait_s < math.inf,
+        f"--data-wait-s must be a finite number >= 0, got {args.data_wait_s}",
+    )
+    _check_elastic(args)
     args.data_dir = _path("--data-dir", args.data_dir)
     args.model_dir = _path("--model-dir", args.model_dir)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

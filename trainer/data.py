@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
@@ -22,6 +24,10 @@ _FEATURES = {
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
 }
 _LABEL_ERROR = re.compile(r"(label -?\d+ outside \d+\.\.\d+ in [^\]\n]+)")
+SPLITS = ("train", "validation")
+# A rank waiting for its shard files says which every this many seconds, and looks every second.
+WAIT_REPORT_EVERY_S = 30
+WAIT_POLL_S = 1.0
 
 
 class DataError(ValueError):
@@ -46,6 +52,9 @@ class Manifest:
     label_base: int | None = None
     train_records: int | None = None
     validation_records: int | None = None
+    # The shard file names of each split, from its `shards` list: what the directory will hold
+    # once the node's pull ends, whatever is on disk yet. None: the manifest lists none.
+    shard_files: dict[str, list[str]] | None = None
 
 
 def read_manifest(data_dir: Path) -> Manifest:
@@ -65,7 +74,24 @@ def read_manifest(data_dir: Path) -> Manifest:
     )
     if "label_map" in document:
         _check_label_map(path, document["label_map"], manifest)
+    if "shards" in document:
+        manifest = dataclasses.replace(manifest, shard_files=_shard_files(path, document["shards"]))
     return manifest
+
+
+def _shard_files(path: Path, shards) -> dict[str, list[str]]:
+    """Each split's file names, sorted; a malformed entry is named."""
+    names: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for index, entry in enumerate(shards if isinstance(shards, list) else [None]):
+        file = entry.get("file") if isinstance(entry, dict) else None
+        split = entry.get("split") if isinstance(entry, dict) else None
+        if not isinstance(file, str) or not file or "/" in file or split not in SPLITS:
+            raise DataError(
+                f"manifest {path}: shards[{index}] must be an object with a plain file name and "
+                f"a split of {' or '.join(SPLITS)}, got {_shown(entry)}"
+            )
+        names[split].append(file)
+    return {split: sorted(files) for split, files in names.items()}
 
 
 def _check_label_map(path: Path, label_map, manifest: Manifest) -> None:
@@ -127,6 +153,49 @@ def list_shards(data_dir: Path, split: str) -> list[str]:
     return files
 
 
+def listed_shards(data_dir: Path, shard_files: dict[str, list[str]], split: str) -> list[str]:
+    if not shard_files[split]:
+        raise DataError(f"manifest {data_dir / 'manifest.json'} lists no {split} shards")
+    return [str(data_dir / file) for file in shard_files[split]]
+
+
+def wait_for_files(
+    files: list[str],
+    wait_s: float,
+    say: Callable[[str], None],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Return once every file is on disk; say which are missing at once and every
+    WAIT_REPORT_EVERY_S; DataError naming them after wait_s. A file under its own name is whole:
+    the node renames each shard into place once verified (docs/contracts.md)."""
+    began = clock()
+    report_at = began
+    while missing := [file for file in files if not Path(file).exists()]:
+        waited = clock() - began
+        if waited >= wait_s:
+            raise DataError(
+                f"{_count(missing, 'shard file')} of this rank not on disk after --data-wait-s "
+                f"{wait_s:g}: {_some(missing)}"
+            )
+        if clock() >= report_at:
+            what = _count(missing, "shard file")
+            say(f"waiting for {what} ({waited:.0f} of {wait_s:g} s): {_some(missing)}")
+            report_at += WAIT_REPORT_EVERY_S
+        sleep(min(WAIT_POLL_S, max(wait_s - waited, 0.0)))
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'s' if len(items) != 1 else ''}"
+
+
+def _some(files: list[str], shown: int = 3) -> str:
+    """The first file names, and how many more: one line however many are missing."""
+    names = ", ".join(files[:shown])
+    return names + (f" and {len(files) - shown} more" if len(files) > shown else "")
+
+
 def require_records(files: list[str], what: str) -> None:
     """Fail when every file is empty: an endlessly repeated empty dataset never yields a batch.
 
@@ -138,13 +207,20 @@ def require_records(files: list[str], what: str) -> None:
 
 
 def resolve_dataset(data_dir: Path, num_classes: int | None, label_base: int | None) -> DatasetInfo:
-    """Shards plus class count and label base: flags override manifest.json, then defaults."""
-    train_files = list_shards(data_dir, "train")
-    validation_files = list_shards(data_dir, "validation")
+    """Shards plus class count and label base: flags override manifest.json, then defaults.
+
+    The shards are the ones manifest.json lists when it lists them (a node may still be pulling
+    some: each rank waits for its own, wait_for_files), else the ones on disk."""
     manifest = read_manifest(data_dir)
-    require_records(train_files, f"the train-* shards in {data_dir}")
-    # An empty validation split would not hang, but would report top-1 0.0 on 0 images.
-    require_records(validation_files, f"the validation-* shards in {data_dir}")
+    if manifest.shard_files is not None:
+        train_files = listed_shards(data_dir, manifest.shard_files, "train")
+        validation_files = listed_shards(data_dir, manifest.shard_files, "validation")
+    else:
+        train_files = list_shards(data_dir, "train")
+        validation_files = list_shards(data_dir, "validation")
+        require_records(train_files, f"the train-* shards in {data_dir}")
+        # An empty validation split would not hang, but would report top-1 0.0 on 0 images.
+        require_records(validation_files, f"the validation-* shards in {data_dir}")
     return DatasetInfo(
         num_classes=_first_given(num_classes, manifest.num_classes, DEFAULT_NUM_CLASSES),
         label_base=_first_given(label_base, manifest.label_base, DEFAULT_LABEL_BASE),

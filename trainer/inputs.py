@@ -152,6 +152,8 @@ def resolve_input(config: TrainConfig, global_batch: int):
         # Horovod: every record goes to one rank, whole files where there are enough of them.
         train_shard = data.shard_for_rank(info.train_files, hvd.rank(), hvd.size())
         val_shard = data.shard_for_rank(info.validation_files, hvd.rank(), hvd.size())
+        # The node may still be pulling: this rank's files first (docs/contracts.md).
+        data.wait_for_files(train_shard.files + val_shard.files, config.data_wait_s, say=rank_says)
     except data.DataError as exc:
         local_error = str(exc)
     agree(local_error)
@@ -187,6 +189,11 @@ def resolve_input(config: TrainConfig, global_batch: int):
             f"of {global_batch} ({hvd.size()} ranks x --batch-size {config.batch_size})"
         )
     return info, train_shard, val_shard, steps
+
+
+def rank_says(message: str) -> None:
+    """A line of this rank's own (the other ranks' output is horovodrun's [r]-prefixed lines)."""
+    print(f"rank {hvd.rank()}: {message}", flush=True)
 
 
 def input_threads(node_cpus: int) -> int:

@@ -14,6 +14,7 @@ the agreement on input failures, the BatchNorm average and the evaluation in the
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -24,12 +25,14 @@ STOP_CHECK_STEPS = 20
 
 class StepSums(NamedTuple):
     """What the step's allreduce summed since the last read: the losses as means over the ranks
-    and the steps, and whether any rank failed to read its input or was asked to stop."""
+    and the steps, whether any rank failed to read its input or was asked to stop, and whether
+    Horovod's elastic driver told rank 0 that the hosts changed."""
 
     loss: float
     total_loss: float
     bad_input: bool
     stop: bool
+    hosts_updated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Check:
     steps_per_epoch: int
     global_step: int
     stop: bool  # some rank was asked to stop (SIGTERM)
+    hosts_updated: bool = False  # elastic: the driver has new hosts for the job
 
     @property
     def last_in_epoch(self) -> bool:
@@ -75,7 +79,8 @@ class Schedule:
 class Loop:
     """Epochs of steps for one run. `step`, `batches`, `recorder`: trainer/step.py's Trainer,
     trainer/inputs.py's batches, trainer/recorder.py's Recorder (or fakes with their methods);
-    `stop_request.requested` is this rank's SIGTERM; `agree` the collective of trainer/ranks.py."""
+    `stop_request.requested` is this rank's SIGTERM; `agree` the collective of trainer/ranks.py;
+    `hosts_updated()` whether Horovod's elastic driver told this rank the hosts changed."""
 
     def __init__(
         self,
@@ -87,6 +92,7 @@ class Loop:
         actions: list[Action],
         stop_request,
         agree: Callable[[str | None], None],
+        hosts_updated: Callable[[], bool] = lambda: False,
     ):
         self.step = step
         self.batches = batches
@@ -95,9 +101,15 @@ class Loop:
         self.actions = actions
         self.stop_request = stop_request
         self.agree = agree
+        self.hosts_updated = hosts_updated
         self.global_step = 0
         self.unread_steps = 0  # steps since the sums were last read
         self.interval_steps = 0  # steps since the last log row
+        # Wall times: when the host last saw steps done (a check step's read, the first step),
+        # and when this loop's first step ended (None before it): a reset's recovery runs from
+        # the one before it to the other after it.
+        self.steps_seen_done_at: float | None = None
+        self.first_step_ended_at: float | None = None
 
     def evaluate(self) -> dict:
         """Collective: every rank evaluates its share, and all get the summed result."""
@@ -147,7 +159,12 @@ class Loop:
         for index in range(first_step, steps_per_epoch):
             images, labels = source.next()
             bad_input, stop = source.error is not None, self.stop_request.requested
-            self.step.train(images, labels, bad_input=bad_input, stop=stop)
+            began = time.perf_counter()
+            self.step.train(
+                images, labels, bad_input=bad_input, stop=stop, hosts_updated=self.hosts_updated()
+            )
+            if self.first_step_ended_at is None:
+                self.first_step_done(began)
             self.interval_steps += 1
             self.unread_steps += 1
             self.global_step += 1
@@ -156,9 +173,16 @@ class Loop:
             if log_step or self.global_step % STOP_CHECK_STEPS == 0:
                 self.check(epoch, index + 1, source.error, log_step)
 
+    def first_step_done(self, began: float) -> None:
+        """Wait for the first step (tracing and compiling included) once, and time it."""
+        self.step.wait()
+        self.first_step_ended_at = self.steps_seen_done_at = time.time()
+        self.recorder.first_step(time.perf_counter() - began, self.first_step_ended_at)
+
     def check(self, epoch: int, step: int, local_error: str | None, log_step: bool) -> None:
         """Read the agreed sums (a device sync), act on their flags, log if it is time."""
         sums = self.step.read_sums(self.unread_steps)
+        self.steps_seen_done_at = time.time()
         self.unread_steps = 0
         if sums.bad_input:
             self.agree(local_error)
@@ -173,6 +197,13 @@ class Loop:
                 learning_rate=self.step.learning_rate,
             )
             self.interval_steps = 0
-        check = Check(epoch, step, self.schedule.steps_per_epoch, self.global_step, sums.stop)
+        check = Check(
+            epoch,
+            step,
+            self.schedule.steps_per_epoch,
+            self.global_step,
+            sums.stop,
+            sums.hosts_updated,
+        )
         for action in self.actions:
             action.at_check(check)

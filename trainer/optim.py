@@ -11,19 +11,37 @@ from trainer.recipes import END_LR, LARS_ETA, POLY_POWER
 
 
 class _WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
-    """A peak reached by a linear warmup over warmup_steps, then a decay to total_steps."""
+    """A peak reached by a linear warmup over warmup_steps, then a decay to total_steps.
+
+    The three numbers are variables, not Python values a traced step would freeze: an elastic
+    run retargets them when the world changes (the peak scales, an epoch has other steps), as
+    Horovod's docs reassign the LR after a reset (docs/elastic.rst, "Elastic TensorFlow":
+    `optimizer.lr.assign(lr * hvd.size())` in on_state_reset). They are in no checkpoint: the
+    optimizer tracks no schedule, and each world sets them from the recipe."""
 
     def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+        self.peak = tf.Variable(0.0, trainable=False, name="lr_peak")
+        self.warmup_steps = tf.Variable(0.0, trainable=False, name="lr_warmup_steps")
+        self.total_steps = tf.Variable(1.0, trainable=False, name="lr_total_steps")
+        self.retarget(peak, warmup_steps, total_steps)
+
+    def retarget(self, peak: float, warmup_steps: int, total_steps: int) -> None:
         assert 0 <= warmup_steps <= total_steps and total_steps > 0, (warmup_steps, total_steps)
-        self.peak = peak
-        self.warmup_steps = warmup_steps
-        self.total_steps = total_steps
+        self.peak.assign(peak)
+        self.warmup_steps.assign(float(warmup_steps))
+        self.total_steps.assign(float(total_steps))
+
+    def _progress(self, step):
+        """The step as a float, and the fraction of the decay done (0 before it, 1 after)."""
+        step = tf.cast(step, tf.float32)
+        decay_steps = tf.maximum(self.total_steps - self.warmup_steps, 1.0)
+        return step, tf.clip_by_value((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
 
     def get_config(self):
         return {
-            "peak": self.peak,
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
+            "peak": float(self.peak.numpy()),
+            "warmup_steps": int(self.warmup_steps.numpy()),
+            "total_steps": int(self.total_steps.numpy()),
         }
 
 
@@ -31,10 +49,9 @@ class WarmupCosine(_WarmupSchedule):
     """0 -> peak linearly over warmup_steps, then cosine from peak to 0 at total_steps."""
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
-        warmup = self.peak * (step + 1) / max(self.warmup_steps, 1)
-        progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
-        cosine = 0.5 * self.peak * (1 + tf.cos(math.pi * tf.clip_by_value(progress, 0.0, 1.0)))
+        step, progress = self._progress(step)
+        warmup = self.peak * (step + 1) / tf.maximum(self.warmup_steps, 1.0)
+        cosine = 0.5 * self.peak * (1 + tf.cos(math.pi * progress))
         return tf.where(step < self.warmup_steps, warmup, cosine)
 
 
@@ -43,11 +60,9 @@ class WarmupPoly(_WarmupSchedule):
     END_LR + (peak - END_LR) (1 - progress)^POLY_POWER at total_steps."""
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
-        warmup = self.peak * step / max(self.warmup_steps, 1)
-        progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
-        remaining = 1.0 - tf.clip_by_value(progress, 0.0, 1.0)
-        poly = END_LR + (self.peak - END_LR) * tf.pow(remaining, POLY_POWER)
+        step, progress = self._progress(step)
+        warmup = self.peak * step / tf.maximum(self.warmup_steps, 1.0)
+        poly = END_LR + (self.peak - END_LR) * tf.pow(1.0 - progress, POLY_POWER)
         return tf.where(step < self.warmup_steps, warmup, poly)
 
 

@@ -16,7 +16,12 @@ PROGRESS_FILE = "progress.json"
 
 
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return utc_stamp(time.time())
+
+
+def utc_stamp(seconds: float) -> str:
+    """A wall time (time.time()) as docs/contracts.md writes times."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def eta_seconds(steps_left: int, global_batch: int, steady_images_per_s: float | None):
@@ -37,17 +42,18 @@ class ProgressFile:
         epochs: int,
         steps_per_epoch: int,
         global_batch: int,
+        ranks: int = 1,
     ) -> None:
         self.path = Path(model_dir) / PROGRESS_FILE
         self.enabled = enabled
-        self.global_batch = global_batch
-        self.total_steps = epochs * steps_per_epoch
+        self.epochs = epochs
         self.document: dict = {
             "phase": "training",
             "epoch": 1,
             "epochs": epochs,
             "step": 0,
             "steps_per_epoch": steps_per_epoch,
+            "ranks": ranks,
             "global_step": 0,
             "images_per_s": None,
             "loss": None,
@@ -55,6 +61,17 @@ class ProgressFile:
             "eta_s": None,
             "updated_at": None,
         }
+        self.set_world(
+            enabled=enabled, ranks=ranks, steps_per_epoch=steps_per_epoch, global_batch=global_batch
+        )
+
+    def set_world(self, *, enabled: bool, ranks: int, steps_per_epoch: int, global_batch: int):
+        """After an elastic reset: the new world's ranks (the watcher's "nodes 7 of 8") and step
+        length; rank 0 alone writes, and it may be another process than before."""
+        self.enabled = enabled
+        self.global_batch = global_batch
+        self.total_steps = self.epochs * steps_per_epoch
+        self.document.update(ranks=ranks, steps_per_epoch=steps_per_epoch)
 
     def log_step(
         self,

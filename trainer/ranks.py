@@ -38,7 +38,15 @@ def agree(local_error: str | None) -> None:
 
 
 def setup_devices() -> bool:
-    """Pin one GPU per local rank; on CPU share the cores among the local ranks. Returns has_gpu."""
+    """Collective: pin_devices, and every rank learns if one could not. Returns has_gpu."""
+    gpu, local_error = pin_devices()
+    agree(local_error)
+    return gpu
+
+
+def pin_devices() -> tuple[bool, str | None]:
+    """Pin one GPU per local rank; on CPU share the cores among the local ranks. Returns has_gpu
+    and this rank's error, for the ranks to agree on (elastic: inside the first world)."""
     gpus = tf.config.list_physical_devices("GPU")
     local_error = None
     if not gpus:
@@ -55,7 +63,8 @@ def setup_devices() -> bool:
     else:
         for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)
-        # Horovod: pin one GPU per process, chosen by local rank.
+        # Horovod: pin one GPU per process, chosen by local rank (an elastic rank keeps its
+        # local rank, its slot on the host, across resets: horovod/runner/elastic/driver.py
+        # get_slot_info).
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    agree(local_error)
-    return bool(gpus)
+    return bool(gpus), local_error

@@ -103,6 +103,17 @@ class Recipe:
     decay: str  # "cosine" (to 0) or "poly" (power POLY_POWER to END_LR)
     source: str
     progressive: bool = False  # train_resolution's sizes, else --image-size throughout
+    # How the peak LR follows the global batch: "linear" (goyal: Goyal et al.'s rule) or "sqrt"
+    # (fast: the logged MLPerf runs' own trend, fast() below).
+    lr_scaling: str = "linear"
+
+    def peak_lr_at(self, planned_batch: int, global_batch: int) -> float:
+        """The peak LR when an elastic run trains at `global_batch` instead of the `planned_batch`
+        its recipe was settled for (the per-rank batch stays, the ranks changed): scaled by the
+        recipe's own rule. Every other value (epochs, warmup epochs, momentum, weight decay) stays
+        the planned one; docs/trainer.md, "Elastic training", has the policy and its sources."""
+        ratio = global_batch / planned_batch
+        return self.peak_lr * (math.sqrt(ratio) if self.lr_scaling == "sqrt" else ratio)
 
     def pixel_fraction(self, image_size: int) -> float:
         """The training pixels of all epochs over those of image_size throughout."""
@@ -155,6 +166,7 @@ def fast(
         source=f"MLPerf {run.source}, global batch {run.global_batch}, 75.9% at epoch "
         f"{run.reached_target_at_epoch}",
         progressive=True,
+        lr_scaling="sqrt",
     )
 
 

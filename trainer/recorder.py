@@ -1,6 +1,7 @@
 """What a run shows, written by rank 0: the log (the table, the epoch lines), TensorBoard events,
-<model-dir>/progress.json (trainer/progress.py), eval.json, train.json and interrupted.json
-(docs/contracts.md), and the TRAINER_WEIGHTS_DIGEST_DIR test hook, written by every rank.
+<model-dir>/progress.json (trainer/progress.py), eval.json, train.json, resets.json and
+interrupted.json (docs/contracts.md); startup.json by every node's local rank 0; and the
+TRAINER_WEIGHTS_DIGEST_DIR test hook, written by every rank.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainer.config import TrainConfig
-from trainer.progress import ProgressFile
+from trainer.progress import ProgressFile, utc_stamp
 
 HEADER = f"{'Step':>8} {'Epoch':>6} {'Speed':>9} {'Loss':>7} {'FinLoss':>7} {'LR':>9}"
 # bootstrap/spot.py mirrors this name: the node reads the marker after the trainer exits.
 INTERRUPTED_FILE = "interrupted.json"
+STARTUP_FILE = "startup.json"
+RESETS_FILE = "resets.json"
 # Test hook: when set, every rank writes rank-<r>.sha256 of every variable of its checkpoint
-# (weights, optimizer slots, loss scale state, counters) at the end into this directory.
+# (weights, optimizer slots, loss scale state, counters) at the end into this directory, and
+# under --elastic world-<n>-rank-<r>.sha256 after the sync of each world n (0: the first).
 WEIGHTS_DIGEST_ENV = "TRAINER_WEIGHTS_DIGEST_DIR"
 
 
@@ -46,20 +50,29 @@ def clock(seconds: float) -> str:
 
 
 class Timings:
-    """Where this invocation's wall time went, for train.json and the epoch lines."""
+    """Where this invocation's wall time went, for train.json and the epoch lines. `started` is
+    the process's start on time.perf_counter's clock (trainer.train's main takes it first)."""
 
     def __init__(self, started: float):
         self.started = started
+        self.started_at = time.time() - (time.perf_counter() - started)  # the same, wall clock
         self.train_start = None  # set when the first step is about to run
-        self.timed_images, self.timed_seconds = 0, 0.0  # steady state: the first interval left out
+        # steady state: the first interval (of the run, and after each elastic reset) left out
+        self.timed_images, self.timed_seconds, self.timed_steps = 0, 0.0, 0
         self.all_images, self.all_seconds = 0, 0.0
         self.first_interval = True
+        # The start-up record (docs/contracts.md): the attempt's, which an elastic run keeps in
+        # its synced state so that a later rank 0 reports the same.
+        self.start_step = 0
+        self.framework_start_s: float | None = None
+        self.first_step_s: float | None = None
+        self.first_step_at: str | None = None
         self.evaluation_s = 0.0
         self.checkpoint_s = 0.0
         self.epochs_done = 0
         self.epochs_s = 0.0
 
-    def interval(self, images: int, seconds: float) -> None:
+    def interval(self, images: int, seconds: float, steps: int) -> None:
         """The first interval includes graph tracing and compilation: the steady rate leaves it
         out, unless the run is too short to have another (then all_* is the best there is)."""
         self.all_images += images
@@ -67,7 +80,31 @@ class Timings:
         if not self.first_interval:
             self.timed_images += images
             self.timed_seconds += seconds
+            self.timed_steps += steps
         self.first_interval = False
+
+    def step_seconds(self) -> float | None:
+        """Mean seconds of a steady step (train.json's `step_s`); None before one was timed."""
+        return self.timed_seconds / self.timed_steps if self.timed_steps else None
+
+    def first_step(self, seconds: float, ended_at: float) -> bool:
+        """The process's first step ended at `ended_at` (wall) after `seconds`; False when an
+        earlier world already had its first step."""
+        if self.first_step_s is not None:
+            return False
+        self.first_step_s = round(seconds, 1)
+        self.first_step_at = utc_stamp(ended_at)
+        self.framework_start_s = round(ended_at - seconds - self.started_at, 1)
+        return True
+
+    def startup(self) -> dict:
+        """startup.json (docs/contracts.md)."""
+        return {
+            "started_at": utc_stamp(self.started_at),
+            "framework_start_s": self.framework_start_s,
+            "first_step_s": self.first_step_s,
+            "first_step_at": self.first_step_at,
+        }
 
     def steady_rate(self) -> float | None:
         """The rate without the compiling first interval; None while there is only that one."""
@@ -96,28 +133,51 @@ class Recorder:
     timings. `step` is trainer/step.py's Trainer (its loss scale and weights digest)."""
 
     def __init__(
-        self, config: TrainConfig, *, rank: int, ranks: int, steps_per_epoch: int, timings, step
+        self,
+        config: TrainConfig,
+        *,
+        rank: int,
+        ranks: int,
+        steps_per_epoch: int,
+        timings,
+        step,
+        local_rank: int = 0,
     ):
         self.model_dir = config.model_dir
         self.epochs = config.epochs
         self.image_size = config.image_size
-        self.rank = rank
-        self.ranks = ranks
-        self.global_batch = config.batch_size * ranks
-        self.steps_per_epoch = steps_per_epoch
+        self.batch_size = config.batch_size
         self.timings = timings
         self.step = step
         self.writer = None
-        if rank == 0:
-            self.writer = tf.summary.create_file_writer(str(self.model_dir / "tensorboard"))
         self.progress = ProgressFile(
             self.model_dir,
             enabled=rank == 0,
             epochs=config.epochs,
             steps_per_epoch=steps_per_epoch,
+            global_batch=config.batch_size * ranks,
+            ranks=ranks,
+        )
+        self.set_world(rank, ranks, steps_per_epoch, local_rank)
+        self.epoch_began = self.interval_began = self.evaluation_began = 0.0
+
+    def set_world(self, rank: int, ranks: int, steps_per_epoch: int, local_rank: int) -> None:
+        """This rank's place in the world; an elastic run calls it again after every reset,
+        after which this process may be rank 0 (the writer) where it was not before."""
+        self.rank = rank
+        self.local_rank = local_rank
+        self.ranks = ranks
+        self.global_batch = self.batch_size * ranks
+        self.steps_per_epoch = steps_per_epoch
+        if rank == 0 and self.writer is None:
+            self.writer = tf.summary.create_file_writer(str(self.model_dir / "tensorboard"))
+        self.progress.set_world(
+            enabled=rank == 0,
+            ranks=ranks,
+            steps_per_epoch=steps_per_epoch,
             global_batch=self.global_batch,
         )
-        self.epoch_began = self.interval_began = self.evaluation_began = 0.0
+        self.timings.first_interval = True  # the next one includes the reset's recovery
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -128,7 +188,8 @@ class Recorder:
 
     def begin_training(self) -> None:
         self.log(HEADER)
-        self.timings.train_start = time.perf_counter()
+        if self.timings.train_start is None:  # the first world's: elastic worlds begin again
+            self.timings.train_start = time.perf_counter()
 
     def training_seconds(self) -> float:
         return time.perf_counter() - self.timings.train_start
@@ -147,7 +208,7 @@ class Recorder:
         now = time.perf_counter()
         images, seconds = self.global_batch * steps, now - self.interval_began
         speed = images / seconds
-        self.timings.interval(images, seconds)
+        self.timings.interval(images, seconds, steps)
         progress = epoch - 1 + step / self.steps_per_epoch
         lr = learning_rate()
         self.log(
@@ -214,6 +275,17 @@ class Recorder:
             f"{clock(seconds)}: stopping"
         )
 
+    def first_step(self, seconds: float, ended_at: float) -> None:
+        """The process's first step ended: every node's local rank 0 writes startup.json."""
+        if self.timings.first_step(seconds, ended_at) and self.local_rank == 0:
+            self.model_dir.mkdir(parents=True, exist_ok=True)
+            write_json(self.model_dir / STARTUP_FILE, self.timings.startup())
+
+    def write_resets(self, resets: list[dict]) -> None:
+        """resets.json: rank 0 rewrites it after every elastic reset (docs/contracts.md)."""
+        if self.rank == 0:
+            write_json(self.model_dir / RESETS_FILE, resets)
+
     def interrupted(self, message: str) -> None:
         """Rank 0's marker for the node (docs/contracts.md): the checkpoint is on disk."""
         if self.rank == 0:
@@ -223,10 +295,15 @@ class Recorder:
                 {"reason": message, "checkpoint": latest, "step": checkpoint_step(latest)},
             )
 
-    def finish(self, epochs_trained: int, target: dict) -> None:
-        """train.json (with `target`'s fields), the digest hook, and the last line."""
+    def finish(
+        self, epochs_trained: int, target: dict, *, end_step: int, resets: list[dict]
+    ) -> None:
+        """train.json (with `target`'s fields and the attempt's start-up and resets), the digest
+        hook, and the last line. `end_step` is the global step reached."""
         now = time.perf_counter()
         if self.rank == 0:
+            timings = self.timings
+            step_s = timings.step_seconds()
             write_json(
                 self.model_dir / "train.json",
                 {
@@ -234,7 +311,15 @@ class Recorder:
                     "epochs_planned": self.epochs,
                     "global_batch": self.global_batch,
                     **target,
-                    **self.timings.summary(now),
+                    **timings.summary(now),
+                    "start_step": timings.start_step,
+                    "end_step": end_step,
+                    "step_s": None if step_s is None else round(step_s, 4),
+                    "framework_start_s": timings.framework_start_s,
+                    "first_step_s": timings.first_step_s,
+                    "first_step_at": timings.first_step_at,
+                    "steps_redone": sum(reset["steps_redone"] for reset in resets),
+                    "resets": resets,
                 },
             )
             self.writer.flush()
@@ -244,10 +329,12 @@ class Recorder:
     def log_finished(self, now: float) -> None:
         self.log(f"Finished in {now - self.timings.started:.1f}")
 
-    def write_digest(self) -> None:
+    def write_digest(self, prefix: str = "") -> None:
+        """The test hook: `<prefix>rank-<r>.sha256` of every state variable (elastic: also
+        `world-<n>-rank-<r>.sha256` right after the n-th world's sync)."""
         digest_dir = os.environ.get(WEIGHTS_DIGEST_ENV)
         if digest_dir:
-            path = Path(digest_dir, f"rank-{self.rank}.sha256")
+            path = Path(digest_dir, f"{prefix}rank-{self.rank}.sha256")
             path.write_text(self.step.weights_digest() + "\n")
 
 

@@ -9,6 +9,7 @@ evaluated. This module builds the parts and starts the loop:
     recorder.py the log, TensorBoard, progress.json, eval.json, train.json, interrupted.json
     actions.py  the periodic checkpoint, the checkpoint on SIGTERM, the stop at --target-top1
     loop.py     the epochs, the agreed stop flags and the resolution schedule
+    elastic.py, elastic_run.py   --elastic: hvd.elastic.run, one world after another
 
 Outputs (rank 0): <model-dir>/checkpoints/ (at epoch ends every --checkpoint-every-s, at the end,
 and on SIGTERM; a restart resumes from the newest, mid-epoch included), <model-dir>/tensorboard/,
@@ -18,7 +19,8 @@ Bad input ends every rank with one `error: ...` line and exit status 2: ranks ag
 through a collective before going on, so none is left waiting on a rank that stopped.
 SIGTERM to any rank: every rank stops at the same step within STOP_CHECK_STEPS steps, rank 0
 saves a checkpoint of that step and writes interrupted.json, and every rank exits with status
-EXIT_INTERRUPTED (docs/contracts.md).
+EXIT_INTERRUPTED (docs/contracts.md). Under --elastic the signalled ranks' hosts leave instead
+(EXIT_LEFT) while at least --min-ranks ranks are left to train.
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from trainer.actions import (
     CheckpointOnStop,
     Checkpoints,
     Interrupted,
-    PeriodicCheckpoint,
-    StopAtTarget,
     StopRequest,
+    checkpoint_and_target,
 )
 from trainer.cli import fail
 from trainer.config import TrainConfig
+from trainer.elastic_actions import EXIT_LEFT, LeftJob
+from trainer.elastic_run import ElasticRun
 from trainer.inputs import InputPlan, plan_inputs
 from trainer.loop import Loop, Schedule
 from trainer.ranks import RunError, agree, log, setup_devices
+from trainer.recipes import Recipe
 from trainer.recorder import Recorder, Timings, make_model_dir
 from trainer.resume import resume
 from trainer.step import Trainer, settle_recipe
@@ -52,8 +56,10 @@ from trainer.step import Trainer, settle_recipe
 EXIT_INTERRUPTED = 75
 
 
-def start(config: TrainConfig) -> int:
-    """Train as `config` says on this rank; returns the exit status (0, or EXIT_INTERRUPTED)."""
+def start(config: TrainConfig, started: float | None = None) -> int:
+    """Train as `config` says on this rank; returns the exit status (0, EXIT_INTERRUPTED or
+    EXIT_LEFT). `started`: the process's start on time.perf_counter's clock."""
+    timings = Timings(time.perf_counter() if started is None else started)
     stop = StopRequest()
     # The node's CPUs, counted before this rank is bound to its GPU's socket: the input threads
     # are a share of the node, not of the socket.
@@ -65,19 +71,26 @@ def start(config: TrainConfig) -> int:
     if bound:
         log(bound)
     try:
-        train(config, stop, node_cpus)
+        if config.elastic:
+            ElasticRun(config, stop, node_cpus, timings, loop_schedule).run()
+        else:
+            train(config, stop, node_cpus, timings)
     except RunError as exc:
         fail(str(exc))
     except Interrupted as exc:
         log(f"interrupted: {exc}; checkpoint saved, a rerun resumes from this step")
         return EXIT_INTERRUPTED
+    except LeftJob as exc:
+        # Never 0 while the others go on (trainer/elastic.py EXIT_LEFT); horovodrun prefixes
+        # the line with this rank's old number.
+        print(f"left the elastic job: {exc}", flush=True)
+        return EXIT_LEFT
     return 0
 
 
-def train(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
+def train(config: TrainConfig, stop: StopRequest, node_cpus: int, timings: Timings) -> None:
     """Every collective of the run happens in this order on every rank: the agreements while
     setting up, the restore's broadcasts, then the loop's."""
-    timings = Timings(time.perf_counter())
     gpu = setup_devices()
     # Horovod: the global batch is every rank's batch; the recipe follows it.
     global_batch = config.batch_size * hvd.size()
@@ -102,28 +115,19 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
         steps_per_epoch=plan.steps_per_epoch,
         timings=timings,
         step=trainer,
+        local_rank=hvd.local_rank(),
     )
     log(describe_run(config, trainer, plan))
     log(recipe.describe())
     begin = resume(trainer, manager, plan.steps_per_epoch)
+    timings.start_step = trainer.global_step()
     batches = plan.batches(config, node_cpus, "/gpu:0" if gpu else None)  # its one GPU
-    schedule = Schedule(
-        epochs=config.epochs,
-        steps_per_epoch=plan.steps_per_epoch,
-        log_every=config.log_every,
-        eval_every=config.eval_every,
-        image_size=config.image_size,
-        train_size=lambda epoch: recipe.train_size(epoch, config.image_size),
-    )
+    schedule = loop_schedule(config, recipe, plan.steps_per_epoch)
     checkpoints = Checkpoints(trainer, manager, timings)
-    actions = [
-        CheckpointOnStop(trainer, checkpoints, recorder, stop, agree),
-        PeriodicCheckpoint(checkpoints, config.checkpoint_every_s),
-    ]
-    target = None
-    if config.target_top1 is not None:
-        target = StopAtTarget(config.target_top1, checkpoints, recorder)
-        actions.append(target)
+    more, target = checkpoint_and_target(
+        checkpoints, config.checkpoint_every_s, config.target_top1, recorder
+    )
+    actions = [CheckpointOnStop(trainer, checkpoints, recorder, stop, agree), *more]
     loop = Loop(
         trainer, batches, recorder, schedule, actions=actions, stop_request=stop, agree=agree
     )
@@ -134,7 +138,19 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int) -> None:
         recorder.log_finished(time.perf_counter())
         return
     trained = loop.run(begin.epoch, begin.skip_steps)
-    recorder.finish(trained, target.summary() if target else {})
+    summary = target.summary() if target else {}
+    recorder.finish(trained, summary, end_step=trainer.global_step(), resets=[])
+
+
+def loop_schedule(config: TrainConfig, recipe: Recipe, steps_per_epoch: int) -> Schedule:
+    return Schedule(
+        epochs=config.epochs,
+        steps_per_epoch=steps_per_epoch,
+        log_every=config.log_every,
+        eval_every=config.eval_every,
+        image_size=config.image_size,
+        train_size=lambda epoch: recipe.train_size(epoch, config.image_size),
+    )
 
 
 def describe_run(config: TrainConfig, trainer: Trainer, plan: InputPlan) -> str:

@@ -19,8 +19,11 @@ from trainer.model import build_resnet, decayed_variables
 from trainer.optim import lars_scale, make_optimizer, make_schedule
 from trainer.ranks import agree
 
-# Layout of the vector every step allreduces (summed): the losses for the log, and the flags.
-CROSS_ENTROPY, TOTAL_LOSS, BAD_INPUT, STOP = range(4)
+# Layout of the vector every step allreduces (summed): the losses for the log, and the flags:
+# a rank failed to read its input, was asked to stop (SIGTERM), or (rank 0, elastic) was told by
+# Horovod's driver that the hosts changed.
+CROSS_ENTROPY, TOTAL_LOSS, BAD_INPUT, STOP, HOSTS_UPDATED = range(5)
+SUMS = 5
 
 
 def settle_recipe(config: TrainConfig, global_batch: int) -> tuple[TrainConfig, recipes.Recipe]:
@@ -60,13 +63,16 @@ class Trainer:
         num_classes: int,
         steps_per_epoch: int,
         gpu: bool,
+        planned_ranks: int | None = None,
     ):
         assert config.epochs == recipe.epochs, "run with settle_recipe's config"
         self.config = config
         self.recipe = recipe
         self.num_classes = num_classes
-        # Horovod: every step trains on one batch per rank.
-        self.global_batch = config.batch_size * hvd.size()
+        # The world the recipe was settled for (elastic: --planned-ranks): set_world scales the
+        # peak LR from its global batch, and the step pre-divides gradients by its rank count.
+        self.planned_ranks = planned_ranks or hvd.size()
+        self.planned_batch = config.batch_size * self.planned_ranks
         mixed = config.precision == "fp16" or (config.precision == "auto" and gpu)
         self.xla = config.xla == "on" or (config.xla == "auto" and gpu)
         self.lars = recipe.lars
@@ -76,11 +82,8 @@ class Trainer:
             tf.keras.mixed_precision.set_global_policy("mixed_float16")
         sized = None if recipe.progressive else config.image_size
         self.model = build_resnet(config.arch, num_classes, sized)
-        # Horovod: the learning rate follows the global batch (the recipe's rule for it).
-        self.peak_lr = recipe.peak_lr
-        total_steps = config.epochs * steps_per_epoch
-        warmup_steps = min(round(self.warmup_epochs * steps_per_epoch), total_steps)
-        self.schedule = make_schedule(recipe.decay, self.peak_lr, warmup_steps, total_steps)
+        # Placeholder numbers: set_world sets this world's.
+        self.schedule = make_schedule(recipe.decay, recipe.peak_lr, 0, 1)
         self.optimizer = make_optimizer(self.schedule, recipe.momentum, mixed, self.lars)
         self.optimizer.build(self.model.trainable_variables)
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
@@ -100,14 +103,32 @@ class Trainer:
         # Listed once, before any save or restore: rank 0's CheckpointManager later adds a
         # save_counter the other ranks never get, and every rank must broadcast the same list.
         self.state = checkpoint_variables(self.checkpoint)
-        # Summed over steps between two reads: [cross entropy, total loss, bad input, stop].
-        self.step_sums = tf.Variable(tf.zeros([4]), trainable=False, name="step_sums")
+        # Summed over steps between two reads: the losses and the flags (SUMS above).
+        self.step_sums = tf.Variable(tf.zeros([SUMS]), trainable=False, name="step_sums")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.decayed = decayed_variables(self.model)
         self.lars_ids = {id(v) for v in self.decayed}
         self.forward = tf.function(self._forward, jit_compile=self.xla)
+        # Traced once for every world: nothing in it depends on the world's size (the LR is the
+        # schedule's variables, the pre-divide the planned world's: distributed_tape).
         self.train_step = tf.function(self._train_step)
         self.eval_step = tf.function(self._eval_step, jit_compile=self.xla, reduce_retracing=True)
+        self.set_world(hvd.size(), steps_per_epoch)
+
+    def set_world(self, ranks: int, steps_per_epoch: int) -> None:
+        """This world's global batch, peak LR and schedule (an elastic run calls it after every
+        reset). The per-rank batch stays; the peak LR follows the recipe's rule from the planned
+        batch, and the schedule's warmup and length are the recipe's epochs in this world's
+        steps. Variables, not Python values frozen in the traced step: no retrace."""
+        # Horovod: every step trains on one batch per rank.
+        self.global_batch = self.config.batch_size * ranks
+        # Horovod: the learning rate follows the global batch (the recipe's rule for it).
+        self.peak_lr = self.recipe.peak_lr_at(self.planned_batch, self.global_batch)
+        total_steps = self.config.epochs * steps_per_epoch
+        warmup_steps = min(round(self.warmup_epochs * steps_per_epoch), total_steps)
+        self.schedule.retarget(self.peak_lr, warmup_steps, total_steps)
+        self.ranks = ranks
+        self.step_sums.assign(tf.zeros([SUMS]))  # a failed world's unread sums are void
 
     def _forward(self, images, labels):
         logits = self.model(images, training=True)
@@ -124,7 +145,7 @@ class Trainer:
         with tf.GradientTape() as tape:
             cross_entropy, total = self.forward(images, labels)
             loss = self.optimizer.get_scaled_loss(total) if self.mixed else total
-        tape = distributed_tape(tape)  # Horovod: the gradients, averaged over the ranks
+        tape = distributed_tape(tape, self.planned_ranks)  # Horovod: the gradients, averaged
         grads = tape.gradient(loss, variables)
         if self.mixed:
             grads = self.optimizer.get_unscaled_gradients(grads)
@@ -148,10 +169,15 @@ class Trainer:
         top5 = tf.math.in_top_k(labels, logits, min(5, self.num_classes))
         return tf.reduce_sum(tf.cast(top1, tf.int64)), tf.reduce_sum(tf.cast(top5, tf.int64))
 
-    def train(self, images, labels, *, bad_input: bool, stop: bool) -> None:
+    def train(self, images, labels, *, bad_input: bool, stop: bool, hosts_updated: bool) -> None:
         """One step; every rank's flags ride in its allreduce (a tensor: a Python value would
         trace the step anew for each)."""
-        self.train_step(images, labels, tf.constant([float(bad_input), float(stop)]))
+        flags = tf.constant([float(bad_input), float(stop), float(hosts_updated)])
+        self.train_step(images, labels, flags)
+
+    def wait(self) -> None:
+        """Block until the steps issued so far have run: their sums are written last."""
+        self.step_sums.numpy()
 
     def global_step(self) -> int:
         return int(self.optimizer.iterations.numpy())
@@ -162,24 +188,31 @@ class Trainer:
     def read_step_sums(self) -> np.ndarray:
         """The sums since the last read (a device sync: only at check steps), then reset."""
         sums = self.step_sums.numpy()
-        self.step_sums.assign(tf.zeros([4]))
+        self.step_sums.assign(tf.zeros([SUMS]))
         return sums
 
     def read_sums(self, steps: int) -> StepSums:
         """read_step_sums over `steps` steps, as the loop reads them: the same on every rank."""
         sums = self.read_step_sums()
         # Horovod: the losses were summed over the ranks; the log shows their mean.
-        ranks = hvd.size()
+        ranks = self.ranks
         return StepSums(
             loss=sums[CROSS_ENTROPY] / ranks / steps,
             total_loss=sums[TOTAL_LOSS] / ranks / steps,
             bad_input=bool(sums[BAD_INPUT]),
             stop=bool(sums[STOP]),
+            hosts_updated=bool(sums[HOSTS_UPDATED]),
         )
 
     def record_epoch(self, epoch: int) -> None:
         """The checkpoint's count of completed epochs."""
         self.epoch.assign(epoch)
+
+    def mark_position(self, epochs_done: int, epoch_step: int) -> None:
+        """Where the state stands, in its variables (an elastic commit, a checkpoint): epochs
+        done, and steps done into the next one (of saved_steps_per_epoch)."""
+        self.epoch.assign(epochs_done)
+        self.epoch_step.assign(epoch_step)
 
     def loss_scale_state(self) -> tuple[float, int] | None:
         """float16's loss scale and the steps skipped for non-finite gradients; None in float32."""
@@ -208,10 +241,10 @@ class Trainer:
             "images": int(images),
         }
 
-    def broadcast_state(self) -> None:
-        # Horovod: every rank starts from rank 0's variables, fresh or restored: all of the
-        # checkpoint's, so that fp16 ranks also share rank 0's loss scale and good-step count.
-        hvd.broadcast_variables(self.state, root_rank=0)
+    def broadcast_state(self, root: int = 0) -> None:
+        # Horovod: every rank starts from the root's variables, fresh or restored: all of the
+        # checkpoint's, so that fp16 ranks also share its loss scale and good-step count.
+        hvd.broadcast_variables(self.state, root_rank=root)
 
     def average_batchnorm_statistics(self) -> None:
         """Moving means/variances drift apart per rank (each sees its own data): average them."""
@@ -228,10 +261,16 @@ class Trainer:
         return digest.hexdigest()
 
 
-def distributed_tape(tape: tf.GradientTape) -> hvd.DistributedGradientTape:
-    """Horovod: average gradients over ranks, sent as float16 to halve the traffic. Each rank's
-    gradient is divided by the rank count before the sum (prescale 1/size), not after it: the
-    sum of 512 loss-scaled float16 gradients would overflow where their average does not."""
+def distributed_tape(tape: tf.GradientTape, predivide: int) -> hvd.DistributedGradientTape:
+    """Horovod: average gradients over the ranks, sent as float16 to halve the traffic. Each
+    rank's gradient is divided by `predivide` (the planned rank count) before the sum, not after
+    it: the sum of 512 loss-scaled float16 gradients would overflow where their average does not.
+    Horovod multiplies the sum back by `predivide` and divides it by its own size at run time
+    (horovod/tensorflow/__init__.py v0.28.1 lines 557-561, horovod/common/operations.cc lines
+    1805-1808), so the result is the average in any world; in one of at most `predivide` ranks
+    the sum of the pre-divided gradients stays below the largest of them. An elastic run's step
+    is therefore traced once: the Python number it freezes is the planned world's, not the
+    current one's hvd.size()."""
     return hvd.DistributedGradientTape(
-        tape, compression=hvd.Compression.fp16, gradient_predivide_factor=float(hvd.size())
+        tape, compression=hvd.Compression.fp16, gradient_predivide_factor=float(predivide)
     )

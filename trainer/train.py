@@ -15,19 +15,21 @@ docs/contracts.md.
 from __future__ import annotations
 
 import sys
+import time
 
 from trainer.cli import fail
 from trainer.config import ConfigError, parse_config
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the process's start, as near as Python gets (startup.json)
     try:
         config = parse_config(argv)  # the same argv on every rank: no agreement needed
     except ConfigError as exc:
         fail(str(exc))
     from trainer import run  # TensorFlow and Horovod: only for a command line that parsed
 
-    return run.start(config)
+    return run.start(config, started)
 
 
 if __name__ == "__main__":

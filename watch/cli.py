@@ -5,6 +5,9 @@
                                                     or node N's bootstrap log, from CloudWatch Logs
     horovod-fleet runs                              every run in the bucket with its goodput,
                                                     and its start-up measured against estimated
+    horovod-fleet enable-events --bucket NAME       your own bucket (-c datasetBucket=) sends its
+                                                    events to EventBridge, its other
+                                                    notifications kept (watch/bucket.py)
 
 The run is --run, else TrainStack's; the bucket --bucket, else TrainStack's, else
 horovod-fleet-<account>-<region>. AWS_ENDPOINT_URL points every call at a local endpoint (the
@@ -20,6 +23,7 @@ from datetime import datetime, timezone
 from typing import NoReturn
 
 from watch.aws import Fleet, RunStore, WatchError, explain
+from watch.bucket import enable_eventbridge
 from watch.screen import RunFacts, parse_time, runs_table, status_screen, with_controller
 
 RUN_OUTPUT = "HorovodFleetRun"  # TrainStack's output naming its run (docs/contracts.md)
@@ -54,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--log-group", help="log group (default: TrainStack's LogGroup output)")
     sub.add_parser("runs", parents=[common], help="every run in the bucket")
+    sub.add_parser(
+        "enable-events",
+        parents=[common],
+        help="turn on EventBridge notifications for your own bucket (--bucket), keeping its "
+        "other notifications",
+    )
     return parser
 
 
@@ -175,6 +185,15 @@ def logs(watcher: Watcher) -> int:
         time.sleep(FOLLOW_POLL_S)
 
 
+def enable_events(args: argparse.Namespace) -> int:
+    if not args.bucket:
+        raise WatchError(
+            "enable-events needs --bucket NAME: the bucket you deploy with -c datasetBucket="
+        )
+    print(enable_eventbridge(Fleet.connect(args.region).client("s3"), args.bucket))
+    return 0
+
+
 COMMANDS = {"status": status, "runs": runs, "logs": logs}
 
 
@@ -182,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         try:
+            if args.command == "enable-events":
+                return enable_events(args)
             return COMMANDS[args.command](Watcher(args))
         except WatchError:
             raise

@@ -352,7 +352,7 @@ def lead(
     interface: str | None = None,
 ):
     """What the head does after the rendezvous in benchmark mode, each part a named bootstrap
-    step: measure, upload the files and the logs, then DONE.json (the reaper's cue)."""
+    step: measure, upload the files and the logs, then DONE.json (the run controller's cue)."""
     hosts = [node["ip"] for node in sorted(nodes, key=lambda node: node["index"])]
     doc, files = step(
         "benchmark", lambda: benchmark_node(cfg, hosts, key, data_dir, log, interface)

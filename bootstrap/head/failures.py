@@ -288,6 +288,34 @@ def exit_cause(code: int) -> str:
     return causes.UNKNOWN
 
 
+# horovodrun's ssh check of every remote host before it starts a rank: "ssh not successful for
+# host <host>:" and ssh's own words for each host it could not reach, then "could not connect to
+# some hosts via ssh" (horovod 0.28.1 horovod/runner/launch.py, _check_all_hosts_ssh_successful,
+# https://github.com/horovod/horovod/blob/v0.28.1/horovod/runner/launch.py).
+SSH_CHECK_FAILED = "could not connect to some hosts via ssh"
+SSH_HOST_FAILED = re.compile(r"ssh not successful for host (\S+?):?$")
+
+
+def unreachable_at_start(lines: list[str], nodes: list[tuple[int, str]]) -> Failure | None:
+    """A node horovodrun could not reach over ssh as it started: its host died or went off the
+    network between the rendezvous and the launch. Named as a lost node, with ssh's words."""
+    if not any(SSH_CHECK_FAILED in line for line in lines):
+        return None
+    index_of = {host: index for index, host in nodes}
+    named = []
+    for at, line in enumerate(lines):
+        if not (found := SSH_HOST_FAILED.search(line)):
+            continue
+        host = found.group(1)
+        said = lines[at + 1] if at + 1 < len(lines) else ""
+        words = "" if not said or SSH_HOST_FAILED.search(said) else f" ({said})"
+        who = f"node {index_of[host]} ({host})" if host in index_of else f"host {host}"
+        named.append(f"{who} lost: horovodrun could not reach it over ssh as it started{words}")
+    if not named:
+        named = [f"a node lost: horovodrun {SSH_CHECK_FAILED} as it started"]
+    return Failure(causes.NODE_LOST, trim_reason("; ".join(named)))
+
+
 def classify(
     tail: str, hostfile: str = "", filesystem: Callable[[str], str | None] = describe_filesystem
 ) -> Failure:
@@ -300,6 +328,8 @@ def classify(
     nodes = rank_nodes(hostfile)
     if known := known_cause(lines, nodes, filesystem):
         return known
+    if unreachable := unreachable_at_start(lines, nodes):
+        return unreachable
     exits = {int(rank): int(code) for rank, code in RANK_CODE.findall(tail)}
     killed = {int(rank): name for rank, name in RANK_SIGNAL.findall(tail)}
     # The trainer's lowercase `error:` (after horovodrun's `[1]<stderr>:` prefix), not the

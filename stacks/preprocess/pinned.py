@@ -4,9 +4,9 @@ from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import PINNED_TYPE
-from stacks.teardown.reaper_answers import reaper_answers
 
 
 class Pinned(Construct):
@@ -23,7 +23,7 @@ class Pinned(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: FleetGuards,
+        guards: FleetGuards,
         image_parameter: str,
         code: dict[str, str],
     ) -> None:
@@ -32,7 +32,7 @@ class Pinned(Construct):
         read = iam.Policy(
             self,
             "ImageParameterRead",
-            roles=[reaper.answers_role],
+            roles=[guards.answers_role],
             statements=[
                 iam.PolicyStatement(
                     actions=["ssm:GetParameter"],
@@ -48,10 +48,10 @@ class Pinned(Construct):
                 )
             ],
         )
-        pin = reaper_answers(
+        pin = answered(
             self,
             "Values",
-            reaper=reaper,
+            guards=guards,
             resource_type=PINNED_TYPE,
             properties={"ImageParameter": image_parameter, "Code": code},
         )

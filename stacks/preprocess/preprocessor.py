@@ -64,7 +64,7 @@ class Preprocessor(Construct):
         subnet: ec2.ISubnet,
         availability_zone: str,
         node_type: BurstableType,
-        reaper: FleetGuards,
+        guards: FleetGuards,
         volume_gib: int,
         bucket: s3.IBucket,
         output_prefix: str,
@@ -75,7 +75,7 @@ class Preprocessor(Construct):
         pinned = Pinned(
             self,
             "Pinned",
-            reaper=reaper,
+            guards=guards,
             # Read once, on the stack's first deploy: resolved at every deploy, a new Canonical
             # image would replace the node mid-conversion.
             image_parameter=UBUNTU_AMI_PARAMETER,

@@ -1,5 +1,5 @@
-"""PreprocessStack: the preprocessing node in its own single-AZ network, registered with the
-reaper."""
+"""PreprocessStack: the preprocessing node in its own single-AZ network, registered with
+TeardownStack's preprocessing stop."""
 
 from aws_cdk import (
     CfnOutput,
@@ -13,14 +13,15 @@ from stacks.config import FleetConfig, is_zone_id
 from stacks.network import SingleZoneNetwork
 from stacks.node_code import PROJECT
 from stacks.preprocess.preprocessor import Preprocessor
+from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import ZONE_TYPE
 from stacks.teardown.preprocess_guard import PreprocessGuard
-from stacks.teardown.reaper_answers import reaper_answers
 
 
 class PreprocessStack(Stack):
-    """The preprocessing node in its own single-AZ network, registered with the reaper."""
+    """The preprocessing node in its own single-AZ network, registered with TeardownStack's
+    preprocessing stop."""
 
     def __init__(
         self,
@@ -29,7 +30,7 @@ class PreprocessStack(Stack):
         *,
         config: FleetConfig,
         bucket: s3.IBucket,
-        reaper: FleetGuards,
+        guards: FleetGuards,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -40,10 +41,10 @@ class PreprocessStack(Stack):
         # name at deploy, the zone answer TrainStack uses (Fixed: the subnet decides).
         zone_name = None
         if config.vpc_id is not None and is_zone_id(config.az):
-            zone_name = reaper_answers(
+            zone_name = answered(
                 self,
                 "Zone",
-                reaper=reaper,
+                guards=guards,
                 resource_type=ZONE_TYPE,
                 properties={
                     "InstanceType": config.preprocess.name,
@@ -67,7 +68,7 @@ class PreprocessStack(Stack):
             subnet=network.subnet,
             availability_zone=network.availability_zone,
             node_type=config.preprocess,
-            reaper=reaper,
+            guards=guards,
             volume_gib=config.data_volume_gib,
             bucket=bucket,
             output_prefix=config.dataset_prefix,
@@ -76,7 +77,7 @@ class PreprocessStack(Stack):
         PreprocessGuard(
             self,
             "Guard",
-            reaper=reaper,
+            guards=guards,
             instance=node.instance,
             volume=node.cfn_volume,
             snapshot_volume=config.snapshot_data_volume,

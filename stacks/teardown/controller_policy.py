@@ -6,7 +6,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
 from stacks.node_code import PROJECT
-from stacks.teardown.names import FLEET_TAG, NODE_TAG, NOTIFY_TOPIC_PREFIX, TRAIN_STACK_NAME
+from stacks.teardown.names import (
+    CAP_SCHEDULE_PREFIX,
+    FLEET_TAG,
+    NODE_TAG,
+    NOTIFY_TOPIC_PREFIX,
+    TRAIN_STACK_NAME,
+)
 
 
 class ControllerArns:
@@ -37,6 +43,12 @@ class ControllerArns:
             resource="alarm",
             resource_name="*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        # The runs' hard-cap schedules (default group), read while TrainStack is created.
+        self.cap_schedules = arn(
+            service="scheduler",
+            resource="schedule",
+            resource_name=f"default/{CAP_SCHEDULE_PREFIX}*",
         )
         self.notify_topics = arn(
             service="sns", resource=f"{NOTIFY_TOPIC_PREFIX}*", arn_format=ArnFormat.NO_RESOURCE_NAME
@@ -69,6 +81,7 @@ class ControllerArns:
             *self.launched,
             self.train_roles,
             self.alarms,
+            self.cap_schedules,
             self.notify_topics,
             self.executions,
             self.done,
@@ -101,12 +114,14 @@ def fleet_tagged(arns: ControllerArns) -> dict:
 
 
 def reads(arns: ControllerArns, *objects: str) -> list[iam.PolicyStatement]:
+    """GetObject on the records, and ListBucket without a prefix condition: with it, S3 answers a
+    read of a missing key with 404 (absent) and keeps 403 for a refusal, which the controller
+    then never takes for an absent record ("If you have the s3:ListBucket permission on the
+    bucket, Amazon S3 returns an HTTP status code 404 (Not Found) error",
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html). It also lists the
+    heartbeats, the launch assignments, the checkpoints and the logs of runs/<run>/."""
     return [
-        iam.PolicyStatement(
-            actions=["s3:ListBucket"],
-            resources=[arns.bucket],
-            conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
-        ),
+        iam.PolicyStatement(actions=["s3:ListBucket"], resources=[arns.bucket]),
         iam.PolicyStatement(actions=["s3:GetObject"], resources=list(objects)),
     ]
 
@@ -114,21 +129,6 @@ def reads(arns: ControllerArns, *objects: str) -> list[iam.PolicyStatement]:
 def describes(*actions: str) -> iam.PolicyStatement:
     """Describe calls support no resource-level permissions; they are read-only."""
     return iam.PolicyStatement(actions=list(actions), resources=["*"])
-
-
-def starter_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
-    return [
-        *reads(arns, arns.done, arns.attempts),
-        iam.PolicyStatement(
-            actions=["cloudformation:DescribeStacks", "cloudformation:DescribeStackResources"],
-            resources=[arns.train_stack],
-        ),
-        describes("ec2:DescribeInstances"),
-        iam.PolicyStatement(
-            actions=["states:StartExecution", "states:ListExecutions"],
-            resources=[arns.state_machine],
-        ),
-    ]
 
 
 def cleanup_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
@@ -142,15 +142,13 @@ def cleanup_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
             resources=[arns.instances],
             conditions=fleet_tagged(arns),
         ),
-        iam.PolicyStatement(
-            actions=["states:StartExecution", "states:ListExecutions"],
-            resources=[arns.state_machine],
-        ),
     ]
 
 
 def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
-    """The workflow's steps: record the run, stop, start and launch its fleet, delete TrainStack."""
+    """The tick and the workflow's steps: read and record the run, stop, start, launch and
+    terminate its fleet (and the fleet instances no stack claims: orphans), delete TrainStack,
+    start, watch and stop the controller's own executions."""
     return [
         *reads(arns, arns.done, arns.attempts, arns.status, arns.controller),
         # Checkpoints and logs are listed (results), never read.
@@ -173,6 +171,7 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
         # authorise DescribeAlarms against alarm:*, and a denial would leave an idle fleet.
         iam.PolicyStatement(actions=["cloudwatch:DescribeAlarms"], resources=[arns.alarms]),
         iam.PolicyStatement(actions=["sns:Publish"], resources=[arns.notify_topics]),
+        iam.PolicyStatement(actions=["scheduler:GetSchedule"], resources=[arns.cap_schedules]),
         describes("ec2:DescribeInstances", "ec2:DescribeLaunchTemplateVersions"),
         iam.PolicyStatement(
             actions=FLEET_ACTIONS, resources=[arns.instances], conditions=TRAIN_STACK_TAGGED

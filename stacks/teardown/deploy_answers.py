@@ -36,7 +36,8 @@ class DeployAnswers(Construct):
             self,
             "Role",
             "horovod-fleet deploy-time answers: reads the hard cap's start, the pinned image, "
-            "the dataset manifest and the zones that offer the fleet's type",
+            "the dataset manifest, the zones that offer the fleet's type and whether a run "
+            "relaunches",
         )
         function = python_function(
             self,
@@ -54,9 +55,17 @@ class DeployAnswers(Construct):
             "Reads",
             roles=[self.role],
             statements=[
+                # The manifest (the dataset check), and each run's attempts.json (the code
+                # guard: a relaunch under way is a live run).
                 iam.PolicyStatement(
-                    actions=["s3:GetObject"], resources=[bucket.arn_for_objects(manifest_key)]
+                    actions=["s3:GetObject"],
+                    resources=[
+                        bucket.arn_for_objects(manifest_key),
+                        bucket.arn_for_objects("runs/*/attempts.json"),
+                    ],
                 ),
+                # So that S3 answers a missing key 404, not 403 (GetObject's permissions).
+                iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
                 # Describe calls support no resource-level permissions; they are read-only.
                 iam.PolicyStatement(
                     actions=[
@@ -77,10 +86,11 @@ class DeployAnswers(Construct):
         )
         acknowledge_wildcard_resources(
             policy,
-            ["*", train_stack],
+            ["*", train_stack, bucket.arn_for_objects("runs/*/attempts.json")],
             "The read-only EC2 Describe calls of the zone answer and the code guard, which "
-            "support no resource-level permissions, and DescribeStacks on TrainStack, whose "
-            "stack-id suffix is only known once it is deployed.",
+            "support no resource-level permissions, DescribeStacks on TrainStack, whose "
+            "stack-id suffix is only known once it is deployed, and each run's attempts.json, "
+            "read only.",
         )
         provider = custom_resources.Provider(self, "Provider", on_event_handler=function)
         framework = provider.node.find_child("framework-onEvent")

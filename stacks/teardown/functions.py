@@ -12,7 +12,7 @@ from constructs import Construct
 from stacks.nag import checkov_reason
 
 HERE = Path(__file__).parent
-CONTROLLER_CODE = HERE / "reaper"  # the run controller's steps, its starter, the cleanup
+CONTROLLER_CODE = HERE / "controller"  # the run controller's tick, its steps, the cleanup
 ANSWERS_CODE = HERE / "answers"  # the deploy-time answers
 
 
@@ -92,7 +92,9 @@ def checkov_function_reasons(function: aws_lambda.CfnFunction) -> None:
         (
             "CKV_AWS_116",
             "Invoked synchronously (by Step Functions, whose Retry and Catch handle a failure, "
-            "or by CloudFormation's Provider framework), or with a dead-letter queue of its own.",
+            "or by CloudFormation's Provider framework), with a dead-letter queue of its own, or "
+            "the run controller's tick, which its schedule runs again every minute: a failed "
+            "invocation is repeated by the next one, and its error alarm says so.",
         ),
         (
             "CKV_AWS_117",

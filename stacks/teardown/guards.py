@@ -1,5 +1,5 @@
 """FleetGuards: what TeardownStack hands the stacks it guards (TrainStack and PreprocessStack
-take it as their `reaper`), so each construct there finds the function, role or token it needs."""
+take it as their `guards`), so each construct there finds the function, role or token it needs."""
 
 from dataclasses import dataclass
 
@@ -14,9 +14,10 @@ class FleetGuards:
     # role of the answers (Pinned lets it read its image parameter).
     answers_token: str
     answers_role: iam.IRole
-    # The run controller's starter, which the hard cap and the idle alarm invoke, and the queue
-    # where an invocation that failed all its retries lands.
-    starter: aws_lambda.IFunction
+    # The run controller's tick, which the hard cap and the idle alarm invoke (they only bring it
+    # forward: it runs every minute anyway), and the queue where an invocation of the cap that
+    # failed all its retries lands.
+    tick: aws_lambda.IFunction
     dead_letters: sqs.IQueue
     # The Provider framework's function that answers TrainStack's Replacements resource.
     cleanup_token: str

@@ -1,4 +1,4 @@
-"""Names and limits the run controller (reaper/*.py: some from its environment, the others
+"""Names and limits the run controller (controller/*.py: some from its environment, the others
 kept equal by tests/stacks/test_run_controller_stack.py), its triggers and the stacks that
 deploy them agree on."""
 
@@ -25,7 +25,7 @@ MIN_NODES_OUTPUT_KEY = "HorovodFleetMinNodes"
 # fleet smaller; the head's reset limit allows for every such loss and join.
 REPLACEMENTS_PER_NODE = 2
 # ... and the zones TrainStack made a subnet and a cluster placement group in, the deployed one
-# first: where a relaunch may launch the fleet (reaper/zones.py, docs/contracts.md).
+# first: where a relaunch may launch the fleet (controller/zones.py, docs/contracts.md).
 ZONES_OUTPUT_KEY = "HorovodFleetZones"
 # Every fleet instance, the first and its replacements, carries these: the id of the stack it
 # belongs to (the controller may stop, start and terminate only such instances) and its index.
@@ -36,6 +36,9 @@ HEAD_NODE = "head"  # the head's NODE_TAG value: a fleet instance with no node i
 # it launched, which CloudFormation does not know, before their interfaces hold up the delete.
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"
 NOTIFY_TOPIC_PREFIX = "horovod-fleet-notify-"
+# The hard cap's one-time schedule of a run is named this and the run: the tick reads its time
+# there while TrainStack is still being created (it has no outputs yet).
+CAP_SCHEDULE_PREFIX = "horovod-fleet-cap-"
 IDLE_ALARM_PREFIX = "horovod-fleet-idle-"
 # The deploy-time answers (answers/answers.py, read only): the hard cap's time, counted from the
 # first deploy ...

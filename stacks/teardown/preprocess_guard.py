@@ -15,14 +15,14 @@ from stacks.teardown.names import PREPROCESS_PARAMETER
 
 class PreprocessGuard(Construct):
     """Registers the preprocessing instance and volume, and lets the preprocessing stop
-    (stacks/teardown/reaper/preprocess.py) stop and snapshot exactly them."""
+    (stacks/teardown/controller/preprocess.py) stop and snapshot exactly them."""
 
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
-        reaper: FleetGuards,
+        guards: FleetGuards,
         instance: ec2.CfnInstance,
         volume: ec2.CfnVolume,
         snapshot_volume: bool,
@@ -72,7 +72,7 @@ class PreprocessGuard(Construct):
                 ),
             ]
         policy = iam.Policy(
-            self, "StopPolicy", statements=statements, roles=[reaper.preprocess_role]
+            self, "StopPolicy", statements=statements, roles=[guards.preprocess_role]
         )
         if snapshot_volume:
             acknowledge_wildcard_resources(

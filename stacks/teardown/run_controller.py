@@ -1,7 +1,16 @@
-"""RunController: the run controller on AWS Step Functions in TeardownStack: the workflow and
-its steps (workflow.py, reaper/steps*.py), the starter every trigger invokes
-(reaper/starter.py) with the EventBridge rules of DONE.json and of EC2's own events, the
-Replacements resource's answer (reaper/cleanup.py), and the alarms on their failures."""
+"""RunController: the run controller in TeardownStack. Its engine is one function, the tick
+(controller/tick.py), which reads the whole run every minute and takes the next step; its long
+actions are executions of the workflow (workflow.py, controller/steps*.py) that the tick starts
+and watches. EventBridge Scheduler runs the tick every minute, whatever happens; the rules on
+DONE.json and on EC2's own events, the idle alarm and the hard cap run it at once. Also the
+Replacements resource's answer (controller/cleanup.py), and the alarms on the controller's
+failures.
+
+The tick as a loop follows AWS ParallelCluster's cluster manager, which reads the fleet and
+repairs it every 60 s (`LOOP_TIME = 60`, aws/aws-parallelcluster-node
+src/slurm_plugin/clustermgtd.py,
+https://github.com/aws/aws-parallelcluster-node/blob/2e8f9a8e325d447cbfc36bb3ebd118cbd6439d6d/src/slurm_plugin/clustermgtd.py).
+"""
 
 from aws_cdk import CrossStackReferences, Duration, ReferenceStrength, Stack, custom_resources
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -9,7 +18,7 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
 from stacks.nag import acknowledge_wildcard_resources, allow_implied_role_dependency
@@ -25,31 +34,27 @@ from stacks.teardown.names import IDLE_ALARM_PREFIX, IDLE_MINUTES
 from stacks.teardown.workflow import STEPS, RunWorkflow
 
 STATE_MACHINE_NAME = "horovod-fleet-run-controller"
-# An idle fleet is deleted no sooner than this after TrainStack finished deploying (or the
-# controller relaunched it): the nodes get the rendezvous timeout (stacks/train/fleet.py, 30
-# minutes) to meet, then 10 minutes for the allreduce check and the trainer's start.
-LAUNCH_GRACE_MINUTES = 40
-# EventBridge's limits for a rule target: 185 retries, a day of event age.
-EVENT_RETRIES = 185
-# The states of EC2's state-change events the starter judges: a node stopping or going.
+# The tick's schedule: every minute, as clustermgtd's loop.
+TICK_RATE = "rate(1 minute)"
+# An event only brings the tick forward; one lost costs a minute, the next tick's.
+TICK_EVENT_RETRIES = 2
+TICK_EVENT_AGE = Duration.minutes(5)
+# The states of EC2's state-change events that bring the tick forward: a node stopping or going.
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instance-state-changes.html
 NODE_GONE_STATES = ["stopping", "stopped", "shutting-down", "terminated"]
 # One RunInstances, then an S3 put and a CreateTags per launched node.
 STEP_TIMEOUT_MINUTES = {"launch": 5}
+# The tick reads a few dozen things and starts at most a few; a minute, the schedule's rate.
+TICK_TIMEOUT_MINUTES = 1
+# The tick's errors that mean the run may not be handled: a few minutes of them in a row.
+TICK_ERROR_MINUTES = 5
 
 
 class RunController(Construct):
-    """`starter` for the per-run triggers (RunGuard), `cleanup_token` for TrainStack's
-    Replacements resource, `alarms` on the controller's failures."""
+    """`tick` for the per-run triggers (RunGuard), `cleanup_token` for TrainStack's Replacements
+    resource, `alarms` on the controller's failures."""
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        bucket: s3.IBucket,
-        dead_letters: sqs.IQueue,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, bucket: s3.IBucket) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         arns = controller_policy.ControllerArns(stack, bucket, STATE_MACHINE_NAME)
@@ -59,12 +64,12 @@ class RunController(Construct):
             "STATE_MACHINE_ARN": arns.state_machine,
             "IDLE_ALARM_PREFIX": IDLE_ALARM_PREFIX,
             "IDLE_MINUTES": str(IDLE_MINUTES),
-            "LAUNCH_GRACE_MINUTES": str(LAUNCH_GRACE_MINUTES),
         }
-        steps_role = self.role(
+        # One role for the tick and the steps: they read and act on the same run.
+        role = self.role(
             "StepsRole",
-            "horovod-fleet run controller's steps: record the run, stop, start and launch its "
-            "fleet, delete TrainStack",
+            "horovod-fleet run controller: reads the run, records it, stops, starts and launches "
+            "its fleet, deletes TrainStack, starts and stops its own executions",
             controller_policy.steps_statements(arns),
             arns,
         )
@@ -74,33 +79,33 @@ class RunController(Construct):
                 "Step" + name.title().replace("_", ""),
                 code=CONTROLLER_CODE,
                 handler=f"{module_of(name)}.{name}",
-                role=steps_role,
+                role=role,
                 description=f"horovod-fleet run controller step: {name}",
                 environment=environment,
                 timeout_minutes=STEP_TIMEOUT_MINUTES.get(name, 1),
             )
             for name in STEPS
         }
-        self.workflow = RunWorkflow(self, "Workflow", name=STATE_MACHINE_NAME, steps=steps)
-        starter_role = self.role(
-            "StarterRole",
-            "horovod-fleet run controller's starter: names and starts an execution per trigger",
-            controller_policy.starter_statements(arns),
-            arns,
+        self.workflow = RunWorkflow(
+            self, "Workflow", name=STATE_MACHINE_NAME, steps=steps, timeouts=STEP_TIMEOUT_MINUTES
         )
-        self.starter = python_function(
+        self.tick = python_function(
             self,
-            "Starter",
+            "Tick",
             code=CONTROLLER_CODE,
-            handler="starter.handler",
-            role=starter_role,
-            description="Starts the horovod-fleet run controller's execution for a trigger",
+            handler="tick.handler",
+            role=role,
+            description="The horovod-fleet run controller's tick: reads the run, takes its next step",
             environment=environment,
-            dead_letters=dead_letters,
+            timeout_minutes=TICK_TIMEOUT_MINUTES,
         )
-        self.rules(bucket, dead_letters)
+        # Invoked asynchronously by the schedule, the rules, the alarm and the cap: a failed
+        # tick is not retried, the next minute's is.
+        self.tick.configure_async_invoke(retry_attempts=0, max_event_age=Duration.minutes(1))
+        self.schedule()
+        self.rules(bucket)
         self.cleanup_token = self.cleanup(arns, environment)
-        for referenced in (self.starter, starter_role):
+        for referenced in (self.tick, role):
             CrossStackReferences.of(referenced).produce(ReferenceStrength.STRONG)
         self.alarms = self.failure_alarms()
 
@@ -125,12 +130,43 @@ class RunController(Construct):
         )
         return role
 
-    def rules(self, bucket: s3.IBucket, dead_letters: sqs.IQueue) -> None:
+    def schedule(self) -> None:
+        """The tick every minute, whatever happens (a stack being created or deleted, a fleet
+        gone, instances left over): Scheduler invokes it without retries, as the next minute's
+        tick retries it."""
+        invoke = iam.Role(
+            self,
+            "TickScheduleRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com",
+                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
+            ),
+            description="EventBridge Scheduler runs the horovod-fleet run controller's tick",
+        )
+        invoke.add_to_policy(
+            iam.PolicyStatement(
+                actions=["lambda:InvokeFunction"], resources=[self.tick.function_arn]
+            )
+        )
+        scheduler.CfnSchedule(
+            self,
+            "TickSchedule",
+            description="The horovod-fleet run controller's tick, every minute",
+            schedule_expression=TICK_RATE,
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=self.tick.function_arn,
+                role_arn=invoke.role_arn,
+                input='{"trigger": "schedule"}',
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_retry_attempts=0, maximum_event_age_in_seconds=60
+                ),
+            ),
+        )
+
+    def rules(self, bucket: s3.IBucket) -> None:
         target = targets.LambdaFunction(
-            self.starter,
-            retry_attempts=EVENT_RETRIES,
-            max_event_age=Duration.hours(24),
-            dead_letter_queue=dead_letters,
+            self.tick, retry_attempts=TICK_EVENT_RETRIES, max_event_age=TICK_EVENT_AGE
         )
         for rule_id, description, pattern in (
             (
@@ -165,7 +201,7 @@ class RunController(Construct):
             events.Rule(
                 self,
                 rule_id,
-                description=f"Start the horovod-fleet run controller when {description}",
+                description=f"Run the horovod-fleet run controller's tick when {description}",
                 event_pattern=pattern,
                 targets=[target],
             )
@@ -197,16 +233,16 @@ class RunController(Construct):
         return provider.service_token
 
     def failure_alarms(self) -> list[cloudwatch.Alarm]:
-        """An execution that failed or timed out (after StopBilling, or without it), and a
-        starter that failed: each may leave a run unhandled."""
+        """An execution that failed or timed out (after StopBilling, or without it), and a tick
+        that keeps failing: each may leave a run unhandled."""
         machine = self.workflow.state_machine
         five = Duration.minutes(5)
         return [
             self.alarm(
                 "ExecutionsFailedAlarm",
                 "The horovod-fleet run controller failed: it stopped the run's nodes and wrote "
-                "why into attempts.json and controller.json. See the execution in the Step "
-                "Functions console, then deploy again or delete TrainStack",
+                "why into attempts.json and controller.json; its tick resumes the action a few "
+                "times. See the execution in the Step Functions console",
                 machine.metric_failed(period=five, statistic="Sum"),
             ),
             self.alarm(
@@ -215,21 +251,23 @@ class RunController(Construct):
                 machine.metric_timed_out(period=five, statistic="Sum"),
             ),
             self.alarm(
-                "StarterErrorsAlarm",
-                "The horovod-fleet run controller's starter failed; Lambda retries it, then "
-                "moves the event to the dead-letter queue",
-                self.starter.metric_errors(period=five, statistic="Sum"),
+                "TickErrorsAlarm",
+                f"The horovod-fleet run controller's tick failed every minute for "
+                f"{TICK_ERROR_MINUTES} minutes: no run is being looked after. Its log says why",
+                self.tick.metric_errors(period=Duration.minutes(1), statistic="Sum"),
+                periods=TICK_ERROR_MINUTES,
             ),
         ]
 
-    def alarm(self, alarm_id: str, description: str, metric) -> cloudwatch.Alarm:
+    def alarm(self, alarm_id: str, description: str, metric, periods: int = 1) -> cloudwatch.Alarm:
         return cloudwatch.Alarm(
             self,
             alarm_id,
             alarm_description=description,
             metric=metric,
             threshold=1,
-            evaluation_periods=1,
+            evaluation_periods=periods,
+            datapoints_to_alarm=periods,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )

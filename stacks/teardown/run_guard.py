@@ -12,8 +12,10 @@ from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
 from stacks.node_code import PROJECT
+from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
+    CAP_SCHEDULE_PREFIX,
     DEADLINE_OUTPUT_KEY,
     DEADLINE_TYPE,
     IDLE_ALARM_PREFIX,
@@ -24,7 +26,6 @@ from stacks.teardown.names import (
     METRIC_NAMESPACE,
     RUN_OUTPUT_KEY,
 )
-from stacks.teardown.reaper_answers import reaper_answers
 
 GPU_METRIC = "nvidia_smi_utilization_gpu"
 IDLE_THRESHOLD_PERCENT = 5
@@ -35,11 +36,11 @@ SCHEDULE_MAX_AGE_S = 86400
 
 class RunGuard(Construct):
     """Per-run hard cap (one-time schedule) and idle alarm, both invoking the run controller's
-    starter (stacks/teardown/reaper/starter.py).
+    tick (stacks/teardown/controller/tick.py) at once; the tick reads the cap's time and the
+    alarm's state every minute anyway.
 
-    Also outputs the run as TrainStack's `HorovodFleetRun`, which the controller compares with
-    the trigger's run before it deletes anything, and `maxRestarts` and the cap's time, which
-    bound the run controller's relaunches.
+    Also outputs the run as TrainStack's `HorovodFleetRun`, and `maxRestarts` and the cap's
+    exact time, which bound the run controller's relaunches (`horovod-fleet status` reads them).
     """
 
     def __init__(
@@ -47,7 +48,7 @@ class RunGuard(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        reaper: FleetGuards,
+        guards: FleetGuards,
         run_name: str,
         max_hours: float,
         max_restarts: int,
@@ -56,17 +57,17 @@ class RunGuard(Construct):
         super().__init__(scope, construct_id)
         if max_hours <= 0:
             raise ValueError(f"max_hours must be positive, got {max_hours!r}")
-        guards, starter = reaper, reaper.starter
+        tick = guards.tick
         self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", run_name)
 
         # CloudFormation has no "now": a deploy-time answer gives the deadline,
         # so the cap counts from this deployment and synthesis stays deterministic.
-        deadline = reaper_answers(
+        deadline = answered(
             self,
             "Deadline",
-            reaper=guards,
+            guards=guards,
             resource_type=DEADLINE_TYPE,
             properties={"Run": run_name, "MaxHours": str(max_hours)},
         )
@@ -81,22 +82,23 @@ class RunGuard(Construct):
                 "scheduler.amazonaws.com",
                 conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
             ),
-            description=f"EventBridge Scheduler starts the run controller at the hard cap of "
+            description=f"EventBridge Scheduler runs the run controller's tick at the hard cap of "
             f"{run_name}",
         )
         invoke_role.add_to_policy(
-            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[starter.function_arn])
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=[tick.function_arn])
         )
         guards.dead_letters.grant_send_messages(invoke_role)
         self.hard_cap = scheduler.CfnSchedule(
             self,
             "HardCap",
+            name=f"{CAP_SCHEDULE_PREFIX}{run_name}",
             description=f"Hard cap: delete TrainStack {max_hours:g} h after deploy",
             schedule_expression=deadline.get_att_string("ScheduleExpression"),
             schedule_expression_timezone="UTC",
             flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
             target=scheduler.CfnSchedule.TargetProperty(
-                arn=starter.function_arn,
+                arn=tick.function_arn,
                 role_arn=invoke_role.role_arn,
                 input=json.dumps({"trigger": "hard-cap", "run": run_name}),
                 retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
@@ -129,12 +131,12 @@ class RunGuard(Construct):
             datapoints_to_alarm=IDLE_EVALUATION_PERIODS,
             # A fleet whose agents stopped publishing is dead or hung, not busy: count it idle.
             # So the alarm can be in ALARM while TrainStack is still being created, or while a
-            # relaunch waits for capacity: the controller's idle execution waits until the
-            # stack is deployed, the relaunch is over and the launch grace has passed.
+            # relaunch waits for capacity: the tick reads its state every minute and judges it
+            # once the stack is deployed, the relaunch is over and the launch grace has passed.
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         # The permission sits in this stack (the alarm's) so TeardownStack never references it.
-        starter.add_permission(
+        tick.add_permission(
             "IdleAlarmInvoke",
             scope=self,
             principal=iam.ServicePrincipal("lambda.alarms.cloudwatch.amazonaws.com"),
@@ -142,9 +144,9 @@ class RunGuard(Construct):
             source_arn=self.idle_alarm.alarm_arn,
             source_account=Stack.of(self).account,
         )
-        self.idle_alarm.add_alarm_action(_InvokeFunction(starter))
+        self.idle_alarm.add_alarm_action(_InvokeFunction(tick))
 
-        # The controller deletes TrainStack only when the trigger's run is the one deployed.
+        # What `horovod-fleet status` reads; the tick reads the run from the stack's tags.
         CfnOutput(self, "Run", value=run_name).override_logical_id(RUN_OUTPUT_KEY)
         # The run controller relaunches at most this often, and never past the cap.
         CfnOutput(self, "MaxRestarts", value=str(max_restarts)).override_logical_id(

@@ -30,7 +30,11 @@ from stacks.teardown.deploy_answers import DeployAnswers
 from stacks.teardown.functions import CONTROLLER_CODE, function_role, python_function
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import PREPROCESS_PARAMETER
-from stacks.teardown.run_controller import EVENT_RETRIES, RunController
+from stacks.teardown.run_controller import RunController
+
+# EventBridge's limits for a rule target: 185 retries, a day of event age. The manifest's event
+# is the preprocessing stop's only trigger.
+EVENT_RETRIES = 185
 
 
 class TeardownStack(Stack):
@@ -51,9 +55,9 @@ class TeardownStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
-        # What fails after all retries (an asynchronous invocation of the starter or the
-        # preprocessing stop, a target EventBridge or Scheduler could not invoke) lands here,
-        # and its alarm e-mails budgetEmail: a lost trigger is never silent.
+        # What fails after all retries (an asynchronous invocation of the preprocessing stop, the
+        # hard cap's schedule that could not invoke the tick) lands here, and its alarm e-mails
+        # budgetEmail: a lost trigger is never silent.
         dead_letters = sqs.Queue(
             self,
             "DeadLetters",
@@ -77,12 +81,12 @@ class TeardownStack(Stack):
         CrossStackReferences.of(dead_letters).produce(ReferenceStrength.STRONG)
         manifest_key = f"{dataset_prefix}manifest.json"
         answers = DeployAnswers(self, "Answers", bucket=bucket, manifest_key=manifest_key)
-        controller = RunController(self, "RunController", bucket=bucket, dead_letters=dead_letters)
+        controller = RunController(self, "RunController", bucket=bucket)
         stopper = self._preprocess_stop(bucket, manifest_key, dead_letters)
         self.guards = FleetGuards(
             answers_token=answers.service_token,
             answers_role=answers.role,
-            starter=controller.starter,
+            tick=controller.tick,
             dead_letters=dead_letters,
             cleanup_token=controller.cleanup_token,
             preprocess_role=stopper.role,

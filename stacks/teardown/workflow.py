@@ -1,23 +1,33 @@
-"""RunWorkflow: the run controller's state machine (AWS Step Functions, Standard), a few declared
-states over small functions (reaper/steps*.py), in JSONPath.
+"""RunWorkflow: the run controller's long actions as a state machine (AWS Step Functions,
+Standard), a few declared states over small functions (controller/steps*.py), in JSONPath. The
+tick (controller/tick.py) starts each action under a name of its own, watches it, and resumes it
+under a new name when it fails (controller/executions.py).
 
-    Identify -> Record -> Record?  wait:     WaitToRecord -> Record
-                                   relaunch: StopFleet -> CheckSettled -> Launch
-                                   teardown: ResultsReady -> DeleteStack -> FollowDelete
-                                   delete:   DeleteStack;  follow: FollowDelete
+    Identify -> Route:  relaunch: StopFleet -> CheckSettled -> Launch
+                        teardown: ResultsReady -> DeleteStack -> FollowDelete
+                        delete:   DeleteStack -> FollowDelete
+                        follow:   FollowDelete
     CheckSettled?  launch: Launch;  wait: WaitToSettle -> CheckSettled
     Launch?        launched: Relaunched;  settle: CheckSettled
                    no_capacity: StopForCapacity -> WaitForCapacity -> CheckSettled
-                   gave_up: StopAfterGivingUp -> ResultsReady
+                   gave_up: StopAfterGivingUp -> GaveUp (the tick records the attempt)
     ResultsReady?  delete: DeleteStack;  wait: WaitForResults -> ResultsReady
+    DeleteStack?   follow: FollowDelete;  wait: WaitToDelete -> DeleteStack
     FollowDelete?  gone: Deleted;  wait: WaitForDelete -> FollowDelete
                    unconfirmed: DeleteUnconfirmed (fails)
     any state's failure, after its retries: StopBilling -> ControllerFailed (fails)
 
 Every wait is a Wait state whose seconds the state before it chose (its `wait_s`), so the
-schedule lives in the step code (reaper/zones.py, steps*.py) and a test reads it there.
+schedule lives in the step code (controller/zones.py, steps*.py) and a test reads it there.
 Standard workflows run each state once unless a Retry says otherwise
 (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-standard-vs-express.html).
+
+Every Task has a timeout (its function's, and a minute more), and retries what Lambda itself
+answers, a throttled invocation (`Lambda.TooManyRequestsException`, "When Lambda hits the
+maximum number of invocations") and its service errors
+(https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html), for
+LAMBDA_RETRY_S at least (StopBilling, which stops the bill after everything else failed, for
+STOP_BILLING_RETRY_S): a new account's Lambda concurrency can be 10.
 """
 
 from aws_cdk import Acknowledgment, Duration, Validations, aws_lambda
@@ -31,7 +41,6 @@ from stacks.nag import allow_implied_role_dependency, nag_text
 # and the hard cap ends any execution of its run.
 EXECUTION_TIMEOUT = Duration.days(14)
 STEPS = (
-    "record",
     "stop_fleet",
     "settled",
     "launch",
@@ -40,6 +49,25 @@ STEPS = (
     "follow_delete",
     "stop_billing",
 )
+# What Step Functions answers when Lambda does not run the function: throttled, or a passing
+# fault of the service (the page above).
+LAMBDA_ERRORS = [
+    "Lambda.TooManyRequestsException",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.ClientExecutionTimeoutException",
+]
+# Waits of 2, 4, 8, 16, 32 s, then a minute each (MaxDelaySeconds), without jitter, so that the
+# whole wait is at least what it says: 362 s over 10 retries, 962 s over 20.
+LAMBDA_RETRY = {"interval_s": 2, "backoff": 2, "max_delay_s": 60}
+LAMBDA_RETRIES, STOP_BILLING_RETRIES = 10, 20
+LAMBDA_RETRY_S, STOP_BILLING_RETRY_S = 5 * 60, 15 * 60
+
+
+def retry_span(retries: int, interval_s: float, backoff: float, max_delay_s: float) -> float:
+    """How long a Retry keeps retrying: the sum of its waits, each capped at MaxDelaySeconds."""
+    return sum(min(interval_s * backoff**n, max_delay_s) for n in range(retries))
 
 
 def choice_on(scope: Construct, state_id: str, path: str, routes: dict, otherwise: sfn.IChainable):
@@ -55,7 +83,8 @@ def wait_on(scope: Construct, state_id: str, path: str) -> sfn.Wait:
 
 class RunWorkflow(Construct):
     """The state machine, named `name` (so every function can know its ARN without a reference
-    that would make a cycle), over `steps` (reaper/steps*.py by STEPS name)."""
+    that would make a cycle), over `steps` (controller/steps*.py by STEPS name), each Task timed
+    out after its function's `timeouts` (minutes) and one more."""
 
     def __init__(
         self,
@@ -64,21 +93,30 @@ class RunWorkflow(Construct):
         *,
         name: str,
         steps: dict[str, aws_lambda.IFunction],
+        timeouts: dict[str, int],
     ) -> None:
         super().__init__(scope, construct_id)
+        self.timeouts = timeouts
         failed = sfn.Fail(
             self,
             "ControllerFailed",
             error="RunControllerFailed",
             cause="a state failed after its retries; StopBilling stopped the run's nodes and "
-            "recorded why in attempts.json and controller.json",
+            "recorded why in attempts.json and controller.json; the tick resumes the action",
         )
-        stop_billing = self.task("StopBilling", steps["stop_billing"], "$.failure", catch=None)
+        stop_billing = self.task(
+            "StopBilling",
+            "stop_billing",
+            steps,
+            "$.failure",
+            catch=None,
+            retries=STOP_BILLING_RETRIES,
+        )
         stop_billing.add_catch(failed, errors=["States.ALL"], result_path="$.failure_error")
         stop_billing.next(failed)
 
         def task(state_id: str, step: str, result_path: str, **kwargs) -> tasks.LambdaInvoke:
-            return self.task(state_id, steps[step], result_path, catch=stop_billing, **kwargs)
+            return self.task(state_id, step, steps, result_path, catch=stop_billing, **kwargs)
 
         nothing = sfn.Succeed(self, "NothingToDo")
         follow = task("FollowDelete", "follow_delete", "$.follow")
@@ -101,7 +139,19 @@ class RunWorkflow(Construct):
                 nothing,
             )
         )
-        delete = task("DeleteStack", "delete_stack", "$.delete").next(follow)
+        delete = task("DeleteStack", "delete_stack", "$.delete")
+        delete.next(
+            choice_on(
+                self,
+                "DeleteDecision",
+                "$.delete.next",
+                {
+                    "follow": follow,
+                    "wait": wait_on(self, "WaitToDelete", "$.delete.wait_s").next(delete),
+                },
+                nothing,
+            )
+        )
         results = task("ResultsReady", "results", "$.results")
         results.next(
             choice_on(
@@ -133,7 +183,9 @@ class RunWorkflow(Construct):
         )
         stop_for_capacity = task("StopForCapacity", "stop_fleet", "$.stop", pending=True)
         stop_for_capacity.next(wait_on(self, "WaitForCapacity", "$.launch.wait_s").next(settled))
-        gave_up = task("StopAfterGivingUp", "stop_fleet", "$.stop", pending=True).next(results)
+        gave_up = task("StopAfterGivingUp", "stop_fleet", "$.stop", pending=True).next(
+            sfn.Succeed(self, "GaveUp", comment="The tick records the attempt that never started")
+        )
         launch.next(
             choice_on(
                 self,
@@ -150,21 +202,12 @@ class RunWorkflow(Construct):
             )
         )
         stop = task("StopFleet", "stop_fleet", "$.stop", pending=True).next(settled)
-        record = task("Record", "record", "$.record")
-        record.next(
-            choice_on(
-                self,
-                "RecordDecision",
-                "$.record.next",
-                {
-                    "wait": wait_on(self, "WaitToRecord", "$.record.wait_s").next(record),
-                    "relaunch": stop,
-                    "teardown": results,
-                    "delete": delete,
-                    "follow": follow,
-                },
-                nothing,
-            )
+        route = choice_on(
+            self,
+            "Route",
+            "$.action",
+            {"relaunch": stop, "teardown": results, "delete": delete, "follow": follow},
+            nothing,
         )
         identify = sfn.Pass(
             self,
@@ -177,9 +220,9 @@ class RunWorkflow(Construct):
             self,
             "StateMachine",
             state_machine_name=name,
-            comment="horovod-fleet run controller: one execution per ended attempt of a run",
+            comment="horovod-fleet run controller: the long actions the tick starts and watches",
             state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_chainable(identify.next(record)),
+            definition_body=sfn.DefinitionBody.from_chainable(identify.next(route)),
             timeout=EXECUTION_TIMEOUT,
         )
         allow_implied_role_dependency(self.state_machine.node.default_child)
@@ -213,28 +256,40 @@ class RunWorkflow(Construct):
     def task(
         self,
         state_id: str,
-        function: aws_lambda.IFunction,
+        step: str,
+        steps: dict[str, aws_lambda.IFunction],
         result_path: str,
         *,
         catch: sfn.IChainable | None,
         pending: bool = False,
+        retries: int = LAMBDA_RETRIES,
     ) -> tasks.LambdaInvoke:
-        """A state over one function: Lambda's own faults and AWS throttling retried with
-        backoff, a node still pending (`pending`) retried until it can be stopped, anything
-        else retried twice; then `catch`."""
+        """A state over one function: Lambda's throttling and faults retried `retries` times,
+        AWS throttling in the function with backoff and jitter, a node still pending
+        (`pending`) until it can be stopped, anything else twice; then `catch`."""
         task = tasks.LambdaInvoke(
             self,
             state_id,
-            lambda_function=function,
+            lambda_function=steps[step],
             payload_response_only=True,
-            retry_on_service_exceptions=True,
+            retry_on_service_exceptions=False,
             result_path=result_path,
+            task_timeout=sfn.Timeout.duration(Duration.minutes(self.timeouts.get(step, 1) + 1)),
+        )
+        task.add_retry(
+            errors=LAMBDA_ERRORS,
+            interval=Duration.seconds(LAMBDA_RETRY["interval_s"]),
+            backoff_rate=LAMBDA_RETRY["backoff"],
+            max_delay=Duration.seconds(LAMBDA_RETRY["max_delay_s"]),
+            max_attempts=retries,
         )
         task.add_retry(
             errors=["AwsThrottled"],
             interval=Duration.seconds(5),
             max_attempts=8,
             backoff_rate=2,
+            max_delay=Duration.minutes(2),
+            jitter_strategy=sfn.JitterType.FULL,
         )
         if pending:
             # A pending p4d reaches running within minutes; 40 x 15 s is ten of them.

@@ -18,23 +18,25 @@ from aws_cdk import CustomResource, Fn
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import CODE_GUARD_TYPE
-from stacks.teardown.reaper_answers import reaper_answers
 from stacks.train.fleet import GpuFleet
 
 
 def code_guard(
-    scope: Construct, *, reaper: FleetGuards, run: str, fleet: GpuFleet
+    scope: Construct, *, guards: FleetGuards, run: str, bucket: str, fleet: GpuFleet
 ) -> CustomResource:
     node: ec2.CfnInstance = fleet.instances[0]
-    guard = reaper_answers(
+    guard = answered(
         scope,
         "CodeGuard",
-        reaper=reaper,
+        guards=guards,
         resource_type=CODE_GUARD_TYPE,
         properties={
             "Run": run,
+            # Where the run's attempts.json says whether a relaunch is under way.
+            "Bucket": bucket,
             # What the refusal names: the code assets' keys are their content hashes.
             "Code": Fn.join(",", [a.s3_object_key for a in fleet.code.assets.values()]),
             "ImageId": node.image_id,

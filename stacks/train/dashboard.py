@@ -105,7 +105,7 @@ class RunDashboard(Construct):
                 width=WIDTH,
             ),
             cloudwatch.AlarmStatusWidget(
-                title="Idle GPUs (the reaper deletes an idle fleet)",
+                title="Idle GPUs (the run controller deletes an idle fleet)",
                 alarms=[idle_alarm],
                 width=WIDTH,
             ),

@@ -31,6 +31,13 @@ from stacks.teardown.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
 RENDEZVOUS_TIMEOUT_S = 1800
+# How stale a node's heartbeat may be before it is lost (bootstrap/node_config.py's default, said
+# in node.json so that the nodes and the run controller, which reads it from the stack's tags,
+# judge by one number).
+HEARTBEAT_TIMEOUT_S = 120
+# How long an attempt's nodes get to start (the rendezvous, then ten minutes for the allreduce
+# check and the trainer) before the run controller counts their silence or an idle fleet.
+STARTUP_GRACE_S = RENDEZVOUS_TIMEOUT_S + 600
 IMAGE_MANIFEST = "/opt/horovod-fleet/image.json"  # bootstrap/image/manifest.py writes it
 
 
@@ -113,6 +120,7 @@ class GpuFleet(Construct):
             "dataset_prefix": dataset_prefix,
             "runs_prefix": runs_prefix,
             "rendezvous_timeout_s": RENDEZVOUS_TIMEOUT_S,
+            "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
             "trainer": trainer,
             "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
             "image": {

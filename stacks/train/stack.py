@@ -1,6 +1,6 @@
 """TrainStack: the fleet of one run, its network, and the guard that deletes it when done."""
 
-from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -11,6 +11,8 @@ from stacks.config import FleetConfig
 from stacks.instance_types import HEAD_TYPE
 from stacks.network import SingleZoneNetwork, move_slots
 from stacks.node_code import PROJECT
+from stacks.teardown.answered import answered
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     DATASET_TYPE,
     MIN_NODES_OUTPUT_KEY,
@@ -23,11 +25,10 @@ from stacks.teardown.names import (
     ZONE_TYPE,
     ZONES_OUTPUT_KEY,
 )
-from stacks.teardown.reaper_answers import reaper_answers
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
-from stacks.train.fleet import SIGNAL_TIMEOUT, GpuFleet
+from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
 from stacks.train.head import Head
 
 # How long the head's elastic driver waits for at least minNodes nodes' slots after a reset (and
@@ -59,7 +60,7 @@ class TrainStack(Stack):
         *,
         config: FleetConfig,
         bucket: s3.IBucket,
-        reaper: aws_lambda.IFunction,
+        guards: FleetGuards,
         image_id: str,
         checkpoint_every_s: int = 0,
         **kwargs,
@@ -67,11 +68,12 @@ class TrainStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add("Project", PROJECT)
         Tags.of(self).add(f"{PROJECT}:run", config.run)
+        self._controller_tags(config)
         # Construct ids and their order are the template's logical ids: the parts below keep
         # the ids and scope the one constructor had, so a split changes no resource.
         fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
         slots = 0 if fixed_zone else move_slots(config.region)
-        zone = self._zone(config, reaper, fixed_zone, slots)
+        zone = self._zone(config, guards, fixed_zone, slots)
         prerequisites = [zone]  # answered before any instance launches
         network = SingleZoneNetwork(
             self,
@@ -122,24 +124,26 @@ class TrainStack(Stack):
             signal_timeout=SIGNAL_TIMEOUT,
         )
         if config.benchmark in (None, "data"):
-            prerequisites.append(self._dataset_check(config, bucket, reaper))
+            prerequisites.append(self._dataset_check(config, bucket, guards))
         for instance in (*fleet.instances, head.instance):
             instance.node.add_dependency(*prerequisites)
         # Updated before every node, the head and the replacement template: a deploy that would
         # change what a live fleet runs is refused there, before any node restarts on its old
         # code. The head's user data differs from node 0's only in its role and signal.
-        code = code_guard(self, reaper=reaper, run=config.run, fleet=fleet)
+        code = code_guard(
+            self, guards=guards, run=config.run, bucket=bucket.bucket_name, fleet=fleet
+        )
         head.instance.add_resource_dependency(code.node.default_child)
         guard = RunGuard(
             self,
             "Guard",
-            reaper=reaper,
+            guards=guards,
             run_name=config.run,
             max_hours=config.max_hours,
             max_restarts=0 if config.benchmark else config.max_restarts,
             instances=[*fleet.instances, head.instance],
         )
-        self._relaunch_places(config, reaper, zone, network, fleet, move_zones, move_subnets)
+        self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
         dashboard = RunDashboard(
             self,
             "Watch",
@@ -152,7 +156,25 @@ class TrainStack(Stack):
         )
         self._outputs(config, bucket, head, dashboard)
 
-    def _zone(self, config: FleetConfig, reaper: aws_lambda.IFunction, fixed: bool, slots: int):
+    def _controller_tags(self, config: FleetConfig) -> None:
+        """What the run controller's tick reads from the stack while it is still being created,
+        when it has no outputs (stacks/teardown/controller/train_stack.py): stack-level tags,
+        which the CDK CLI passes to CreateStack (with @aws-cdk/core:explicitStackTags, only
+        tags set on the stack itself are). Only values that cannot change while a fleet lives
+        (each is in node.json, which the code guard keeps): CloudFormation applies stack tags to
+        the resources, and a changed stack tag has replaced a resource
+        (https://github.com/aws-cloudformation/cloudformation-coverage-roadmap/issues/538).
+        maxRestarts and maxHours, which a deploy may change over a live fleet, stay outputs and
+        the cap's schedule."""
+        for key, value in {
+            "run": config.run,
+            "nodes": config.nodes,
+            "heartbeatTimeoutS": HEARTBEAT_TIMEOUT_S,
+            "startupGraceS": STARTUP_GRACE_S,
+        }.items():
+            self.tags.set_tag(f"{PROJECT}:{key}", str(value))
+
+    def _zone(self, config: FleetConfig, guards: FleetGuards, fixed: bool, slots: int):
         """The fleet's zone, answered at deploy. Not every zone offers every GPU type, and zone
         names differ between accounts: the answer is config.az if it offers the type, else one
         that does. A given subnet or capacity reservation fixes the zone; then the type must be
@@ -162,10 +184,10 @@ class TrainStack(Stack):
         CloudFormation cannot make a resource per element of a deploy-time list, so the slots
         are as many as the region has other zones, and a slot no other zone fills answers the
         fleet's own zone (a spare subnet and group, which cost nothing)."""
-        return reaper_answers(
+        return answered(
             self,
             "Zone",
-            reaper=reaper,
+            guards=guards,
             resource_type=ZONE_TYPE,
             properties={
                 "InstanceType": config.gpu.name,
@@ -181,13 +203,13 @@ class TrainStack(Stack):
             },
         )
 
-    def _dataset_check(self, config: FleetConfig, bucket: s3.IBucket, reaper: aws_lambda.IFunction):
+    def _dataset_check(self, config: FleetConfig, bucket: s3.IBucket, guards: FleetGuards):
         """The nodes pull the dataset at boot: without its manifest none of them could train, so
         the deploy fails before the first instance launches (answered at deploy)."""
-        return reaper_answers(
+        return answered(
             self,
             "Dataset",
-            reaper=reaper,
+            guards=guards,
             resource_type=DATASET_TYPE,
             properties={
                 "Bucket": bucket.bucket_name,
@@ -195,16 +217,16 @@ class TrainStack(Stack):
             },
         )
 
-    def _relaunch_places(self, config, reaper, zone, network, fleet, move_zones, move_subnets):
+    def _relaunch_places(self, config, guards, zone, network, fleet, move_zones, move_subnets):
         """What a relaunch needs from the stack: the replacement template, where it may launch,
         and the resource that ends the nodes it launched when the stack goes."""
         # The run controller launches the nodes EC2 terminated from the replacement template, out
         # of CloudFormation's sight: this resource, deleted before any of the fleet's, has the
-        # reaper terminate those instances first (their interfaces would hold up the delete).
-        replacements = reaper_answers(
+        # run controller's cleanup terminate those instances first (their interfaces would hold up the delete).
+        replacements = answered(
             self,
             "Replacements",
-            reaper=reaper,
+            guards=guards,
             resource_type=REPLACEMENTS_TYPE,
             properties={"Run": config.run},
         )
@@ -271,7 +293,7 @@ class TrainStack(Stack):
         topic = sns.Topic(
             self,
             "Notifications",
-            # The reaper may publish to topics of this prefix only (TeardownStack).
+            # The run controller may publish to topics of this prefix only (TeardownStack).
             topic_name=f"{NOTIFY_TOPIC_PREFIX}{run}",
             display_name="horovod-fleet",
             enforce_ssl=True,

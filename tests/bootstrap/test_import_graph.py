@@ -116,11 +116,11 @@ def test_the_graph_sees_the_project():
     graph = import_graph()
     for name in ("app", "rehearsal.__main__", "rehearsal.core", "rehearsal.faults",
                  "bootstrap.__main__", "stacks.benchmark", "watch.cli",
-                 "stacks/teardown/reaper:steps"):  # fmt: skip
+                 "stacks/teardown/controller:steps"):  # fmt: skip
         assert name in graph, name
     assert "rehearsal.core" in graph["rehearsal.faults"]
     assert "rehearsal.core" in graph["rehearsal.benchmark"]
-    assert "stacks/teardown/reaper:controller" in graph["stacks/teardown/reaper:steps"]
+    assert "stacks/teardown/controller:recovery" in graph["stacks/teardown/controller:decide"]
 
 
 def test_no_module_imports_a_main():

@@ -1,5 +1,6 @@
-"""The rehearsal's relaunch runs the state machine TeardownStack synthesizes (rehearsal/cloud.py):
-its decision, and what EC2 did to each instance, turned into what happens to the node."""
+"""The rehearsal's run controller is the one TeardownStack synthesizes (rehearsal/cloud.py): its
+tick and the state machine's executions it starts; its decision, and what EC2 did to each
+instance, turned into what happens to the node."""
 
 import argparse
 import json
@@ -90,11 +91,24 @@ def cloud(teardown, s3, moto_endpoint, spot: bool, restarts: int = 2) -> Cloud:
     return Cloud(teardown, s3, endpoint=moto_endpoint, nodes=NODES, spot=spot, restarts=restarts)
 
 
+def decided(running: Cloud, attempt: int):
+    """The controller's ticks, as its schedule runs them, until it is done with `attempt`."""
+    import tick
+
+    for _ in range(20):
+        tick.handler({"trigger": "schedule"})
+        running.workflow.settle()
+        if (relaunch := running.decided(attempt)) is not None:
+            return relaunch
+    raise AssertionError(f"nothing decided about attempt {attempt}")
+
+
 def test_a_lost_node_relaunches_the_on_demand_fleet_by_stop_and_start(teardown, s3, moto_endpoint):
     with cloud(teardown, s3, moto_endpoint, spot=False) as running:
         instances = running.instances()
+        running.watch()
         ended(s3, 1, "failed", "node_lost")
-        relaunch = running.end_attempt()
+        relaunch = decided(running, 1)
         [execution] = running.workflow.executions()
         states = running.workflow.states(execution)
         assert [e["decision"] for e in relaunch.entries] == ["relaunch"]
@@ -104,18 +118,21 @@ def test_a_lost_node_relaunches_the_on_demand_fleet_by_stop_and_start(teardown, 
             "StopFleet", "CheckSettled", "SettledDecision", "Launch", "LaunchDecision",
             "Relaunched",
         ]  # fmt: skip
+        running.watch()
         ended(s3, 2, "succeeded", None)
-        relaunch = running.end_attempt()
+        relaunch = decided(running, 2)
         assert [e["decision"] for e in relaunch.entries] == ["teardown"]
         assert (relaunch.restarted, relaunch.replaced) == ([], [])
         assert "DeleteStack" in running.workflow.states(running.workflow.executions()[-1])
+        assert running.gone()
 
 
 def test_a_spot_fleet_is_replaced_from_its_launch_templates(teardown, s3, moto_endpoint):
     with cloud(teardown, s3, moto_endpoint, spot=True) as running:
         instances = running.instances()
+        running.watch()
         ended(s3, 1, "interrupted", "interrupted")
-        relaunch = running.end_attempt()
+        relaunch = decided(running, 1)
         assert (relaunch.restarted, relaunch.replaced) == ([], [0, 1])
         assert set(running.instances().values()).isdisjoint(instances.values())
         assert running.instances() == relaunch.launched
@@ -127,8 +144,9 @@ def test_a_spot_fleet_is_replaced_from_its_launch_templates(teardown, s3, moto_e
 
 def test_restarts_run_out_and_nothing_comes_back(teardown, s3, moto_endpoint):
     with cloud(teardown, s3, moto_endpoint, spot=False, restarts=0) as running:
+        running.watch()
         ended(s3, 1, "failed", "node_lost")
-        relaunch = running.end_attempt()
+        relaunch = decided(running, 1)
         assert [(e["decision"], e["why"]) for e in relaunch.entries] == [
             ("stop", "restarts exhausted (0 of maxRestarts 0)")
         ]
@@ -139,22 +157,28 @@ def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
     tmp_path, teardown, s3, moto_endpoint, monkeypatch
 ):
     """attempts.py end to end in process: the nodes are stubs that write DONE.json; the run
-    controller, EC2 and S3 are the workflow's, and a relaunched node starts with empty /data."""
-    args = argparse.Namespace(workdir=tmp_path, nodes=NODES, max_restarts=2)
+    controller (its tick on its schedule, in a thread), EC2 and S3 are the workflow's, and a
+    relaunched node starts with empty /data."""
+    from rehearsal import cloud as cloud_module
+
+    monkeypatch.setattr(cloud_module, "TICK_S", 0.2)
+    args = argparse.Namespace(workdir=tmp_path, nodes=NODES, max_restarts=2, timeout=120)
     rehearsal = core.Rehearsal(args)
     rehearsal.s3, rehearsal.endpoint = s3, moto_endpoint
     (tmp_path / "cdk.out").mkdir()
     (tmp_path / "cdk.out" / "TeardownStack.template.json").write_text(json.dumps(teardown))
     outcomes = iter([("failed", "node_lost"), ("succeeded", None)])
 
-    def train(epochs, **_):
+    def start_nodes(epochs, **_):
         for index in range(NODES):
             (rehearsal.node_home(index) / "data").mkdir(parents=True, exist_ok=True)
         status, cause = next(outcomes)
-        ended(s3, len(rehearsal.cloud.attempts()) + 1 if rehearsal.cloud else 1, status, cause)
+        ended(s3, len(rehearsal.cloud.attempts()) + 1, status, cause)
+        return {}
 
-    monkeypatch.setattr(rehearsal, "train", train)
+    monkeypatch.setattr(rehearsal, "start_nodes", start_nodes)
     monkeypatch.setattr(rehearsal, "end_nodes", lambda: None)
+    monkeypatch.setattr(rehearsal, "show_status_after_each_epoch", lambda shown: shown)
     emptied = []
     real_relaunch = rehearsal.relaunch
 

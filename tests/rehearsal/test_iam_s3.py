@@ -74,7 +74,7 @@ def test_intrinsics_resolve_to_the_rehearsal_account():
     }}  # fmt: skip
     statements = iam_s3.role_statements([template], "us-east-1")
     assert statements["node"][0]["Resource"] == "arn:aws:s3:::b/runs/*"
-    assert statements["reaper"][0]["Action"] == "ec2:StopInstances"
+    assert statements["controller"][0]["Action"] == "ec2:StopInstances"
     assert statements["preprocessor"] == []
 
 
@@ -88,7 +88,7 @@ def proxy(moto_endpoint, tmp_path):
     judge = iam_s3.IamS3Proxy(
         ("127.0.0.1", listen),
         (host, int(port)),
-        {"node": NODE, "reaper": broad},
+        {"node": NODE, "controller": broad},
         tmp_path / "refusals.log",
     )
     judge.start()
@@ -109,7 +109,7 @@ def code(call) -> str:
 
 def test_the_proxy_answers_as_s3_does_for_each_role(proxy, tmp_path):
     endpoint, judge = proxy
-    admin, node, reaper = (client(endpoint, k) for k in ("rehearsal", "node", "reaper"))
+    admin, node, controller = (client(endpoint, k) for k in ("rehearsal", "node", "controller"))
     admin.create_bucket(Bucket=BUCKET)
     admin.put_object(Bucket=BUCKET, Key="tfrecords/train-0", Body=b"x" * 1000)
     admin.put_object(Bucket=BUCKET, Key="raw/train.tar", Body=b"tar")
@@ -121,7 +121,9 @@ def test_the_proxy_answers_as_s3_does_for_each_role(proxy, tmp_path):
     )
     # A missing key the role may read: 403 without an unconditioned ListBucket, else 404.
     assert code(lambda: node.get_object(Bucket=BUCKET, Key="runs/r1/DONE.json")) == "AccessDenied"
-    assert code(lambda: reaper.get_object(Bucket=BUCKET, Key="runs/r1/DONE.json")) == "NoSuchKey"
+    assert (
+        code(lambda: controller.get_object(Bucket=BUCKET, Key="runs/r1/DONE.json")) == "NoSuchKey"
+    )
     listed = node.list_objects_v2(Bucket=BUCKET, Prefix="tfrecords/")
     assert [o["Key"] for o in listed["Contents"]] == ["tfrecords/train-0"]
     assert code(lambda: node.list_objects_v2(Bucket=BUCKET, Prefix="raw/")) == "AccessDenied"

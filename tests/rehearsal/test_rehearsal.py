@@ -113,7 +113,7 @@ def test_the_rehearsal_restarts_a_killed_node_bootstrap_as_systemd_would(monkeyp
 def plain_rehearsal(tmp_path, monkeypatch, outcomes: list[str]):
     """A plain rehearsal whose nodes, EC2 and run controller are stubs: each attempt ends as
     `outcomes` says, and the controller relaunches every failed one."""
-    from rehearsal import common, core
+    from rehearsal import core
 
     rehearsal = core.Rehearsal(
         argparse.Namespace(workdir=tmp_path, epochs=4, rerun_epochs=0, max_restarts=2)
@@ -121,14 +121,10 @@ def plain_rehearsal(tmp_path, monkeypatch, outcomes: list[str]):
     attempts = iter(outcomes)
     calls = {"relaunch": 0, "done": None}
 
-    def train(epochs, **overrides):
-        calls["done"] = {"status": next(attempts), "attempt": calls["relaunch"] + 1, "reason": "r"}
-        if calls["done"]["status"] != "succeeded":
-            raise common.StepFailed("node1 was killed")
-
-    def end_attempt(max_restarts):
+    def run_attempt(epochs, max_restarts, **overrides):
         from rehearsal.cloud import Relaunch
 
+        calls["done"] = {"status": next(attempts), "attempt": calls["relaunch"] + 1, "reason": "r"}
         failed = calls["done"]["status"] != "succeeded"
         relaunch = failed and calls["relaunch"] < max_restarts
         entry = {"attempt": calls["done"]["attempt"], "status": calls["done"]["status"],
@@ -139,9 +135,9 @@ def plain_rehearsal(tmp_path, monkeypatch, outcomes: list[str]):
         assert done.restarted == [0, 1]
         calls["relaunch"] += 1
 
-    monkeypatch.setattr(rehearsal, "train", train)
-    monkeypatch.setattr(rehearsal, "end_attempt", end_attempt)
+    monkeypatch.setattr(rehearsal, "run_attempt", run_attempt)
     monkeypatch.setattr(rehearsal, "relaunch", relaunch)
+    monkeypatch.setattr(rehearsal, "end_nodes", lambda: None)
     monkeypatch.setattr(rehearsal, "done_json", lambda: calls["done"])
     [(_, training)] = [(n, a) for n, a in rehearsal.plan_steps() if n == "training nodes"]
     return training, calls

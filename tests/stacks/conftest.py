@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-# The reaper's Lambda asset imports its sibling modules as Lambda loads them: top-level.
-sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "reaper"))
+# The run controller's Lambda asset imports its sibling modules as Lambda loads them: top-level.
+sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "controller"))
 sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "answers"))
 
 Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
@@ -20,7 +20,7 @@ Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
 def synthesize(tmp: Path, overrides: dict[str, Any] | None = None) -> Templates:
     """The app's stacks for cdk.json's context plus overrides, without the cdk-nag plugin
     (test_app.py runs it on the real app) so each test fails for its own reason."""
-    # Imported here: the reaper's unit tests share this directory and need none of this.
+    # Imported here: the controller's unit tests share this directory and need none of this.
     from aws_cdk import App
     from aws_cdk.assertions import Template
 
@@ -159,7 +159,8 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def workflow(default: Templates, aws_credentials):
     """The run controller as TeardownStack deploys it, running in moto (rehearsal/state_machine.py):
-    every execution it starts runs the synthesized state machine with the real step code."""
+    every execution it starts runs the synthesized state machine with the real step code, and
+    its tick is the synthesized Tick function's handler."""
     from moto import mock_aws
 
     from rehearsal.state_machine import Workflow

@@ -1,7 +1,8 @@
 """A deployed TrainStack in moto as the run controller finds it (stacks/train/, docs/contracts.md):
-its outputs, a subnet per zone, the replacement template, its nodes; the EC2 answers moto does
-not give (no capacity in a zone, a stop refused while a node is pending, a launch repeated with
-its ClientToken); and the triggers' events as EventBridge and CloudWatch deliver them."""
+its tags and outputs, a subnet per zone, the replacement template, its nodes; the EC2 answers
+moto does not give (no capacity in a zone, a stop refused while a node is pending, a launch
+repeated with its ClientToken); the tick as its schedule runs it, on a
+clock the tests move; and the triggers' events as EventBridge and CloudWatch deliver them."""
 
 import datetime
 import functools
@@ -9,6 +10,8 @@ import json
 
 import boto3
 import clients
+import pytest
+import tick
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
@@ -45,12 +48,19 @@ class Fleet:
     """TrainStack with `nodes` nodes, on-demand or Spot, zones made at deploy (`zones`: its
     HorovodFleetZones output; None for a stack from before it), the hard cap `hours` ahead."""
 
-    def __init__(self, nodes=2, spot=False, zones=ZONES, hours=6.0, max_restarts=3, run=RUN):
+    def __init__(self, nodes=2, spot=False, zones=ZONES, hours=6.0, max_restarts=3, run=RUN,
+                 creating=False, heartbeat_s=120, grace_s=2400):  # fmt: skip
         self.count, self.spot, self.zone_names, self.run = nodes, spot, zones, run
         s3().create_bucket(Bucket=BUCKET)
         placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
+        # The stack-level tags stacks/train/stack.py sets, which CreateStack carries.
+        self.tags = {"horovod-fleet:run": run, "horovod-fleet:nodes": str(nodes),
+                     "horovod-fleet:heartbeatTimeoutS": str(heartbeat_s),
+                     "horovod-fleet:startupGraceS": str(grace_s)}  # fmt: skip
         self.stack_id = cloudformation().create_stack(
-            StackName="TrainStack", TemplateBody=json.dumps(placeholder)
+            StackName="TrainStack",
+            TemplateBody=json.dumps(placeholder),
+            Tags=[{"Key": k, "Value": v} for k, v in self.tags.items()],
         )["StackId"]
         vpc = ec2().create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
         self.subnets = {
@@ -76,7 +86,11 @@ class Fleet:
                 for z in zones
             ]
             outputs["HorovodFleetZones"] = json.dumps({"zones": entries})
-        self.update_outputs(outputs)
+        self.outputs = outputs
+        if creating:  # no outputs yet: CloudFormation writes them once the create is over
+            self.set_stack_status("CREATE_IN_PROGRESS")
+        else:
+            self.update_outputs(outputs)
         self.nodes = [self.launch_node(index) for index in range(nodes)]
 
     def replacement_template(self) -> str:
@@ -113,7 +127,16 @@ class Fleet:
             "Resources": {"Handle": {"Type": "AWS::SNS::Topic"}},
             "Outputs": {key: {"Value": value} for key, value in outputs.items()},
         }
-        cloudformation().update_stack(StackName="TrainStack", TemplateBody=json.dumps(template))
+        cloudformation().update_stack(
+            StackName="TrainStack",
+            TemplateBody=json.dumps(template),
+            Tags=[{"Key": k, "Value": v} for k, v in self.tags.items()],
+        )
+
+    def created(self) -> None:
+        """The create is over: the outputs are there, the stack CREATE_COMPLETE."""
+        self.update_outputs(self.outputs)
+        self.set_stack_status("CREATE_COMPLETE")
 
     def launch_node(self, index: int) -> str:
         """Node `index` as CloudFormation launched it: CloudFormation's tag and the fleet's."""
@@ -186,6 +209,11 @@ class Fleet:
         put_json(f"runs/{self.run}/DONE.json", done)
         s3().put_object(Bucket=BUCKET, Key=f"runs/{self.run}/logs/node-0.log", Body=b"log")
 
+    def beat(self, *indexes: int) -> None:
+        """The nodes' heartbeats: each rewrites its registration (S3 stamps LastModified)."""
+        for index in indexes or range(self.count):
+            put_json(f"runs/{self.run}/nodes/{index}.json", {"index": index})
+
 
 def put_json(key: str, document: dict) -> None:
     s3().put_object(Bucket=BUCKET, Key=key, Body=json.dumps(document).encode())
@@ -200,6 +228,57 @@ def read_json(key: str) -> dict | None:
 
 def backend_instance(instance_id: str):
     return ec2_backends[DEFAULT_ACCOUNT_ID][REGION].get_instance(instance_id)
+
+
+class Ticks:
+    """The run controller's tick as its schedule runs it, on a clock the test moves: each tick
+    at real time plus `offset` (moto stamps what it makes with real time), then every execution
+    it started runs to its end or its next wait."""
+
+    def __init__(self, workflow, monkeypatch) -> None:
+        self.workflow, self.offset = workflow, datetime.timedelta(0)
+        for module in ("tick", "steps", "steps_fleet", "steps_teardown"):
+            monkeypatch.setattr(f"{module}.now", self.now)
+        # What S3 and CloudFormation stamp (a heartbeat's LastModified, a stack event) is on the
+        # same clock.
+        for stamps in ("moto.s3.models.utcnow", "moto.cloudformation.models.utcnow"):
+            monkeypatch.setattr(stamps, lambda: self.now().replace(tzinfo=None))
+        self.decisions: list[dict] = []
+
+    def now(self) -> datetime.datetime:
+        return datetime.datetime.now(datetime.timezone.utc) + self.offset
+
+    def advance(self, **delta) -> None:
+        self.offset += datetime.timedelta(**delta)
+
+    def minutes(self, count: int, fleet: "Fleet | None" = None, every: int = 1) -> None:
+        """`count` minutes of the schedule's ticks, one in `every` of them run (what a tick
+        reads does not change in between); the nodes of `fleet` beat before each."""
+        for _ in range(0, count, every):
+            self.advance(minutes=every)
+            if fleet is not None:
+                fleet.beat()
+            self()
+
+    def __call__(self, event: dict | None = None) -> dict:
+        decision = tick.handler(event or {"trigger": "schedule"})
+        self.decisions.append(decision)
+        self.workflow.settle()
+        return decision
+
+    def until_quiet(self, most: int = 12) -> list[dict]:
+        """Tick until a tick has nothing to do and nothing runs; the ticks' decisions."""
+        made = []
+        for _ in range(most):
+            made.append(self())
+            if not made[-1]["actions"] and not self.workflow.running():
+                return made
+        raise AssertionError(f"still acting after {most} ticks: {made[-3:]}")
+
+
+@pytest.fixture
+def ticks(workflow, monkeypatch) -> Ticks:
+    return Ticks(workflow, monkeypatch)
 
 
 class Ec2Answers:
@@ -217,6 +296,7 @@ class Ec2Answers:
         self.capacity: dict[str, int] = {}
         self.reservations: dict[str, tuple[int, object]] = {}  # ClientToken -> (count, answer)
         self.full_tries: int | None = None
+        self.refused_operations = ("RunInstances", "StartInstances")
         self.refused_launches = 0
         self.pending: dict[str, int] = {}
         self.stops_refused: list[str] = []
@@ -274,7 +354,7 @@ class Ec2Answers:
         monkeypatch.setattr(InstanceBackend, "stop_instances", stop_instances)
 
     def refuse(self, zone: str, operation: str) -> None:
-        if zone not in self.full:
+        if zone not in self.full or operation not in self.refused_operations:
             return
         if self.full_tries is not None and self.refused_launches >= self.full_tries:
             return

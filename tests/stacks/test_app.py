@@ -164,6 +164,11 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
         "p4d.24xlarge in your account" in result.stderr
     )
     assert "PreprocessStack: t2.large at $0.0928/h" in result.stderr
+    # 43,200 ticks x (0.25 GB x 1 s x $0.0000166667 + $0.0000002) + 43,200 x $0.000001.
+    assert (
+        "TeardownStack: the run controller's tick every minute (43,200 a month, ~1 s at 256 MB) "
+        "costs ~$0.23 a month at list price" in result.stderr
+    )
     assert "1000 GiB sc1 at $15.00/month" in result.stderr
     assert (
         "ImageStack: bakes only when bootstrap/image, bootstrap/image_proof or trainer/ change"

@@ -2,6 +2,8 @@
 the code guard (stacks/train/code_guard.py) refuses it in one line before any node is touched,
 and lets every other deploy through."""
 
+import json
+
 import answers
 import boto3
 import pytest
@@ -101,6 +103,48 @@ def test_a_stopped_node_counts_as_live_a_terminated_one_does_not(train_stack, st
 def test_a_change_with_no_live_node_passes(train_stack):
     event = guard_request(train_stack, "Update", {**OLD, "UserData": "bmV3"}, OLD)
     assert answers.on_event(event) == {"PhysicalResourceId": train_stack}
+
+
+BUCKET = "horovod-fleet-123456789012-us-east-1"
+
+
+def attempts(stack_id: str, *decisions: str) -> None:
+    """The run's attempts.json as the run controller writes it, each entry in this stack."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    entries = [{"attempt": n, "decision": d, "why": "restart 1 of 3", "stack_id": stack_id}
+               for n, d in enumerate(decisions, 1)]  # fmt: skip
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/attempts.json",
+                  Body=json.dumps({"attempts": entries}).encode())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("decisions", "live"),
+    [(("relaunch",), True), (("relaunch", "teardown"), False), ((), False)],
+    ids=["relaunching", "ended", "no attempt ended"],
+)
+def test_a_spot_relaunch_with_every_node_terminated_is_a_live_run(train_stack, decisions, live):
+    """Bug 7: a Spot relaunch terminates every node before it launches them again, and the
+    guard took "no instance running" for "no live run". A run is live until its final record."""
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    ec2.terminate_instances(InstanceIds=[node(train_stack), node(train_stack)])
+    if decisions:
+        attempts(train_stack, *decisions)
+    else:
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    changed = {**OLD, "UserData": "bmV3", "Bucket": BUCKET}
+    answer = refused(guard_request(train_stack, "Update", changed, {**OLD, "Bucket": BUCKET}))
+    expected = (
+        "run r1 is live on code 1111aaaa.zip,2222bbbb.zip (relaunching after attempt 1: restart "
+        "1 of 3); wait for it to end or cdk destroy TrainStack, then deploy"
+    )
+    assert answer == (expected if live else None)
+
+
+def test_another_stacks_relaunch_does_not_count(train_stack):
+    attempts("arn:aws:cloudformation:us-east-1:123456789012:stack/TrainStack/other", "relaunch")
+    changed = {**OLD, "UserData": "bmV3", "Bucket": BUCKET}
+    assert refused(guard_request(train_stack, "Update", changed, {**OLD, "Bucket": BUCKET})) is None
 
 
 def test_another_stacks_nodes_do_not_count(train_stack):

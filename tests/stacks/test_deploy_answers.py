@@ -397,7 +397,7 @@ def test_the_answers_role_reads_and_changes_nothing(default, stack):
     assert found
     actions = {a for s in found for a in as_list(s["Action"])}
     assert not actions & {*MUTATING, "cloudformation:DeleteStack"}
-    assert all(a.split(":")[1].startswith(("Get", "Describe", "PutLogEvents", "CreateLogStream"))
+    assert all(a.split(":")[1].startswith(("Get", "Describe", "List", "PutLogEvents", "CreateLogStream"))
                for a in actions), actions  # fmt: skip
 
 

@@ -51,26 +51,38 @@ CONTROLLER_LIMIT = 400  # lines: one module per role, none holding two
 
 
 def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
-    runtime = STACKS / "teardown" / "reaper"
+    runtime = STACKS / "teardown" / "controller"
     assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
+        "act.py",
         "cleanup.py",
         "clients.py",
-        "controller.py",
+        "decide.py",
         "ec2_fleet.py",
         "executions.py",
+        "judge.py",
         "notify.py",
+        "observe.py",
         "preprocess.py",
         "records.py",
-        "starter.py",
+        "recovery.py",
         "steps.py",
         "steps_fleet.py",
         "steps_teardown.py",
+        "tick.py",
         "train_stack.py",
         "zones.py",
     ]
     assert not (runtime / "__init__.py").exists()  # modules import each other by file name
     functions = (STACKS / "teardown" / "functions.py").read_text()
-    assert 'HERE / "reaper"' in functions and 'HERE / "answers"' in functions
+    assert 'HERE / "controller"' in functions and 'HERE / "answers"' in functions
+
+
+def test_nothing_under_stacks_is_named_for_the_reaper_it_no_longer_is():
+    """The run controller reconciles; "reaper" named a job it no longer does."""
+    named = [
+        p for p in STACKS.rglob("*") if "reaper" in p.name.lower() and "__pycache__" not in p.parts
+    ]
+    assert named == []
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_a_zone_id_places_the_subnet_by_id_and_the_volume_in_its_zone(synth):
     assert not template.find_resources("Custom::HorovodFleetZone")
 
 
-def test_a_zone_id_with_a_given_subnet_is_named_by_the_reaper(synth):
+def test_a_zone_id_with_a_given_subnet_is_named_by_the_zone_check(synth):
     template = synth(az="use1-az4", vpcId="vpc-0123abcd", subnetId="subnet-0123abcd")[
         "PreprocessStack"
     ]

@@ -1,4 +1,4 @@
-"""The preprocessing node's stop (stacks/teardown/reaper/preprocess.py) against moto: once the
+"""The preprocessing node's stop (stacks/teardown/controller/preprocess.py) against moto: once the
 manifest is written the registered node stops, and its volume is snapshotted once."""
 
 import json

@@ -1,4 +1,4 @@
-"""TrainStack's Replacements resource (stacks/teardown/reaper/cleanup.py) under the requests
+"""TrainStack's Replacements resource (stacks/teardown/controller/cleanup.py) under the requests
 CloudFormation sends it: an update that renames the run and a rolled-back update end no live
 node; `cdk destroy` ends every instance CloudFormation does not know, and its Delete always
 answers."""
@@ -6,7 +6,9 @@ answers."""
 import cleanup
 import clients
 import pytest
-from run_controller_fleet import NODE_TAG, RUN, Ec2Answers, Fleet
+from run_controller_fleet import NODE_TAG, RUN, Ec2Answers, Fleet, ticks  # noqa: F401
+
+# ruff: noqa: F811  (ticks is a fixture)
 
 TOKEN = "arn:aws:lambda:us-east-1:123456789012:function:CleanupProviderframeworkonEvent"
 
@@ -122,8 +124,10 @@ def test_a_delete_in_an_updates_cleanup_ends_nothing(workflow, monkeypatch, stat
 
 
 def test_cdk_destroy_ends_every_instance_cloudformation_does_not_know_and_is_followed(
-    workflow, monkeypatch
+    workflow, ticks, monkeypatch
 ):
+    """The Delete ends what CloudFormation does not know; the tick, seeing the stack deleted and
+    no execution following it, starts one that does."""
     fleet = Fleet(spot=True)
     replacement = replaced_node(fleet)
     cloudformation = CloudFormation(fleet)
@@ -133,8 +137,14 @@ def test_cdk_destroy_ends_every_instance_cloudformation_does_not_know_and_is_fol
     assert answer == {"PhysicalResourceId": cloudformation.physical_id}
     assert {n["id"] for n in fleet.billing()} == {fleet.nodes[0]}  # CloudFormation's own
     assert replacement not in {n["id"] for n in fleet.instances()}
+    assert workflow.executions() == []
+    workflow.on_wait = lambda _e, state, _s: (
+        state == "WaitForDelete" and fleet.set_stack_status("DELETE_COMPLETE")
+    )
+    assert ticks()["actions"] == ["start"]
     [follower] = workflow.executions()
     assert follower["name"].startswith(f"{RUN}-destroy-")
+    assert workflow.states(follower)[-1] == "Deleted"
 
 
 def test_a_delete_answers_whatever_fails(workflow, monkeypatch):

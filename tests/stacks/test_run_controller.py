@@ -5,9 +5,9 @@ import json
 import re
 
 import boto3
-import controller
 import pytest
 import records
+import recovery
 from conftest import ROOT
 from moto import mock_aws
 
@@ -56,7 +56,7 @@ FINAL = {
 
 def decide(done: dict, earlier: list[dict] | None = None, **kwargs):
     settings = {"max_restarts": 3, "now": NOW, "deadline": FAR, "deleting": False, **kwargs}
-    return controller.decide(done, earlier or [], **settings)
+    return recovery.decide(done, earlier or [], **settings)
 
 
 @pytest.mark.parametrize(("cause", "reason"), RETRYABLE.items(), ids=RETRYABLE.keys())
@@ -83,14 +83,14 @@ def test_a_spot_interruption_or_shutdown_is_relaunched():
 def test_ends_another_attempt_cannot_get_past_are_torn_down(cause, reason):
     retryable, decision, why = decide({"status": "failed", "cause": cause, "reason": reason})
     assert (retryable, decision) == (False, "teardown")
-    assert why == f"not retryable: {controller.FINAL[cause]}"
+    assert why == f"not retryable: {recovery.FINAL[cause]}"
 
 
 def test_the_retry_table_covers_every_cause_the_nodes_write_and_the_contract_lists():
     from bootstrap import causes
 
-    assert set(controller.FINAL) | set(controller.RETRYABLE) == set(causes.CAUSES)
-    assert not set(controller.FINAL) & set(controller.RETRYABLE)
+    assert set(recovery.FINAL) | set(recovery.RETRYABLE) == set(causes.CAUSES)
+    assert not set(recovery.FINAL) & set(recovery.RETRYABLE)
     assert set(RETRYABLE) | set(FINAL) == set(causes.CAUSES)  # this file tests each of them
     contract = (ROOT / "docs" / "contracts.md").read_text()
     listed = contract[contract.index("## Causes") :].split("\n## ")[0]
@@ -118,11 +118,11 @@ def test_restarts_are_bounded_by_max_restarts():
 
 def test_nothing_is_relaunched_too_close_to_the_hard_cap():
     failed = {"status": "failed", "cause": "node_lost", "reason": RETRYABLE["node_lost"]}
-    soon = NOW + controller.MIN_ATTEMPT - datetime.timedelta(seconds=1)
+    soon = NOW + recovery.MIN_ATTEMPT - datetime.timedelta(seconds=1)
     retryable, decision, why = decide(failed, deadline=soon)
     assert (retryable, decision) == (True, "stop")
     assert "hard cap" in why
-    assert decide(failed, deadline=NOW + controller.MIN_ATTEMPT)[1] == "relaunch"
+    assert decide(failed, deadline=NOW + recovery.MIN_ATTEMPT)[1] == "relaunch"
 
 
 def test_nothing_is_relaunched_while_the_stack_is_being_deleted():
@@ -130,7 +130,7 @@ def test_nothing_is_relaunched_while_the_stack_is_being_deleted():
     assert decide(failed, deleting=True)[1:] == ("stop", "the stack is being deleted")
 
 
-# --- what it records -------------------------------------------------------------------------
+# --- what it records ---------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -144,6 +144,9 @@ def s3(monkeypatch):
         yield client
 
 
+STACK = "arn:aws:cloudformation:us-east-1:123456789012:stack/TrainStack/x"
+
+
 def put(s3, name: str, document: dict) -> None:
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/{name}", Body=json.dumps(document).encode())
 
@@ -152,22 +155,20 @@ def read(s3, name: str) -> dict | None:
     return records.read_json(s3, BUCKET, f"runs/{RUN}/{name}")
 
 
-def end(s3, **kwargs):
-    settings = {"max_restarts": 2, "now": NOW, "deadline": FAR, **kwargs}
-    return controller.end_attempt(s3, BUCKET, RUN, **settings)
-
-
-def done(attempt: int, status: str = "failed", cause: str = "node_lost") -> dict:
+def done(attempt: int, status: str = "failed", cause: str = "node_lost", **more) -> dict:
     reason = {**RETRYABLE, **FINAL}[cause]
     return {"run": RUN, "status": status, "cause": cause, "reason": reason, "attempt": attempt,
-            "epochs": 3, "finished_at": "2026-11-25T11:59:00Z"}  # fmt: skip
+            "epochs": 3, "finished_at": "2026-11-25T11:59:00Z", **more}  # fmt: skip
 
 
-def test_a_relaunch_is_recorded_and_removes_done_json(s3):
-    put(s3, "status.json", {"phase": "failed", "attempt": 1,
-                            "attempt_started_at": "2026-11-25T10:00:00Z"})  # fmt: skip
-    put(s3, "DONE.json", done(1))
-    entry = end(s3)
+def entry_of(document: dict, earlier=(), **kwargs) -> dict:
+    settings = {"max_restarts": 2, "now": NOW, "deadline": FAR, "started_at": None,
+                "stack_id": STACK, **kwargs}  # fmt: skip
+    return recovery.attempt_entry(document, list(earlier), **settings)
+
+
+def test_an_attempts_entry_says_what_ended_it_and_the_decision_with_its_stack():
+    entry = entry_of(done(1), started_at="2026-11-25T10:00:00Z")
     assert entry == {
         "attempt": 1,
         "started_at": "2026-11-25T10:00:00Z",
@@ -180,42 +181,106 @@ def test_a_relaunch_is_recorded_and_removes_done_json(s3):
         "decision": "relaunch",
         "why": "restart 1 of 2",
         "decided_at": "2026-11-25T12:00:00Z",
+        "stack_id": STACK,
     }
-    assert read(s3, "attempts.json") == {
-        "format": "horovod-fleet/attempts/1",
-        "run": RUN,
-        "max_restarts": 2,
-        "attempts": [entry],
+
+
+def test_an_attempts_entry_keeps_what_its_done_json_says_of_its_time():
+    """docs/contracts.md, "Start-up, resets and goodput": a relaunch deletes the DONE.json, and
+    bootstrap/head/goodput.py reads the earlier attempts' figures here."""
+    from bootstrap.head import goodput
+
+    steps = {"start_step": 0, "end_step": 900, "step_s": 0.4, "steps_redone": 0}
+    timeline = {"launched_at": "2026-11-25T10:00:00Z", "first_step_at": "2026-11-25T10:20:00Z",
+                "lost_s": {"boot": 300.0}, "steps": steps, "phases": {}}  # fmt: skip
+    entry = entry_of(done(1, timeline=timeline))
+    assert {k: entry[k] for k in ("launched_at", "first_step_at", "lost_s", *steps)} == {
+        "launched_at": "2026-11-25T10:00:00Z",
+        "first_step_at": "2026-11-25T10:20:00Z",
+        "lost_s": {"boot": 300.0},
+        **steps,
     }
-    # The next attempt's members must not see this DONE.json and end at once.
-    assert read(s3, "DONE.json") is None
-    # status.json stays the leader's; the controller says what it does in its own document.
-    assert read(s3, "status.json")["phase"] == "failed"
-    status = read(s3, "controller.json")
-    assert (status["phase"], status["attempt"]) == ("relaunching", 2)
-    assert status["reason"].startswith("step 'training' failed")
+    attempt = goodput.Attempt.from_entry(entry)
+    assert (attempt.start_step, attempt.end_step, attempt.lost_s) == (0, 900, {"boot": 300.0})
+    assert "phases" not in entry
 
 
 def test_attempts_accumulate_until_restarts_run_out(s3):
     decisions = []
     for attempt in (1, 2, 3):
-        put(s3, "DONE.json", done(attempt))
-        decisions.append(end(s3)["decision"])
+        earlier = records.attempts(s3, BUCKET, RUN)
+        entry = records.append_attempt(s3, BUCKET, RUN, entry_of(done(attempt), earlier), 2)
+        decisions.append(entry["decision"])
     assert decisions == ["relaunch", "relaunch", "stop"]
     recorded = read(s3, "attempts.json")["attempts"]
     assert [e["attempt"] for e in recorded] == [1, 2, 3]
     assert recorded[-1]["why"] == "restarts exhausted (2 of maxRestarts 2)"
-    assert read(s3, "DONE.json") is not None  # kept: the teardown waits on its results
 
 
-def test_a_repeated_event_counts_the_attempt_once(s3):
-    put(s3, "DONE.json", done(1, "failed", "trainer_input"))
-    first = end(s3)
-    again = end(s3, now=NOW + datetime.timedelta(minutes=5))
-    assert first == again
+def test_an_attempt_recorded_twice_keeps_its_first_entry(s3):
+    first = records.append_attempt(s3, BUCKET, RUN, entry_of(done(1, cause="trainer_input")), 2)
+    again = entry_of(done(1, cause="trainer_input"), now=NOW + datetime.timedelta(minutes=5))
+    assert records.append_attempt(s3, BUCKET, RUN, again, 2) == first
     assert len(read(s3, "attempts.json")["attempts"]) == 1
 
 
-def test_no_done_json_records_nothing(s3):
-    assert end(s3) is None
-    assert read(s3, "attempts.json") is None
+def test_a_record_changed_under_a_write_is_read_again_and_both_changes_stay(s3, monkeypatch):
+    """Two ticks at once: one writes controller.json between the other's read and write. The
+    other's conditional write (If-Match) gets 412, reads again and merges into what is there."""
+    put(s3, "controller.json", {"phase": "training"})
+    real_put, raced = records.put, []
+
+    def another_tick_first(client, bucket, name, document, etag):
+        if not raced:
+            raced.append(etag)
+            real_put(client, bucket, name, {"phase": "relaunching", "attempt": 2}, etag)
+        return real_put(client, bucket, name, document, etag)
+
+    monkeypatch.setattr(records, "put", another_tick_first)
+    records.update_controller(s3, BUCKET, RUN, at="2026-11-25T12:00:00Z", execution="arn:x")
+    assert read(s3, "controller.json") == {
+        "phase": "relaunching",
+        "attempt": 2,
+        "execution": "arn:x",
+        "updated_at": "2026-11-25T12:00:00Z",
+    }
+
+
+def test_a_new_record_is_written_only_where_none_is(s3):
+    """If-None-Match: * for a record that was not there: a concurrent first write wins."""
+    assert records.put(s3, BUCKET, f"runs/{RUN}/attempts.json", {"a": 1}, None)
+    assert not records.put(s3, BUCKET, f"runs/{RUN}/attempts.json", {"a": 2}, None)
+    assert read(s3, "attempts.json") == {"a": 1}
+
+
+def test_a_record_that_keeps_changing_fails_loudly(monkeypatch):
+    """A stub S3 that answers every conditional write with 412 (moto answers it only when the
+    ETag differs): the update gives up after its tries, loudly."""
+    from botocore.exceptions import ClientError
+
+    class Changing:
+        def get_object(self, **_):
+            return {"ETag": '"e"', "Body": __import__("io").BytesIO(b"{}")}
+
+        def put_object(self, **_):
+            raise ClientError({"Error": {"Code": "PreconditionFailed"}}, "PutObject")
+
+    with pytest.raises(records.RecordChanged):
+        records.update(Changing(), BUCKET, "runs/r/controller.json", lambda d: {**d, "x": 1})
+
+
+@pytest.mark.parametrize("code", ["AccessDenied", "KMS.AccessDeniedException", "InternalError"])
+def test_a_refused_read_is_never_an_absent_record(code):
+    """An S3 or KMS AccessDenied fails the tick or the step; only 404 NoSuchKey is absent."""
+    from botocore.exceptions import ClientError
+
+    class Refusing:
+        def get_object(self, **_):
+            raise ClientError({"Error": {"Code": code, "Message": "no"}}, "GetObject")
+
+    with pytest.raises(ClientError):
+        records.read(Refusing(), BUCKET, "runs/r/DONE.json")
+
+
+def test_a_missing_record_is_absent(s3):
+    assert records.read(s3, BUCKET, f"runs/{RUN}/DONE.json") == (None, None)

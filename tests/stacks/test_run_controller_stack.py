@@ -1,6 +1,6 @@
 """The run controller as TeardownStack synthesizes it: a Standard state machine whose every task
-retries and ends, on failure, in StopBilling; roles that create nothing at run time; names the
-functions and the stacks agree on."""
+has a timeout, retries Lambda's own throttling for minutes and ends, on failure, in StopBilling;
+roles that create nothing at run time; names the functions and the stacks agree on."""
 
 import json
 
@@ -13,7 +13,8 @@ import zones
 from test_teardown import as_list
 
 from stacks.teardown import names
-from stacks.teardown.run_controller import STATE_MACHINE_NAME
+from stacks.teardown.run_controller import STATE_MACHINE_NAME, STEP_TIMEOUT_MINUTES
+from stacks.teardown.workflow import STOP_BILLING_RETRY_S, retry_span
 
 # What the relaunch never does any more: TrainStack makes its zones at deploy.
 RUN_TIME_CREATIONS = (
@@ -43,18 +44,25 @@ def test_the_run_controller_is_a_standard_state_machine_in_jsonpath(machine):
     assert props["StateMachineType"] == "STANDARD"
     assert props["StateMachineName"] == STATE_MACHINE_NAME
     assert asl.get("QueryLanguage", "JSONPath") == "JSONPath"
-    assert asl["StartAt"] == "Identify"
+    assert asl["StartAt"] == "Identify" and asl["States"]["Identify"]["Next"] == "Route"
+    routes = {c["StringEquals"]: c["Next"] for c in asl["States"]["Route"]["Choices"]}
+    assert routes == {"relaunch": "StopFleet", "teardown": "ResultsReady",
+                      "delete": "DeleteStack", "follow": "FollowDelete"}  # fmt: skip
     assert not any(
         "Assign" in state or "QueryLanguage" in state for state in asl["States"].values()
     )
     assert 0 < asl["TimeoutSeconds"] <= 365 * 86400
 
 
+def tasks_of(asl: dict) -> dict:
+    return {name: s for name, s in asl["States"].items() if s["Type"] == "Task"}
+
+
 def test_every_task_retries_and_ends_in_stop_billing(machine):
     _, asl = machine
-    tasks = {name: s for name, s in asl["States"].items() if s["Type"] == "Task"}
+    tasks = tasks_of(asl)
     assert set(tasks) == {
-        "Record", "StopFleet", "CheckSettled", "Launch", "StopForCapacity", "StopAfterGivingUp",
+        "StopFleet", "CheckSettled", "Launch", "StopForCapacity", "StopAfterGivingUp",
         "ResultsReady", "DeleteStack", "FollowDelete", "StopBilling",
     }  # fmt: skip
     for name, task in tasks.items():
@@ -70,11 +78,49 @@ def test_every_task_retries_and_ends_in_stop_billing(machine):
     assert asl["States"]["ControllerFailed"]["Type"] == "Fail"
 
 
+def span(retrier: dict) -> float:
+    """How long a Retry retries (Step Functions' waits: IntervalSeconds x BackoffRate^n, each
+    capped at MaxDelaySeconds); with jitter each wait is shorter, so none here may have it."""
+    assert "JitterStrategy" not in retrier
+    return retry_span(
+        retrier["MaxAttempts"],
+        retrier.get("IntervalSeconds", 1),
+        retrier.get("BackoffRate", 2.0),
+        retrier.get("MaxDelaySeconds", float("inf")),
+    )
+
+
+def test_every_task_retries_lambdas_throttling_for_minutes_and_stop_billing_for_longer(machine):
+    """Done when: every Task retries Lambda.TooManyRequestsException for at least 5 minutes,
+    StopBilling for at least 15 (bug 2: only States.ALL matched it, 3 invocations in 30 s)."""
+    _, asl = machine
+    for name, task in tasks_of(asl).items():
+        [retrier] = [
+            r for r in task["Retry"] if "Lambda.TooManyRequestsException" in r["ErrorEquals"]
+        ]
+        assert task["Retry"].index(retrier) == 0, name  # matched before States.ALL
+        assert {"Lambda.ServiceException", "Lambda.AWSLambdaException",
+                "Lambda.SdkClientException"} <= set(retrier["ErrorEquals"])  # fmt: skip
+        assert span(retrier) >= (STOP_BILLING_RETRY_S if name == "StopBilling" else 5 * 60), name
+    assert STOP_BILLING_RETRY_S >= 15 * 60
+
+
+def test_every_task_has_a_timeout_past_its_functions(machine, default):
+    """Done when: every Task has TimeoutSeconds."""
+    _, asl = machine
+    functions = default["TeardownStack"].find_resources("AWS::Lambda::Function")
+    longest = max(f["Properties"]["Timeout"] for f in functions.values())
+    for name, task in tasks_of(asl).items():
+        assert task["TimeoutSeconds"] >= 2 * 60, name
+        assert task["TimeoutSeconds"] <= longest + 60, name
+    assert asl["States"]["Launch"]["TimeoutSeconds"] == (STEP_TIMEOUT_MINUTES["launch"] + 1) * 60
+
+
 def test_every_wait_takes_its_seconds_from_the_state_before_it(machine):
     _, asl = machine
     waits = {name: s for name, s in asl["States"].items() if s["Type"] == "Wait"}
     assert set(waits) == {
-        "WaitToRecord", "WaitToSettle", "WaitForCapacity", "WaitForResults", "WaitForDelete"
+        "WaitToSettle", "WaitForCapacity", "WaitForResults", "WaitToDelete", "WaitForDelete"
     }  # fmt: skip
     assert all("SecondsPath" in s and "Seconds" not in s for s in waits.values())
 

@@ -2,33 +2,43 @@
 replace, launch the missing nodes in one all-or-nothing request and tell each its index, zone
 by zone and round by round, give up in one line."""
 
-import datetime
-import json
-
 import clients
 import ec2_fleet
 import pytest
-import starter
-from run_controller_fleet import RUN, ZONES, Ec2Answers, Fleet, done_event, read_json
+from run_controller_fleet import RUN, ZONES, Ec2Answers, Fleet, read_json, ticks  # noqa: F401
 from test_run_workflow import ATTEMPTS, CONTROLLER, DONE, launches  # noqa: F401  (a fixture)
 
-# ruff: noqa: F811  (launches is a fixture)
+# ruff: noqa: F811  (launches and ticks are fixtures)
 
 
-def relaunch(workflow, fleet: Fleet, cause="node_lost", status="failed") -> dict:
-    fleet.fail(cause, status=status)
-    starter.handler(done_event())
-    [execution] = workflow.settle()
+@pytest.fixture
+def relaunch(workflow, ticks):
+    """relaunch(fleet, cause, status): attempt 1 ends with the leader's DONE.json, the ticks run
+    until nothing is left to do; the execution of its end (`-a1-`)."""
+
+    def run(fleet: Fleet, cause="node_lost", status="failed") -> dict:
+        fleet.fail(cause, status=status)
+        ticks.until_quiet()
+        [execution] = [e for e in workflow.executions() if e["name"].startswith(f"{RUN}-a1-")]
+        return execution
+
+    return run
+
+
+def teardown_of(workflow, attempt: int) -> dict:
+    [execution] = [e for e in workflow.executions() if e["name"].startswith(f"{RUN}-a{attempt}-")]
     return execution
 
 
-def test_a_spot_interruption_replaces_every_node_in_one_request(workflow, monkeypatch, launches):
+def test_a_spot_interruption_replaces_every_node_in_one_request(
+    workflow, relaunch, monkeypatch, launches
+):
     """One-time Spot Instances cannot be stopped: the survivors are terminated too, and every
     node comes back as a new instance, all from the one template in one request."""
     fleet = Fleet(spot=True, zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])
-    execution = relaunch(workflow, fleet, "interrupted", "interrupted")
+    execution = relaunch(fleet, "interrupted", "interrupted")
     assert workflow.states(execution)[-1] == "Relaunched"
     nodes = fleet.instances()
     assert [n["node"] for n in nodes] == [0, 1] and all(n["state"] == "running" for n in nodes)
@@ -41,12 +51,12 @@ def test_a_spot_interruption_replaces_every_node_in_one_request(workflow, monkey
 
 
 def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_stop_and_start(
-    workflow, monkeypatch, launches
+    workflow, relaunch, monkeypatch, launches
 ):
     fleet = Fleet(nodes=3, zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[2]])  # a retired host
-    execution = relaunch(workflow, fleet)
+    execution = relaunch(fleet)
     output = workflow.output(execution)
     assert output["launch"]["started"] == sorted(fleet.nodes[:2])
     assert list(output["launch"]["replaced"]) == ["2"]
@@ -56,14 +66,16 @@ def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_stop_and_start(
     assert [n["state"] for n in fleet.instances()] == ["running"] * 3
 
 
-def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(workflow, monkeypatch, launches):
+def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(
+    workflow, relaunch, monkeypatch, launches
+):
     """The next zone's subnet on every interface and its placement group, from TrainStack's
     HorovodFleetZones: nothing is created at run time."""
     fleet = Fleet(nodes=2)
     answers = Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])
     answers.full = {ZONES[0]: "InsufficientInstanceCapacity"}
-    execution = relaunch(workflow, fleet)
+    execution = relaunch(fleet)
     assert workflow.states(execution)[-1] == "Relaunched"
     nodes = fleet.instances()
     assert [(n["node"], n["zone"]) for n in nodes] == [(0, ZONES[1]), (1, ZONES[1])]
@@ -80,14 +92,15 @@ def test_no_capacity_in_its_zone_moves_the_whole_fleet_to_the_next(workflow, mon
 
 
 def test_a_relaunch_ec2_refuses_gives_up_in_one_line_and_leaves_nothing_running(
-    workflow, monkeypatch
+    workflow, relaunch, monkeypatch
 ):
     fleet = Fleet(nodes=2, zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])
     answers.full = {ZONES[0]: "InvalidParameterValue"}
-    execution = relaunch(workflow, fleet)
-    assert "DeleteStack" in workflow.states(execution)
+    execution = relaunch(fleet)
+    assert workflow.states(execution)[-1] == "GaveUp"
+    assert "DeleteStack" in workflow.states(teardown_of(workflow, 2))
     done = read_json(DONE)
     assert (done["cause"], done["attempt"]) == ("relaunch_refused", 2)
     assert done["reason"].startswith("the relaunch failed: EC2 answered InvalidParameterValue: ")
@@ -95,28 +108,29 @@ def test_a_relaunch_ec2_refuses_gives_up_in_one_line_and_leaves_nothing_running(
     assert fleet.billing() == []
 
 
-def test_the_hard_cap_ends_the_wait_for_capacity_early(workflow, monkeypatch):
+def test_the_hard_cap_ends_the_wait_for_capacity_early(workflow, relaunch, monkeypatch):
     """A try whose wait would leave less than an attempt before the cap gives up now."""
     fleet = Fleet(zones=ZONES[:1], hours=0.6)
     answers = Ec2Answers(monkeypatch, fleet)
     answers.full = {ZONES[0]: "InsufficientInstanceCapacity"}
-    execution = relaunch(workflow, fleet)
+    execution = relaunch(fleet)
     assert [s for _, state, s in workflow.waits if state == "WaitForCapacity"] == []
     assert read_json(DONE)["reason"].startswith(
         "no capacity for the fleet in us-east-1a: InsufficientInstanceCapacity on each of 1 tries"
     )
-    assert workflow.states(execution)[-1] == "Deleted"
+    assert workflow.states(execution)[-1] == "GaveUp"
+    assert workflow.states(teardown_of(workflow, 2))[-1] == "Deleted"
 
 
 def test_while_it_waits_for_capacity_controller_json_says_what_and_names_the_execution(
-    workflow, monkeypatch
+    workflow, relaunch, monkeypatch
 ):
     fleet = Fleet(zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
     answers.full, answers.full_tries = {ZONES[0]: "InsufficientInstanceCapacity"}, 1
     seen = []
     workflow.on_wait = lambda *_: seen.append(read_json(CONTROLLER))
-    execution = relaunch(workflow, fleet)
+    execution = relaunch(fleet)
     [status] = seen
     assert status["execution"] == execution["executionArn"]
     assert status["controller_state"] == "WaitForCapacity"
@@ -126,7 +140,9 @@ def test_while_it_waits_for_capacity_controller_json_says_what_and_names_the_exe
     )
 
 
-def test_cdk_destroy_during_a_relaunch_starts_nothing_and_follows_the_delete(workflow, monkeypatch):
+def test_cdk_destroy_during_a_relaunch_starts_nothing_and_follows_the_delete(
+    workflow, relaunch, monkeypatch
+):
     fleet = Fleet(zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
     answers.full, answers.full_tries = {ZONES[0]: "InsufficientInstanceCapacity"}, 1
@@ -138,40 +154,26 @@ def test_cdk_destroy_during_a_relaunch_starts_nothing_and_follows_the_delete(wor
             fleet.set_stack_status("DELETE_COMPLETE")
 
     workflow.on_wait = destroy
-    execution = relaunch(workflow, fleet)
+    execution = relaunch(fleet)
     states = workflow.states(execution)
     assert states.count("Launch") == 1 and states[-1] == "Deleted"
     assert fleet.billing() == []
 
 
 def test_a_fleet_without_the_replacement_template_that_lost_a_node_is_deleted(
-    workflow, monkeypatch
+    workflow, relaunch, monkeypatch
 ):
     """A stack from before the replacement template (none, or one per node with its index in
     it) cannot bring back a node EC2 terminated: starting the others would wait for it until
     restarts ran out."""
     fleet = Fleet(nodes=1, zones=None)
-    template = {
-        "Resources": {"Node0": {"Type": "AWS::EC2::Instance",
-                                "Properties": {"ImageId": "ami-12c6146b"}}},
-        "Outputs": {"HorovodFleetRun": {"Value": RUN}, "HorovodFleetMaxRestarts": {"Value": "3"},
-                    "HorovodFleetDeadline": {"Value": read_deadline()}},
-    }  # fmt: skip
-    clients.client("cloudformation").update_stack(
-        StackName="TrainStack", TemplateBody=json.dumps(template)
-    )
-    resources = clients.client("cloudformation").describe_stack_resources(StackName="TrainStack")
-    [node] = [r["PhysicalResourceId"] for r in resources["StackResources"]
-              if r["ResourceType"] == "AWS::EC2::Instance"]  # fmt: skip
-    clients.client("ec2").terminate_instances(InstanceIds=[node])
-    execution = relaunch(workflow, fleet)
-    assert workflow.output(execution)["record"]["reason"] == "relaunch-impossible"
+    old = {k: v for k, v in fleet.outputs.items() if k != "HorovodFleetReplacementTemplate"}
+    fleet.update_outputs(old)
+    clients.client("ec2").terminate_instances(InstanceIds=fleet.nodes)
+    execution = relaunch(fleet)
+    [entry] = read_json(ATTEMPTS)["attempts"]
+    assert entry["decision"] == "stop" and "no replacement template" in entry["why"]
     assert workflow.states(execution)[-1] == "Deleted"
-
-
-def read_deadline() -> str:
-    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=6)
-    return f"{later:%Y-%m-%dT%H:%M:%S}Z"
 
 
 @pytest.mark.parametrize(
@@ -183,11 +185,11 @@ def read_deadline() -> str:
     ],
 )
 def test_an_end_that_is_not_relaunched_tears_the_fleet_down(
-    workflow, monkeypatch, cause, max_restarts, hours, decision
+    workflow, relaunch, monkeypatch, cause, max_restarts, hours, decision
 ):
     fleet = Fleet(zones=ZONES[:1], max_restarts=max_restarts, hours=hours)
     Ec2Answers(monkeypatch, fleet)
-    execution = relaunch(workflow, fleet, cause)
+    execution = relaunch(fleet, cause)
     [entry] = read_json(ATTEMPTS)["attempts"]
     assert entry["decision"] == decision
     assert "DeleteStack" in workflow.states(execution)
@@ -214,7 +216,7 @@ def launch_order(ids: list[str]) -> list[str]:
 
 
 def test_the_missing_nodes_launch_in_one_request_and_each_learns_its_index(
-    workflow, monkeypatch, launches
+    workflow, relaunch, monkeypatch, launches
 ):
     """EC2 retired three of four nodes' hosts: one RunInstances for all three from the one
     template, MinCount = MaxCount = 3, so EC2 launches all or none; the instance at launch
@@ -222,7 +224,7 @@ def test_the_missing_nodes_launch_in_one_request_and_each_learns_its_index(
     fleet = Fleet(nodes=4, zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[i] for i in (0, 2, 3)])
-    execution = relaunch(workflow, fleet)
+    execution = relaunch(fleet)
     assert workflow.states(execution)[-1] == "Relaunched"
     [request] = launches
     assert request["LaunchTemplate"]["LaunchTemplateId"] == fleet.template
@@ -243,7 +245,7 @@ def test_the_missing_nodes_launch_in_one_request_and_each_learns_its_index(
 
 
 def test_a_fleet_short_of_capacity_launches_none_and_keeps_its_wait(
-    workflow, monkeypatch, launches
+    workflow, relaunch, monkeypatch, launches
 ):
     """EC2 has one p4d in the zone and the Spot fleet needs two: each try's one request
     launches nothing (MinCount: "Amazon EC2 does not launch any instances"), so no node bills
@@ -251,7 +253,7 @@ def test_a_fleet_short_of_capacity_launches_none_and_keeps_its_wait(
     fleet = Fleet(spot=True, zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
     answers.capacity = {ZONES[0]: 1}
-    execution = relaunch(workflow, fleet, "interrupted", "interrupted")
+    execution = relaunch(fleet, "interrupted", "interrupted")
     assert [s for _, state, s in workflow.waits if state == "WaitForCapacity"] == [600, 1200, 2400]
     assert [(r["MinCount"], r["MaxCount"]) for r in launches] == [(2, 2)] * 4
     assert launched(fleet) == []
@@ -260,12 +262,13 @@ def test_a_fleet_short_of_capacity_launches_none_and_keeps_its_wait(
     assert done["reason"].startswith(
         "no capacity for the fleet in us-east-1a: InsufficientInstanceCapacity on each of 4 tries"
     )
-    assert workflow.states(execution)[-1] == "Deleted"
+    assert workflow.states(execution)[-1] == "GaveUp"
+    assert workflow.states(teardown_of(workflow, 2))[-1] == "Deleted"
 
 
 @pytest.mark.parametrize("dies", ["after RunInstances", "after the first node's tag"])
 def test_a_launch_that_dies_midway_and_is_retried_launches_each_node_once(
-    workflow, monkeypatch, launches, dies
+    workflow, relaunch, monkeypatch, launches, dies
 ):
     """The Launch step's process dies after EC2 launched the nodes (or after it tagged the
     first): its retry asks for the same launch with the same ClientToken, EC2 answers with the
@@ -287,7 +290,7 @@ def test_a_launch_that_dies_midway_and_is_retried_launches_each_node_once(
         return result
 
     monkeypatch.setattr(ec2_fleet, name, then_die)
-    execution = relaunch(workflow, fleet, "interrupted", "interrupted")
+    execution = relaunch(fleet, "interrupted", "interrupted")
     assert workflow.states(execution)[-1] == "Relaunched"
     assert len(workflow.steps_called("steps_fleet.launch")) == 2
     assert len(launches) == 2 and launches[0] == launches[1]
@@ -297,3 +300,31 @@ def test_a_launch_that_dies_midway_and_is_retried_launches_each_node_once(
     for node in nodes:
         assert assignment(node["id"])["node_index"] == node["node"]
     assert fleet.instances() == nodes
+
+
+def test_a_launch_retried_after_its_refusal_does_not_relaunch_onto_a_terminated_instance(
+    workflow, relaunch, monkeypatch
+):
+    """Bug 4: the try launches node 1's replacement, EC2 refuses to start node 0, the try ends
+    its replacement, and the step dies before it answers. Retried, the same ClientToken would
+    get the same, now terminated, instance back ("the same response is returned"): the try is
+    spent, and the relaunch goes on to its next try. Every node ends on a running instance."""
+    fleet = Fleet(zones=ZONES[:1])
+    answers = Ec2Answers(monkeypatch, fleet)
+    clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])  # a retired host
+    answers.full, answers.full_tries = {ZONES[0]: "InsufficientInstanceCapacity"}, 1
+    answers.refused_operations = ("StartInstances",)
+    real, ended = ec2_fleet.terminate, []
+
+    def end_then_die(ids):
+        real(ids)
+        if ids and not ended:
+            ended.extend(ids)
+            raise RuntimeError("Runtime.ExitError")  # the step's process dies here
+
+    monkeypatch.setattr(ec2_fleet, "terminate", end_then_die)
+    execution = relaunch(fleet)
+    assert workflow.states(execution)[-1] == "Relaunched"
+    nodes = fleet.instances()
+    assert [(n["node"], n["state"]) for n in nodes] == [(0, "running"), (1, "running")]
+    assert nodes[1]["id"] not in ended

@@ -1,14 +1,13 @@
 """The run controller's workflow, executed from the synthesized TeardownStack in moto with the
-real step code (rehearsal/state_machine.py): what each trigger ends in, and the failures of
-AWS's ordinary behaviour it must survive."""
+real step code (rehearsal/state_machine.py) and started by the real tick: what each trigger ends
+in, and the failures of AWS's ordinary behaviour it must survive."""
 
 import copy
 
+import act
 import clients
-import ec2_fleet
 import pytest
-import starter
-from botocore.exceptions import ClientError
+import tick
 from run_controller_fleet import (
     CAP_EVENT,
     RUN,
@@ -21,7 +20,10 @@ from run_controller_fleet import (
     set_idle_alarm,
     spot_warning_event,
     state_change_event,
+    ticks,  # noqa: F401  (a fixture)
 )
+
+# ruff: noqa: F811  (ticks is a fixture)
 
 ATTEMPTS, DONE, STATUS, CONTROLLER = (
     f"runs/{RUN}/{name}"
@@ -53,51 +55,44 @@ def attempt_execution(executions: list[dict]) -> dict:
     return found
 
 
-def throttled_once(monkeypatch, module, name: str, operation: str) -> list:
-    """`module.name` answers RequestLimitExceeded on its first call, as EC2 does when throttled."""
-    real, calls = getattr(module, name), []
+class LambdaThrottled(Exception):
+    """What Step Functions names a throttled Lambda invocation: the function never ran."""
 
-    def once(*args, **kwargs):
-        calls.append(args)
-        if len(calls) == 1:
-            error = {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}
-            raise ClientError({"Error": error}, operation)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, once)
-    return calls
+    error_type = "Lambda.TooManyRequestsException"
 
 
 # --- the issue's cases ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["Record", "StopFleet"])
+@pytest.mark.parametrize("where", ["tick", "StopFleet"])
 def test_a_step_that_fails_once_right_after_the_relaunch_decision_still_relaunches(
-    workflow, monkeypatch, where
+    workflow, ticks, monkeypatch, where
 ):
-    """Record has written `relaunch` into attempts.json and removed DONE.json when EC2 throttles
-    its next call (bug 1's window), or StopFleet's function fails once: the state is retried and
-    finds the attempt recorded, and the fleet comes back."""
+    """The tick has written `relaunch` into attempts.json and removed DONE.json when it dies
+    (bug 1's window), or StopFleet's function fails once: the next tick starts the relaunch, or
+    the state is retried, and the fleet comes back."""
     fleet = Fleet()
     Ec2Answers(monkeypatch, fleet)
     fleet.fail("node_lost")
-    if where == "Record":
-        throttled_once(monkeypatch, ec2_fleet, "nodes", "DescribeInstances")
+    if where == "tick":
+        real = act.DO["delete_done"]
+
+        def then_die(*args):
+            real(*args)
+            monkeypatch.setitem(act.DO, "delete_done", real)
+            raise RuntimeError("Runtime.ExitError")
+
+        monkeypatch.setitem(act.DO, "delete_done", then_die)
+        with pytest.raises(RuntimeError):
+            tick.handler({})
     else:
         workflow.faults["steps_fleet.stop_fleet"] = [RuntimeError("Runtime.ExitError")]
-    starter.handler(done_event())
-    [execution] = workflow.settle()
+    ticks.until_quiet()
+    [execution] = workflow.executions()
     assert execution["status"] == "SUCCEEDED"
-    states = workflow.states(execution)
-    assert states[-1] == "Relaunched"
-    assert (
-        len(
-            workflow.steps_called(
-                f"steps{'_fleet' if where != 'Record' else ''}."
-                f"{'stop_fleet' if where != 'Record' else 'record'}"
-            )
-        )
-        == 2
+    assert workflow.states(execution)[-1] == "Relaunched"
+    assert len(workflow.steps_called("steps_fleet.stop_fleet")) == (
+        2 if where == "StopFleet" else 1
     )
     assert [n["state"] for n in fleet.instances()] == ["running", "running"]
     [entry] = read_json(ATTEMPTS)["attempts"]
@@ -113,27 +108,60 @@ def test_a_step_that_fails_once_right_after_the_relaunch_decision_still_relaunch
     )
 
 
-def test_the_idle_alarm_during_a_capacity_wait_does_not_end_the_run(workflow, monkeypatch):
+def test_lambda_throttled_for_two_minutes_after_the_relaunch_decision_still_relaunches(
+    workflow, ticks, monkeypatch
+):
+    """Bug 2: a new account's Lambda concurrency can be 10, and Step Functions reports a
+    throttled invocation as Lambda.TooManyRequestsException. Every step of the relaunch is
+    throttled for two minutes of its retries: the relaunch still ends Relaunched."""
+    fleet = Fleet(zones=ZONES[:1])
+    Ec2Answers(monkeypatch, fleet)
+    for step in ("steps_fleet.stop_fleet", "steps_fleet.settled", "steps_fleet.launch"):
+        workflow.faults[step] = throttled_for(workflow, 120)
+    fleet.fail("node_lost")
+    ticks.until_quiet()
+    [execution] = workflow.executions()
+    assert workflow.states(execution)[-1] == "Relaunched"
+    assert "StopBilling" not in workflow.states(execution)
+    assert [n["state"] for n in fleet.instances()] == ["running", "running"]
+
+
+class throttled_for(list):
+    """Faults that throttle a step until its retries have waited `seconds` (unscaled)."""
+
+    def __init__(self, workflow, seconds: float) -> None:
+        super().__init__()
+        self.workflow, self.seconds, self.since = workflow, seconds, None
+
+    def __bool__(self) -> bool:
+        return True
+
+    def pop(self, _index=0):
+        waited = sum(self.workflow.retries)
+        self.since = waited if self.since is None else self.since
+        return LambdaThrottled("Rate exceeded") if waited - self.since < self.seconds else None
+
+
+def test_the_idle_alarm_during_a_capacity_wait_does_not_end_the_run(workflow, ticks, monkeypatch):
     """No zone has capacity; the idle alarm fires while the relaunch waits (its nodes publish no
-    GPU metric). The relaunch keeps its documented schedule (the next zone at once, then 10,
-    20, 40 minutes after each round of both zones, 4 rounds) and ends with its one-line record;
-    the idle guard waits for it and deletes nothing."""
+    GPU metric), and the tick runs. The relaunch keeps its documented schedule (the next zone at
+    once, then 10, 20, 40 minutes after each round of both zones, 4 rounds) and ends with its
+    one-line record; the tick judges no idle fleet while a relaunch runs."""
     fleet = Fleet()
     answers = Ec2Answers(monkeypatch, fleet)
     answers.full = {zone: "InsufficientInstanceCapacity" for zone in ZONES}
     set_idle_alarm(RUN, "ALARM")
-    fired = []
+    ticked = []
 
     def idle_fires(execution, state, seconds):
-        if state == "WaitForCapacity" and not fired:
-            fired.append(starter.handler(alarm_event()))
+        if state == "WaitForCapacity":  # the tick runs while the relaunch waits
+            ticked.append(tick.handler(alarm_event()))
 
     workflow.on_wait = idle_fires
     fleet.fail("node_lost")
-    starter.handler(done_event())
-    executions = workflow.settle()
-    attempt, idle = attempt_execution(executions), only(executions, "-idle-")
-    assert fired and fired[0]["started"]
+    ticks.until_quiet()
+    attempt = next(e for e in workflow.executions() if e["name"].startswith(f"{RUN}-a1-"))
+    assert ticked and {t["phase"] for t in ticked} == {"relaunching"}
     capacity_waits = [s for name, state, s in workflow.waits
                       if name == attempt["name"] and state == "WaitForCapacity"]  # fmt: skip
     assert capacity_waits == [0, 600, 0, 1200, 0, 2400, 0]
@@ -152,17 +180,14 @@ def test_the_idle_alarm_during_a_capacity_wait_does_not_end_the_run(workflow, mo
         (1, "relaunch"),
         (2, "teardown"),
     ]
-    # The relaunch's own teardown deleted the fleet; the idle guard only waited.
-    assert "DeleteStack" in workflow.states(attempt)
-    assert "DeleteStack" not in workflow.states(idle)
-    idle_records = [e for e in workflow.steps_called("steps.record") if e["trigger"] == "idle"]
-    assert len(idle_records) > 1 and idle_records[1]["record"]["deferred_to"] == [attempt["name"]]
+    assert workflow.states(attempt)[-1] == "GaveUp"
+    assert not any("-idle-" in e["name"] for e in workflow.executions())
     assert fleet.stack_status() == "DELETE_COMPLETE"
     assert fleet.billing() == []
 
 
 def test_a_refused_stop_of_a_pending_node_leaves_no_node_billing_through_the_wait(
-    workflow, monkeypatch
+    workflow, ticks, monkeypatch
 ):
     """EC2 refuses to stop a node that has never reached `running`: StopFleet is retried until
     it can stop it, never skipped, so no node bills while the relaunch waits for capacity."""
@@ -173,8 +198,8 @@ def test_a_refused_stop_of_a_pending_node_leaves_no_node_billing_through_the_wai
     billing_while_waiting = []
     workflow.on_wait = lambda _e, state, _s: billing_while_waiting.append((state, fleet.billing()))
     fleet.fail("node_lost")
-    starter.handler(done_event())
-    [execution] = workflow.settle()
+    ticks.until_quiet()
+    [execution] = workflow.executions()
     assert answers.stops_refused == [fleet.nodes[1], fleet.nodes[1]]
     assert workflow.retries.count(15) == 2  # NodePending: 15 s, until EC2 stops it
     waited = [state for state, _ in billing_while_waiting]
@@ -186,7 +211,7 @@ def test_a_refused_stop_of_a_pending_node_leaves_no_node_billing_through_the_wai
 
 @pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "UnfulfillableCapacity"])
 def test_unfulfillable_capacity_waits_like_insufficient_instance_capacity(
-    workflow, monkeypatch, code
+    workflow, ticks, monkeypatch, code
 ):
     """Spot's "not enough spare capacity" (UnfulfillableCapacity, errors-overview) is a capacity
     answer: the relaunch waits and tries again, it does not give up."""
@@ -194,8 +219,8 @@ def test_unfulfillable_capacity_waits_like_insufficient_instance_capacity(
     answers = Ec2Answers(monkeypatch, fleet)
     answers.full, answers.full_tries = {ZONES[0]: code}, 1
     fleet.fail("interrupted", status="interrupted")
-    starter.handler(done_event())
-    [execution] = workflow.settle()
+    ticks.until_quiet()
+    [execution] = workflow.executions()
     assert workflow.states(execution)[-1] == "Relaunched"
     assert [(state, s) for _, state, s in workflow.waits] == [("WaitForCapacity", 600)]
     assert [e["decision"] for e in read_json(ATTEMPTS)["attempts"]] == ["relaunch"]
@@ -204,49 +229,40 @@ def test_unfulfillable_capacity_waits_like_insufficient_instance_capacity(
     assert [n["node"] for n in nodes] == [0, 1] and not set(fleet.nodes) & {n["id"] for n in nodes}
 
 
-def deliver(workflow, event: dict) -> set[str]:
-    """The same event twice at once, and again once everything has run (EventBridge, Lambda and
-    Scheduler deliver at least once): the names of the executions the deliveries started or
-    found."""
-    decided = [starter.handler(event), starter.handler(copy.deepcopy(event))]
-    workflow.settle()
-    decided.append(starter.handler(copy.deepcopy(event)))
-    workflow.settle()
-    return {d["execution"] for d in decided if "execution" in d}
-
-
 @pytest.mark.parametrize("trigger", ["done", "spot-warning", "instance-state", "idle", "hard-cap"])
-def test_a_duplicate_delivery_of_any_trigger_does_nothing_twice(workflow, monkeypatch, trigger):
+def test_a_duplicate_delivery_of_any_trigger_does_nothing_twice(
+    workflow, ticks, monkeypatch, trigger
+):
+    """EventBridge, Lambda and Scheduler deliver at least once: the same event twice at once,
+    and again after everything ran, brings ticks forward and nothing else."""
     fleet = Fleet(spot=trigger in ("spot-warning", "instance-state"), zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
-    reclaim = lambda: clients.client("ec2").terminate_instances(InstanceIds=fleet.nodes)  # noqa: E731
     if trigger == "done":
         fleet.fail("node_lost")
         event = done_event()
-    elif trigger == "spot-warning":
-        event = spot_warning_event(fleet.nodes[0])
-        # EC2 reclaims the nodes two minutes after its notice, while the controller waits.
-        workflow.on_wait = lambda _e, state, _s: state == "WaitToRecord" and reclaim()
-    elif trigger == "instance-state":
-        reclaim()
-        event = state_change_event(fleet.nodes[0], "terminated")
+    elif trigger in ("spot-warning", "instance-state"):
+        clients.client("ec2").terminate_instances(InstanceIds=fleet.nodes)
+        event = (spot_warning_event if trigger == "spot-warning" else state_change_event)(
+            fleet.nodes[0], *(["terminated"] if trigger == "instance-state" else [])
+        )
     elif trigger == "idle":
         set_idle_alarm(RUN, "ALARM")
-        monkeypatch.setenv("LAUNCH_GRACE_MINUTES", "0")
-        monkeypatch.setenv("IDLE_MINUTES", "0")
+        ticks.advance(minutes=41)  # past the launch grace
+        fleet.beat()
         event = alarm_event()
     else:
         event = CAP_EVENT
-    names = deliver(workflow, event)
-    assert len(names) == 1
-    executions = workflow.executions()
-    assert len([e for e in executions if e["name"] in names]) == 1
+        fleet.update_outputs({**fleet.outputs, "HorovodFleetDeadline": "2020-01-01T00:00:00Z"})
+    ticks(event)
+    ticks(copy.deepcopy(event))
+    ticks.advance(minutes=4)  # EC2's events: past the notice for the leader's DONE.json
+    ticks.until_quiet()
+    ticks(copy.deepcopy(event))
+    names = [e["name"] for e in workflow.executions()]
+    assert len(names) == len(set(names)) == 1, names
     attempts = (read_json(ATTEMPTS) or {}).get("attempts", [])
     if trigger in ("done", "spot-warning", "instance-state"):
         assert [(e["attempt"], e["decision"]) for e in attempts] == [(1, "relaunch")]
-        assert len([e for e in executions if e["name"].startswith(f"{RUN}-a1-")]) == (
-            1 if trigger == "done" else 2  # the event's and the attempt's
-        )
         assert len(workflow.steps_called("steps_fleet.launch")) == 1
         assert len(fleet.billing()) == 2
     else:
@@ -256,21 +272,21 @@ def test_a_duplicate_delivery_of_any_trigger_does_nothing_twice(workflow, monkey
 
 
 def test_a_whole_fleet_spot_reclaim_without_done_json_relaunches_from_ec2s_own_event(
-    workflow, monkeypatch, launches
+    workflow, ticks, monkeypatch, launches
 ):
     """EC2 reclaims every Spot node, leader included, before any wrote DONE.json (notices are
-    best effort). Its own state-change events start the controller: it waits for the notice,
+    best effort). The tick sees the fleet gone, awaits the leader's record for the notice,
     writes the attempt's DONE.json itself, and relaunches every node in one request."""
     fleet = Fleet(spot=True)
     Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=fleet.nodes)
     for node in fleet.nodes:
-        starter.handler(state_change_event(node, "terminated"))
-    executions = workflow.settle()
-    attempt = attempt_execution(executions)
+        ticks(state_change_event(node, "terminated"))
+    assert read_json(DONE) is None
+    ticks.advance(minutes=3)
+    ticks.until_quiet()
+    [attempt] = workflow.executions()
     assert attempt["status"] == "SUCCEEDED" and workflow.states(attempt)[-1] == "Relaunched"
-    assert len([e for e in executions if "-ec2-" in e["name"]]) == 2
-    assert ("WaitToRecord", 180) in [(state, s) for _, state, s in workflow.waits]
     [entry] = read_json(ATTEMPTS)["attempts"]
     assert (entry["attempt"], entry["status"], entry["cause"], entry["decision"]) == (
         1,

@@ -19,16 +19,16 @@ from cfnlint.api import lint
 
 from stacks.teardown.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, IDLE_PERIOD
 from stacks.teardown.preprocess_guard import PreprocessGuard
-from stacks.teardown.run_controller import LAUNCH_GRACE_MINUTES
+from stacks.teardown.run_controller import TICK_EVENT_RETRIES, TICK_RATE
 from stacks.teardown.run_guard import RunGuard
 from stacks.teardown.stack import TeardownStack
-from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S
+from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S, STARTUP_GRACE_S
 
 RUN = "resnet50-r1"
 MAX_HOURS = 3.5
 EMAIL = "ops@example.com"
 TEARDOWN = Path(__file__).parents[2] / "stacks" / "teardown"
-LAMBDA_MODULES = sorted([*TEARDOWN.glob("reaper/*.py"), *TEARDOWN.glob("answers/*.py")])
+LAMBDA_MODULES = sorted([*TEARDOWN.glob("controller/*.py"), *TEARDOWN.glob("answers/*.py")])
 
 
 def acknowledge(construct, reason: str, *rule_ids: str) -> None:
@@ -98,7 +98,7 @@ def build_app(
     guard = RunGuard(
         train,
         "Guard",
-        reaper=teardown.guards,
+        guards=teardown.guards,
         run_name=RUN,
         max_hours=MAX_HOURS,
         max_restarts=3,
@@ -114,7 +114,7 @@ def build_app(
         PreprocessGuard(
             preprocess,
             "Guard",
-            reaper=teardown.guards,
+            guards=teardown.guards,
             instance=fixture_instance(preprocess, "Node"),
             volume=volume,
             snapshot_volume=snapshot,
@@ -204,8 +204,10 @@ def test_hard_cap_deadline_derives_from_max_hours(templates):
     assert schedule_props["ScheduleExpressionTimezone"] == "UTC"
     assert schedule_props["FlexibleTimeWindow"] == {"Mode": "OFF"}
     assert json.loads(schedule_props["Target"]["Input"]) == {"trigger": "hard-cap", "run": RUN}
-    assert "RunControllerStarter" in render(schedule_props["Target"]["Arn"])
-    # What the reaper answers for exactly these properties: deploy time + MAX_HOURS.
+    assert "RunControllerTick" in render(schedule_props["Target"]["Arn"])
+    # The tick reads the cap's time from this schedule while TrainStack has no outputs.
+    assert schedule_props["Name"] == f"horovod-fleet-cap-{RUN}"
+    # What the deploy-time answers give for exactly these properties: deploy time + MAX_HOURS.
     deployed = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
     answer = deadline(deployed, float(props["MaxHours"]), deployed)
     assert answer["ScheduleExpression"] == "at(2026-01-01T15:30:00)"
@@ -228,12 +230,12 @@ def test_run_guard_exposes_the_cap_for_the_cost_estimate(app_stacks):
 def test_run_guard_rejects_a_non_positive_cap():
     app = cdk.App()
     stack = cdk.Stack(app, "TrainStack")
-    reaper = cdk.aws_lambda.Function.from_function_arn(
-        stack, "Reaper", "arn:aws:lambda:us-east-1:123456789012:function:Reaper"
+    tick = cdk.aws_lambda.Function.from_function_arn(
+        stack, "Tick", "arn:aws:lambda:us-east-1:123456789012:function:Tick"
     )
     with pytest.raises(ValueError, match="max_hours"):
         RunGuard(
-            stack, "Guard", reaper=reaper, run_name=RUN, max_hours=0, max_restarts=3, instances=[]
+            stack, "Guard", guards=tick, run_name=RUN, max_hours=0, max_restarts=3, instances=[]
         )
 
 
@@ -266,10 +268,10 @@ def test_idle_alarm_is_gpu_below_5_percent_for_30_minutes(templates):
     assert props["TreatMissingData"] == "breaching"
     assert props["AlarmName"] == f"horovod-fleet-idle-{RUN}"
     [action] = props["AlarmActions"]
-    assert "RunControllerStarter" in render(action)
+    assert "RunControllerTick" in render(action)
 
 
-def test_idle_alarm_may_invoke_the_starter_from_the_train_stack(templates):
+def test_idle_alarm_may_invoke_the_tick_from_the_train_stack(templates):
     train = templates["TrainStack"]
     [alarm_id] = train.find_resources("AWS::CloudWatch::Alarm")
     train.has_resource_properties(
@@ -310,8 +312,8 @@ def s3_rule_keys(templates) -> dict[str, list]:
     return keys
 
 
-def test_done_rule_filters_runs_prefix_and_done_json_for_the_starter(templates):
-    [done] = [k for target, k in s3_rule_keys(templates).items() if "Starter" in target]
+def test_done_rule_filters_runs_prefix_and_done_json_for_the_tick(templates):
+    [done] = [k for target, k in s3_rule_keys(templates).items() if "Tick" in target]
     assert done == [{"wildcard": "runs/*/DONE.json"}]
     wildcard = "runs/*/DONE.json"
     assert fnmatch.fnmatchcase(f"runs/{RUN}/DONE.json", wildcard)
@@ -324,9 +326,9 @@ def test_manifest_rule_filters_the_manifest_for_the_preprocessing_stop(templates
     assert manifest == ["tfrecords/manifest.json"]
 
 
-def test_ec2s_own_events_start_the_controller(templates):
+def test_ec2s_own_events_bring_the_tick_forward(templates):
     """EC2's Spot notices and the state changes of a node stopping or going; no tag can filter
-    them (their events carry none): the starter drops what is not a fleet node."""
+    them (their events carry none), and the tick reads none of them: it reads the fleet."""
     ec2 = {
         tuple(r["pattern"]["detail-type"]): r
         for r in rules(templates).values()
@@ -339,7 +341,7 @@ def test_ec2s_own_events_start_the_controller(templates):
     changes = ec2[("EC2 Instance State-change Notification",)]["pattern"]["detail"]["state"]
     assert sorted(changes) == ["shutting-down", "stopped", "stopping", "terminated"]
     for rule in ec2.values():
-        assert "RunControllerStarter" in render(rule["target"]["Arn"])
+        assert "RunControllerTick" in render(rule["target"]["Arn"])
 
 
 def test_manifest_rule_and_preprocessing_stop_follow_the_dataset_prefix():
@@ -369,14 +371,14 @@ def test_guards_import_the_controller_so_teardown_cannot_be_deleted_first(app_de
         for output in teardown.get("Outputs", {}).values()
         if "Export" in output
     }
-    starter_id, _ = function(teardown_template, "RunControllerStarter")
+    tick_id, _ = function(teardown_template, "RunControllerTick")
     [role_id] = [
         k
         for k, r in teardown["Resources"].items()
         if r["Type"] == "AWS::IAM::Role" and k.startswith("PreprocessStopRole")
     ]
-    starter = {"Fn::GetAtt": [starter_id, "Arn"]}
-    for name, value in (("TrainStack", starter), ("PreprocessStack", {"Ref": role_id})):
+    tick = {"Fn::GetAtt": [tick_id, "Arn"]}
+    for name, value in (("TrainStack", tick), ("PreprocessStack", {"Ref": role_id})):
         text = json.dumps(Template.from_stack(stacks[name]).to_json())
         assert "Fn::GetStackOutput" not in text, name
         imported = [e for e, v in exports.items() if v == value and f'"{e}"' in text]
@@ -396,19 +398,24 @@ def dead_letter_arn(templates) -> dict:
     return {"Fn::GetAtt": [queue_id, "Arn"]}
 
 
-def test_every_rule_retries_then_dead_letters(templates):
+def test_every_rule_brings_the_tick_forward_or_dead_letters(templates):
+    """The tick's rules retry a little (a lost event costs a minute, the next tick's); the
+    preprocessing stop's, which nothing repeats, retries for a day, then dead-letters."""
     arn = dead_letter_arn(templates)
     for rule in rules(templates).values():
         target = rule["target"]
-        assert target["DeadLetterConfig"] == {"Arn": arn}
-        assert target["RetryPolicy"]["MaximumRetryAttempts"] == 185
-        assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] == 86400
+        if "Tick" in render(target["Arn"]):
+            assert "DeadLetterConfig" not in target
+            assert target["RetryPolicy"]["MaximumRetryAttempts"] == TICK_EVENT_RETRIES
+        else:
+            assert target["DeadLetterConfig"] == {"Arn": arn}
+            assert target["RetryPolicy"]["MaximumRetryAttempts"] == 185
+            assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] == 86400
 
 
-@pytest.mark.parametrize("prefix", ["RunControllerStarter", "PreprocessStop"])
-def test_asynchronous_functions_are_retried_then_dead_lettered(templates, prefix):
+def test_the_preprocessing_stop_is_retried_then_dead_lettered(templates):
     teardown = templates["TeardownStack"]
-    function_id, resource = function(teardown, prefix)
+    function_id, resource = function(teardown, "PreprocessStop")
     assert resource["Properties"]["DeadLetterConfig"] == {"TargetArn": dead_letter_arn(templates)}
     [config] = [
         c for c in teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
@@ -419,6 +426,27 @@ def test_asynchronous_functions_are_retried_then_dead_lettered(templates, prefix
     [queue] = teardown.find_resources("AWS::SQS::Queue").values()
     assert queue["Properties"]["SqsManagedSseEnabled"] is True
     assert queue["Properties"]["MessageRetentionPeriod"] == 14 * 86400
+
+
+def test_the_tick_runs_every_minute_whatever_happens(templates):
+    """Done when: a recurring schedule of at most a minute invokes the controller. Scheduler
+    does not retry it (the next minute's does), and the tick's own failures are not retried
+    either; a tick failing for minutes on end has its alarm."""
+    teardown = templates["TeardownStack"]
+    tick_id, tick = function(teardown, "RunControllerTick")
+    assert tick["Properties"]["Handler"] == "tick.handler"
+    schedules = teardown.find_resources("AWS::Scheduler::Schedule").values()
+    [schedule] = [s["Properties"] for s in schedules]
+    assert TICK_RATE == "rate(1 minute)" and schedule["ScheduleExpression"] == TICK_RATE
+    assert schedule["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    assert schedule["Target"]["Arn"] == {"Fn::GetAtt": [tick_id, "Arn"]}
+    assert schedule["Target"]["RetryPolicy"]["MaximumRetryAttempts"] == 0
+    [config] = [
+        c for c in teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
+        if c["Properties"]["FunctionName"] == {"Ref": tick_id}
+    ]  # fmt: skip
+    assert config["Properties"]["MaximumRetryAttempts"] == 0
+    assert tick["Properties"]["Timeout"] <= 60
 
 
 def test_hard_cap_schedule_retries_then_dead_letters(templates):
@@ -440,11 +468,10 @@ def test_the_hard_caps_role_may_send_to_the_dead_letter_queue(templates):
     assert sends and all("DeadLetters" in render(s["Resource"]) for s in sends)
 
 
-def test_the_record_step_knows_the_idle_timing_and_its_state_machine(templates):
-    _, record = function(templates["TeardownStack"], "RunControllerStepRecord")
-    variables = record["Properties"]["Environment"]["Variables"]
+def test_the_tick_knows_the_idle_timing_and_its_state_machine(templates):
+    _, tick = function(templates["TeardownStack"], "RunControllerTick")
+    variables = tick["Properties"]["Environment"]["Variables"]
     assert variables["IDLE_MINUTES"] == str(IDLE_MINUTES)
-    assert variables["LAUNCH_GRACE_MINUTES"] == str(LAUNCH_GRACE_MINUTES)
     assert render(variables["STATE_MACHINE_ARN"]).endswith(
         ":stateMachine:horovod-fleet-run-controller"
     )
@@ -453,13 +480,13 @@ def test_the_record_step_knows_the_idle_timing_and_its_state_machine(templates):
 def test_idle_timing_matches_the_alarm_and_the_rendezvous():
     assert IDLE_PERIOD.to_seconds() * IDLE_EVALUATION_PERIODS == IDLE_MINUTES * 60
     # Nodes get the whole rendezvous timeout; a stuck fleet goes within 45 minutes after it.
-    assert RENDEZVOUS_TIMEOUT_S <= LAUNCH_GRACE_MINUTES * 60 <= RENDEZVOUS_TIMEOUT_S + 45 * 60
+    assert RENDEZVOUS_TIMEOUT_S <= STARTUP_GRACE_S <= RENDEZVOUS_TIMEOUT_S + 45 * 60
 
 
 FAILURE_METRICS = [
     "ApproximateNumberOfMessagesVisible",  # a trigger lost after its retries
-    "Errors",  # the starter
     "Errors",  # the preprocessing stop
+    "Errors",  # the tick
     "ExecutionsFailed",  # the run controller failed, after StopBilling
     "ExecutionsTimedOut",
 ]
@@ -650,7 +677,7 @@ def test_only_the_controller_starts_or_stops_its_executions(templates):
     assert stops and all(s in role_statements(teardown, "RunControllerStepsRole") for s in stops)
 
 
-def test_reaper_may_name_the_zone_of_a_zone_id(templates):
+def test_the_zone_check_may_name_the_zone_of_a_zone_id(templates):
     # answer_zone calls DescribeAvailabilityZones for -c az=use1-az4 (stacks/config.py).
     [describe] = statements_for(templates, "ec2:DescribeAvailabilityZones")
     assert "ec2:DescribeInstanceTypeOfferings" in describe["Action"]
@@ -734,7 +761,7 @@ def test_function_code_imports_only_boto3_the_standard_library_and_its_siblings(
 def test_every_python_function_runs_a_handler_its_asset_has(templates):
     functions = templates["TeardownStack"].find_resources("AWS::Lambda::Function").values()
     python = [f["Properties"] for f in functions if f["Properties"]["Runtime"].startswith("python")]
-    assert len(python) == 12  # 8 steps, the starter, the cleanup, the answers, the stop
+    assert len(python) == 11  # 7 steps, the tick, the cleanup, the answers, the stop
     for props in python:
         module, name = props["Handler"].split(".")
         [path] = [p for p in LAMBDA_MODULES if p.stem == module]

@@ -400,7 +400,7 @@ def test_nodes_start_after_their_route_out_exists(template):
         assert any("DefaultRoute" in d for d in instance["DependsOn"])
 
 
-def test_no_node_launches_before_the_reaper_finds_the_manifest(template):
+def test_no_node_launches_before_the_dataset_check_finds_the_manifest(template):
     [(check_id, check)] = template.find_resources("Custom::HorovodFleetDataset").items()
     assert check["Properties"]["Key"] == "tfrecords/manifest.json"
     assert "Bucket" in check["Properties"] and "ServiceToken" in check["Properties"]
@@ -418,7 +418,7 @@ def own_subnets(template) -> list[dict]:
     return [s for k, s in template.find_resources("AWS::EC2::Subnet").items() if "Move" not in k]
 
 
-def test_the_fleets_subnets_go_in_the_zone_the_reaper_picks_at_deploy(template):
+def test_the_fleets_subnets_go_in_the_zone_the_zone_check_picks_at_deploy(template):
     [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
     assert zone["Properties"]["InstanceType"] == "p4d.24xlarge"
     assert (zone["Properties"]["PreferredZone"], zone["Properties"]["Fixed"]) == (
@@ -441,8 +441,8 @@ def test_a_given_subnet_fixes_the_zone_which_must_offer_the_type(synth):
         assert zone_id in instance["DependsOn"]
 
 
-def test_a_zone_id_is_the_preferred_zone_the_reaper_names_at_deploy(synth):
-    # The reaper turns use1-az4 into this account's zone name (test_deploy_answers.py); the subnets
+def test_a_zone_id_is_the_preferred_zone_the_zone_check_names_at_deploy(synth):
+    # The zone check turns use1-az4 into this account's zone name (test_deploy_answers.py); the subnets
     # take its answer, never the ID as a name.
     template = synth(az="use1-az4", nodes=2)["TrainStack"]
     [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
@@ -496,7 +496,7 @@ def test_the_run_has_a_dashboard_and_outputs_the_watch_command(template):
 def test_notify_email_subscribes_to_a_topic_the_nodes_may_publish_to(synth):
     template = synth(notifyEmail="ml@example.com", nodes=1)["TrainStack"]
     [(topic_id, topic)] = template.find_resources("AWS::SNS::Topic").items()
-    # The reaper may publish only to this prefix, and finds the topic through the output.
+    # The run controller may publish only to this prefix, and finds the topic through the output.
     assert topic["Properties"]["TopicName"] == "horovod-fleet-notify-resnet50-1"
     assert template.to_json()["Outputs"]["NotifyTopic"]["Value"] == {"Ref": topic_id}
     [subscription] = template.find_resources("AWS::SNS::Subscription").values()

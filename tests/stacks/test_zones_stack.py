@@ -13,7 +13,7 @@ from test_teardown import render
 from stacks.network import MOVE_CIDRS, VPC_CIDR, move_slots
 from stacks.teardown.names import FLEET_TAG, ZONES_OUTPUT_KEY
 
-# TrainStack's output for the old reaper's run-time zone move, and the tag of what it made.
+# TrainStack's output for the old controller's run-time zone move, and the tag of what it made.
 ZONE_MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"
 ZONE_TAG = "horovod-fleet:zone"
 
@@ -143,7 +143,7 @@ def test_slot_subnets_are_routed_like_the_fleets_through_its_nat_and_s3_endpoint
 def test_slot_subnets_and_groups_carry_the_fleet_tag(train):
     """The run controller may launch only into what carries TrainStack's id (so does the
     security group every card names); the fleet's own group keeps its tags, as a change of
-    them would replace it under the running nodes. No slot carries the zone tag of the reaper's
+    them would replace it under the running nodes. No slot carries the zone tag of the old controller's
     run-time moves, whose cleanup deletes what carries it."""
     slots = {**slot_subnets(train), **slot_groups(train)}
     assert len(slots) == 10

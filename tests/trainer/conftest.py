@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,11 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
-from trainer_helpers import DIGITS_RUN
-
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = sys.executable
-HOROVODRUN = str(Path(PYTHON).parent / "horovodrun")
+from trainer_helpers import DIGITS_RUN, HOROVODRUN, PYTHON, REPO, trainer_env
 
 
 def jpeg_bytes(pixels: np.ndarray, quality: int = 90) -> bytes:
@@ -88,12 +82,6 @@ def trainer_command(args: list[str], ranks: int = 1, module: str = "trainer.trai
     if ranks == 1:
         return command
     return [HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *command]
-
-
-def trainer_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **extra)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    return env
 
 
 def _run_trainer(

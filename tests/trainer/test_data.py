@@ -276,3 +276,65 @@ def test_bench_input_without_shards_is_one_error_line(tmp_path, capsys):
         bench_input.main(["--data-dir", str(tmp_path)])
     assert exited.value.code == 2
     assert capsys.readouterr().err == f"error: no train-* TFRecord shards in {tmp_path}\n"
+
+
+def test_a_manifest_s_shard_list_names_the_files_before_they_are_on_disk(tiny_data):
+    """The node pulls its own ranks' shards first: the ranks shard the manifest's list, the
+    whole dataset's, not the files on disk yet (docs/contracts.md, "Start-up, resets and
+    goodput")."""
+    listed = ["train-00000-of-00003", "train-00001-of-00003", "train-00002-of-00003"]
+    shards = [{"file": name, "split": "train"} for name in reversed(listed)]
+    shards.append({"file": "validation-00000-of-00002", "split": "validation"})
+    (tiny_data / "manifest.json").write_text(json.dumps({"shards": shards}))
+    info = info_for(tiny_data)
+    assert info.train_files == [str(tiny_data / name) for name in listed]  # sorted
+    assert info.validation_files == [str(tiny_data / "validation-00000-of-00002")]
+
+    (tiny_data / "manifest.json").write_text(json.dumps({"shards": [{"file": "a/b"}]}))
+    with pytest.raises(data.DataError, match=r"shards\[0\] must be an object with a plain file"):
+        info_for(tiny_data)
+    (tiny_data / "manifest.json").write_text(json.dumps({"shards": shards[:1]}))
+    with pytest.raises(data.DataError, match=r"lists no validation shards$"):
+        info_for(tiny_data)
+
+
+class FakeClock:
+    """time.monotonic and time.sleep: sleeping moves the clock; files appear at given times."""
+
+    def __init__(self, appear=()):
+        self.now, self.appear = 0.0, dict(appear)
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        for path, at in list(self.appear.items()):
+            if self.now >= at:
+                path.write_bytes(b"x")
+                del self.appear[path]
+
+
+def test_a_rank_waits_for_its_shards_saying_which_then_names_the_missing(tmp_path):
+    present = tmp_path / "train-0"
+    present.write_bytes(b"x")
+    late = [tmp_path / f"train-{i}" for i in range(1, 6)]
+    clock, said = FakeClock({path: 45.0 for path in late}), []
+    files = [str(present), *map(str, late)]
+    data.wait_for_files(files, 600, said.append, clock=clock, sleep=clock.sleep)
+    assert clock.now == 45.0  # polled every second until the last one came
+    shown = ", ".join(map(str, late[:3])) + " and 2 more"
+    assert said == [
+        f"waiting for 5 shard files (0 of 600 s): {shown}",
+        f"waiting for 5 shard files (30 of 600 s): {shown}",
+    ]
+
+    clock, said = FakeClock(), []
+    with pytest.raises(data.DataError) as failed:
+        data.wait_for_files(
+            [str(tmp_path / "never")], 65, said.append, clock=clock, sleep=clock.sleep
+        )
+    assert str(failed.value) == (
+        f"1 shard file of this rank not on disk after --data-wait-s 65: {tmp_path / 'never'}"
+    )
+    assert len(said) == 3 and clock.now == 65.0  # at 0, 30 and 60 s

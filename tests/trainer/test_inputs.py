@@ -1,8 +1,11 @@
 """trainer/inputs.py: the input plan picks synthetic batches or this rank's TFRecord shards, and a
 failed read turns into placeholders and one agreed line (here on one rank, in process)."""
 
+import json
+
 import horovod.tensorflow as hvd
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from trainer.config import parse_config
@@ -13,6 +16,7 @@ from trainer.inputs import (
     TrainBatches,
     plan_inputs,
 )
+from trainer.ranks import RunError
 
 SMALL = ["--image-size", "32", "--batch-size", "4"]
 
@@ -68,3 +72,21 @@ def test_a_failed_read_names_the_error_and_feeds_zeros_until_the_ranks_agree():
     assert not np.any(images.numpy())
     source.next()
     assert len(reads) == 1  # the failed pipeline is not read again
+
+
+def test_a_rank_s_missing_shard_is_agreed_as_one_error(tiny_data, tmp_path):
+    """The manifest lists a shard this node has not pulled: the rank waits --data-wait-s, then
+    every rank stops with one line naming it."""
+    hvd.init()
+    names = ["train-00000-of-00002", "train-00001-of-00002", "train-00002-of-00002"]
+    shards = [{"file": name, "split": "train"} for name in names]
+    shards += [{"file": f"validation-0000{i}-of-00002", "split": "validation"} for i in (0, 1)]
+    (tiny_data / "manifest.json").write_text(json.dumps({"num_classes": 4, "shards": shards}))
+    args = ["--data-dir", str(tiny_data), "--model-dir", str(tmp_path), *SMALL]
+    config = parse_config([*args, "--data-wait-s", "0"])
+    with pytest.raises(RunError) as failed:
+        plan_inputs(config, global_batch=4)
+    missing = tiny_data / "train-00002-of-00002"
+    assert str(failed.value) == (
+        f"1 shard file of this rank not on disk after --data-wait-s 0: {missing}"
+    )

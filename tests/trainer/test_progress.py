@@ -12,7 +12,9 @@ def test_eta_is_the_steps_left_at_the_steady_rate_and_none_before_one():
 
 
 def test_log_step_then_evaluation_rewrites_one_document(tmp_path):
-    progress = ProgressFile(tmp_path, enabled=True, epochs=3, steps_per_epoch=10, global_batch=8)
+    progress = ProgressFile(
+        tmp_path, enabled=True, epochs=3, steps_per_epoch=10, global_batch=8, ranks=2
+    )
     progress.log_step(
         epoch=2, step=4, global_step=14, images_per_s=80.04, loss=1.23456,
         steady_images_per_s=None,
@@ -20,8 +22,8 @@ def test_log_step_then_evaluation_rewrites_one_document(tmp_path):
     doc = json.loads((tmp_path / "progress.json").read_text())
     assert doc | {"updated_at": None} == {
         "phase": "training", "epoch": 2, "epochs": 3, "step": 4, "steps_per_epoch": 10,
-        "global_step": 14, "images_per_s": 80.0, "loss": 1.2346, "top1": None, "eta_s": None,
-        "updated_at": None,
+        "ranks": 2, "global_step": 14, "images_per_s": 80.0, "loss": 1.2346, "top1": None,
+        "eta_s": None, "updated_at": None,
     }  # fmt: skip
     assert doc["updated_at"].endswith("Z")
     progress.log_step(

@@ -145,3 +145,12 @@ def test_the_fast_recipe_at_the_two_rank_digits_batch_and_its_resolution_steps()
     assert recipe.describe().startswith("recipe fast: peak LR 1.48 (LARS), 2 warmup epochs, poly")
     sizes = [recipe.train_size(epoch, 32) for epoch in range(recipe.epochs)]
     assert sizes == [23] * 7 + [27]
+
+
+def test_an_elastic_world_scales_the_planned_peak_lr_by_the_recipe_s_own_rule():
+    """goyal's peak follows the global batch linearly (Goyal et al.), fast's by its square root
+    (the logged MLPerf runs' trend): 7 of 8 planned nodes keep 7/8 or sqrt(7/8) of the peak."""
+    goyal, fast = recipes.goyal(16384), recipes.fast(16384)
+    assert goyal.peak_lr_at(16384, 14336) == pytest.approx(6.4 * 7 / 8)
+    assert fast.peak_lr_at(16384, 14336) == pytest.approx(22.0 * (7 / 8) ** 0.5)
+    assert fast.peak_lr_at(16384, 16384) == fast.peak_lr

@@ -9,7 +9,15 @@ import types
 import tensorflow as tf
 
 from trainer.config import parse_config
-from trainer.recorder import HEADER, INTERRUPTED_FILE, Recorder, Timings, make_model_dir
+from trainer.recorder import (
+    HEADER,
+    INTERRUPTED_FILE,
+    RESETS_FILE,
+    STARTUP_FILE,
+    Recorder,
+    Timings,
+    make_model_dir,
+)
 
 
 def make_recorder(model_dir, rank=0):
@@ -51,7 +59,7 @@ def test_rank_0_logs_the_table_and_writes_every_file(tmp_path, capsys, monkeypat
     assert json.loads((model_dir / INTERRUPTED_FILE).read_text())["checkpoint"] is None
     path = save_checkpoint(model_dir, 7)
     recorder.interrupted("SIGTERM: stopped at step 7 (epoch 1, step 7 of 10)")
-    recorder.finish(1, {"target_top1": 0.6})
+    recorder.finish(1, {"target_top1": 0.6}, end_step=7, resets=[])
 
     lines = capsys.readouterr().out.splitlines()
     assert lines[:3] == ["training at 24x24 from epoch 1 (evaluation at 32)", HEADER, "Epoch 1/3"]
@@ -97,7 +105,7 @@ def test_other_ranks_print_and_write_nothing_but_their_digest(tmp_path, capsys, 
     recorder.evaluated({"top1": 0.5, "top5": 0.5, "epoch": 1, "images": 8})
     recorder.end_epoch(1)
     recorder.interrupted("SIGTERM")
-    recorder.finish(1, {})
+    recorder.finish(1, {}, end_step=1, resets=[])
     assert capsys.readouterr().out == ""
     assert not model_dir.exists()
     assert (tmp_path / "rank-1.sha256").read_text() == "digest of rank 1\n"
@@ -112,3 +120,49 @@ def test_the_model_dir_is_made_and_a_stale_marker_removed(tmp_path):
     regular = tmp_path / "file"
     regular.write_text("")
     assert make_model_dir(regular) == f"cannot create --model-dir {regular}: Not a directory"
+
+
+def test_every_node_s_local_rank_0_writes_startup_json_once(tmp_path):
+    for rank, local_rank in ((0, 0), (3, 0), (1, 1)):
+        model_dir = tmp_path / f"node-of-rank-{rank}"
+        recorder = make_recorder(model_dir, rank=rank)
+        recorder.timings.started_at -= 10  # the process started 10 s ago
+        recorder.set_world(rank, 4, 10, local_rank)
+        recorder.first_step(2.5, time.time())
+        recorder.first_step(0.1, time.time())  # a later world's first step: not the process's
+        written = (model_dir / STARTUP_FILE).exists()
+        assert written == (local_rank == 0), (rank, local_rank)
+    startup = json.loads((tmp_path / "node-of-rank-3" / STARTUP_FILE).read_text())
+    assert set(startup) == {"started_at", "framework_start_s", "first_step_s", "first_step_at"}
+    assert (startup["first_step_s"], startup["framework_start_s"]) == (2.5, 7.5)
+
+
+def test_rank_0_of_each_world_writes_the_resets_and_progress_says_the_ranks(tmp_path):
+    """After a reset another process may be rank 0: it writes from then on, with the world's
+    rank count in progress.json (the watcher's "nodes 7 of 8")."""
+    model_dir = tmp_path / "m"
+    resets = [{"at": "2026-01-01T00:00:00Z", "ranks_before": 2, "ranks_after": 1}]
+    recorder = make_recorder(model_dir, rank=1)
+    recorder.write_resets(resets)
+    assert not model_dir.exists()
+    recorder.set_world(0, 1, 20, 0)  # the old rank 0's host was lost: this one is rank 0 now
+    recorder.write_resets(resets)
+    assert json.loads((model_dir / RESETS_FILE).read_text()) == resets
+    recorder.begin_training()
+    recorder.start_clocks()
+    recorder.log_step(
+        epoch=1, step=4, global_step=4, steps=4, loss=1.0, total_loss=1.0,
+        learning_rate=lambda: 0.1,
+    )  # fmt: skip
+    progress = json.loads((model_dir / "progress.json").read_text())
+    assert (progress["ranks"], progress["steps_per_epoch"]) == (1, 20)
+    assert recorder.writer is not None  # TensorBoard, from this world on
+
+
+def test_the_training_clock_starts_with_the_first_world_not_a_later_one(tmp_path):
+    recorder = make_recorder(tmp_path / "m", rank=1)
+    recorder.begin_training()
+    started = recorder.timings.train_start
+    recorder.set_world(1, 2, 10, 0)  # an elastic reset: the loop begins again
+    recorder.begin_training()
+    assert recorder.timings.train_start == started  # startup_s and the time to target hold

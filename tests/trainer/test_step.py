@@ -13,6 +13,7 @@ from trainer.resume import resume_step
 from trainer.step import (
     BAD_INPUT,
     CROSS_ENTROPY,
+    HOSTS_UPDATED,
     STOP,
     TOTAL_LOSS,
     Trainer,
@@ -53,21 +54,21 @@ def test_train_step_variants_update_weights(tmp_path, precision, xla, recipe, la
         kernel = trainer.model.get_layer("stem_conv").kernel
         before = kernel.numpy().copy()
         images, labels = data.synthetic_batch(4, 32, 10)
-        for flags in ([0.0, 0.0], [1.0, 0.0]):
+        for flags in ([0.0, 0.0, 0.0], [1.0, 0.0, 1.0]):
             trainer.train_step(images, labels, tf.constant(flags))
         sums = trainer.read_step_sums()
         loss, total = sums[CROSS_ENTROPY], sums[TOTAL_LOSS]
         assert np.isfinite(total) and total > loss > 0
-        assert (sums[BAD_INPUT], sums[STOP]) == (1.0, 0.0)
+        assert (sums[BAD_INPUT], sums[STOP], sums[HOSTS_UPDATED]) == (1.0, 0.0, 1.0)
         assert not trainer.read_step_sums().any()  # read and reset
         assert int(trainer.optimizer.iterations) == 2
         assert not np.allclose(kernel.numpy(), before)
         assert (trainer.loss_scale_state() is None) == (precision == "fp32")
 
         # As the loop reads it: means over ranks and steps, and the flags as booleans.
-        trainer.train(images, labels, bad_input=False, stop=True)
+        trainer.train(images, labels, bad_input=False, stop=True, hosts_updated=False)
         means = trainer.read_sums(steps=1)
-        assert (means.bad_input, means.stop) == (False, True)
+        assert (means.bad_input, means.stop, means.hosts_updated) == (False, True, False)
         assert np.isfinite(means.total_loss) and means.total_loss > means.loss > 0
         assert trainer.global_step() == 3
     finally:

@@ -61,6 +61,42 @@ def test_config_is_validated_once_at_the_edge(tmp_path, capsys):
         parse_config(["--data-dir", "d", "--model-dir", "m", "--seed", "-1"])
 
 
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--min-ranks", "2"], "--min-ranks applies to --elastic only"),
+        (["--planned-ranks", "8"], "--planned-ranks applies to --elastic only"),
+        (["--elastic"], "--elastic needs --planned-ranks (nodes x GPUs, horovodrun's --max-np)"),
+        (["--elastic", "--planned-ranks", "0"], "--planned-ranks must be >= 1, got 0"),
+        (
+            ["--elastic", "--planned-ranks", "8", "--min-ranks", "9"],
+            "--min-ranks must be in 1..--planned-ranks (8), got 9",
+        ),
+        (
+            ["--elastic", "--planned-ranks", "8", "--commit-every-s", "0"],
+            "--commit-every-s must be a finite number > 0, got 0.0",
+        ),
+        (["--elastic", "--planned-ranks", "8", "--eval-only"], "--eval-only evaluates once"),
+        (["--data-wait-s", "-1"], "--data-wait-s must be a finite number >= 0, got -1.0"),
+    ],
+)
+def test_elastic_flags_are_refused_in_one_line(flags, error):
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["--data-dir", "d", "--model-dir", "m", *flags])
+    assert str(refused.value).startswith(error)
+
+
+def test_elastic_flags_settle_into_the_config():
+    args = ["--data-dir", "d", "--model-dir", "m", "--elastic", "--planned-ranks", "64"]
+    config = parse_config([*args, "--min-ranks", "56", "--data-wait-s", "900"])
+    assert (config.elastic, config.planned_ranks, config.min_ranks) == (True, 64, 56)
+    assert (config.commit_every_s, config.data_wait_s) == (30, 900)
+    plain = parse_config(["--data-dir", "d", "--model-dir", "m"])
+    assert (plain.elastic, plain.planned_ranks, plain.min_ranks, plain.data_wait_s) == (
+        False, None, 1, 600,
+    )  # fmt: skip
+
+
 def test_bad_flag_value_is_one_error_line_from_the_process(tmp_path, run_trainer):
     """The process contract: exit 2, one line on stderr, no traceback, no TensorFlow import."""
     result = run_trainer(["--data-dir", str(tmp_path), "--model-dir", "m", "--epochs", "-1"])
@@ -125,8 +161,18 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, train_ma
     train = json.loads((model_dir / "train.json").read_text())
     assert set(train) == {
         "epochs", "epochs_planned", "global_batch", "images_per_s", "end_to_end_images_per_s", "duration_s",
-        "startup_s", "evaluation_s", "checkpoint_s",
+        "startup_s", "evaluation_s", "checkpoint_s", "start_step", "end_step", "step_s",
+        "framework_start_s", "first_step_s", "first_step_at", "steps_redone", "resets",
     }  # fmt: skip
+    assert (train["start_step"], train["end_step"], train["steps_redone"], train["resets"]) == (
+        0, 3, 0, [],
+    )  # fmt: skip
+    assert train["step_s"] > 0 and 0 < train["first_step_s"] < train["duration_s"]
+    startup = json.loads((model_dir / "startup.json").read_text())
+    assert set(startup) == {"started_at", "framework_start_s", "first_step_s", "first_step_at"}
+    assert startup["first_step_at"] == train["first_step_at"] and startup["started_at"][-1] == "Z"
+    # From the process's start to the first step: imports, the model, the restore.
+    assert 0 < startup["framework_start_s"] == train["framework_start_s"]
     assert (train["epochs"], train["global_batch"]) == (1, 4)
     # End to end includes start-up, compilation, evaluation and the checkpoint: it is lower.
     assert 0 < train["end_to_end_images_per_s"] < train["images_per_s"]
@@ -135,9 +181,10 @@ def test_synthetic_run_writes_outputs_then_eval_only_restores(tmp_path, train_ma
     assert list((model_dir / "tensorboard").glob("events.out.tfevents.*"))
     progress = json.loads((model_dir / "progress.json").read_text())
     assert set(progress) == {
-        "phase", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "images_per_s",
-        "loss", "top1", "eta_s", "updated_at",
+        "phase", "epoch", "epochs", "step", "steps_per_epoch", "ranks", "global_step",
+        "images_per_s", "loss", "top1", "eta_s", "updated_at",
     }  # fmt: skip
+    assert progress["ranks"] == 1
     # Written last by the evaluation after the last log step (step 3 of 3, nothing left).
     assert (progress["phase"], progress["epoch"], progress["step"]) == ("evaluating", 1, 3)
     assert (progress["global_step"], progress["eta_s"]) == (3, 0.0)

@@ -179,15 +179,21 @@ hvd.init()
 x = tf.Variable(1.0)
 with tf.GradientTape() as tape:
     loss = 40000.0 * x
-(grad,) = distributed_tape(tape).gradient(loss, [x])
+(grad,) = distributed_tape(tape, hvd.size()).gradient(loss, [x])
+print(f"averaged gradient {float(grad)}")
+with tf.GradientTape() as tape:  # an elastic world of 2 ranks, planned for 4
+    loss = 40000.0 * x
+(grad,) = distributed_tape(tape, 4).gradient(loss, [x])
 print(f"averaged gradient {float(grad)}")
 """
 
 
 def test_float16_averaging_does_not_overflow_where_the_sum_would(tmp_path, horovod_script):
     # 2 x 40000 overflows float16 (max 65504); their average does not. Summing first, then
-    # dividing (Horovod's Average without a pre-divide) gave inf on every rank.
+    # dividing (Horovod's Average without a pre-divide) gave inf on every rank. Pre-divided by
+    # the 4 ranks an elastic run planned, 2 ranks still get their average (Horovod divides by
+    # its size at run time).
     result = horovod_script(AVERAGE_LARGE_GRADIENTS, ranks=2)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if "averaged gradient" in line]
-    assert len(lines) == 2 and all(line.endswith("averaged gradient 40000.0") for line in lines)
+    assert len(lines) == 4 and all(line.endswith("averaged gradient 40000.0") for line in lines)

@@ -346,3 +346,38 @@ def test_the_command_reads_only_the_contracts():
         text = path.read_text()
         for package in ("stacks", "bootstrap", "trainer"):
             assert f"from {package}" not in text and f"import {package}" not in text, path
+
+
+def test_enable_events_keeps_the_buckets_sqs_notification(s3, capsys):
+    """README's old command replaced the whole configuration: the SQS notification went."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    queue = sqs.create_queue(QueueName="uploads")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]
+    mine = {"Id": "uploads", "QueueArn": arn["QueueArn"], "Events": ["s3:ObjectCreated:*"]}
+    s3.put_bucket_notification_configuration(
+        Bucket=BUCKET, NotificationConfiguration={"QueueConfigurations": [mine]}
+    )
+    code, out, err = run_cli(capsys, "enable-events", "--bucket", BUCKET)
+    assert (code, err) == (0, "")
+    assert out == (
+        f"s3://{BUCKET} now sends its events to EventBridge (the run controller sees DONE.json "
+        "at once); its 1 other notification(s) kept\n"
+    )
+    assert s3.get_bucket_notification_configuration(Bucket=BUCKET)["QueueConfigurations"] == [mine]
+    # moto's GetBucketNotificationConfiguration leaves EventBridgeConfiguration out: its model says.
+    configuration = (
+        s3_backends[DEFAULT_ACCOUNT_ID]["global"].buckets[BUCKET].notification_configuration
+    )
+    assert configuration.event_bridge == {}
+
+
+def test_enable_events_without_a_bucket_is_one_line(s3, capsys):
+    code, out, err = run_cli(capsys, "enable-events")
+    assert code == 1 and out == ""
+    assert (
+        err
+        == "error: enable-events needs --bucket NAME: the bucket you deploy with -c datasetBucket=\n"
+    )

@@ -284,11 +284,14 @@ FLEET_TAG = "horovod-fleet:stack"  # stacks/teardown/names.py: every node of a T
 
 def answer_code_guard(event: Mapping) -> dict:
     """Refuses, in one line, a deploy that would change what TrainStack's nodes run while its
-    fleet has a live node: CloudFormation would stop and start each node on its old code, as
-    user data runs only at first boot. Every node instance and the replacement template depend on
-    this resource, so CloudFormation updates it first and rolls the update back before any node
-    is touched (stacks/train/code_guard.py). A rollback's own Update, and an update of nothing
-    the nodes run, pass."""
+    run is live: CloudFormation would stop and start each node on its old code, as user data
+    runs only at first boot, and a relaunch would launch new nodes from the new template beside
+    old ones. Every node instance and the replacement template depend on this resource, so
+    CloudFormation updates it first and rolls the update back before any node is touched
+    (stacks/train/code_guard.py). A run is live while a node of the fleet lives, and until its
+    final record whatever its instances do: a relaunch (its newest attempts.json entry, in this
+    stack, says `relaunch`) may have every node terminated. A rollback's own Update, and an
+    update of nothing the nodes run, pass."""
     props = event.get("ResourceProperties", {})
     old = event.get("OldResourceProperties") or {}
     stack_id = event["StackId"]
@@ -298,14 +301,38 @@ def answer_code_guard(event: Mapping) -> dict:
     answer = {"PhysicalResourceId": event.get("PhysicalResourceId") or stack_id}
     if not changed or rolling_back(stack_id):
         return answer
+    run, code = (old or props).get("Run"), (old or props).get("Code")
     live = live_nodes(stack_id)
     if live:
-        run, code = (old or props).get("Run"), (old or props).get("Code")
         raise Refused(
             f"run {run} is live on code {code} (node(s) {', '.join(live[:4])}); wait for it "
             "to end or cdk destroy TrainStack, then deploy"
         )
+    if relaunch := relaunch_under_way(props.get("Bucket", ""), run, stack_id):
+        raise Refused(
+            f"run {run} is live on code {code} (relaunching after attempt {relaunch['attempt']}: "
+            f"{relaunch.get('why')}); wait for it to end or cdk destroy TrainStack, then deploy"
+        )
     return answer
+
+
+def relaunch_under_way(bucket: str, run: str, stack_id: str) -> dict | None:
+    """The run's newest attempts.json entry when it is this stack's and says `relaunch`: the
+    run is live, whatever its instances do. A read S3 refuses fails the deploy in one line."""
+    if not bucket:  # a guard from before the property: instances alone decide
+        return None
+    key = f"runs/{run}/attempts.json"
+    try:
+        body = client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise Refused(f"cannot read s3://{bucket}/{key}: {error}"[:1000]) from error
+    entries = [e for e in json.loads(body).get("attempts", []) if isinstance(e, dict)]
+    newest = max(entries, key=lambda e: e.get("attempt") or 0, default=None)
+    if newest and newest.get("stack_id") == stack_id and newest.get("decision") == "relaunch":
+        return newest
+    return None
 
 
 def rolling_back(stack_id: str) -> bool:

@@ -262,6 +262,27 @@ def test_a_rank_whose_host_is_gone_names_its_node_and_the_lost_connection():
     )
 
 
+# horovodrun 0.28.1 when node 1's host died between the rendezvous and the launch: its ssh check
+# of every host (horovod/runner/launch.py) fails before any rank starts.
+SSH_CHECK_FAILED = """ssh not successful for host 10.0.1.23:
+ssh: connect to host 10.0.1.23 port 2222: Connection refused
+Traceback (most recent call last):
+  File "/usr/bin/horovodrun", line 8, in <module>
+    sys.exit(run_commandline())
+RuntimeError: could not connect to some hosts via ssh
+"""
+
+
+def test_a_node_lost_as_horovodrun_starts_is_node_lost_naming_the_node():
+    """Before: cause unknown, reason 'could not connect to some hosts via ssh', no node named."""
+    failure = failures.classify(SSH_CHECK_FAILED, "10.0.1.7 slots=1\n10.0.1.23 slots=1\n")
+    assert failure.cause == "node_lost"
+    assert failure.reason == (
+        "node 1 (10.0.1.23) lost: horovodrun could not reach it over ssh as it started (ssh: "
+        "connect to host 10.0.1.23 port 2222: Connection refused)"
+    )
+
+
 GLOO_RANK_KILLED = """[1]<stdout>:Step 40 Epoch 2 ...
 Process 1 exit with status code 137.
 Terminating remaining workers after failure of Process 1.

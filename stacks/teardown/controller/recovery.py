@@ -1,22 +1,22 @@
 """The run controller's recovery policy: when an attempt of a run ends, relaunch its fleet or let
 the run end.
 
-The workflow's Record step (steps.py) calls `end_attempt` for each ended attempt, then the
-workflow (stacks/teardown/workflow.py) stops and starts the fleet's instances when the decision
-is `relaunch` (in the rehearsal too: rehearsal/cloud.py runs the same state machine). Decisions
+The tick (tick.py) records each ended attempt with `attempt_entry`, then starts the workflow
+(stacks/teardown/workflow.py) that stops and starts the fleet's instances when the decision is
+`relaunch` (in the rehearsal too: rehearsal/cloud.py runs the same tick and state machine). Decisions
 (docs/contracts.md, attempts.json), on DONE.json's `cause` (never on its reason, which is for
 people): `relaunch` a failed or interrupted attempt that another one can get past, while
 restarts remain and the hard cap leaves time for one;
 `teardown` a finished run, or one that would fail the same way again; `stop` when restarts or
 time are exhausted, or the stack is being deleted. Unknown causes are retried (as SkyPilot's
 `max_restarts_on_errors` does): `maxRestarts` bounds what a deterministic one costs.
-Only boto3 and the standard library: this file is part of the run controller's Lambda asset.
+Pure: the tick reads the world and writes the records (decide.py, act.py).
+Only the standard library: this file is part of the run controller's Lambda asset.
 """
 
 import datetime
 
 from clients import stamp
-from records import FORMAT, key, read_json, update_controller, write_json
 
 # The retry rule, keyed by DONE.json's `cause` (docs/contracts.md, "Causes"; the nodes write it,
 # bootstrap/causes.py, and so does the run controller when it gives a relaunch up or writes the
@@ -76,37 +76,37 @@ def decide(
     return True, "relaunch", f"restart {restarts + 1} of {max_restarts}"
 
 
-def end_attempt(
-    s3,
-    bucket: str,
-    run: str,
+# What the attempt's DONE.json says of its time (docs/contracts.md, "Start-up, resets and
+# goodput"), kept in its attempts.json entry, where bootstrap/head/goodput.py reads the earlier
+# attempts: a relaunch deletes the DONE.json. Its timeline's fields, and its steps' four.
+TIMELINE_FIELDS = ("launched_at", "first_step_at", "lost_s")
+STEPS_FIELDS = ("start_step", "end_step", "step_s", "steps_redone")
+
+
+def attempt_entry(
+    done: dict,
+    earlier: list[dict],
     *,
     max_restarts: int,
     now: datetime.datetime,
-    deadline: datetime.datetime | None = None,
+    deadline: datetime.datetime | None,
+    started_at: str | None,
+    stack_id: str,
     deleting: bool = False,
-) -> dict | None:
-    """Record the ended attempt in runs/<run>/attempts.json and return its entry; on `relaunch`
-    remove DONE.json, which would end the next attempt's members as soon as they start.
-
-    Idempotent: a DONE.json already recorded (same attempt) returns the recorded entry, so a
-    retried event never counts an attempt twice. None when there is no DONE.json.
-    """
-    done = read_json(s3, bucket, key(run, "DONE.json"))
-    if done is None:
-        return None
-    history = read_json(s3, bucket, key(run, "attempts.json")) or {}
-    earlier = [e for e in history.get("attempts", []) if isinstance(e, dict)]
-    number = done.get("attempt") or len(earlier) + 1
-    if recorded := [e for e in earlier if e.get("attempt") == number]:
-        return recorded[-1]
+) -> dict:
+    """attempts.json's entry for the attempt whose DONE.json is `done` (docs/contracts.md):
+    what ended it and the decision, made on its cause alone (`decide`). `earlier`: the entries
+    recorded before it; `started_at`: status.json's `attempt_started_at`; `stack_id`: the
+    TrainStack the attempt ran in, which the code guard reads."""
     retryable, decision, why = decide(
         done, earlier, max_restarts=max_restarts, now=now, deadline=deadline, deleting=deleting
     )
-    status = read_json(s3, bucket, key(run, "status.json")) or {}
-    entry = {
-        "attempt": number,
-        "started_at": status.get("attempt_started_at"),
+    timeline = done.get("timeline") or {}
+    steps = timeline.get("steps") or {}
+    kept = {k: timeline.get(k) for k in TIMELINE_FIELDS} | {k: steps.get(k) for k in STEPS_FIELDS}
+    return {
+        "attempt": done.get("attempt") or len(earlier) + 1,
+        "started_at": started_at,
         "ended_at": done.get("finished_at") or stamp(now),
         "status": done.get("status"),
         "cause": done.get("cause"),
@@ -116,19 +116,6 @@ def end_attempt(
         "decision": decision,
         "why": why,
         "decided_at": stamp(now),
+        "stack_id": stack_id,
+        **{k: v for k, v in kept.items() if v is not None},
     }
-    document = {**history, "format": FORMAT, "run": run, "max_restarts": max_restarts}
-    document["attempts"] = [*earlier, entry]
-    write_json(s3, bucket, key(run, "attempts.json"), document)
-    if decision == "relaunch":
-        s3.delete_object(Bucket=bucket, Key=key(run, "DONE.json"))
-        update_controller(
-            s3,
-            bucket,
-            run,
-            at=stamp(now),
-            phase="relaunching",
-            attempt=number + 1,
-            reason=f"{done.get('reason')} ({why})",
-        )
-    return entry

@@ -7,15 +7,19 @@ address and placement group kept. Spot Instances, one-time requests, cannot be s
 replaced, as a node EC2 terminated is. Either way each node's boot service resumes the run from
 S3. Without capacity the next try goes to the next zone at once; after a round of every zone
 the workflow waits, twice as long each round up to an hour (zones.wait_after); after the last
-round, or when the hard cap leaves no time for an attempt, the run gives up in one line.
+round, or when the hard cap leaves no time for an attempt, the run gives up in one line: the
+DONE.json of the attempt that never started, which the tick records.
+
+The execution's input (tick.py): {"run", "action": "relaunch", "stack_id", "attempt" (the one
+that ended), "plan": {"zones" (in try order), "nodes"}}.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
 import datetime
 
-import controller
 import ec2_fleet
 import records
+import recovery
 import train_stack
 import zones
 from botocore.exceptions import ClientError
@@ -31,21 +35,18 @@ from clients import (
     throttled,
 )
 from notify import notify
-from steps import RECHECK, seconds, tell, wait
+from steps import RECHECK, fleet_stack, seconds, tell, wait
 
 SETTLE_CHECK = datetime.timedelta(seconds=15)
 # Stopping a p4d takes minutes; one that is still stopping after this is stuck.
 SETTLE_LIMIT = datetime.timedelta(minutes=20)
+# A try whose launch was ended after EC2 refused its start (ec2_fleet.spent): it counts as that
+# refusal, a try without capacity.
+SPENT = "TrySpent"
 
 
 class NotSettled(Exception):
     """The fleet's nodes are still stopping or terminating long after they were told to."""
-
-
-def fleet_stack(event: dict) -> dict | None:
-    """TrainStack as Record saw it, by id: a stack deployed anew under the name is not this
-    execution's."""
-    return train_stack.describe(event["record"]["stack_id"])
 
 
 def unusable(event: dict, stack: dict | None) -> dict | None:
@@ -90,11 +91,13 @@ def settled(event: dict) -> dict:
 
 @step
 def launch(event: dict) -> dict:
-    """One try: in its zone (`record.zones[(try - 1) % len]`), launch the missing nodes in one
+    """One try: in its zone (`plan.zones[(try - 1) % len]`), launch the missing nodes in one
     request and start the stopped ones, all or none. Nodes in another zone are terminated
-    first (a placement group is one zone), and the fleet settles again."""
-    run, plan = event["run"], event["record"]
-    attempt = plan["entry"]["attempt"]
+    first (a placement group is one zone), and the fleet settles again. A try whose request
+    launched an instance that is gone since (its start was refused and its launch ended, then
+    the step was retried) is spent: asked again, EC2 would answer with that dead instance."""
+    run, plan = event["run"], event["plan"]
+    attempt = event["attempt"]
     number = (event.get("launch") or {}).get("next_try", 1)
     stack = fleet_stack(event)
     if (other := unusable(event, stack)) is not None:
@@ -114,19 +117,25 @@ def launch(event: dict) -> dict:
     earlier = ec2_fleet.launched_by(token, fleet)
     missing = ec2_fleet.missing(plan["nodes"], [n for n in fleet if n["id"] not in earlier])
     stopped = sorted(n["id"] for n in fleet if n["state"] == "stopped")
+    if missing and ec2_fleet.spent(ec2_fleet.client_token(token, missing)):
+        log("relaunch-try-spent", run=run, zone=zone["zone"], tries=number)
+        return refused(
+            event, stack, zone, number, SPENT, "its launch was ended: the start was refused"
+        )
     try:
         launched = ec2_fleet.launch(stack["template"], missing, zone, token)
     except ClientError as error:
-        return refused(event, stack, zone, number, unless_throttled(error))
+        unless_throttled(error)
+        return refused(event, stack, zone, number, error_code(error), error_message(error))
     replaced = assign(run, attempt + 1, zone, launched, missing)
     try:
         ec2_fleet.start(stopped)
     except ClientError as error:
-        # A retried step finds this launch again by its token; a refused start ends the try,
-        # and its launched nodes must not bill through the wait.
+        # A refused start ends the try, and its launched nodes must not bill through the wait;
+        # a retried step finds the try spent by its token.
         unless_throttled(error)
         ec2_fleet.terminate(list(replaced.values()))
-        return refused(event, stack, zone, number, error)
+        return refused(event, stack, zone, number, error_code(error), error_message(error))
     log("relaunched", run=run, zone=zone["zone"], started=stopped, replaced=replaced)
     first = plan["zones"][0]["zone"]
     tell(event, "Relaunched", reason=f"relaunched in {zone['zone'] or 'its zone'}")
@@ -162,16 +171,16 @@ def assign(run: str, attempt: int, zone: dict, launched: list[str], indexes: lis
     return {str(index): instance_id for instance_id, index in zip(launched, indexes, strict=True)}
 
 
-def refused(event: dict, stack: dict, zone: dict, number: int, error: ClientError) -> dict:
+def refused(event: dict, stack: dict, zone: dict, number: int, code: str, message: str) -> dict:
     """EC2 refused the try: without capacity the next try, in the next zone at once or after a
     round later; any other refusal, or no round or time left, ends the run in one line."""
-    code, order = error_code(error), event["record"]["zones"]
-    if code not in ec2_fleet.CAPACITY_CODES:
-        why = f"the relaunch failed: EC2 answered {code}: {error_message(error)}"
+    order = event["plan"]["zones"]
+    if code not in (*ec2_fleet.CAPACITY_CODES, SPENT):
+        why = f"the relaunch failed: EC2 answered {code}: {message}"
         return give_up(event, stack, "relaunch_refused", why)
     pause = zones.wait_after(number, len(order))
     deadline = train_stack.deadline_of(stack)
-    if pause is None or (deadline and now() + pause + controller.MIN_ATTEMPT > deadline):
+    if pause is None or (deadline and now() + pause + recovery.MIN_ATTEMPT > deadline):
         where = ", ".join(z["zone"] or "its zone" for z in order)
         return give_up(
             event,
@@ -201,9 +210,9 @@ def refused(event: dict, stack: dict, zone: dict, number: int, error: ClientErro
 
 def give_up(event: dict, stack: dict, cause: str, reason: str) -> dict:
     """The relaunch cannot bring the fleet back: the attempt it was for ends as failed with
-    `cause` and `reason`, one line, in the DONE.json it never wrote; the controller records it
-    as final (controller.FINAL) and the fleet is torn down with its results."""
-    run, attempt = event["run"], event["record"]["entry"]["attempt"] + 1
+    `cause` and `reason`, one line, in the DONE.json it never wrote. The tick records it as final
+    (recovery.FINAL) and tears the fleet down with its results."""
+    run, attempt = event["run"], event["attempt"] + 1
     s3, bucket = client("s3"), setting("BUCKET")
     records.write_done(
         s3,
@@ -214,15 +223,8 @@ def give_up(event: dict, stack: dict, cause: str, reason: str) -> dict:
         cause=cause,
         reason=reason,
         at=stamp(now()),
+        earlier=records.attempts(s3, bucket, run),
     )
-    entry = controller.end_attempt(
-        s3,
-        bucket,
-        run,
-        max_restarts=stack["max_restarts"],
-        now=now(),
-        deadline=train_stack.deadline_of(stack),
-    ) or next(e for e in records.attempts(s3, bucket, run) if e.get("attempt") == attempt)
     log("relaunch-gave-up", run=run, reason=reason, attempt=attempt)
     notify(stack, run, f"gave up: {reason}")
-    return {"outcome": "gave_up", "entry": entry}
+    return {"outcome": "gave_up", "attempt": attempt}

@@ -1,6 +1,6 @@
 """A custom resource TeardownStack's functions answer through CDK's Provider framework: the
 deploy-time answers (deploy_answers.py), and TrainStack's Replacements resource, which the run
-controller's cleanup answers (run_controller.py, reaper/cleanup.py)."""
+controller's cleanup answers (run_controller.py, controller/cleanup.py)."""
 
 from typing import Any
 
@@ -14,15 +14,15 @@ from stacks.teardown.names import REPLACEMENTS_TYPE
 ANSWER_TIMEOUT = Duration.minutes(5)
 
 
-def reaper_answers(
+def answered(
     scope: Construct,
     construct_id: str,
     *,
-    reaper: FleetGuards,
+    guards: FleetGuards,
     resource_type: str,
     properties: dict[str, Any],
 ) -> CustomResource:
-    token = reaper.cleanup_token if resource_type == REPLACEMENTS_TYPE else reaper.answers_token
+    token = guards.cleanup_token if resource_type == REPLACEMENTS_TYPE else guards.answers_token
     return CustomResource(
         scope,
         construct_id,

@@ -1,7 +1,7 @@
 """TrainStack's Replacements resource (Custom::HorovodFleetReplacements), answered through CDK's
 Provider framework: when the stack itself is deleted, it ends every instance of the fleet that
 CloudFormation does not know (the run controller launched them), before their network
-interfaces hold up the delete, and has the delete followed.
+interfaces hold up the delete. The tick follows the delete (tick.py: a stack being deleted).
 
 Its physical id names the stack, never the run, and stays the same across updates: an update
 that renames the run (cdk deploy -c run=<new>) replaces nothing, so CloudFormation sends no
@@ -12,8 +12,9 @@ https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-describ
 such a Delete ends nothing, as only a stack being deleted (DELETE_IN_PROGRESS, or a create rolled
 back) is. A Delete always answers success, whatever fails here: the resource is deleted before
 any of the fleet, and a failed Delete would hold up the whole stack's delete while every node
-bills. What it could not end, the followed delete ends (steps_teardown.follow_delete), and the
-docs give the one command that finishes it by hand.
+bills. What it could not end, the followed delete ends (steps_teardown.follow_delete), the tick
+ends as an orphan once the stack is gone, and the docs give the one command that finishes it by
+hand.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
@@ -49,21 +50,11 @@ def on_event(event: dict, _context=None) -> dict:
             if not n["cloudformation"] and n["state"] in ec2_fleet.LIVE_STATES
         ]
         ec2_fleet.terminate(ours)
-        follow(stack, event.get("ResourceProperties", {}).get("Run", ""))
         wait_terminated(ours)
         log("replacements", request="Delete", terminated=ours)
     except Exception as error:  # the Delete answers whatever failed
         log("replacements-cleanup-failed", error=f"{type(error).__name__}: {error}")
     return {"PhysicalResourceId": physical_id}
-
-
-def follow(stack: dict, run: str) -> None:
-    """Start an execution that follows the delete, unless one of the run's is live (each of the
-    workflow's states follows a delete it meets)."""
-    if not run or executions.live(run):
-        return
-    document = {"run": run, "attempt": 0, "trigger": "destroy", "stack_id": stack["id"]}
-    executions.start(executions.destroy_name(run, stack["id"]), document)
 
 
 def wait_terminated(ids: list[str]) -> None:

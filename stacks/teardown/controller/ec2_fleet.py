@@ -2,9 +2,9 @@
 or terminate them, start them, launch the missing ones.
 
 Every instance of a fleet, CloudFormation's and the ones the controller launched, carries the
-tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its index; a launched one
-gets it from the controller right after its launch); the controller's role may stop, start,
-terminate, launch and tag only instances so tagged.
+tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its node: an index, or a
+name such as `head`; a launched one gets it from the controller right after its launch); the
+controller's role may stop, start, terminate, launch and tag only instances so tagged.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
@@ -63,13 +63,27 @@ def nodes(stack_id: str) -> list[dict]:
     return sorted(found.values(), key=lambda n: n["id"])
 
 
+def every_fleet_instance() -> list[dict]:
+    """Every instance that carries the fleet's tag, whatever stack it names: the tick's view of
+    every fleet, live or left over (orphans). Terminated ones too, as long as EC2 lists them
+    ("usually less than one hour"): they say which market a fleet reclaimed whole was on."""
+    pages = (
+        client("ec2")
+        .get_paginator("describe_instances")
+        .paginate(Filters=[{"Name": "tag-key", "Values": [FLEET_TAG]}])
+    )
+    found = [node_of(i) for p in pages for r in p["Reservations"] for i in r["Instances"]]
+    return sorted(found, key=lambda n: n["id"])
+
+
 def node_of(instance: dict) -> dict:
     tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-    index = tags.get(NODE_TAG, "")
     return {
         "id": instance["InstanceId"],
         "state": instance["State"]["Name"],
-        "node": int(index) if index.isdigit() else None,
+        # The node tag as text: an index ("3"), or a node that has none (an elastic fleet's head).
+        "node": tags.get(NODE_TAG) or None,
+        "launched": instance.get("LaunchTime"),
         "spot": instance.get("InstanceLifecycle") == "spot",
         "zone": instance.get("Placement", {}).get("AvailabilityZone"),
         "stack": tags.get(FLEET_TAG),
@@ -96,7 +110,7 @@ def missing(count: int, fleet: list[dict]) -> list[int]:
     """The node indexes no live instance serves: EC2 terminated them (a Spot interruption, a
     retired host) or the relaunch did (Spot instances cannot be stopped)."""
     served = {n["node"] for n in fleet if n["state"] in LIVE_STATES}
-    return [i for i in range(count) if i not in served]
+    return [i for i in range(count) if str(i) not in served]
 
 
 def whole(count: int, fleet: list[dict]) -> bool:
@@ -153,6 +167,27 @@ def client_token(try_token: str, indexes: list[int]) -> str:
     https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html)."""
     nodes = ",".join(map(str, sorted(indexes)))
     return digest(try_token)[:32] + digest(nodes)[:32]
+
+
+def spent(token: str) -> bool:
+    """Whether a launch request with this ClientToken launched an instance that is now
+    terminated or on its way: the same request again would get that instance back ("the same
+    response is returned ... The only information that might vary in the response is the state
+    of the instance", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html),
+    so the try it belongs to is spent. DescribeInstances' `client-token` filter: "The idempotency
+    token you provided when you launched the instance"
+    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html)."""
+    pages = (
+        client("ec2")
+        .get_paginator("describe_instances")
+        .paginate(
+            Filters=[
+                {"Name": "client-token", "Values": [token]},
+                {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
+            ]
+        )
+    )
+    return any(r["Instances"] for p in pages for r in p["Reservations"])
 
 
 def launched_by(try_token: str, fleet: list[dict]) -> set[str]:

@@ -14,21 +14,20 @@ import datetime
 import ec2_fleet
 import records
 import train_stack
-from clients import client, log, now, setting, stamp, step
-from steps import RECHECK, tell, wait
+from botocore.exceptions import ClientError
+from clients import client, error_code, log, now, setting, stamp, step
+from steps import RECHECK, fleet_stack, tell, wait
 
 FOLLOW_DELETE_FOR = datetime.timedelta(hours=3)
-
-
-def judged_stack(event: dict) -> dict | None:
-    return train_stack.describe(event["record"]["stack_id"])
+# A stack CloudFormation will not delete yet (an update under way) is asked again this often.
+DELETE_RETRY = datetime.timedelta(minutes=1)
 
 
 @step
 def results(event: dict) -> dict:
     """Whether the run's checkpoints and logs are in S3 (records.missing_results), so the fleet
     may go."""
-    run, stack = event["run"], judged_stack(event)
+    run, stack = event["run"], fleet_stack(event)
     if train_stack.gone(stack) or stack["run"] != run:
         log("already-gone", run=run)
         return {"next": "nothing"}
@@ -45,14 +44,24 @@ def results(event: dict) -> dict:
 
 @step
 def delete_stack(event: dict) -> dict:
-    """Delete TrainStack, the stack Record judged, and nothing else."""
-    run, stack = event["run"], judged_stack(event)
+    """Delete TrainStack, the stack the tick judged, and nothing else; `follow` the delete, or
+    `wait` and ask again while CloudFormation refuses it (an update under way: it answers
+    ValidationError). Whether CloudFormation takes a delete while the stack is still being
+    created is not verified here: asked then, it either starts the delete or refuses it like
+    an update's, and is asked again a minute later."""
+    run, stack = event["run"], fleet_stack(event)
     if train_stack.gone(stack):
-        return {"at": stamp(now())}
-    reason = event["record"].get("reason") or "done"
-    train_stack.delete(stack, run=run, reason=reason)
+        return {"next": "follow", "at": stamp(now())}
+    reason = event.get("reason") or "done"
+    try:
+        train_stack.delete(stack, run=run, reason=reason)
+    except ClientError as error:
+        if error_code(error) != "ValidationError" or not train_stack.busy(stack):
+            raise
+        log("delete-refused", run=run, status=stack["status"], error=str(error)[:300])
+        return wait(DELETE_RETRY)
     tell(event, "DeleteStack", reason=f"the run controller is deleting TrainStack ({reason})")
-    return {"at": stamp(now())}
+    return {"next": "follow", "at": stamp(now())}
 
 
 @step
@@ -60,7 +69,7 @@ def follow_delete(event: dict) -> dict:
     """Look at the deleted stack again: `gone`, `wait` (still deleting, or deleted again after
     DELETE_FAILED), `stopped` (not being deleted any more), or `unconfirmed` once its looks
     cover FOLLOW_DELETE_FOR, which fails the execution and mails."""
-    run, stack_id = event["run"], event["record"]["stack_id"]
+    run, stack_id = event["run"], event["stack_id"]
     checks = (event.get("follow") or {}).get("checks", 0) + 1
     stack = train_stack.describe(stack_id)
     status = "DELETE_COMPLETE" if stack is None else stack["status"]

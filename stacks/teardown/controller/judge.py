@@ -1,0 +1,118 @@
+"""The tick's rules, each a pure function of what the tick read (observe.py) and the time: what
+a long action's executions say, which instances are orphans, which nodes are gone or silent,
+when an idle fleet is due to go. decide.py composes them.
+
+The loop and its timeouts follow AWS ParallelCluster's cluster manager, which reads the fleet as
+it is every 60 s and repairs it (`LOOP_TIME = 60`), and terminates an instance no node claims
+after 300 s (`"orphaned_instance_timeout": 300`): aws/aws-parallelcluster-node
+src/slurm_plugin/clustermgtd.py at 2e8f9a8,
+https://github.com/aws/aws-parallelcluster-node/blob/2e8f9a8e325d447cbfc36bb3ebd118cbd6439d6d/src/slurm_plugin/clustermgtd.py
+Only the standard library: part of the run controller's Lambda asset.
+"""
+
+import datetime
+
+from ec2_fleet import LIVE_STATES, UP_STATES
+from executions import DONE, LIVE, RESUMES
+
+# An instance of a fleet that no record knows, and no live stack owns, is terminated once it is
+# this old (clustermgtd's orphaned_instance_timeout).
+ORPHAN_AGE = datetime.timedelta(seconds=300)
+# After EC2 ended a node and no node wrote DONE.json, the leader's own record is awaited this
+# long (a Spot notice comes two minutes ahead of the reclaim, and the leader writes DONE.json in
+# it: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+NOTICE = datetime.timedelta(minutes=3)
+
+
+def chain(executions: list[dict], kind: str) -> dict:
+    """Where the long action `kind` stands: `none` (never started), `running`, `succeeded`,
+    `failed` (the newest execution failed, timed out or was stopped, and a resume is left:
+    `resume` is its number) or `exhausted` (failed, and resumed RESUMES times). `newest` is its
+    newest execution."""
+    mine = sorted((e for e in executions if e["kind"] == kind), key=lambda e: e["resume"])
+    if not mine:
+        return {"state": "none", "resume": 0, "newest": None}
+    newest = mine[-1]
+    if newest["status"] == LIVE:
+        state = "running"
+    elif newest["status"] == DONE:
+        state = "succeeded"
+    else:
+        state = "failed" if newest["resume"] < RESUMES else "exhausted"
+    return {"state": state, "resume": newest["resume"] + 1, "newest": newest}
+
+
+def orphans(
+    instances: list[dict], stack: dict | None, known: set[str], now: datetime.datetime
+) -> list[str]:
+    """Fleet instances older than ORPHAN_AGE that nothing accounts for: tagged with a stack that
+    is not the live TrainStack (it is gone, or was replaced), or with the live one while neither
+    CloudFormation, a node tag nor a launch assignment (`known`) claims them."""
+    live_id = stack["id"] if stack is not None else None
+    found = []
+    for instance in instances:
+        if instance["state"] not in LIVE_STATES or instance["launched"] is None:
+            continue
+        if now - instance["launched"] < ORPHAN_AGE:
+            continue
+        ours = instance["stack"] == live_id
+        claimed = instance["cloudformation"] or instance["node"] or instance["id"] in known
+        if not ours or not claimed:
+            found.append(instance["id"])
+    return found
+
+
+def of_stack(instances: list[dict], stack_id: str) -> list[dict]:
+    return [i for i in instances if i["stack"] == stack_id]
+
+
+def gone_nodes(count: int, fleet: list[dict]) -> list[str]:
+    """What keeps the fleet from being whole: each node index no instance up serves, as
+    "node <i>", naming the instance that served it when it is still there (stopping, stopped,
+    shutting down). [] for a whole fleet."""
+    up = {n["node"] for n in fleet if n["state"] in UP_STATES}
+    down = {n["node"]: n for n in fleet if n["state"] in (*LIVE_STATES, "shutting-down")}
+    gone = []
+    for index in (str(i) for i in range(count) if str(i) not in up):
+        was = down.get(index)
+        gone.append(f"node {index}" + (f" ({was['id']}, {was['state']})" if was else ""))
+    return gone
+
+
+def silent_nodes(
+    count: int,
+    heartbeats: dict,
+    started: datetime.datetime,
+    now: datetime.datetime,
+    timeout: datetime.timedelta,
+    grace: datetime.timedelta,
+) -> list[str]:
+    """The nodes, all of them, when none has beaten for `timeout` ([] otherwise): each node's
+    heartbeat of this attempt (written since it `started`) is older than `timeout`, or, once the
+    attempt is past its start-up `grace`, missing. A node still within the grace with no beat
+    yet may be booting; a node with a fresh beat is alive, and so the fleet is not silent."""
+    ages = {}
+    for index in range(count):
+        beat = heartbeats.get(str(index))
+        ages[index] = now - beat if beat is not None and beat >= started else None
+    past_grace = now - started > grace
+    if all(
+        (age is not None and age > timeout) or (age is None and past_grace) for age in ages.values()
+    ):
+        return [f"node {i}" for i in range(count)]
+    return []
+
+
+def idle_due(
+    idle_since: datetime.datetime,
+    checkpoint_at: datetime.datetime | None,
+    deployed: datetime.datetime,
+    window: datetime.timedelta,
+    grace: datetime.timedelta,
+) -> datetime.datetime:
+    """When an idle fleet goes: once it has been quiet for the idle `window` since its last
+    progress (the alarm's onset less the window, or its newest checkpoint when later), and has
+    had the launch `grace` since it was `deployed` or relaunched."""
+    quiet_from = idle_since - window
+    progress = max(quiet_from, checkpoint_at) if checkpoint_at else quiet_from
+    return max(progress + window, deployed + grace)
