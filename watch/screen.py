@@ -95,6 +95,23 @@ class RunFacts:
         return started + timedelta(hours=cost["max_hours"]), False
 
 
+def reset_line(reset: dict) -> str:
+    """An elastic reset, for people: when, which nodes left or came, the ranks, its cost."""
+    names = lambda nodes: ", ".join(f"node {n.get('node')}" for n in nodes)  # noqa: E731
+    changed = "; ".join(
+        part for part in (
+            f"{names(reset.get('lost') or [])} lost" if reset.get("lost") else "",
+            f"{names(reset.get('added') or [])} joined" if reset.get("added") else "",
+        ) if part
+    )  # fmt: skip
+    recovery = reset.get("recovery_s")
+    back = f", training again in {recovery:.0f} s" if recovery is not None else ""
+    return (
+        f"{reset.get('at')}: {changed or 'the world changed'}, {reset.get('ranks_before')} -> "
+        f"{reset.get('ranks_after')} ranks{back}, {reset.get('steps_redone') or 0} step(s) redone"
+    )
+
+
 def status_screen(facts: RunFacts) -> str:
     """One screen: the first line starts with `horovod-fleet status`, the last is blank."""
     status = facts.status or {}
@@ -108,11 +125,19 @@ def status_screen(facts: RunFacts) -> str:
     if status:
         up = "?" if facts.nodes_up is None else facts.nodes_up
         gpus = status.get("gpus_per_node") or 0
+        training = status.get("nodes_training")
         lines.append(
-            f"  nodes       {up} up, {status.get('nodes_healthy')} healthy of "
+            (
+                f"  nodes       {training} of {status['nodes']} training, "
+                if training
+                else "  nodes       "
+            )
+            + f"{up} up, {status.get('nodes_healthy')} healthy of "
             f"{status['nodes']} x {status['instance_type']}"
             + (f" ({gpus} GPUs each)" if gpus else " (CPU)")
         )
+        if resets := status.get("resets"):
+            lines.append(f"  resets      {len(resets)}, the last: {reset_line(resets[-1])}")
     if progress:
         lines.append(
             f"  progress    epoch {progress['epoch']}/{progress['epochs']}, step "

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, read_object
+from bootstrap.fleet import node_failures
+from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
 from bootstrap.fleet.supervision import name_node, stale_for
 from bootstrap.head.hosts_file import ADMITTED_FILE, HOSTS_FILE, read_lines, write_atomically
 from bootstrap.lines import one_line
@@ -76,10 +77,12 @@ def live_hosts(
     admitted: set[str],
     started: bool,
     s3_back_at: float | None = None,
+    failed: set[str] = frozenset(),
 ) -> Verdict:
     """Which registered nodes Horovod may use now, and why each other one is not listed.
 
-    noticed: instance ids with a Spot notice this attempt; ec2_states: {instance id: state}, or
+    noticed: instance ids with a Spot notice this attempt; failed: instance ids that reported
+    their own failure this attempt (bootstrap/fleet/node_failures.py); ec2_states: {instance id: state}, or
     None where there is no EC2 to ask (the rehearsal); admitted: the hosts Horovod runs ranks
     on now (they keep their place with `own` shards); started: whether the first world formed
     (after it, a node needs every shard to join)."""
@@ -91,7 +94,7 @@ def live_hosts(
         why = _why_not(
             entry, now, heartbeat_timeout_s, head_key, since, noticed, ec2_states, admitted,
             started, s3_back_at,
-        )  # fmt: skip
+        ) or ("it reported its own failure" if entry.get("instance_id") in failed else None)  # fmt: skip
         if why:
             left[index] = f"{name_node(entry)}: {why}"
         else:
@@ -150,7 +153,11 @@ class Discovery(threading.Thread):
         self.stopped = threading.Event()
         self.started_world = False
         self.shown: tuple[list[str], dict[int, str]] = ([], {})
+        # Every instance this attempt's discovery saw at each address, oldest first, with when
+        # it first saw it: what names a reset's hosts (a replacement may reuse an address).
+        self.known: dict[str, list[dict]] = {}
         self.failing = False
+        self.verdict: Verdict | None = None  # the last refresh's
 
     def run(self) -> None:
         while not self.stopped.wait(REFRESH_S):
@@ -167,6 +174,7 @@ class Discovery(threading.Thread):
     def refresh(self) -> Verdict:
         """Read the record, write the hosts file, log what changed; returns the verdict."""
         registrations = self.registrations()
+        self.remember(registrations)
         instances = [e.get("instance_id") for e in registrations if e.get("instance_id")]
         admitted = read_lines(self.state_dir / ADMITTED_FILE)
         # horovodrun starts its first world once every node is admitted (-np is all of them).
@@ -183,11 +191,35 @@ class Discovery(threading.Thread):
             admitted={line.split(":")[0] for line in admitted},
             started=self.started_world,
             s3_back_at=self.s3_back_at(),
+            failed={
+                d["instance_id"] for d in node_failures.read_since(self.s3, self.cfg, self.since)
+            },
         )
         lines = verdict.lines()
         write_atomically(self.state_dir / HOSTS_FILE, "".join(f"{line}\n" for line in lines))
         self.say(lines, verdict.left)
+        self.verdict = verdict
         return verdict
+
+    def addresses(self) -> list[str]:
+        """The live nodes' addresses, as the last refresh found them."""
+        return [ip for _, ip, _ in self.verdict.live] if self.verdict else []
+
+    def remember(self, registrations: list[dict]) -> None:
+        for entry in registrations:
+            if entry.get("head_key_sha256") != self.head_key or not entry.get("ip"):
+                continue
+            if parse_stamp(entry["registered_at"]) < math.floor(self.since):
+                continue
+            seen = self.known.setdefault(entry["ip"], [])
+            if not seen or seen[-1]["instance_id"] != entry.get("instance_id"):
+                seen.append(
+                    {
+                        "node": str(entry.get("index")),
+                        "instance_id": entry.get("instance_id"),
+                        "since": utc_stamp(self.clock()),
+                    }
+                )
 
     def registrations(self) -> list[dict]:
         prefix = f"{self.cfg.runs_prefix}nodes/"

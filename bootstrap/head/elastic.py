@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap.head.discovery import REFRESH_S
+from bootstrap.head.discovery import REFRESH_S, Verdict
 from bootstrap.node_config import TrainConfig
 
 # horovod/runner/elastic/driver.py v0.28.1 DISCOVER_HOSTS_FREQUENCY_SECS: Horovod runs the
@@ -80,6 +80,19 @@ def elastic_command(
     if interface:
         command += ["--network-interface", interface]
     return command + program
+
+
+def too_few_left(verdict: Verdict | None, min_nodes: int) -> list[str]:
+    """Why the elastic horovodrun ended when the discovery lists fewer than min_nodes nodes (its
+    driver waited --elastic-timeout for their slots, then gave up), for the failure's reason; []
+    when enough are listed (the failure is the ranks' own)."""
+    if verdict is None or len(verdict.live) >= min_nodes:
+        return []
+    left = "; ".join(why for _, why in sorted(verdict.left.items()))
+    return [
+        f"fewer than minNodes ({min_nodes}) nodes left to train on, {len(verdict.live)} listed"
+        + (f": {left}" if left else "")
+    ]
 
 
 def install_ssh_wrapper(state_dir: Path) -> Path:

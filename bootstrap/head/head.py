@@ -11,18 +11,28 @@ import shutil
 import time
 from pathlib import Path
 
-from bootstrap import aws
+from bootstrap import aws, causes
 from bootstrap.fleet import node_failures, rendezvous, supervision
 from bootstrap.fleet.rank import NODE_ENV
 from bootstrap.fleet.rendezvous import parse_stamp
 from bootstrap.head import benchmark, checkpoints, goodput, launch, mirror, results
-from bootstrap.head.elastic import alias_interface, install_ssh_wrapper
+from bootstrap.head import timeline as fleet_view
+from bootstrap.head.discovery import Discovery
+from bootstrap.head.elastic import (
+    alias_interface,
+    elastic_command,
+    elastic_env,
+    install_ssh_wrapper,
+    too_few_left,
+)
+from bootstrap.head.hosts_file import script_command
 from bootstrap.node import dataset, health, spot
-from bootstrap.node.attempt import read_json
+from bootstrap.node.attempt import read_json, read_list
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
 
+RESETS_FILE = "resets.json"  # rank 0's record of the elastic resets (docs/contracts.md)
 NODE_ENV_FILE = "node.env"  # in each node's mount point: its own settings (bootstrap/fleet/rank.py)
 
 
@@ -207,38 +217,65 @@ class Head(TrainingNode):
         return store
 
     def train(self, store: checkpoints.ModelStore) -> None:
+        """One elastic horovodrun from here over the nodes the discovery lists: a node lost
+        costs a reset of the others, not the attempt (bootstrap/head/elastic.py)."""
         cfg, attempt = self.cfg, self.attempt
         sync = checkpoints.CheckpointSync(store, cfg.checkpoint_sync_s, self.log)
         sync.start()
-        # Rank 0's outputs, into this model dir: the uploads, the watchdog and status.json read
-        # them here.
-        hosts = [] if self.same_host else [n["ip"] for n in self.nodes]
+        hosts = Discovery(
+            cfg, self.s3, head_key=self.key_fingerprint, since=self.met_since,
+            ec2=aws.client("ec2", cfg.region) if cfg.instance_id is None else None,
+            log=self.log,
+        )  # fmt: skip
+        # The script only prints the file: it must exist before horovodrun first runs it.
+        step("host discovery", hosts.refresh)
+        hosts.start()
+        # Rank 0's outputs, into this model dir, from whichever live node holds rank 0: the
+        # uploads, the watchdog and status.json read them here.
         outputs = mirror.Mirror(
-            self.ssh, lambda: hosts, self.model_dir, self.model_dir, source=None, log=self.log
-        )
+            self.ssh, lambda: [] if self.same_host else hosts.addresses(), self.model_dir,
+            self.model_dir, source=None, log=self.log,
+        )  # fmt: skip
         outputs.start()
         attempt.status.live_goodput = self.live_goodput
+        attempt.status.live_resets = lambda: fleet_view.resets(
+            {"resets": read_list(self.model_dir / RESETS_FILE)}, [], hosts.known
+        )
+        self.known_hosts = hosts.known
         attempt.status.phase("training")
+        # A node's own failure costs that node (the discovery drops it); one that would fail on
+        # any node ends the training at once.
+        self.failures.ends = lambda doc: doc.get("cause") in causes.FLEET_WIDE
 
         def watch_nodes(proc) -> None:
-            """A node's reported failure (its data pull, say) ends the training at once."""
             self.failures.on_end = lambda: launch.end_process(proc)
             self.failures.start()
 
         def train() -> None:
+            program = [
+                *launch.trainer_command(cfg, self.data_dir, self.model_dir),
+                "--elastic",
+                "--planned-ranks", str(cfg.nodes * cfg.slots),
+                "--min-ranks", str(cfg.min_nodes * cfg.slots),
+            ]  # fmt: skip
+            command = elastic_command(
+                cfg, discovery=script_command(Path(cfg.state_dir)), key=self.key,
+                interface=self.interface,
+                program=["python3", "-m", "bootstrap.fleet.rank", *program],
+            )  # fmt: skip
             try:
-                self.run_horovod(
-                    launch.trainer_command(cfg, self.data_dir, self.model_dir),
-                    "train.log",
+                launch.run_horovodrun(
+                    cfg, self.hostfile, self.key, self.ranks, program,
+                    elastic_env(self.env, self.ssh_bin), "train.log", command=command,
                     progress=self.model_dir / "progress.json",
-                    on_start=watch_nodes,
-                )
+                    lost=lambda failed_at: too_few_left(hosts.verdict, cfg.min_nodes),
+                    log=self.log, on_start=watch_nodes,
+                )  # fmt: skip
             except RuntimeError as exc:
                 if self.failures.ended is not None:  # the node's words, not what its ranks said
                     raise self.failures.ended from exc
                 outputs.final()  # interrupted.json, if the ranks stopped at a checkpoint
-                # A Spot notice stopped the ranks (any node's): an interruption, named, not a
-                # failure.
+                # Spot notices left too few nodes: the ranks stopped at a checkpoint, named.
                 why = spot.interruption_reason(
                     self.s3, cfg, self.model_dir, attempt.started, attempt.outputs_since
                 )
@@ -250,6 +287,7 @@ class Head(TrainingNode):
             step("training", train)
         finally:
             self.failures.stop()
+            hosts.stop()
             outputs.final()
             sync.stop()
 
@@ -261,7 +299,7 @@ class Head(TrainingNode):
         doc = results.done_document(
             cfg, "succeeded", None, self.model_dir, time.time(), attempt.started,
             attempt.outputs_since, attempt.earlier, STEP_SECONDS, restarts=attempt.restarts,
-            records=self.phase_records(), written_by=self.written_by(),
+            records=self.phase_records(), written_by=self.written_by(), hosts=self.known_hosts,
         )  # fmt: skip
         self.log(
             f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}, goodput "

@@ -41,6 +41,7 @@ def done_document(
     written_by: str = "head",
     restarts: list[dict] | None = None,
     records: list[dict] | None = None,
+    hosts: dict[str, list[dict]] | None = None,
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
     wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
@@ -49,7 +50,8 @@ def done_document(
     `steps` the seconds of each bootstrap step this attempt finished (its timeline), `cause` why
     it ended (bootstrap/causes.py; None when it succeeded), `written_by` which node writes it,
     `restarts` the restarts in place of the writing node's bootstrap (bootstrap/node/attempt.py),
-    `records` the phases records of this attempt's nodes (the fleet's view and goodput)."""
+    `records` the phases records of this attempt's nodes (the fleet's view and goodput),
+    `hosts` the instances the head's discovery saw, by address (naming the resets' hosts)."""
     succeeded = status == "succeeded"
     records = records or []
     earlier = earlier or []
@@ -85,7 +87,7 @@ def done_document(
         "attempt_started_at": utc_stamp(started),
         "finished_at": utc_stamp(now),
         "timeline": timeline,
-        "resets": fleet_view.resets(training, records),
+        "resets": fleet_view.resets(training, records, hosts),
         **figures,
         "restarts": restarts or [],
         "attempt": own["attempt"],

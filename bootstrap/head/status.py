@@ -121,6 +121,10 @@ class RunStatus:
         # DONE.json's figures once the attempt has ended.
         self.live_goodput: Callable[[dict], dict | None] | None = None
         self.final_goodput: dict | None = None
+        # status.json's `resets` (docs/contracts.md): live() while the trainer runs (rank 0's
+        # resets.json, its hosts named as nodes), DONE.json's once the attempt has ended.
+        self.live_resets: Callable[[], list[dict]] | None = None
+        self.final_resets: list[dict] | None = None
         self.wake = threading.Event()
         self.stopping = False
         self.lock = threading.Lock()
@@ -142,6 +146,7 @@ class RunStatus:
         the DONE.json about to be written, whose goodput status.json carries."""
         if record is not None:
             self.final_goodput = goodput_of(record)
+            self.final_resets = record.get("resets")
         self.phase(phase, reason)
         self.stopping = True
         self.wake.set()
@@ -185,12 +190,31 @@ class RunStatus:
             "nodes": cfg.nodes,
             "gpus_per_node": cfg.gpus_per_node,
             "nodes_healthy": self._s3("count healthy nodes", self._nodes_healthy),
+            "nodes_training": self._nodes_training(),
             "progress": self.progress,
             "checkpoint": self._s3("find the newest checkpoint", self._newest_checkpoint),
             "reason": self.reason if phase in ENDED else None,
             "cost": cfg.cost,
             "goodput": self._goodput(),
+            "resets": self._resets(),
         }
+
+    def _nodes_training(self) -> int | None:
+        """The nodes in the trainer's current world (progress.json's `ranks` over the slots of
+        a node); null before the trainer's first log step."""
+        ranks = (self.progress or {}).get("ranks")
+        return None if ranks is None else -(-ranks // self.cfg.slots)
+
+    def _resets(self) -> list[dict]:
+        if self.final_resets is not None:
+            return self.final_resets
+        if self.live_resets is None:
+            return []
+        try:
+            return self.live_resets()
+        except Exception as exc:  # a report, never a reason to stop
+            self.log(f"status: could not read the resets: {one_line(exc)}")
+            return []
 
     def _goodput(self) -> dict | None:
         if self.final_goodput is not None:

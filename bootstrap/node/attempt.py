@@ -24,6 +24,15 @@ def read_json(path: Path) -> dict:
         return {}
 
 
+def read_list(path: Path) -> list:
+    """A JSON list from path; [] when it is absent, unreadable or not a list."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return found if isinstance(found, list) else []
+
+
 def this_attempts(path: Path, started: float) -> dict:
     """A trainer output written by this attempt ({} for one a previous attempt left, restored
     from S3 with the checkpoints)."""

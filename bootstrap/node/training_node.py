@@ -119,6 +119,10 @@ class TrainingNode(ABC):
     def written_by(self) -> str:
         """DONE.json's `written_by` when this node writes it."""
 
+    # The instances the head's discovery saw at each address (bootstrap/head/discovery.py), which
+    # name the elastic resets' hosts in DONE.json; None on a node that runs no discovery.
+    known_hosts: dict[str, list[dict]] | None = None
+
     def record_model_dir(self) -> Path | None:
         """Whose trainer outputs the failure's DONE.json reads (None: this node ran no trainer)."""
         return None
@@ -160,7 +164,7 @@ class TrainingNode(ABC):
             self.cfg, failure.status, str(failure), self.record_model_dir(), time.time(),
             attempt.started, attempt.outputs_since, attempt.earlier, STEP_SECONDS,
             cause=failure.cause, restarts=attempt.restarts, written_by=self.written_by(),
-            records=self.phase_records(),
+            records=self.phase_records(), hosts=self.known_hosts,
         )  # fmt: skip
 
     def phase_records(self) -> list[dict]:

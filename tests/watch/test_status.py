@@ -283,6 +283,24 @@ def test_the_status_screen_shows_goodput_and_where_the_rest_went(s3, capsys):
     assert "goodput     50.0% from the first launch, 70.0% from the first step\n" in out
 
 
+def test_the_status_screen_shows_the_nodes_training_and_the_newest_reset(s3, capsys):
+    reset = {"at": "2026-11-22T04:00:00Z", "lost": [{"node": "1", "instance_id": "i-1",
+             "ip": "10.0.0.1"}], "added": [], "ranks_before": 16, "ranks_after": 8,
+             "recovery_s": 41.2, "steps_redone": 3}  # fmt: skip
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS, nodes_training=1,
+                                              resets=[reset]))  # fmt: skip
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "nodes       1 of 2 training, " in out
+    assert (
+        "resets      1, the last: 2026-11-22T04:00:00Z: node 1 lost, 16 -> 8 ranks, training "
+        "again in 41 s, 3 step(s) redone"
+    ) in out
+    # Before the trainer's first step (and in a status.json without the keys): no such lines.
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS))
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "of 2 training" not in out and "resets " not in out
+
+
 def test_logs_print_the_training_table_the_head_s_horovodrun_prints(s3, capsys):
     logs = boto3.client("logs", region_name="us-east-1")
     logs.create_log_group(logGroupName="fleet-logs")

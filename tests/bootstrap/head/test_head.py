@@ -21,7 +21,7 @@ from bootstrap_helpers import head_doc, train_doc
 from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head import checkpoints, launch, mirror
+from bootstrap.head import checkpoints, discovery, launch, mirror
 from bootstrap.head.head import Head, InterfacesDiffer
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import parse
@@ -313,3 +313,89 @@ def test_nodes_that_name_their_interfaces_apart_are_refused_in_one_line(head_up_
     assert failed.value.step == "network interface"
     assert isinstance(failed.value.__cause__, InterfacesDiffer)
     assert "(ens32, ens5)" in str(failed.value)
+
+
+def register(s3, cfg, *, age_s: float = 0.0, **entry) -> None:
+    """Node 0's registration as the node writes it, naming the head's published key."""
+    head = json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/head.json")["Body"].read())
+    doc = {**NODE, "interface": "ens5", "shards": "own", "registered_at":
+           utc_stamp(time.time() - age_s), "head_key_sha256": head["head_key_sha256"], **entry}  # fmt: skip
+    s3.put_object(Bucket=cfg.bucket, Key="runs/r1/nodes/0.json", Body=json.dumps(doc).encode())
+
+
+def test_the_head_trains_elastic_over_the_hosts_its_discovery_lists(head_up_to_the_check, s3):
+    """One elastic horovodrun from the head: every node's slots at most, minNodes' at least,
+    the discovery script (whose file lists node 0 before it first runs), the keep-alive ssh
+    first on its PATH, and the trainer's elastic flags."""
+    cfg, _events, monkeypatch, attempt = head_up_to_the_check
+    # node.json names the instance (no EC2 to ask, as in the rehearsal)
+    cfg = dataclasses.replace(cfg, instance_id="i-head")
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+    seen = {}
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.fleet.allreduce_check" in command:
+            register(s3, cfg)
+            return 0, ofi
+        seen.update(command=command, env=env, hosts=(Path(cfg.state_dir) / "hosts").read_text())
+        return 1, "RuntimeError: stop here"
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
+    with pytest.raises(StepFailed):
+        Head(cfg, attempt).run()
+    command = seen["command"]
+    at = lambda flag: command[command.index(flag) + 1]  # noqa: E731
+    assert (at("-np"), at("--min-np"), at("--max-np")) == ("8", "8", "8")
+    assert "bootstrap.head.hosts_file" in at("--host-discovery-script")
+    assert seen["hosts"] == "10.0.0.6:8\n"
+    program = command[command.index("bootstrap.fleet.rank") + 1 :]
+    assert program[:3] == ["python3", "-m", "trainer.train"]
+    assert program[-5:] == ["--elastic", "--planned-ranks", "8", "--min-ranks", "8"]
+    assert seen["env"]["PATH"].split(os.pathsep)[0] == str(Path(cfg.state_dir) / "ssh-bin")
+    assert seen["env"]["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "30"
+
+
+def test_a_node_s_own_failure_costs_that_node_and_too_few_left_is_node_lost(
+    head_up_to_the_check, s3, monkeypatch
+):
+    """A node whose own failure would not fail another (its health, not the dataset) is
+    dropped by the discovery, and the training goes on without it; when fewer than minNodes
+    are left, horovodrun's driver gives up after its elastic timeout, and the reason names
+    what the discovery found of each node (node_lost: relaunched)."""
+    cfg, _events, _, attempt = head_up_to_the_check
+    cfg = dataclasses.replace(cfg, instance_id="i-head")
+
+    monkeypatch.setattr(node_failures, "WATCH_S", 0.05)
+    monkeypatch.setattr(discovery, "REFRESH_S", 0.05)
+    ofi = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
+    hosts = Path(cfg.state_dir) / "hosts"
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.fleet.allreduce_check" in command:
+            register(s3, cfg)
+            return 0, ofi
+        proc = Horovodrun()
+        on_start(proc)
+        assert hosts.read_text() == "10.0.0.6:8\n"
+        node_failures.write(
+            s3, dataclasses.replace(cfg, node_index=0), "10.0.0.6", "i-n0", "node_unhealthy",
+            "step 'gpu health' failed: Xid 79", time.time(),
+        )  # fmt: skip
+        deadline = time.time() + 30
+        while hosts.read_text() and time.time() < deadline:
+            time.sleep(0.05)
+        assert hosts.read_text() == ""  # dropped by the discovery ...
+        time.sleep(0.3)
+        assert not proc.ended.is_set()  # ... not the end of the training
+        return 1, "Timed out waiting for minimum number of slots to become available."
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
+    with pytest.raises(StepFailed) as failed:
+        Head(cfg, attempt).run()
+    assert (failed.value.step, failed.value.cause) == ("training", "node_lost")
+    assert failed.value.reason.startswith(
+        "TrainingFailed: fewer than minNodes (1) nodes left to train on, 0 listed: node 0 "
+        "(i-n0, 10.0.0.6): it reported its own failure; horovodrun exited 1: "
+    )

@@ -56,8 +56,9 @@ def test_booting_counts_the_nodes_with_a_fresh_heartbeat(train_config, s3, tmp_p
     assert set(doc) == {
         "format", "run", "attempt", "phase", "updated_at", "attempt_started_at",
         "instance_type", "nodes", "gpus_per_node", "nodes_healthy", "progress", "checkpoint",
-        "reason", "cost", "goodput",
+        "reason", "cost", "goodput", "nodes_training", "resets",
     }  # fmt: skip
+    assert (doc["nodes_training"], doc["resets"]) == (None, [])  # no trainer yet
     assert (doc["format"], doc["run"], doc["attempt"], doc["phase"]) == (FORMAT, "r1", 1, "booting")
     assert doc["goodput"] is None  # nothing trained yet
     assert (doc["nodes"], doc["nodes_healthy"], doc["gpus_per_node"]) == (3, 2, 8)
@@ -115,6 +116,27 @@ def test_status_json_carries_goodput_live_then_done_json_s(train_config, s3, tmp
     assert status.publish()["goodput"] is None and "could not work out goodput" in lines[-1]
     status.end("done", None, record={"goodput": 0.81, "runtime_goodput": 0.93, "top1": 0.7})
     assert status_json(s3)["goodput"] == {"goodput": 0.81, "runtime_goodput": 0.93}
+
+
+def test_status_json_names_the_nodes_training_and_the_resets_live_then_done_json_s(
+    train_config, s3, tmp_path
+):
+    status, lines = make_status(train_config, s3, tmp_path)  # 3 nodes of 8 GPUs
+    (tmp_path / "model").mkdir()
+    # After a reset, the world has 16 ranks: two nodes of three train.
+    progress = {"phase": "training", "global_step": 10, "ranks": 16}
+    (tmp_path / "model" / "progress.json").write_text(json.dumps(progress))
+    reset = {"at": "2026-11-22T04:00:00Z", "lost": [{"node": "2", "instance_id": "i-2",
+             "ip": "10.0.0.2"}], "added": [], "ranks_before": 24, "ranks_after": 16,
+             "recovery_s": 41.0, "steps_redone": 3}  # fmt: skip
+    status.live_resets = lambda: [reset]
+    status.phase("training")
+    doc = status.publish()
+    assert (doc["nodes"], doc["nodes_training"], doc["resets"]) == (3, 2, [reset])
+    status.live_resets = lambda: 1 / 0  # a report: never a reason to stop
+    assert status.publish()["resets"] == [] and "could not read the resets" in lines[-1]
+    status.end("done", None, record={"resets": [reset, reset], "goodput": None})
+    assert status_json(s3)["resets"] == [reset, reset]
 
 
 def test_attempt_is_one_more_than_the_recorded_attempts(train_config, s3, tmp_path):
