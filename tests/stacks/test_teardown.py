@@ -17,7 +17,12 @@ from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
-from stacks.teardown.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, IDLE_PERIOD
+from stacks.teardown.names import (
+    IDLE_EVALUATION_PERIODS,
+    IDLE_MINUTES,
+    IDLE_PERIOD,
+    REPLACEMENTS_PER_NODE,
+)
 from stacks.teardown.preprocess_guard import PreprocessGuard
 from stacks.teardown.run_controller import TICK_EVENT_RETRIES, TICK_RATE
 from stacks.teardown.run_guard import RunGuard
@@ -472,6 +477,7 @@ def test_the_tick_knows_the_idle_timing_and_its_state_machine(templates):
     _, tick = function(templates["TeardownStack"], "RunControllerTick")
     variables = tick["Properties"]["Environment"]["Variables"]
     assert variables["IDLE_MINUTES"] == str(IDLE_MINUTES)
+    assert variables["REPLACEMENTS_PER_NODE"] == str(REPLACEMENTS_PER_NODE)
     assert render(variables["STATE_MACHINE_ARN"]).endswith(
         ":stateMachine:horovod-fleet-run-controller"
     )

@@ -146,7 +146,14 @@ class Decision:
         if (idle := self.idle(last)) is not None:
             return idle
         fleet = self.fleet()
-        if gone := judge.gone_nodes(self.stack["nodes"], fleet):
+        head = judge.head_of(fleet)
+        if head is not None and head["state"] not in UP_STATES:
+            gone = [f"the head ({head['id']}, {head['state']})"]
+            return self.nodes_gone(attempt, fleet, gone, spot=False)
+        if head is not None and self.stack["template"]:
+            # An elastic fleet: a lost node costs its head a reset, and is replaced meanwhile.
+            self.replace_lost(attempt, fleet, started)
+        elif gone := judge.gone_nodes(self.stack["nodes"], fleet):
             return self.nodes_gone(attempt, fleet, gone)
         self.forget_notice()
         timeout = datetime.timedelta(seconds=self.stack["heartbeat_timeout_s"])
@@ -184,11 +191,19 @@ class Decision:
             stack_id=stack["id"],
         )
         lost = missing(stack["nodes"], self.fleet())
+        head = judge.head_of(self.fleet())
         if entry["decision"] == "relaunch" and lost and not stack["template"]:
             entry.update(
                 decision="stop",
                 why=f"node(s) {', '.join(map(str, lost))} cannot come back: the stack has no "
                 "replacement template (deployed before it); deploy again to resume from the "
+                "newest checkpoint",
+            )
+        elif entry["decision"] == "relaunch" and head and head["state"] not in LIVE_STATES:
+            entry.update(
+                decision="stop",
+                why=f"the head ({head['id']}) is {head['state']} and cannot come back: it has no "
+                "launch template to be launched again from; deploy again to resume from the "
                 "newest checkpoint",
             )
         self.actions.append({"do": "record", "entry": entry})
@@ -218,9 +233,12 @@ class Decision:
             }
         return {"reason": entry["why"]}
 
-    def nodes_gone(self, attempt: int, fleet: list[dict], gone: list[str]) -> dict:
-        """EC2 ended nodes (a Spot reclaim, a retired host, a stop) and no node wrote DONE.json:
-        after NOTICE for the leader's own record, the controller writes the attempt's."""
+    def nodes_gone(
+        self, attempt: int, fleet: list[dict], gone: list[str], spot: bool | None = None
+    ) -> dict:
+        """EC2 ended nodes (a Spot reclaim, a retired host, a stop), or the head, and no node
+        wrote DONE.json: after NOTICE for the head's (or, the head gone, a node's) own record,
+        the controller writes the attempt's (interrupted on a Spot fleet unless `spot` says)."""
         notice = self.notice()
         if notice is None:
             noticed = {"stack_id": self.stack["id"], "attempt": attempt, "at": stamp(self.now),
@@ -229,11 +247,80 @@ class Decision:
             return self.phase("training", f"EC2 ended {', '.join(gone)}: awaiting DONE.json")
         if self.now - parse_stamp(notice["at"]) < judge.NOTICE:
             return self.phase("training", f"EC2 ended {', '.join(gone)}: awaiting DONE.json")
-        spot = any(n["spot"] for n in fleet)
+        spot = any(n["spot"] for n in fleet) if spot is None else spot
         status, cause = ("interrupted", "interrupted") if spot else ("failed", "node_lost")
         reason = f"EC2 ended {', '.join(gone)} of the fleet and no node wrote DONE.json"
         self.write_done(attempt, status, cause, reason)
         return self.phase("ending", reason)
+
+    def replace_lost(self, attempt: int, fleet: list[dict], started: datetime.datetime) -> None:
+        """Each node of the elastic fleet lost while its head trains (judge.lost_why) gets ONE
+        new instance from the replacement template, in the fleet's zone and placement group:
+        its instance terminated first, whatever its state (a stopped one would come back with
+        a relaunch beside its replacement), then the replacement's launch (act.replace: one
+        RunInstances whose ClientToken is the attempt's, the node's and the replacement's
+        number, so a tick that died midway asks for the same instance again), its assignment
+        and tag. A node replaced `replacements_per_node` times in the attempt (EC2's refusals
+        counted) is left out, said in controller.json: the fleet trains on smaller, down to
+        minNodes, below which the head ends the attempt."""
+        records, stack = self.records, self.stack
+        limit = self.settings.get("replacements_per_node", 0)
+        assignments = records.get("assignments") or []
+        tries = [
+            t
+            for t in (records.get("controller") or {}).get("replacements") or []
+            if t.get("stack_id") == stack["id"]
+        ]
+        beats = records.get("heartbeats") or {}
+        timeout = datetime.timedelta(seconds=stack["heartbeat_timeout_s"])
+        grace = datetime.timedelta(seconds=stack["startup_grace_s"])
+        nodes = [n for n in fleet if n["state"] in LIVE_STATES and n["node"] != judge.HEAD_NODE]
+        zone = zones.try_order(stack["zones"], nodes[0]["zone"] if nodes else None)[0]
+        unreplaced, lost, replacing = {}, [], []
+        for index in range(stack["nodes"]):
+            assigned = {
+                a["instance_id"]: a
+                for a in assignments
+                if a.get("node_index") == index and a.get("replacement")
+            }
+            current = judge.serving(fleet, index, set(assigned))
+            if current is not None and current["node"] is None:  # launched, tag not yet written
+                launch = assigned[current["id"]]
+                self.actions.append({"do": "tag", "id": current["id"], "node": index,
+                                     "attempt": launch.get("attempt"), "number": launch["replacement"]})  # fmt: skip
+            why = judge.lost_why(
+                current, beats.get(str(index)), records.get("head_beat"), started, self.now,
+                timeout, grace,
+            )  # fmt: skip
+            if why is None:
+                continue
+            lost.append(index)
+            number = (
+                max(judge.replacement_numbers(index, attempt, assignments, tries), default=0) + 1
+            )
+            if number > limit:
+                unreplaced[str(index)] = (
+                    f"node {index} lost ({why}) and not replaced again: replaced {limit} time(s) "
+                    f"in attempt {attempt}; the fleet trains on without it"
+                )
+                continue
+            if current is not None and current["state"] in LIVE_STATES:
+                why_gone = f"node {index} is lost: {why}; replaced"
+                replacing.append({"do": "terminate", "ids": [current["id"]], "why": why_gone})
+            replacing.append(
+                {"do": "replace", "node": index, "attempt": attempt, "number": number,
+                 "zone": zone, "replaces": current["id"] if current else None, "why": why}
+            )  # fmt: skip
+        # Fewer than minNodes left: the head ends the attempt (its driver's elastic timeout) and
+        # the relaunch brings the whole fleet back; a replacement now would only bill.
+        if stack["nodes"] - len(lost) >= stack["min_nodes"]:
+            self.actions += replacing
+        noted = (records.get("controller") or {}).get("unreplaced") or {}
+        if unreplaced and unreplaced != noted.get("nodes"):
+            fields = {
+                "unreplaced": {"stack_id": stack["id"], "attempt": attempt, "nodes": unreplaced}
+            }
+            self.actions.append({"do": "tell", "fields": fields})
 
     def idle(self, last: dict | None) -> dict | None:
         """The idle alarm, read as it is now: a fleet quiet for the idle window since its last
