@@ -246,6 +246,10 @@ class Nodes:
             "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
             "network_interface": NODE_INTERFACE if node else None,
             "heartbeat_timeout_s": 60,
+            # stacks/train/stack.py's elastic settings for this many nodes (2: the run
+            # controller's REPLACEMENTS_PER_NODE, which the synthesized tick has).
+            "min_nodes": max(1, self.args.nodes - 1),
+            "reset_limit": self.args.nodes * (2 * 2 + 1),
             "checkpoint_sync_s": 30,
             # CPU processes cost nothing; the status screen still shows the dollars line.
             "cost": {"usd_per_hour": 0.0, "prices_as_of": "rehearsal", "max_hours": 1},

@@ -46,14 +46,18 @@ REFRESH_S = 2.0  # how often the head reads the fleet's record: S3 lists and rea
 # written after the whole pull.
 OWN_SHARDS, ALL_SHARDS = "own", "all"
 EC2_RUNNING = "running"
+NO_HEARTBEAT = "no heartbeat"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """live: (index, ip, slots) in index order; left: {index: why it is not listed}."""
+    """live: (index, ip, slots) in index order; left: {index: why it is not listed}; silent:
+    the indexes left out because their heartbeat went stale (status.json's `nodes_silent`, which
+    the run controller replaces a running node on)."""
 
     live: tuple[tuple[int, str, int], ...]
     left: dict[int, str]
+    silent: tuple[int, ...] = ()
 
     def lines(self) -> list[str]:
         """`ip:slots` in node order; nodes sharing an address (the rehearsal without network
@@ -86,7 +90,7 @@ def live_hosts(
     None where there is no EC2 to ask (the rehearsal); admitted: the hosts Horovod runs ranks
     on now (they keep their place with `own` shards); started: whether the first world formed
     (after it, a node needs every shard to join)."""
-    live, left = [], {}
+    live, left, silent = [], {}, []
     for entry in sorted(registrations, key=lambda e: e.get("index", -1)):
         index = entry.get("index")
         if not isinstance(index, int) or not 0 <= index < nodes:
@@ -97,9 +101,11 @@ def live_hosts(
         ) or ("it reported its own failure" if entry.get("instance_id") in failed else None)  # fmt: skip
         if why:
             left[index] = f"{name_node(entry)}: {why}"
+            if why.startswith(NO_HEARTBEAT):
+                silent.append(index)
         else:
             live.append((index, entry["ip"], entry.get("gpus") or 1))
-    return Verdict(tuple(live), left)
+    return Verdict(tuple(live), left, tuple(silent))
 
 
 def _why_not(
@@ -113,7 +119,7 @@ def _why_not(
         return "registered before this attempt's rendezvous"
     if stale_for(beat, now, s3_back_at) > heartbeat_timeout_s:
         return (
-            f"no heartbeat for {now - beat:.0f} s (heartbeat_timeout_s {heartbeat_timeout_s:.0f})"
+            f"{NO_HEARTBEAT} for {now - beat:.0f} s (heartbeat_timeout_s {heartbeat_timeout_s:.0f})"
         )
     instance = entry.get("instance_id")
     if instance in noticed:

@@ -17,7 +17,7 @@ from bootstrap.fleet.rank import NODE_ENV
 from bootstrap.fleet.rendezvous import parse_stamp
 from bootstrap.head import benchmark, checkpoints, goodput, launch, mirror, results
 from bootstrap.head import timeline as fleet_view
-from bootstrap.head.discovery import Discovery
+from bootstrap.head.discovery import Discovery, Verdict
 from bootstrap.head.elastic import (
     alias_interface,
     elastic_command,
@@ -32,6 +32,7 @@ from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
 
+NO_VERDICT = Verdict((), {})
 RESETS_FILE = "resets.json"  # rank 0's record of the elastic resets (docs/contracts.md)
 NODE_ENV_FILE = "node.env"  # in each node's mount point: its own settings (bootstrap/fleet/rank.py)
 
@@ -242,6 +243,7 @@ class Head(TrainingNode):
             {"resets": read_list(self.model_dir / RESETS_FILE)}, [], hosts.known
         )
         self.known_hosts = hosts.known
+        attempt.status.silent = lambda: [str(i) for i in (hosts.verdict or NO_VERDICT).silent]
         attempt.status.phase("training")
         # A node's own failure costs that node (the discovery drops it); one that would fail on
         # any node ends the training at once.

@@ -125,6 +125,10 @@ class RunStatus:
         # resets.json, its hosts named as nodes), DONE.json's once the attempt has ended.
         self.live_resets: Callable[[], list[dict]] | None = None
         self.final_resets: list[dict] | None = None
+        # status.json's `nodes_silent`: the nodes the head's discovery leaves out for a stale
+        # heartbeat (judged as every heartbeat is, after an S3 outage too); the run controller
+        # replaces a running node only on this word.
+        self.silent: Callable[[], list[str]] = list
         self.wake = threading.Event()
         self.stopping = False
         self.lock = threading.Lock()
@@ -191,6 +195,7 @@ class RunStatus:
             "gpus_per_node": cfg.gpus_per_node,
             "nodes_healthy": self._s3("count healthy nodes", self._nodes_healthy),
             "nodes_training": self._nodes_training(),
+            "nodes_silent": [] if phase in ENDED else self.silent(),
             "progress": self.progress,
             "checkpoint": self._s3("find the newest checkpoint", self._newest_checkpoint),
             "reason": self.reason if phase in ENDED else None,

@@ -382,8 +382,11 @@ def elastic(*states: str, head: str = "running", nodes: int = 3, **more) -> dict
 
 def elastic_verdict(now: float, **world) -> dict:
     head_beat, assignments = world.pop("head_beat", None), world.pop("assignments", [])
+    silent = world.pop("silent", [])
     shot = snapshot(**world)
     shot["records"].update(head_beat=head_beat, assignments=assignments)
+    # The head's status.json, a few seconds old: the nodes its discovery finds silent.
+    shot["records"]["status"] = {"updated_at": stamp(now - 0.1), "nodes_silent": silent}
     shot["settings"]["replacements_per_node"] = 2
     return decide.decide(shot, at(now))
 
@@ -402,7 +405,7 @@ def test_a_node_ec2_ended_is_replaced_in_the_fleet_s_zone_and_the_attempt_goes_o
 
 
 def test_a_silent_node_whose_instance_runs_is_terminated_then_replaced():
-    world = elastic()
+    world = elastic(silent=["2"])  # the head's discovery left node 2 out for its silence
     world["beats"]["2"] = at(57)  # three minutes old: past heartbeat_timeout_s (120 s)
     terminate, replace = elastic_verdict(60, **world)["actions"]
     assert terminate == {"do": "terminate", "ids": ["i-2-running-aaaa"], "why": terminate["why"]}
@@ -411,7 +414,15 @@ def test_a_silent_node_whose_instance_runs_is_terminated_then_replaced():
 
 
 def test_a_silent_node_is_not_replaced_while_the_head_is_silent_too():
-    world = elastic(head_beat=at(57))
+    world = elastic(head_beat=at(57), silent=["2"])
+    world["beats"]["2"] = at(57)
+    assert elastic_verdict(60, **world)["actions"] == []
+
+
+def test_an_old_heartbeat_the_head_does_not_call_silent_is_an_s3_outage_not_a_loss():
+    """Right after S3 came back, the head has beaten again and node 2 not yet: by S3's clock its
+    heartbeat is old, but the head, which judges from S3's return, still lists it."""
+    world = elastic()
     world["beats"]["2"] = at(57)
     assert elastic_verdict(60, **world)["actions"] == []
 

@@ -273,6 +273,9 @@ class Decision:
         ]
         beats = records.get("heartbeats") or {}
         timeout = datetime.timedelta(seconds=stack["heartbeat_timeout_s"])
+        status = records.get("status") or {}
+        fresh = status.get("updated_at") and self.now - parse_stamp(status["updated_at"]) <= timeout
+        silent = set(status.get("nodes_silent") or []) if fresh else set()
         grace = datetime.timedelta(seconds=stack["startup_grace_s"])
         nodes = [n for n in fleet if n["state"] in LIVE_STATES and n["node"] != judge.HEAD_NODE]
         zone = zones.try_order(stack["zones"], nodes[0]["zone"] if nodes else None)[0]
@@ -290,7 +293,7 @@ class Decision:
                                      "attempt": launch.get("attempt"), "number": launch["replacement"]})  # fmt: skip
             why = judge.lost_why(
                 current, beats.get(str(index)), records.get("head_beat"), started, self.now,
-                timeout, grace,
+                timeout, grace, str(index) in silent,
             )  # fmt: skip
             if why is None:
                 continue

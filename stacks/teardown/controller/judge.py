@@ -150,12 +150,16 @@ def lost_why(
     now: datetime.datetime,
     timeout: datetime.timedelta,
     grace: datetime.timedelta,
+    head_says_silent: bool = False,
 ) -> str | None:
     """Why a node of an elastic fleet is lost while its head trains on (None: it is not): no
     instance serves it, EC2 stopped or ended its instance, or its instance runs but its
     heartbeat (written since this instance launched and the attempt began) is older than
-    `timeout`, or missing past the start-up `grace`. Silence counts only while the head's own
-    heartbeat is fresh: a silent head is the head's loss, which ends the attempt."""
+    `timeout` and the head's discovery leaves it out for that too (`head_says_silent`:
+    status.json's `nodes_silent`, judged after an S3 outage from S3's return, which this tick
+    cannot see: every heartbeat is old right after one), or it is missing past the start-up
+    `grace`. Silence counts only while the head's own heartbeat is fresh: a silent head is the
+    head's loss, which ends the attempt."""
     if instance is None:
         return "no instance serves it"
     if instance["state"] not in UP_STATES:
@@ -164,7 +168,7 @@ def lost_why(
         return None
     since = max(started, instance["launched"] or started)
     if beat is not None and beat >= since:
-        if now - beat > timeout:
+        if now - beat > timeout and head_says_silent:
             return (
                 f"its instance {instance['id']} runs, but its heartbeat is "
                 f"{(now - beat).total_seconds():.0f} s old (more than {timeout.total_seconds():.0f} s)"

@@ -64,10 +64,15 @@ def test_a_node_whose_registration_does_not_count_is_left_out_with_why(changed, 
 
 def test_after_an_s3_outage_a_heartbeat_counts_from_s3s_return():
     """No node could beat while S3 did not answer the head: its staleness counts from when S3
-    answered again, as every heartbeat judgement does (bootstrap/fleet/supervision.py)."""
+    answered again, as every heartbeat judgement does (bootstrap/fleet/supervision.py). Only
+    then is the node silent, the word the run controller replaces a running node on."""
     old = [entry(0, age=200)]
     assert judge(old, s3_back_at=NOW - 30).lines() == ["10.0.0.10:8"]
+    assert judge(old, s3_back_at=NOW - 30).silent == ()
     assert judge(old, s3_back_at=NOW - 130).lines() == []
+    assert judge(old, s3_back_at=NOW - 130).silent == (0,)
+    # Left out for another reason (a Spot notice), a node is not silent.
+    assert judge([entry(0)], noticed={"i-0000"}).silent == ()
 
 
 def test_a_spot_notice_of_the_instance_drops_it_but_not_its_replacement():

@@ -56,9 +56,9 @@ def test_booting_counts_the_nodes_with_a_fresh_heartbeat(train_config, s3, tmp_p
     assert set(doc) == {
         "format", "run", "attempt", "phase", "updated_at", "attempt_started_at",
         "instance_type", "nodes", "gpus_per_node", "nodes_healthy", "progress", "checkpoint",
-        "reason", "cost", "goodput", "nodes_training", "resets",
+        "reason", "cost", "goodput", "nodes_training", "resets", "nodes_silent",
     }  # fmt: skip
-    assert (doc["nodes_training"], doc["resets"]) == (None, [])  # no trainer yet
+    assert (doc["nodes_training"], doc["resets"], doc["nodes_silent"]) == (None, [], [])
     assert (doc["format"], doc["run"], doc["attempt"], doc["phase"]) == (FORMAT, "r1", 1, "booting")
     assert doc["goodput"] is None  # nothing trained yet
     assert (doc["nodes"], doc["nodes_healthy"], doc["gpus_per_node"]) == (3, 2, 8)
@@ -130,9 +130,11 @@ def test_status_json_names_the_nodes_training_and_the_resets_live_then_done_json
              "ip": "10.0.0.2"}], "added": [], "ranks_before": 24, "ranks_after": 16,
              "recovery_s": 41.0, "steps_redone": 3}  # fmt: skip
     status.live_resets = lambda: [reset]
+    status.silent = lambda: ["2"]  # the head's discovery: node 2's heartbeat went stale
     status.phase("training")
     doc = status.publish()
     assert (doc["nodes"], doc["nodes_training"], doc["resets"]) == (3, 2, [reset])
+    assert doc["nodes_silent"] == ["2"]
     status.live_resets = lambda: 1 / 0  # a report: never a reason to stop
     assert status.publish()["resets"] == [] and "could not read the resets" in lines[-1]
     status.end("done", None, record={"resets": [reset, reset], "goodput": None})
