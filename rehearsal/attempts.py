@@ -15,6 +15,7 @@ import time
 
 from rehearsal.cloud import Cloud, Relaunch
 from rehearsal.common import StepFailed, say
+from rehearsal.nodes import HEARTBEAT_TIMEOUT_S
 
 
 class Attempts:
@@ -36,6 +37,7 @@ class Attempts:
                 spot=self.market == "spot",
                 restarts=max_restarts,
                 min_nodes=self.min_nodes,
+                heartbeat_s=self.heartbeat_s,
                 log_path=self.workdir / "controller.log",
             ).__enter__()
             self.cloud.start_ticking()
@@ -51,7 +53,9 @@ class Attempts:
         fail, or die with nothing left to say), the attempt is over when the run controller has
         recorded it and its action has run. Returns what the controller did."""
         self.market = overrides.get("market", "on-demand")
+        # What the stack's outputs and tags say of the row's node.json (rehearsal/nodes.py).
         self.min_nodes = overrides.get("min_nodes", max(1, self.args.nodes - 1))
+        self.heartbeat_s = overrides.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
         cloud = self.deploy_cloud(max_restarts)
         attempt = len(cloud.attempts()) + 1
         cloud.watch()

@@ -20,6 +20,8 @@ from pathlib import Path
 from rehearsal.common import BUCKET, REGION, REPO, RUN, say
 from rehearsal.hosts import NODE_INTERFACE, SSH_PORT
 
+HEARTBEAT_TIMEOUT_S = 60  # node.json's, and TrainStack's tag the run controller reads
+
 RAW_FILES = (
     "ILSVRC2012_img_train.tar",
     "ILSVRC2012_img_val.tar",
@@ -245,7 +247,7 @@ class Nodes:
             "ssh_port": SSH_PORT,
             "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
             "network_interface": NODE_INTERFACE if node else None,
-            "heartbeat_timeout_s": 60,
+            "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
             # stacks/train/stack.py's elastic settings for this many nodes (2: the run
             # controller's REPLACEMENTS_PER_NODE, which the synthesized tick has).
             "min_nodes": max(1, self.args.nodes - 1),

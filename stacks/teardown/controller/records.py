@@ -232,13 +232,10 @@ def heartbeats(s3, bucket: str, run: str) -> dict:
 
 
 def last_modified(s3, bucket: str, name: str):
-    """When `name` was last written, by S3's clock; None when there is no such key."""
-    try:
-        return s3.head_object(Bucket=bucket, Key=name)["LastModified"]
-    except ClientError as error:
-        if code_of(error) in ABSENT_KEY_CODES:
-            return None
-        raise
+    """When `name` was last written, by S3's clock (its listing, as the heartbeats are read:
+    the controller may list the bucket, not read every object); None when there is no such
+    key."""
+    return next((o["LastModified"] for o in listed(s3, bucket, name) if o["Key"] == name), None)
 
 
 def assignments(s3, bucket: str, run: str) -> list[dict]:
