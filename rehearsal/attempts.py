@@ -70,6 +70,8 @@ class Attempts:
             for index, instance in cloud.joined(attempt).items():
                 procs[f"node{index}"] = self.join(index, instance, epochs, overrides)
             if (relaunch := cloud.decided(attempt)) is not None:
+                if shown_epoch:  # a training attempt: its last screen, the record on it
+                    self.show_status()
                 for entry in relaunch.entries:
                     say(f"run controller: attempt {entry['attempt']} {entry['status']}: "
                         f"{entry['decision']} ({entry['why']})")  # fmt: skip
