@@ -36,8 +36,9 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.workdir = args.workdir.resolve()
         self.processes: list[subprocess.Popen] = []
         self.named: dict[str, subprocess.Popen] = {}  # the newest process started under a name
-        # Node namespaces to make: the fault rehearsal makes as many as its largest row needs.
-        self.fleet_size = args.nodes
+        # Node namespaces to make: the fault rehearsal makes as many as its largest row needs
+        # (None: --nodes).
+        self.fleet_size: int | None = None
         self.fleet: Fleet | None = None
         self.endpoint = ""
         self.step = "start"

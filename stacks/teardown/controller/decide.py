@@ -27,10 +27,11 @@ import datetime
 
 import judge
 import recovery
+import replace
 import train_stack
 import zones
 from clients import parse_stamp, stamp
-from ec2_fleet import LIVE_STATES, UP_STATES, missing
+from ec2_fleet import LIVE_STATES, UP_STATES
 from executions import attempt_kind, name
 
 # Stack statuses in which CloudFormation owns every change: nothing of the run is judged.
@@ -152,7 +153,9 @@ class Decision:
             return self.nodes_gone(attempt, fleet, gone, spot=False)
         if head is not None and self.stack["template"]:
             # An elastic fleet: a lost node costs its head a reset, and is replaced meanwhile.
-            self.replace_lost(attempt, fleet, started)
+            self.actions += replace.replace_lost(
+                self.stack, self.records, self.settings, self.now, attempt, fleet, started
+            )
         elif gone := judge.gone_nodes(self.stack["nodes"], fleet):
             return self.nodes_gone(attempt, fleet, gone)
         self.forget_notice()
@@ -190,22 +193,8 @@ class Decision:
             else None,
             stack_id=stack["id"],
         )
-        lost = missing(stack["nodes"], self.fleet())
-        head = judge.head_of(self.fleet())
-        if entry["decision"] == "relaunch" and lost and not stack["template"]:
-            entry.update(
-                decision="stop",
-                why=f"node(s) {', '.join(map(str, lost))} cannot come back: the stack has no "
-                "replacement template (deployed before it); deploy again to resume from the "
-                "newest checkpoint",
-            )
-        elif entry["decision"] == "relaunch" and head and head["state"] not in LIVE_STATES:
-            entry.update(
-                decision="stop",
-                why=f"the head ({head['id']}) is {head['state']} and cannot come back: it has no "
-                "launch template to be launched again from; deploy again to resume from the "
-                "newest checkpoint",
-            )
+        if entry["decision"] == "relaunch" and (why := judge.unreturnable(stack, self.fleet())):
+            entry.update(decision="stop", why=why)
         self.actions.append({"do": "record", "entry": entry})
         if entry["decision"] == "relaunch":
             self.actions.append({"do": "delete_done", "etag": self.records.get("done_etag")})
@@ -252,78 +241,6 @@ class Decision:
         reason = f"EC2 ended {', '.join(gone)} of the fleet and no node wrote DONE.json"
         self.write_done(attempt, status, cause, reason)
         return self.phase("ending", reason)
-
-    def replace_lost(self, attempt: int, fleet: list[dict], started: datetime.datetime) -> None:
-        """Each node of the elastic fleet lost while its head trains (judge.lost_why) gets ONE
-        new instance from the replacement template, in the fleet's zone and placement group:
-        its instance terminated first, whatever its state (a stopped one would come back with
-        a relaunch beside its replacement), then the replacement's launch (act.replace: one
-        RunInstances whose ClientToken is the attempt's, the node's and the replacement's
-        number, so a tick that died midway asks for the same instance again), its assignment
-        and tag. A node replaced `replacements_per_node` times in the attempt (EC2's refusals
-        counted) is left out, said in controller.json: the fleet trains on smaller, down to
-        minNodes, below which the head ends the attempt."""
-        records, stack = self.records, self.stack
-        limit = self.settings.get("replacements_per_node", 0)
-        assignments = records.get("assignments") or []
-        tries = [
-            t
-            for t in (records.get("controller") or {}).get("replacements") or []
-            if t.get("stack_id") == stack["id"]
-        ]
-        beats = records.get("heartbeats") or {}
-        timeout = datetime.timedelta(seconds=stack["heartbeat_timeout_s"])
-        status = records.get("status") or {}
-        fresh = status.get("updated_at") and self.now - parse_stamp(status["updated_at"]) <= timeout
-        silent = set(status.get("nodes_silent") or []) if fresh else set()
-        grace = datetime.timedelta(seconds=stack["startup_grace_s"])
-        nodes = [n for n in fleet if n["state"] in LIVE_STATES and n["node"] != judge.HEAD_NODE]
-        zone = zones.try_order(stack["zones"], nodes[0]["zone"] if nodes else None)[0]
-        unreplaced, lost, replacing = {}, [], []
-        for index in range(stack["nodes"]):
-            assigned = {
-                a["instance_id"]: a
-                for a in assignments
-                if a.get("node_index") == index and a.get("replacement")
-            }
-            current = judge.serving(fleet, index, set(assigned))
-            if current is not None and current["node"] is None:  # launched, tag not yet written
-                launch = assigned[current["id"]]
-                self.actions.append({"do": "tag", "id": current["id"], "node": index,
-                                     "attempt": launch.get("attempt"), "number": launch["replacement"]})  # fmt: skip
-            why = judge.lost_why(
-                current, beats.get(str(index)), records.get("head_beat"), started, self.now,
-                timeout, grace, str(index) in silent,
-            )  # fmt: skip
-            if why is None:
-                continue
-            lost.append(index)
-            number = (
-                max(judge.replacement_numbers(index, attempt, assignments, tries), default=0) + 1
-            )
-            if number > limit:
-                unreplaced[str(index)] = (
-                    f"node {index} lost ({why}) and not replaced again: replaced {limit} time(s) "
-                    f"in attempt {attempt}; the fleet trains on without it"
-                )
-                continue
-            if current is not None and current["state"] in LIVE_STATES:
-                why_gone = f"node {index} is lost: {why}; replaced"
-                replacing.append({"do": "terminate", "ids": [current["id"]], "why": why_gone})
-            replacing.append(
-                {"do": "replace", "node": index, "attempt": attempt, "number": number,
-                 "zone": zone, "replaces": current["id"] if current else None, "why": why}
-            )  # fmt: skip
-        # Fewer than minNodes left: the head ends the attempt (its driver's elastic timeout) and
-        # the relaunch brings the whole fleet back; a replacement now would only bill.
-        if stack["nodes"] - len(lost) >= stack["min_nodes"]:
-            self.actions += replacing
-        noted = (records.get("controller") or {}).get("unreplaced") or {}
-        if unreplaced and unreplaced != noted.get("nodes"):
-            fields = {
-                "unreplaced": {"stack_id": stack["id"], "attempt": attempt, "nodes": unreplaced}
-            }
-            self.actions.append({"do": "tell", "fields": fields})
 
     def idle(self, last: dict | None) -> dict | None:
         """The idle alarm, read as it is now: a fleet quiet for the idle window since its last

@@ -12,7 +12,7 @@ Only the standard library: part of the run controller's Lambda asset.
 
 import datetime
 
-from ec2_fleet import HEAD_NODE, LIVE_STATES, UP_STATES
+from ec2_fleet import HEAD_NODE, LIVE_STATES, UP_STATES, missing
 from executions import DONE, LIVE, RESUMES
 
 # An instance of a fleet that no record knows, and no live stack owns, is terminated once it is
@@ -196,3 +196,23 @@ def replacement_numbers(
     return used | {
         t["number"] for t in tries if t.get("attempt") == attempt and t.get("node") == index
     }
+
+
+def unreturnable(stack: dict, fleet: list[dict]) -> str | None:
+    """Why a relaunch cannot bring the fleet back, if it cannot: a node gone from a stack
+    without the replacement template, or the head terminated (it has no launch template)."""
+    lost = missing(stack["nodes"], fleet)
+    head = head_of(fleet)
+    if lost and not stack["template"]:
+        return (
+            f"node(s) {', '.join(map(str, lost))} cannot come back: the stack has no "
+            "replacement template (deployed before it); deploy again to resume from the "
+            "newest checkpoint"
+        )
+    if head and head["state"] not in LIVE_STATES:
+        return (
+            f"the head ({head['id']}) is {head['state']} and cannot come back: it has no "
+            "launch template to be launched again from; deploy again to resume from the "
+            "newest checkpoint"
+        )
+    return None
