@@ -24,7 +24,14 @@ def test_every_row_starts_from_a_snapshot_and_is_chosen_by_its_name():
     names = [row.name for row in fault_rows.ROWS]
     assert len(set(names)) == len(names)
     assert {row.start for row in fault_rows.ROWS} == {fault_rows.DATASET, fault_rows.CHECKPOINTED}
-    assert {row.family for row in fault_rows.ROWS} == {"S3", "ranks", "nodes", "elastic", "disk", "Spot"}
+    assert {row.family for row in fault_rows.ROWS} == {
+        "S3",
+        "ranks",
+        "nodes",
+        "elastic",
+        "disk",
+        "Spot",
+    }
     # Rows keep the table's order, whatever order --fault names them in.
     chosen = faults.chosen_rows(["Spot", "rank 1 killed"])
     assert [row.name for row in chosen] == [

@@ -26,9 +26,7 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     )  # fmt: skip
     out = result.stdout
     assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
-    assert (
-        re.search(r"^\[head\] 10\.213\.\d+\.2 slots=1$", out, re.M) or "127.0.0.1 slots=2" in out
-    )
+    assert re.search(r"^\[head\] 10\.213\.\d+\.2 slots=1$", out, re.M) or "127.0.0.1 slots=2" in out
     assert "Step  Epoch     Speed    Loss FinLoss        LR" in out  # the training table
     assert "data already pulled and verified" in out  # the rerun skipped the pull
     assert "Resuming from" in out and "2 epochs done" in out  # and resumed from S3
