@@ -230,6 +230,7 @@ class Nodes:
                 "image_size": 32,
                 "log_every": 5,
                 "warmup_epochs": 1,
+                "data_wait_s": 600,  # stacks/config.py DATA_WAIT_S: training starts on own shards
             },
             "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": RUN}},
             "image": {

@@ -77,6 +77,11 @@ MARKETS = ("on-demand", "spot")
 # puts 8 p4d nodes at a global batch of 8,192, where MLPerf's logged runs reached 75.9% soonest
 # among 8k-16k (epoch 42 at 8,192, v1.0 Google tpu-v4-128-TF; 45 at 13,056; 47 at 16,384).
 DEFAULT_BATCH_PER_GPU = {"goyal": 256, "fast": 128}
+# node.json `trainer.data_wait_s` (the trainer's --data-wait-s, docs/contracts.md): how long a
+# rank waits for its shard files. Set, the head starts training once every node holds its own
+# shards and each node pulls the rest beside the training; 600 s is the trainer's own default
+# (trainer/config.py DEFAULT_DATA_WAIT_S), past a whole pull of a node's share.
+DATA_WAIT_S = 600
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
 _RUN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -170,6 +175,7 @@ class FleetConfig:
             "image_size": self.image_size,
             "eval_every": self.eval_every,
             "target_top1": self.target_top1,
+            "data_wait_s": DATA_WAIT_S,
         }
 
     @classmethod

@@ -659,6 +659,9 @@ def test_the_controller_tells_a_launched_node_its_index_and_nothing_else(templat
     the node index tag, only on the fleet's instances and only that key."""
     puts = [r for s in statements_for(templates, "s3:PutObject") for r in as_list(s["Resource"])]
     assert any(render(r).endswith("/runs/*/launches/*") for r in puts)
+    # ... and reads them back (a lost node of an elastic fleet is replaced once per number).
+    gets = [r for s in statements_for(templates, "s3:GetObject") for r in as_list(s["Resource"])]
+    assert any(render(r).endswith("/runs/*/launches/*") for r in gets)
     [tagging] = [
         s
         for s in statements_for(templates, "ec2:CreateTags")

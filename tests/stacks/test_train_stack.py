@@ -325,6 +325,7 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
             "image_size": 224,
             "eval_every": 10,
             "target_top1": None,
+            "data_wait_s": 600,
             "checkpoint_every_s": 84,  # a tenth of the estimated training
         }
         assert document["metrics"] == {
@@ -345,6 +346,7 @@ def test_hyperparameters_reach_node_json(synth):
         "image_size": 128,
         "eval_every": 5,
         "target_top1": 0.759,
+        "data_wait_s": 600,
         "checkpoint_every_s": 600,  # no published figure for an A10G: the longest interval
     }
 
