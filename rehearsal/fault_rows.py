@@ -1,4 +1,5 @@
-"""The fault rehearsal's rows as data (ROWS), grouped by family: S3, ranks, nodes, disk, Spot.
+"""The fault rehearsal's rows as data (ROWS), grouped by family: S3, ranks, nodes, elastic, disk,
+Spot.
 
 Each row names the snapshot it starts from, its fault (rehearsal/fault_actions.py) and when it
 strikes, and what its outcome must be (rehearsal/fault_checks.py); rehearsal/faults.py runs them.
@@ -114,7 +115,7 @@ class Expect:
 
 @dataclass(frozen=True)
 class Row:
-    family: str  # S3, ranks, nodes, disk, Spot
+    family: str  # S3, ranks, nodes, elastic, disk, Spot
     name: str
     expected: str  # the outcome, for people (the table)
     start: str  # the snapshot the row starts from: DATASET or CHECKPOINTED

@@ -82,6 +82,24 @@ def elastic_command(
     return command + program
 
 
+# What horovodrun's elastic driver says when the hosts it may use (the discovery's, less those it
+# took out after their ranks failed) held fewer than --min-np slots for --elastic-timeout
+# (horovod/runner/elastic/driver.py v0.28.1 wait_for_available_slots). The discovery may still
+# list a node whose host the driver took out (its heartbeat is not stale yet): the driver's word
+# is the one that ended the job.
+DRIVER_TOO_FEW = "Please check that you have enough resources to run at least"
+
+
+def driver_gave_up(reason: str, min_nodes: int) -> str | None:
+    """Fewer than min_nodes nodes left, when horovodrun's elastic driver said so in `reason`."""
+    if DRIVER_TOO_FEW not in reason:
+        return None
+    return (
+        f"fewer than minNodes ({min_nodes}) nodes left to train on: horovodrun's elastic driver "
+        "found too few slots within elastic_timeout_s (a node's ranks failed and its host is out)"
+    )
+
+
 def too_few_left(verdict: Verdict | None, min_nodes: int) -> list[str]:
     """Why the elastic horovodrun ended when the discovery lists fewer than min_nodes nodes (its
     driver waited --elastic-timeout for their slots, then gave up), for the failure's reason; []

@@ -20,6 +20,7 @@ from bootstrap.head import timeline as fleet_view
 from bootstrap.head.discovery import Discovery, Verdict
 from bootstrap.head.elastic import (
     alias_interface,
+    driver_gave_up,
     elastic_command,
     elastic_env,
     install_ssh_wrapper,
@@ -283,6 +284,9 @@ class Head(TrainingNode):
                 )
                 if why:
                     raise Interrupted(why) from exc
+                gave_up = driver_gave_up(str(exc), cfg.min_nodes)
+                if gave_up and getattr(exc, "cause", None) != causes.NODE_LOST:
+                    raise launch.TrainingFailed(f"{gave_up}; {exc}", causes.NODE_LOST) from exc
                 raise
 
         try:

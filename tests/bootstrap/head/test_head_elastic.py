@@ -166,3 +166,15 @@ def test_a_restarted_head_keeps_the_alias_it_added():
     assert interface_of("10.0.0.7", ip_with_alias) == "ens5"
     assert alias_interface("ens32", "10.0.0.7", ip_with_alias) is None
     assert ip.calls == []
+
+
+def test_the_drivers_word_on_too_few_slots_is_fewer_than_min_nodes():
+    """horovodrun's elastic driver gave up waiting for --min-np slots (a node's ranks failed and
+    the driver took its host out, while the discovery still lists it): fewer than minNodes."""
+    said = (
+        "horovodrun exited 1: collective timeout: Timed out waiting for {activity}. Please check "
+        "that you have enough resources to run at least 2 Horovod processes. Timeout after 30 "
+        "seconds."
+    )
+    assert elastic.driver_gave_up(said, 2).startswith("fewer than minNodes (2) nodes left")
+    assert elastic.driver_gave_up("horovodrun exited 1: rank 1 killed by SIGKILL", 2) is None
