@@ -225,7 +225,7 @@ def missing_ranks(lines: list[str]) -> list[int]:
 def collective_timeout(lines: list[str], nodes: list[tuple[int, str]]) -> Failure | None:
     """A Gloo collective timeout, named by who stopped answering whom. A rank waiting on a
     stopped peer times out; the stopped one prints no timeout (a paused process prints nothing,
-    one cut off from the leader cannot reach its output, one that resumes finds its peers gone).
+    one cut off from the head cannot reach its output, one that resumes finds its peers gone).
     So the stalled ranks are those the stall inspector lists as missing, else those of the
     hostfile that reported no timeout; when every rank timed out, each waited on another: a
     partition, and the reason names every end. Without the hostfile, or for NCCL's timeouts,
