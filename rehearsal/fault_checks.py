@@ -68,7 +68,8 @@ def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
     return (
         "ENOSPC" in reason
         and f"{rehearsal.workdir / 'data' / 'model'}/checkpoints/" in reason
-        and "filesystem tmpfs (tmpfs)" in reason
+        and " on rank 0 (" in reason  # the rank and its node; the head's disk is not theirs
+        and "filesystem" not in reason
     )
 
 

@@ -177,11 +177,10 @@ def known_cause(
             if path is None:
                 reason = f"no space left on device (ENOSPC){where(line)}: {words(line)}"
                 return Failure(causes.DISK_FULL, trim_reason(reason))
-            # Only a rank on this node (the leader, the hostfile's first host) wrote where this
-            # node can look.
-            rank = rank_of(line)
-            local = not hosts or rank is None or (rank < len(hosts) and hosts[rank] == hosts[0])
-            disk = filesystem(path) if local else None
+            # Only a process on this host wrote where this host can look: a fleet's ranks
+            # (a hostfile) all run on GPU nodes, never on the head, whose disk says nothing
+            # of theirs; a lone process (the preprocessing node) runs here.
+            disk = filesystem(path) if not hosts else None
             reason = f"no space left on device (ENOSPC) writing {path}{where(line)}"
             return Failure(causes.DISK_FULL, trim_reason(reason + (f"; {disk}" if disk else "")))
     for line in lines:

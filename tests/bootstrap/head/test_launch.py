@@ -358,8 +358,10 @@ HOROVOD_SHUT_DOWN = (
 )
 
 
-def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
-    """Before: 'rank 1 on 10.0.1.23 exited 1; its last words: ... Horovod has been shut down'."""
+def test_a_full_disk_names_enospc_the_path_and_the_filesystem_of_a_lone_process():
+    """Before: 'rank 1 on 10.0.1.23 exited 1; its last words: ... Horovod has been shut down'.
+    Without a hostfile the process ran on this host (the preprocessing node): its disk is
+    described."""
     tail = (
         "[0]<stdout>:Epoch 3/10\n"
         "[0]<stderr>:tensorflow.python.framework.errors_impl.ResourceExhaustedError: "
@@ -372,10 +374,10 @@ def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
         looked.append(path)
         return "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
 
-    reason = failures.failure_reason(tail, HOSTS, filesystem)
+    reason = failures.failure_reason(tail, "", filesystem)
     assert reason == (
         "no space left on device (ENOSPC) writing /data/model/checkpoints/ckpt-40_temp/"
-        "part-00000-of-00001.data-00000-of-00001.tempstate1 on rank 0 (10.0.1.5); "
+        "part-00000-of-00001.data-00000-of-00001.tempstate1 on rank 0; "
         "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
     )
     assert looked == [
@@ -383,11 +385,15 @@ def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
     ]
 
 
-def test_a_full_disk_on_another_node_is_not_described_by_the_leader_s_filesystem():
-    tail = "[1]<stderr>:OSError: [Errno 28] No space left on device: '/data/model/x.json'\n"
-    reason = failures.failure_reason(tail, HOSTS, lambda path: "the leader's disk")
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_fleet_rank_s_full_disk_is_never_described_by_the_head_s_filesystem(rank):
+    """The fault rehearsal found the head naming its own disk for rank 0's full one: no rank of
+    a fleet runs on the head."""
+    tail = f"[{rank}]<stderr>:OSError: [Errno 28] No space left on device: '/data/model/x.json'\n"
+    reason = failures.failure_reason(tail, HOSTS, lambda path: "the head's disk")
+    host = ["10.0.1.5", "10.0.1.23"][rank]
     assert reason == (
-        "no space left on device (ENOSPC) writing /data/model/x.json on rank 1 (10.0.1.23)"
+        f"no space left on device (ENOSPC) writing /data/model/x.json on rank {rank} ({host})"
     )
 
 
