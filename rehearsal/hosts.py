@@ -190,18 +190,27 @@ class Fleet:
 
     def kill_host(self, namespace: str) -> list[int]:
         """SIGKILL every process of a node's namespace (bootstrap, ranks, sshd): the host is
-        gone, as when its hardware fails. Returns the pids."""
-        return self.signal_host(namespace, signal.SIGKILL)
+        gone, as when its hardware fails. Returns the pids.
+
+        The simulated hosts share this machine's disk, which a real host's death never
+        touches: a login shell that ssh started there may be in `pyenv rehash` (a machine whose
+        ~/.bashrc runs `pyenv init`), whose lock file would outlive it and make every later ssh
+        login on the machine wait 60 s for it (the mirror's and horovodrun's). A lock the
+        killed host held is released with it."""
+        pids = namespace_pids(namespace)
+        held_lock = any("pyenv-rehash" in command_line(pid) for pid in pids)
+        killed = self.signal_host(namespace, signal.SIGKILL)
+        if held_lock:
+            pyenv_lock().unlink(missing_ok=True)
+        return killed
 
     def signal_host(self, namespace: str, signum: signal.Signals) -> list[int]:
         """Send signum to every process of a node's namespace; returns the pids."""
-        pids = subprocess.run(
-            ["ip", "netns", "pids", namespace], capture_output=True, text=True
-        ).stdout.split()
+        pids = namespace_pids(namespace)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signum)
-        return [int(pid) for pid in pids]
+                os.kill(pid, signum)
+        return pids
 
     def close(self) -> None:
         for namespace in self._namespaces:
@@ -214,3 +223,25 @@ class Fleet:
         if Path("/etc/netns").is_dir() and not any(Path("/etc/netns").iterdir()):
             Path("/etc/netns").rmdir()
         self._namespaces, self._links, self._etc = [], [], []
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return [int(pid) for pid in listed.stdout.split()]
+
+
+def command_line(pid: int) -> str:
+    """The process's command line, '' once it is gone."""
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def pyenv_lock() -> Path:
+    """The lock `pyenv rehash` holds while it runs (pyenv's libexec/pyenv-rehash:
+    ${PYENV_ROOT}/shims/.pyenv-shim, created with noclobber, removed by its exit trap)."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    return root / "shims" / ".pyenv-shim"
