@@ -32,7 +32,20 @@ FOLLOW_POLL_S = 2
 IN_PROGRESS = ("CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default where it has one; not "(default: None)" for a value
+    found later (its help says where), nor "(default: False)" for a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
+    def __init__(self, *args, formatter_class=DefaultsHelpFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         print(f"error: {message} (see horovod-fleet --help)", file=sys.stderr)
         sys.exit(2)
