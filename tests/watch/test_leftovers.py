@@ -4,6 +4,7 @@ billed, at what monthly cost, and whether the command it prints removes it."""
 import json
 import re
 import shlex
+from pathlib import Path
 
 import boto3
 import botocore.session
@@ -280,3 +281,15 @@ def test_an_account_without_the_bucket_says_so_in_one_line(aws, capsys):
 
 def test_the_sc1_price_is_the_one_synthesis_prints():
     assert leftovers.VOLUME_USD["sc1"] == SC1_USD_PER_GIB_MONTH
+
+
+def test_docs_cost_md_prices_what_stays_as_the_command_does():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cost.md").read_text()
+    section = text[text.index("## What stays billed after a run") :]
+    for sentence in (
+        f"S3 Standard ${leftovers.S3_STANDARD_USD} per GB-month",
+        f"EBS\nsnapshots ${leftovers.SNAPSHOT_USD}, sc1 ${leftovers.VOLUME_USD['sc1']} and gp3 "
+        f"${leftovers.VOLUME_USD['gp3']} per GB-month",
+        f"stored logs ${leftovers.LOGS_STORED_USD} per GB-month",
+    ):
+        assert " ".join(sentence.split()) in " ".join(section.split()), sentence
