@@ -62,6 +62,8 @@ class Attempts:
             if any(self.restartable(name, code) for name, code in codes.items()):
                 self.restart_killed(procs)
             if (relaunch := cloud.decided(attempt)) is not None:
+                if shown_epoch:  # a training attempt: its last screen, the record on it
+                    self.show_status()
                 for entry in relaunch.entries:
                     say(f"run controller: attempt {entry['attempt']} {entry['status']}: "
                         f"{entry['decision']} ({entry['why']})")  # fmt: skip
