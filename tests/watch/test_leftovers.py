@@ -12,6 +12,7 @@ import pytest
 from moto import mock_aws
 
 from stacks.instance_types import SC1_USD_PER_GIB_MONTH
+from stacks.preprocess.preprocessor import DATA_VOLUME_LOGICAL_ID
 from watch import cli, leftovers
 from watch.leftovers import GIB, Account
 
@@ -27,9 +28,11 @@ SIZES = {
     "runs/r1/DONE.json": 100,
     "runs/r2/logs/node0.log": 50,
 }
+# PreprocessStack as CloudFormation keeps it: its data volume under the stack's pinned logical ID,
+# with the DeletionPolicy tests/stacks/test_preprocess_stack.py asserts of the synthesized stack.
 PREPROCESS_TEMPLATE = {
     "Resources": {
-        "DataVolume": {
+        DATA_VOLUME_LOGICAL_ID: {
             "Type": "AWS::EC2::Volume",
             "DeletionPolicy": "Snapshot",
             "Properties": {"AvailabilityZone": "us-east-1a", "Size": 1000, "Tags": PROJECT},
@@ -77,7 +80,7 @@ def a_finished_run(client) -> dict:
     node = ec2.describe_instances(Filters=[{"Name": "tag:Project", "Values": ["horovod-fleet"]}])
     node = node["Reservations"][0]["Instances"][0]["InstanceId"]
     data = cloudformation.describe_stack_resource(
-        StackName="PreprocessStack", LogicalResourceId="DataVolume"
+        StackName="PreprocessStack", LogicalResourceId=DATA_VOLUME_LOGICAL_ID
     )["StackResourceDetail"]["PhysicalResourceId"]
     # moto makes CloudFormation's volumes gp2 and attaches none: sc1 and attached, by hand.
     ec2.modify_volume(VolumeId=data, VolumeType="sc1")
@@ -165,7 +168,7 @@ def test_a_deleted_preprocess_stack_s_snapshot_is_found_by_its_volume(aws):
         StackName="PreprocessStack", TemplateBody=json.dumps(PREPROCESS_TEMPLATE)
     )["StackId"]
     record = cloudformation.list_stack_resources(StackName=stack)["StackResourceSummaries"]
-    volume = next(r for r in record if r["LogicalResourceId"] == "DataVolume")
+    volume = next(r for r in record if r["LogicalResourceId"] == DATA_VOLUME_LOGICAL_ID)
     deletion = aws("ec2").create_snapshot(VolumeId=volume["PhysicalResourceId"])["SnapshotId"]
     cloudformation.delete_stack(StackName="PreprocessStack")
     aws("s3").create_bucket(Bucket=BUCKET)
