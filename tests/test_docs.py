@@ -173,3 +173,31 @@ def test_trainer_md_s_fast_recipe_on_8_p4d_nodes_is_the_code_s():
         epochs, batch, sizes.count(160), sizes.count(192),
     ]  # fmt: skip
     assert f"its {epochs} epochs at 8k" in text
+
+
+def test_trainer_md_s_epoch_at_8_p4d_nodes_is_the_estimate_s():
+    from stacks.run_estimate import IMAGENET_TRAIN_IMAGES, PER_GPU_IMAGES_PER_S, SCALING
+
+    text = " ".join((ROOT / "docs" / "trainer.md").read_text().split())
+    said = re.search(r"At 64 GPUs x 256 an epoch is (\d+) steps, about ([\d.]+) s at the ~([\d,]+) img/s", text)  # fmt: skip
+    rate = 64 * PER_GPU_IMAGES_PER_S["A100 40 GB"] * SCALING
+    assert said, "docs/trainer.md no longer says an epoch's time at 8 p4d nodes"
+    assert said.groups() == (
+        str(IMAGENET_TRAIN_IMAGES // (64 * 256)), f"{IMAGENET_TRAIN_IMAGES / rate:.1f}", f"{rate:,.0f}",
+    )  # fmt: skip
+
+
+def test_the_readme_uploads_what_the_converter_waits_for_and_waits_for_the_manifest():
+    """A real run's upload: the three files the preprocessing node waits for, under the prefix
+    DatasetStack's RawUpload names; then the wait for the dataset's manifest.json."""
+    from bootstrap.preprocess.preprocessing_node import RAW_FILES
+    from stacks.preprocess.preprocessor import RAW_PREFIX
+
+    readme = README.read_text()
+    bucket = "s3://horovod-fleet-<account>-<region>/"
+    uploads = re.findall(rf"^ +aws s3 cp (\S+) {re.escape(bucket)}(\S+)$", readme, re.M)
+    assert sorted(uploads) == sorted((name, RAW_PREFIX) for name in RAW_FILES.values())
+    prefix = json.loads((ROOT / "cdk.json").read_text())["context"]["datasetPrefix"]
+    assert f"until aws s3 ls {bucket}{prefix}manifest.json;" in readme
+    steps = [readme.index(s) for s in ("aws s3 cp", "manifest.json; do", "cdk deploy TrainStack")]
+    assert steps == sorted(steps), "the upload, the wait and TrainStack's deploy are out of order"
