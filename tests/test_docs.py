@@ -201,3 +201,16 @@ def test_the_readme_uploads_what_the_converter_waits_for_and_waits_for_the_manif
     assert f"until aws s3 ls {bucket}{prefix}manifest.json;" in readme
     steps = [readme.index(s) for s in ("aws s3 cp", "manifest.json; do", "cdk deploy TrainStack")]
     assert steps == sorted(steps), "the upload, the wait and TrainStack's deploy are out of order"
+
+
+def test_the_recipe_table_and_the_spot_line_are_what_synthesis_prints():
+    readme = README.read_text()
+    for recipe in ("goyal", "fast"):
+        printed = "\n".join(synthesis_lines(recipe=recipe))
+        training = re.search(r"= ([\d.]+ min) training \+", printed)[1]
+        total = re.search(r"^TrainStack training estimate: .* = (~\d+ min, ~\$[\d,.]+)", printed, re.M)[1]  # fmt: skip
+        row = re.search(rf"^\| {recipe} \|.*\| ([\d.]+ min); (~\d+ min, ~\$[\d,.]+) \|", readme, re.M)  # fmt: skip
+        assert row and row.groups() == (training, total), f"the README's {recipe} row"
+    spot = next(line for line in synthesis_lines(market="spot") if "on Spot" in line)
+    shown = re.search(r"^    (TrainStack on Spot .*), \.\.\.$", readme, re.M)[1]
+    assert spot.startswith(shown)
