@@ -97,7 +97,7 @@ $(CHECKOV_VENV)/.ready: requirements-checkov.txt
 check: setup $(CHECKOV_VENV)/.ready
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/shellcheck bootstrap/*.sh bootstrap/node/*.sh bootstrap/preprocess/*.sh bootstrap/image/*.sh bootstrap/image_proof/*.sh .ci/run
+	$(VENV)/bin/shellcheck bootstrap/*.sh bootstrap/head/*.sh bootstrap/node/*.sh bootstrap/preprocess/*.sh bootstrap/image/*.sh bootstrap/image_proof/*.sh .ci/run
 	npx cdk synth --quiet
 	$(VENV)/bin/cfn-lint cdk.out/*.template.json
 	$(CHECKOV_VENV)/bin/checkov --directory cdk.out --framework cloudformation --quiet --compact --skip-download

@@ -19,7 +19,7 @@ from aws_cdk import App, Aspects, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.benchmark import benchmark_estimate
-from stacks.composition import HorovodFleet, compose
+from stacks.composition import HorovodFleet, checkpoint_plan, compose
 from stacks.config import ConfigError, FleetConfig
 from stacks.image.recipe import bake_estimate, jit_estimate
 from stacks.instance_types import (
@@ -32,7 +32,7 @@ from stacks.instance_types import (
 )
 from stacks.nag import LogGroupReasons
 from stacks.root_volume import init_rate
-from stacks.run_estimate import recipe_plan, training_estimate
+from stacks.run_estimate import checkpoint_note, recipe_plan, training_estimate
 from stacks.startup_estimate import startup_lines, startup_phases
 from stacks.teardown.controller_cost import controller_estimate
 
@@ -101,6 +101,8 @@ def estimates(config: FleetConfig) -> list[str]:
                 image_size=config.image_size,
             )
         )
+        interval_s, training_s = checkpoint_plan(config)
+        lines.append(checkpoint_note(interval_s, training_s, config.checkpoint_every_s is not None))
     # Each start-up phase's budget and its source (docs/cost.md, Start-up).
     lines += startup_lines(
         config.gpu,

@@ -8,9 +8,9 @@
 All take --node-json PATH (default /etc/horovod-fleet/node.json). A bad node.json or command line
 ends with one line naming the mistake and exit code 2.
 
-Which node runs what: the preprocessing node PreprocessingNode (bootstrap/preprocess/); a
-training node Leader (node 0, bootstrap/leader/) or Member (every other, bootstrap/fleet/), each
-after what every training node runs (TrainingNode, bootstrap/node/).
+Which instance runs what: the preprocessing node PreprocessingNode (bootstrap/preprocess/); the
+training fleet's head Head (bootstrap/head/) and each of its nodes Member (bootstrap/fleet/),
+each after what every instance of the fleet runs (TrainingNode, bootstrap/node/).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from bootstrap import aws, causes
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.fleet.member import Member
-from bootstrap.leader.leader import Leader
+from bootstrap.head.head import Head
 from bootstrap.lines import REASON_LIMIT, one_line
 from bootstrap.node import assignment, health, spot
 from bootstrap.node.attempt import Attempt
@@ -31,11 +31,11 @@ from bootstrap.preprocess.preprocessing_node import PreprocessingNode
 from bootstrap.steps import Interrupted, StepFailed, interrupt_on_sigterm, step
 
 
-def node_for(cfg, attempt: Attempt) -> PreprocessingNode | Leader | Member:
-    """The bootstrap of the node node.json describes."""
+def node_for(cfg, attempt: Attempt) -> PreprocessingNode | Head | Member:
+    """The bootstrap of the instance node.json describes."""
     if isinstance(cfg, PreprocessConfig):
         return PreprocessingNode(cfg)
-    return Leader(cfg, attempt) if cfg.is_leader else Member(cfg, attempt)
+    return Head(cfg, attempt) if cfg.is_head else Member(cfg, attempt)
 
 
 def as_launched(cfg: TrainConfig, command: str) -> TrainConfig:
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if (
         isinstance(cfg, TrainConfig)
         and cfg.node_index is None
+        and not cfg.is_head
         and args.command != "cloudwatch-config"
     ):
         try:

@@ -34,6 +34,13 @@ CAUSES = (
     RELAUNCH_REFUSED, UNKNOWN,
 )  # fmt: skip
 
+# The causes that would end the attempt on any node, so that one node's ends it (the head's part
+# of bootstrap/fleet/node_failures.py): the run controller tears such a run down rather than
+# relaunch it (docs/contracts.md's table says "teardown"; a test keeps the two equal).
+FLEET_WIDE = frozenset(
+    {TRAINER_INPUT, CORRUPT_SHARD, NO_INTACT_CHECKPOINT, DISK_FULL, IMAGE_MISMATCH, CONFIG_INVALID}
+)
+
 # The node's steps whose failure is a cause whatever the error (train_node.sh's shell steps
 # report through `python3 -m bootstrap fail STEP`).
 STEP_CAUSES = {

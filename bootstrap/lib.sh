@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by the node scripts: timestamped log lines, named steps, and one failure report per
 # failed step (ERR trap -> `python3 -m bootstrap fail`: CloudFormation FAILURE signal, DONE.json on
-# the leader, stop of a preprocessing node).
+# the head, stop of a preprocessing node).
 
 APP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PYTHONPATH="$APP_DIR${PYTHONPATH:+:$PYTHONPATH}"

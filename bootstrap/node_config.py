@@ -14,7 +14,7 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   heartbeat_timeout_s (120), collective_timeout_s (120: how long a rank waits on a peer in a
   Gloo collective before the attempt fails, see docs/faults-and-recovery.md),
   checkpoint_sync_s (60: what a crash can lose on top of the epoch
-  in progress, see docs/faults-and-recovery.md), status_every_s (15: how often the leader rewrites status.json
+  in progress, see docs/faults-and-recovery.md), status_every_s (15: how often the head rewrites status.json
   while the trainer runs),
   gpudirect (false; true: GPUDirect RDMA over EFA, so FI_EFA_USE_DEVICE_RDMA=1 and the allreduce
   check requires GDRDMA connections), allreduce_floor_gbps (0: no floor),
@@ -22,6 +22,8 @@ the rehearsal sets them to run without a volume, root paths, IMDS or CloudWatch:
   without prices, no notifications),
   spot_notice_file (null: ask IMDS for the Spot interruption notice when market is "spot"; a
   path: the notice is that file's JSON once it exists, which is how a rehearsal interrupts),
+  min_nodes (nodes - 1, at least 1), reset_limit (null: none) and elastic_timeout_s (120): the
+  head's elastic horovodrun (docs/contracts.md), which stacks/ writes into every node's node.json,
   launched_at (null: ask EC2's DescribeInstances when the instance was launched; a
   YYYY-MM-DDTHH:MM:SSZ stamp: that, which is how a rehearsal's node process says it started),
   startup_budget_s (null, or synthesis's estimate of each start-up phase in seconds, which
@@ -58,6 +60,10 @@ STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 # under the progress watchdog's 10 minutes, so a timeout, which names the peer, ends it first.
 # Whole seconds: Horovod reads the value as an integer.
 COLLECTIVE_TIMEOUT_S = 120
+# How long the head's elastic driver waits for enough slots (HOROVOD_ELASTIC_TIMEOUT); stacks/
+# writes its own (stacks/train/stack.py ELASTIC_TIMEOUT_S says why).
+ELASTIC_TIMEOUT_S = 120
+ROLES = ("preprocess", "train", "head")
 
 
 class ConfigError(ValueError):
@@ -155,12 +161,23 @@ class TrainConfig(Common):
     market: str = "on-demand"
     spot_notice_file: str | None = None
     collective_timeout_s: int = COLLECTIVE_TIMEOUT_S
+    # The head's elastic horovodrun: a reset trains on at least min_nodes nodes, an attempt
+    # allows reset_limit resets (None: no limit), the driver waits elastic_timeout_s for slots.
+    min_nodes: int = 1
+    reset_limit: int | None = None
+    elastic_timeout_s: float = ELASTIC_TIMEOUT_S
     launched_at: str | None = None
     startup_budget_s: dict[str, float] | None = field(default=None, hash=False)
 
     @property
-    def is_leader(self) -> bool:
-        return self.node_index == 0
+    def is_head(self) -> bool:
+        """The fleet's head (role "head"): it runs horovodrun, no rank, and has no node index."""
+        return self.role == "head"
+
+    @property
+    def node_name(self) -> str:
+        """How the fleet's records name this instance: its node index, or "head"."""
+        return "head" if self.is_head else str(self.node_index)
 
     @property
     def slots(self) -> int:
@@ -287,7 +304,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
     if not isinstance(doc, dict):
         raise ConfigError("node.json: must be a JSON object")
     r = _Reader(doc)
-    role = r.choice("role", ("preprocess", "train"))
+    role = r.choice("role", ROLES)
     if role == "preprocess":
         return PreprocessConfig(
             **_common(r),
@@ -301,6 +318,8 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
             stop_when_done=r.get("stop_when_done", bool),
         )
     nodes = r.integer("nodes", minimum=1)
+    if role == "head" and "node_index" in doc:
+        raise r.fail("node_index", "must be absent for the head, which is no node of the fleet")
     index = r.integer("node_index") if "node_index" in doc else None
     if index is not None:
         _check_index(r, index, nodes)
@@ -354,6 +373,9 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         market=r.choice("market", MARKETS, "on-demand"),
         spot_notice_file=r.text("spot_notice_file", None, nullable=True),
         collective_timeout_s=r.integer("collective_timeout_s", COLLECTIVE_TIMEOUT_S, minimum=1),
+        min_nodes=r.integer("min_nodes", max(1, nodes - 1), minimum=1, maximum=nodes),
+        reset_limit=None if doc.get("reset_limit") is None else r.integer("reset_limit", minimum=1),
+        elastic_timeout_s=r.number("elastic_timeout_s", ELASTIC_TIMEOUT_S, minimum=1),
         launched_at=r.matching("launched_at", STAMP, "a time like '2026-01-31T12:00:00Z'")
         if doc.get("launched_at") is not None
         else None,

@@ -15,6 +15,7 @@ import time
 
 from rehearsal.cloud import Cloud, Relaunch
 from rehearsal.common import StepFailed, say
+from rehearsal.nodes import HEARTBEAT_TIMEOUT_S
 
 
 class Attempts:
@@ -35,6 +36,8 @@ class Attempts:
                 nodes=self.args.nodes,
                 spot=self.market == "spot",
                 restarts=max_restarts,
+                min_nodes=self.min_nodes,
+                heartbeat_s=self.heartbeat_s,
                 log_path=self.workdir / "controller.log",
             ).__enter__()
             self.cloud.start_ticking()
@@ -50,6 +53,9 @@ class Attempts:
         fail, or die with nothing left to say), the attempt is over when the run controller has
         recorded it and its action has run. Returns what the controller did."""
         self.market = overrides.get("market", "on-demand")
+        # What the stack's outputs and tags say of the row's node.json (rehearsal/nodes.py).
+        self.min_nodes = overrides.get("min_nodes", max(1, self.args.nodes - 1))
+        self.heartbeat_s = overrides.get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
         cloud = self.deploy_cloud(max_restarts)
         attempt = len(cloud.attempts()) + 1
         cloud.watch()
@@ -61,6 +67,8 @@ class Attempts:
             codes = {name: p.poll() for name, p in procs.items()}
             if any(self.restartable(name, code) for name, code in codes.items()):
                 self.restart_killed(procs)
+            for index, instance in cloud.joined(attempt).items():
+                procs[f"node{index}"] = self.join(index, instance, epochs, overrides)
             if (relaunch := cloud.decided(attempt)) is not None:
                 if shown_epoch:  # a training attempt: its last screen, the record on it
                     self.show_status()
@@ -73,6 +81,23 @@ class Attempts:
             f"the run controller decided nothing about attempt {attempt} in "
             f"{self.args.timeout:.0f} s (node exits: {codes})"
         )
+
+    def join(self, index: int, instance: str, epochs: int, overrides: dict):
+        """The run controller replaced node `index` while the attempt goes on: its new instance
+        (a new address, empty disks, the replacement template's node.json without an index)
+        boots, waits for its launch assignment, pulls the data and joins the training."""
+        self.launched[index] = instance
+        if self.fleet:
+            self.fleet.replace(self.fleet.nodes[index])
+        else:
+            shutil.rmtree(self.node_home(index), ignore_errors=True)
+        say(f"EC2: the run controller launched {instance} ({self.node_ip(index)}) for node {index}")
+        proc = self.start_instance(
+            f"node{index}", self.node_document(index, epochs, overrides), self.workdir / "data"
+        )
+        self.node_processes.append(proc)
+        self.node_groups.append(proc.pid)
+        return proc
 
     def relaunch(self, relaunch: Relaunch) -> None:
         """What the run controller's StopFleet and Launch states did to each node's instance

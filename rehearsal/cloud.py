@@ -8,6 +8,9 @@ follows, are the deployed controller's: the rehearsal only turns what EC2 did to
 into what happens to its node. A node whose processes all died is an instance still running with
 nothing on it; the tick, not the rehearsal, ends its attempt (its heartbeats go stale).
 
+While an attempt goes on, a node the tick replaced (an elastic fleet's lost node) is a new
+instance: the rehearsal starts its node there (`joined`), and it joins the training.
+
 `Cloud` is made when a fleet is deployed (rehearsal/attempts.py), and closed with the fleet.
 """
 
@@ -30,6 +33,7 @@ from rehearsal.common import BUCKET, MAX_HOURS, REGION, RUN, say
 from rehearsal.state_machine import Workflow, clients
 
 FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"  # stacks/teardown/names.py
+HEAD_NODE = "head"  # the head's node tag
 ZONE = f"{REGION}a"
 IMAGE = "ami-12c6146b"  # any image moto knows
 # The tick's schedule, a minute on AWS, scaled down: the rehearsal's attempts last minutes.
@@ -65,12 +69,13 @@ class Cloud:
         nodes: int,
         spot: bool,
         restarts: int,
+        min_nodes: int = 1,
         heartbeat_s: int = 60,
         grace_s: int = 360,
         log_path=None,
     ) -> None:
         self.teardown, self.s3, self.endpoint = teardown, s3, endpoint
-        self.count, self.spot, self.restarts = nodes, spot, restarts
+        self.count, self.spot, self.restarts, self.min_nodes = nodes, spot, restarts, min_nodes
         self.heartbeat_s, self.grace_s, self.log_path = heartbeat_s, grace_s, log_path
         self.started: list[str] = []  # the instances StartInstances started, in order
         self.stack = ExitStack()
@@ -188,6 +193,7 @@ class Cloud:
             "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
             "HorovodFleetReplacementTemplate": self.template(),
             "HorovodFleetNodes": str(self.count),
+            "HorovodFleetMinNodes": str(self.min_nodes),
             "HorovodFleetZones": json.dumps({"zones": [zone]}),
         }
         with_outputs = {
@@ -197,19 +203,16 @@ class Cloud:
         cloudformation.update_stack(
             StackName="TrainStack", TemplateBody=json.dumps(with_outputs), Tags=as_tags(tags)
         )
-        for index in range(self.count):
-            tags = {
-                "aws:cloudformation:stack-id": self.stack_id,
-                **self.tags(),
-                NODE_TAG: str(index),
-            }
+        # The nodes, then the head (stacks/train/head.py: on demand whatever the nodes are).
+        for node in [*map(str, range(self.count)), HEAD_NODE]:
+            tags = {"aws:cloudformation:stack-id": self.stack_id, **self.tags(), NODE_TAG: node}
             self.ec2.run_instances(
                 ImageId=IMAGE,
                 MinCount=1,
                 MaxCount=1,
                 SubnetId=self.subnet,
                 TagSpecifications=[{"ResourceType": "instance", "Tags": as_tags(tags)}],
-                **self.market(),
+                **(self.market() if node != HEAD_NODE else {}),
             )
 
     def tags(self) -> dict[str, str]:
@@ -244,8 +247,21 @@ class Cloud:
         found = {}
         for instance in (i for p in pages for r in p["Reservations"] for i in r["Instances"]):
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-            found[int(tags[NODE_TAG])] = instance["InstanceId"]
+            if tags.get(NODE_TAG, "").isdigit():  # not the head, nor one not yet tagged
+                found[int(tags[NODE_TAG])] = instance["InstanceId"]
         return found
+
+    def joined(self, attempt: int) -> dict[int, str]:
+        """The nodes the tick replaced while `attempt` goes on (an elastic fleet's lost node:
+        stacks/teardown/controller/decide.py replace_lost), each with its new instance, once;
+        nothing once the attempt is recorded (a relaunch's instances are `decided`'s)."""
+        if any(e.get("attempt") == attempt for e in self.attempts()) or self.workflow.running():
+            return {}
+        now = self.instances()
+        new = {i: node for i, node in now.items() if self.before.get(i) not in (None, node)}
+        new |= {i: node for i, node in now.items() if i not in self.before}
+        self.before.update(new)
+        return new
 
     # --- the run controller -----------------------------------------------------------------
 

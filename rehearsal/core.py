@@ -35,6 +35,10 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.args = args
         self.workdir = args.workdir.resolve()
         self.processes: list[subprocess.Popen] = []
+        self.named: dict[str, subprocess.Popen] = {}  # the newest process started under a name
+        # Node namespaces to make: the fault rehearsal makes as many as its largest row needs
+        # (None: --nodes).
+        self.fleet_size: int | None = None
         self.fleet: Fleet | None = None
         self.endpoint = ""
         self.step = "start"
@@ -54,6 +58,7 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.market = "on-demand"  # the market of the newest attempt's node.json
         self.launched: dict[int, str] = {}  # node index -> the instance a relaunch launched for it
         self.fault_threads: list[threading.Thread] = []  # a fault that goes on (the rehearsal's)
+        self.noted: dict = {}  # what a fault row's action noted for its checks
         self.cloud: Cloud | None = None  # the fleet in moto and its run controller, once needed
 
     def close(self) -> None:

@@ -88,15 +88,16 @@ def kill_rank(rank: int) -> Action:
     return kill
 
 
-def stop_leader_node(rehearsal: Rehearsal) -> None:
-    """A shutdown: SIGTERM to every process of node 0's host (its rank included, which stops at
-    a step and saves it; horovodrun, which got it too, ends the ranks 5 s later)."""
-    say("FAULT: SIGTERM to every process of node 0, as a shutdown does")
-    if rehearsal.fleet:
-        rehearsal.fleet.signal_host(rehearsal.fleet.nodes[0].namespace, signal.SIGTERM)
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(rehearsal.node_processes[0].pid, signal.SIGTERM)
+def stop_node(index: int) -> Action:
+    """A shutdown of node `index`: SIGTERM to every process of its host (its ranks included,
+    which leave the job at the next commit; its bootstrap, which tells the head)."""
+
+    def stop(rehearsal: Rehearsal) -> None:
+        say(f"FAULT: SIGTERM to every process of node {index}, as a shutdown does")
+        rehearsal.services.pop(f"node{index}", None)  # a clean stop: systemd restarts nothing
+        rehearsal.fleet.signal_host(rehearsal.fleet.nodes[index].namespace, signal.SIGTERM)
+
+    return stop
 
 
 def s3_object(rehearsal: Rehearsal, key: str) -> bytes | None:
@@ -138,9 +139,9 @@ def forget_node(index: int) -> Action:
     return forget
 
 
-def kill_leader_bootstrap(rehearsal: Rehearsal) -> None:
-    pid = rehearsal.node_processes[0].pid  # train_node.sh exec'd the bootstrap: same pid
-    say(f"FAULT: SIGKILL to node 0's bootstrap process only (pid {pid})")
+def kill_head_bootstrap(rehearsal: Rehearsal) -> None:
+    pid = rehearsal.named["head"].pid  # train_node.sh exec'd the bootstrap: same pid
+    say(f"FAULT: SIGKILL to the head's bootstrap process only (pid {pid})")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
 
@@ -158,23 +159,25 @@ def corrupt_newest_checkpoint(rehearsal: Rehearsal) -> None:
     say(f"FAULT: s3://{BUCKET}/{newest} replaced by a same-size copy with a flipped byte")
 
 
-def fill_model_dir(rehearsal: Rehearsal) -> None:
-    """Node 0's model dir becomes a tmpfs the size of what the restore brings, plus less than
-    one checkpoint: the first checkpoint of the attempt finds the disk full."""
+def fill_model_dirs(rehearsal: Rehearsal) -> None:
+    """Every node's model dir becomes a tmpfs the size of what the restore brings, plus less
+    than one checkpoint: the first checkpoint of the attempt finds the disk full, wherever
+    rank 0 is (a node's disk is every node's: one launch template)."""
     listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/model/")
     objects = listing["Contents"]
     restored = sum(o["Size"] for o in objects if not o["Key"].endswith(".sha256"))
     checkpoint = max(o["Size"] for o in objects if ".data-" in o["Key"])
     size = restored + checkpoint // 2
     target = rehearsal.workdir / "data" / "model"
-    pid = rehearsal.node_processes[0].pid
-    (rehearsal.node_home(0) / "data" / "model").mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-         str(target)],
-        check=True,
-    )  # fmt: skip
-    say(f"FAULT: node 0's {target} is a tmpfs of {size} bytes ({restored} restored)")
+    for index in range(rehearsal.args.nodes):
+        pid = rehearsal.named[f"node{index}"].pid
+        (rehearsal.node_home(index) / "data" / "model").mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", f"size={size}",
+             "tmpfs", str(target)],
+            check=True,
+        )  # fmt: skip
+    say(f"FAULT: every node's {target} is a tmpfs of {size} bytes ({restored} restored)")
 
 
 def set_link(rehearsal: Rehearsal, index: int, state: str) -> None:
@@ -186,40 +189,78 @@ def set_link(rehearsal: Rehearsal, index: int, state: str) -> None:
 
 
 def cut_network(index: int) -> Action:
+    """Node `index`'s link down, for good: its processes run on, unreachable (a silent loss)."""
+
     def cut(rehearsal: Rehearsal) -> None:
         set_link(rehearsal, index, "down")
+        rehearsal.noted["cut_at"] = time.time()
         say(f"FAULT: node {index}'s network is cut ({NODE_INTERFACE} down)")
 
     return cut
 
 
-def kill_host(index: int) -> Action:
-    """Every process of node `index`'s host killed: the node is gone (its hardware failed), sshd
-    and ranks included, and its systemd restarts nothing."""
+def host(rehearsal: Rehearsal, node: int | str):
+    """Node `node`'s simulated host, or the head's ("head")."""
+    return rehearsal.fleet.head if node == "head" else rehearsal.fleet.nodes[node]
+
+
+def named(node: int | str) -> str:
+    return "the head" if node == "head" else f"node {node}"
+
+
+def trainer_pids(rehearsal: Rehearsal, index: int) -> list[int]:
+    """The trainer processes on node `index`'s host (not the rank wrappers around them)."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", rehearsal.fleet.nodes[index].namespace],
+        capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if "trainer.train" in cmdline and "bootstrap.fleet.rank" not in cmdline:
+                found.append(int(pid))
+    return sorted(found)
+
+
+def kill_host(node: int | str, then: re.Pattern | None = None) -> Action:
+    """Every process of node `node`'s host (or the head's) killed: it is gone (its hardware
+    failed), sshd and ranks included, and its systemd restarts nothing. With `then`: every
+    other node's trainer processes are noted now and again at the head's first line matching
+    `then` (rehearsal.noted), to show they lived through the loss."""
 
     def kill(rehearsal: Rehearsal) -> None:
-        rehearsal.services.pop(f"node{index}")
-        pids = rehearsal.fleet.kill_host(rehearsal.fleet.nodes[index].namespace)
-        say(f"FAULT: node {index}'s host is gone (SIGKILL to its {len(pids)} processes)")
+        others = [i for i in range(rehearsal.args.nodes) if i != node]
+        if then is not None:
+            rehearsal.noted["before"] = {i: trainer_pids(rehearsal, i) for i in others}
+
+            def after() -> None:
+                rehearsal.noted["after"] = {i: trainer_pids(rehearsal, i) for i in others}
+
+            rehearsal.watches.append(("head", then, after))
+        rehearsal.services.pop("head" if node == "head" else f"node{node}")
+        rehearsal.noted["killed_at"] = time.time()
+        pids = rehearsal.fleet.kill_host(host(rehearsal, node).namespace)
+        say(f"FAULT: {named(node)}'s host is gone (SIGKILL to its {len(pids)} processes)")
 
     return kill
 
 
-def kill_host_for(index: int, seconds: float) -> Action:
-    """Node `index`'s host killed now and kept dead: every process of it killed every second
-    for `seconds` (before_relaunch waits for that to end)."""
+def kill_host_for(node: int | str, seconds: float) -> Action:
+    """Node `node`'s host (or the head's) killed now and kept dead: every process of it killed
+    every second for `seconds` (before_relaunch waits for that to end)."""
 
     def kill(rehearsal: Rehearsal) -> None:
-        rehearsal.services.pop(f"node{index}")
-        namespace = rehearsal.fleet.nodes[index].namespace
-        say(f"FAULT: node {index}'s host is dead for {seconds:.0f} s")
+        rehearsal.services.pop("head" if node == "head" else f"node{node}")
+        namespace = host(rehearsal, node).namespace
+        say(f"FAULT: {named(node)}'s host is dead for {seconds:.0f} s")
 
         def keep_dead() -> None:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 rehearsal.fleet.kill_host(namespace)
                 time.sleep(1)
-            say(f"FAULT over: node {index}'s host is no longer killed")
+            say(f"FAULT over: {named(node)}'s host is no longer killed")
 
         rehearsal.fault_threads.append(threading.Thread(target=keep_dead, daemon=True))
         rehearsal.fault_threads[-1].start()
@@ -234,8 +275,9 @@ def kill_fleet_for(seconds: float) -> Action:
     too; no node is left to write DONE.json."""
 
     def kill(rehearsal: Rehearsal) -> None:
-        namespaces = [node.namespace for node in rehearsal.fleet.nodes]
-        say(f"FAULT: every node's host is dead for {seconds:.0f} s")
+        nodes = rehearsal.fleet.nodes[: rehearsal.args.nodes]
+        namespaces = [node.namespace for node in [*nodes, rehearsal.fleet.head]]
+        say(f"FAULT: every node's host and the head's are dead for {seconds:.0f} s")
 
         def keep_dead() -> None:
             deadline = time.monotonic() + seconds

@@ -60,7 +60,7 @@ def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
             rehearsal.node_ip(index),
         ) or index not in rehearsal.launched:
             return False
-    return node_said(rehearsal, 0, "Resuming from")
+    return head_said(rehearsal, "Resuming from")
 
 
 def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
@@ -68,7 +68,8 @@ def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
     return (
         "ENOSPC" in reason
         and f"{rehearsal.workdir / 'data' / 'model'}/checkpoints/" in reason
-        and "filesystem tmpfs (tmpfs)" in reason
+        and " on rank 0 (" in reason  # the rank and its node; the head's disk is not theirs
+        and "filesystem" not in reason
     )
 
 
@@ -81,17 +82,21 @@ def first_attempt_ended(cause: str, *texts: str) -> Check:
 
 
 def no_node_blamed(rehearsal: Rehearsal, done: dict) -> bool:
-    return not any(
-        node_said(rehearsal, index, text)
-        for index in range(rehearsal.args.nodes)
-        for text in ("is lost", "lost: no heartbeat")
+    """No node called another (or the head) lost, the head's discovery dropped none, and no
+    reset happened: an S3 outage is nobody's loss."""
+    said = [f"node{index}" for index in range(rehearsal.args.nodes)] + ["head"]
+    return not done.get("resets") and not any(
+        text in line
+        for name in said
+        for line in rehearsal.output.get(name, [])
+        for text in ("is lost", "no heartbeat for")
     )
 
 
 def no_epoch_retrained(first_epoch: int) -> Check:
     return lambda r, done: (
-        not any(node_said(r, 0, f"Epoch {e}/") for e in range(1, first_epoch))
-        and node_said(r, 0, "Resuming from")
+        not any(head_said(r, f"<stdout>:Epoch {e}/") for e in range(1, first_epoch))
+        and head_said(r, "Resuming from")
     )
 
 
@@ -105,3 +110,70 @@ def the_controller_wrote_the_silence(rehearsal: Rehearsal, done: dict) -> bool:
         and first.get("decision") == "relaunch"
         and (done.get("attempt") or 0) >= 2
     )
+
+
+# --- the elastic fleet --------------------------------------------------------------------------
+
+
+def one_attempt(rehearsal: Rehearsal, done: dict) -> bool:
+    """The run ended in its first attempt: no relaunch (the run controller only tore it down)."""
+    return done.get("attempt") == 1 and [e["decision"] for e in rehearsal.entries] == ["teardown"]
+
+
+def lost_in_a_reset(index: int) -> Check:
+    """DONE.json's resets name node `index` among the nodes a reset lost."""
+    return lambda r, done: any(
+        any(n.get("node") == str(index) for n in reset.get("lost") or [])
+        for reset in done.get("resets") or []
+    )
+
+
+def replacement_joined(index: int) -> Check:
+    """The run controller's replacement for node `index` joined the training before the end:
+    a reset of DONE.json adds node `index` on the instance the controller launched."""
+    return lambda r, done: (
+        index in r.launched
+        and any(
+            any(
+                (n.get("node"), n.get("instance_id")) == (str(index), r.launched[index])
+                for n in reset.get("added") or []
+            )
+            for reset in done.get("resets") or []
+        )
+    )
+
+
+def trainer_kept_its_pid(index: int) -> Check:
+    """Node `index`'s trainer process is the same one before the loss and at the end of the
+    next epoch (rehearsal/fault_actions.py kill_host's notes): a reset, not a restart."""
+    return lambda r, done: (
+        bool(r.noted.get("before", {}).get(index))
+        and (r.noted["before"][index] == r.noted.get("after", {}).get(index))
+    )
+
+
+def training_again_within(index: int, seconds: float) -> Check:
+    """The reset that lost node `index` had the others training again (their first step
+    completed) within `seconds` of its last step seen done: its recovery_s."""
+    return lambda r, done: any(
+        reset.get("recovery_s") is not None
+        and reset["recovery_s"] <= seconds
+        and any(n.get("node") == str(index) for n in reset.get("lost") or [])
+        for reset in done.get("resets") or []
+    )
+
+
+def left_with_no_step_redone(index: int) -> Check:
+    """Node `index` left at a commit: the reset without it redid no step, nor did the run."""
+    return lambda r, done: (
+        any(
+            reset.get("steps_redone") == 0
+            and any(n.get("node") == str(index) for n in reset.get("lost") or [])
+            for reset in done.get("resets") or []
+        )
+        and ((done.get("timeline") or {}).get("steps") or {}).get("steps_redone") == 0
+    )
+
+
+def head_said(rehearsal: Rehearsal, text: str) -> bool:
+    return any(text in line for line in rehearsal.output.get("head", []))

@@ -1,4 +1,5 @@
-"""The fault rehearsal's rows as data (ROWS), grouped by family: S3, ranks, nodes, disk, Spot.
+"""The fault rehearsal's rows as data (ROWS), grouped by family: S3, ranks, nodes, elastic, disk,
+Spot.
 
 Each row names the snapshot it starts from, its fault (rehearsal/fault_actions.py) and when it
 strikes, and what its outcome must be (rehearsal/fault_checks.py); rehearsal/faults.py runs them.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rehearsal.common import RUN
 from rehearsal.fault_actions import (
     SHARD,
     Action,
@@ -21,19 +21,17 @@ from rehearsal.fault_actions import (
     corrupt_newest_checkpoint,
     corrupt_shard,
     cut_network,
-    fill_model_dir,
+    fill_model_dirs,
     forget_node,
     freeze_s3,
     kill_fleet_for,
+    kill_head_bootstrap,
     kill_host,
     kill_host_for,
-    kill_leader_bootstrap,
     kill_rank,
     pause_rank,
-    s3_object,
-    set_link,
     spot_notice,
-    stop_leader_node,
+    stop_node,
     wait_for_fault_threads,
 )
 from rehearsal.fault_checks import (
@@ -42,13 +40,19 @@ from rehearsal.fault_checks import (
     every_attempt_counted,
     every_node_replaced,
     first_attempt_ended,
+    head_said,
     interruption_named,
+    left_with_no_step_redone,
+    lost_in_a_reset,
     names_the_full_disk,
-    names_the_lost_node,
     no_epoch_retrained,
     no_node_blamed,
     node_said,
+    one_attempt,
+    replacement_joined,
     the_controller_wrote_the_silence,
+    trainer_kept_its_pid,
+    training_again_within,
 )
 
 DATASET = "dataset converted"
@@ -59,18 +63,27 @@ OUTAGE_S = 40
 # Longer than the rehearsal's heartbeat_timeout_s (60 s, rehearsal/nodes.py), inside the 5
 # minutes an outage may last (bootstrap/aws.py OUTAGE_S): no heartbeat can be fresh through it.
 LONG_OUTAGE_S = 75
-# The paused rank's row: a collective timeout shorter than the pause, so the attempt ends.
+# The paused rank's row: longer than the 30 s a Gloo collective waits under elastic training
+# (bootstrap/head/elastic.py ELASTIC_COLLECTIVE_TIMEOUT_S).
 PAUSE_S = 90
-PAUSED_COLLECTIVE_TIMEOUT_S = 30
-# How long the dead leader's host stays dead: its processes, a restarted bootstrap included,
+# How long the dead head's host stays dead: its processes, a restarted bootstrap included,
 # are killed every second for this long.
 DEAD_FOR_S = 60
-MISSING_NODE_TIMEOUT_S = 70  # two of the leader's every-30-s lines, then it gives up
+MISSING_NODE_TIMEOUT_S = 70  # two of the head's every-30-s lines, then it gives up
 # The trainer's line at an epoch's end ("Epoch 3/5 done in 3.0 s: ...").
 EPOCH_DONE = re.compile(r"<stdout>:Epoch \d+/\d+ done in ")
+FIRST_OF_FOUR_DONE = re.compile(r"<stdout>:Epoch 1/4 done in ")
 SECOND_OF_FOUR_DONE = re.compile(r"<stdout>:Epoch 2/4 done in ")
 # A checkpoint at every epoch's end (the trainer's default: the last epoch and after 600 s).
 EVERY_EPOCH = {"trainer": {"checkpoint_every_s": 1}}
+# The elastic rows (the issue's: three nodes, four epochs): a node's loss is seen within 20 s
+# (heartbeat_timeout_s; the run controller's tick replaces a node the head finds silent), and
+# the epochs are long enough (64-pixel images) that a replacement, which boots, pulls every
+# shard and starts its trainer, joins before the run ends.
+ELASTIC_NODES = 3
+ELASTIC = {"heartbeat_timeout_s": 20, "trainer": {"image_size": 64}}
+# Fewer than minNodes left: the head's elastic driver waits this long for minNodes' slots.
+ELASTIC_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Fault:
-    """What is done to the run, and when: at node 0's first output line that matches `when`
+    """What is done to the run, and when: at the head's first output line (its own, and its horovodrun's: the ranks') that matches `when`
     (text or pattern), once the local S3 has answered a Request, or before the attempt starts
     (None)."""
 
@@ -102,7 +115,7 @@ class Expect:
 
 @dataclass(frozen=True)
 class Row:
-    family: str  # S3, ranks, nodes, disk, Spot
+    family: str  # S3, ranks, nodes, elastic, disk, Spot
     name: str
     expected: str  # the outcome, for people (the table)
     start: str  # the snapshot the row starts from: DATASET or CHECKPOINTED
@@ -116,6 +129,7 @@ class Row:
     before_relaunch: Action | None = None
     needs_hosts: bool = False  # namespaces (root): a link, a tmpfs or a host per node
     in_ci: bool = False  # one of CI's subset (`--rows ci`): CI has 40 minutes for every tier
+    nodes: int | None = None  # the row's fleet (None: the rehearsal's --nodes)
 
 
 ROWS = [
@@ -140,7 +154,7 @@ ROWS = [
     Row(
         "S3",
         f"S3 unanswered for {LONG_OUTAGE_S} s mid-training (past heartbeat_timeout_s)",
-        "no node is blamed for S3's silence; succeeded with every epoch",
+        "no node is blamed for S3's silence (no reset, none replaced); succeeded with every epoch",
         DATASET,
         2,
         Fault(freeze_s3(LONG_OUTAGE_S), when="Epoch 1/"),
@@ -148,20 +162,20 @@ ROWS = [
     ),
     Row(
         "S3",
-        "the first checkpoint's upload cut: node 0's host killed when its .index reaches S3",
-        "node 1 finds its leader lost and writes the attempt's DONE.json (node_lost); relaunched, "
+        "the first checkpoint's upload cut: the head's host killed when its .index reaches S3",
+        "the nodes find the head lost and write the attempt's DONE.json (node_lost); relaunched, "
         "the restore takes no half-uploaded checkpoint; succeeded with every epoch",
         DATASET,
         3,
         Fault(
-            kill_host(0),
+            kill_host("head"),
             when=Request("PUT", re.compile(r"/runs/[^/]+/model/checkpoints/ckpt-\d+\.index$")),
         ),
         Expect(
             "succeeded",
             3,
             {
-                "member_recorded_the_lost_leader": first_attempt_ended("node_lost", "leader"),
+                "a_node_recorded_the_lost_head": first_attempt_ended("node_lost", "the head"),
                 "relaunched_once": decisions("relaunch", "teardown"),
                 "counted": every_attempt_counted,
             },
@@ -206,79 +220,62 @@ ROWS = [
     Row(
         "ranks",
         "rank 1 killed (SIGKILL)",
-        "failed: rank 1 on node 1 (<its host>) killed by SIGKILL (out of memory?)",
+        "a reset without node 1 (its host out for its cooldown, then back); succeeded with "
+        "every epoch, attempt 1",
         DATASET,
         3,
         Fault(kill_rank(1), when="Epoch 2/"),
         Expect(
-            "failed",
-            checks={
-                "names_the_rank": lambda r, d: (
-                    "rank 1 on node 1 (" in d["reason"] and "killed by SIGKILL" in d["reason"]
-                )
-            },
+            "succeeded",
+            3,
+            {"one_attempt": one_attempt, "reset_without_node_1": lost_in_a_reset(1)},
         ),
+        max_restarts=2,
     ),
     Row(
         "ranks",
-        "leader's bootstrap killed (SIGKILL) after its first checkpoint",
+        "the head's bootstrap killed (SIGKILL) after its first checkpoint",
         "systemd restarts it; it resumes from S3 and the run succeeds with every epoch",
         DATASET,
         3,
-        Fault(kill_leader_bootstrap, when="is in s3://"),
+        Fault(kill_head_bootstrap, when="is in s3://"),
         Expect(
             "succeeded",
             3,
             {
-                "restarted_once": lambda r, d: r.restarts.get("node0") == 1,
-                "resumed": lambda r, d: node_said(r, 0, "Resuming from"),
-                "member_saw_done": lambda r, d: node_said(r, 1, "the leader wrote DONE.json"),
+                "restarted_once": lambda r, d: r.restarts.get("head") == 1,
+                "resumed": lambda r, d: head_said(r, "Resuming from"),
+                "nodes_saw_done": lambda r, d: node_said(r, 1, "DONE.json is written"),
             },
         ),
         EVERY_EPOCH,
     ),
     Row(
         "ranks",
-        f"rank 1's trainer paused (SIGSTOP) for {PAUSE_S} s, past a "
-        f"{PAUSED_COLLECTIVE_TIMEOUT_S} s collective timeout",
-        "attempt 1 failed: collective timeout: rank 1 on node 1 (<its ip>) stopped answering "
-        "rank 0 ...; relaunched, succeeded with every epoch",
+        f"rank 1's trainer paused (SIGSTOP) for {PAUSE_S} s, past the 30 s collective timeout",
+        "the others' collective times out and they reset; the paused rank rejoins once it runs "
+        "again; succeeded with every epoch, attempt 1",
         DATASET,
         3,
         Fault(pause_rank(1, PAUSE_S), when=EPOCH_DONE),
         Expect(
             "succeeded",
             3,
-            {
-                "names_rank_1_and_node_1": first_attempt_ended(
-                    "collective_timeout", "rank 1 on node 1 (", "stopped answering"
-                ),
-                "relaunched_once": decisions("relaunch", "teardown"),
-            },
+            {"one_attempt": one_attempt, "a_reset": lambda r, d: bool(d.get("resets"))},
         ),
-        {"collective_timeout_s": PAUSED_COLLECTIVE_TIMEOUT_S},
         max_restarts=2,
     ),
     Row(
         "nodes",
-        "leader's node stopped (SIGTERM)",
-        "interrupted; its checkpoint and logs in S3",
+        "node 0 stopped (SIGTERM: its shutdown) after an epoch",
+        "its ranks leave at the next commit and the others train on; succeeded with every "
+        "epoch, attempt 1",
         DATASET,
         3,
-        Fault(stop_leader_node, when=EPOCH_DONE),
-        Expect(
-            "interrupted",
-            checks={
-                "logs_in_s3": lambda r, d: (
-                    s3_object(r, f"runs/{RUN}/logs/node-0/train.log") is not None
-                ),
-                "checkpoint_kept": lambda r, d: (
-                    b"ckpt-" in (s3_object(r, f"runs/{RUN}/model/checkpoints/checkpoint") or b"")
-                ),
-            },
-        ),
-        # Every step a check step: the ranks stop within a step, inside horovodrun's 5 s.
-        {"trainer": {"log_every": 1}},
+        Fault(stop_node(0), when=EPOCH_DONE),
+        Expect("succeeded", 3, {"one_attempt": one_attempt, "left": lost_in_a_reset(0)}),
+        max_restarts=2,
+        needs_hosts=True,
     ),
     Row(
         "nodes",
@@ -295,7 +292,7 @@ ROWS = [
                 "said_so_every_30_s": lambda r, d: (
                     sum(
                         "rendezvous: waiting" in line and "node(s) 1 of 2" in line
-                        for line in r.output.get("node0", [])
+                        for line in r.output.get("head", [])
                     )
                     >= 2
                 ),
@@ -310,17 +307,17 @@ ROWS = [
     ),
     Row(
         "nodes",
-        f"node 0's host dead for {DEAD_FOR_S} s after an epoch (the leader lost)",
-        "node 1 finds its leader lost and writes the attempt's DONE.json (node_lost); relaunched, "
+        f"the head's host dead for {DEAD_FOR_S} s after an epoch",
+        "the nodes find the head lost and write the attempt's DONE.json (node_lost); relaunched, "
         "succeeded with every epoch, DONE.json counts 2 attempts",
         DATASET,
         3,
-        Fault(kill_host_for(0, DEAD_FOR_S), when=EPOCH_DONE),
+        Fault(kill_host_for("head", DEAD_FOR_S), when=EPOCH_DONE),
         Expect(
             "succeeded",
             3,
             {
-                "member_recorded_the_lost_leader": first_attempt_ended("node_lost", "leader"),
+                "a_node_recorded_the_lost_head": first_attempt_ended("node_lost", "the head"),
                 "relaunched_once": decisions("relaunch", "teardown"),
                 "counted": every_attempt_counted,
             },
@@ -329,12 +326,12 @@ ROWS = [
         max_restarts=2,
         before_relaunch=wait_for_fault_threads,
         needs_hosts=True,
-        # Not in CI's subset: CI's upload-cut row loses the leader's host too, and relaunches.
+        # Not in CI's subset: CI's upload-cut row loses the head's host too, and relaunches.
     ),
     Row(
         "nodes",
-        f"every node's host dead for {DEAD_FOR_S} s right after epoch 2 of 4 (the whole fleet "
-        "silent)",
+        f"every node's host and the head's dead for {DEAD_FOR_S} s right after epoch 2 of 4 "
+        "(the whole fleet silent)",
         "no node can write DONE.json; the run controller finds every heartbeat stale, writes the "
         "attempt's record (node_lost, naming every node) and relaunches; succeeded with every "
         "epoch",
@@ -345,36 +342,70 @@ ROWS = [
         max_restarts=2,
         before_relaunch=wait_for_fault_threads,
         needs_hosts=True,
-        # In CI: the one row whose attempt only the run controller can end (no node is left to
-        # write DONE.json), instead of node 1's lost host, whose DONE.json a node writes as in
-        # the upload-cut and Spot rows; the two rows take the same time.
-        in_ci=True,
     ),
     Row(
-        "nodes",
-        "network of node 1 cut mid-training (a hung collective)",
-        "attempt 1 failed: node 1 (<its instance>, <its ip>) lost: no heartbeat for ... s; "
-        "relaunched (the link back: new hardware), succeeded with every epoch",
+        "elastic",
+        "node 2's host lost right after epoch 1 of 4 (every process SIGKILLed)",
+        "a reset on nodes 0 and 1, node 0's trainer the same process; the run controller "
+        "replaces node 2, which joins before the end; succeeded with 4 epochs, attempt 1",
         DATASET,
-        3,
-        Fault(cut_network(1), when="<stdout>:Epoch "),
+        4,
+        Fault(kill_host(2, then=SECOND_OF_FOUR_DONE), when=FIRST_OF_FOUR_DONE),
         Expect(
             "succeeded",
-            3,
+            4,
             {
-                "attempt_1_names_node_1_not_rank_0": names_the_lost_node(1),
-                "relaunched_once": decisions("relaunch", "teardown"),
-                "counted": every_attempt_counted,
+                "one_attempt": one_attempt,
+                "reset_without_node_2": lost_in_a_reset(2),
+                "node_0_kept_its_trainer": trainer_kept_its_pid(0),
+                "replacement_joined": replacement_joined(2),
             },
         ),
+        ELASTIC,
         max_restarts=2,
-        before_relaunch=lambda r: set_link(r, 1, "up"),
         needs_hosts=True,
+        # In CI: a reset and the run controller's tick replacing a node while the head trains
+        # on; it stands for the tick's path, so the whole fleet silent row left CI.
+        in_ci=True,
+        nodes=ELASTIC_NODES,
     ),
     Row(
-        "nodes",
-        "node 1's host lost right after an epoch (every process killed)",
-        "relaunched once; succeeded with every epoch, DONE.json counts 2 attempts",
+        "elastic",
+        "node 0's host lost right after epoch 1 of 4 (rank 0's node)",
+        "a reset on nodes 1 and 2 (rank 0 moves; the head copies its outputs from there); "
+        "succeeded with 4 epochs, attempt 1",
+        DATASET,
+        4,
+        Fault(kill_host(0), when=FIRST_OF_FOUR_DONE),
+        Expect("succeeded", 4, {"one_attempt": one_attempt, "reset": lost_in_a_reset(0)}),
+        ELASTIC,
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
+    ),
+    Row(
+        "elastic",
+        "node 1's link down for good right after epoch 1 of 4 (a silent loss)",
+        "the others train again within 120 s (Gloo's 30 s timeout, ssh keep-alives); the run "
+        "controller replaces node 1; succeeded with 4 epochs, attempt 1",
+        DATASET,
+        4,
+        Fault(cut_network(1), when=FIRST_OF_FOUR_DONE),
+        Expect(
+            "succeeded",
+            4,
+            {"one_attempt": one_attempt, "within_120_s": training_again_within(1, 120)},
+        ),
+        ELASTIC,
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
+    ),
+    Row(
+        "elastic",
+        "fewer than minNodes left: node 1's host lost with minNodes 2 of 2",
+        f"the head's driver waits {ELASTIC_TIMEOUT_S} s for minNodes, then the attempt ends "
+        "node_lost (fewer than minNodes); relaunched, succeeded with every epoch",
         DATASET,
         3,
         Fault(kill_host(1), when=EPOCH_DONE),
@@ -382,14 +413,15 @@ ROWS = [
             "succeeded",
             3,
             {
+                "ended_below_min_nodes": first_attempt_ended(
+                    "node_lost", "fewer than minNodes (2)"
+                ),
                 "relaunched_once": decisions("relaunch", "teardown"),
-                "counted": every_attempt_counted,
             },
         ),
-        EVERY_EPOCH,
+        {**EVERY_EPOCH, "min_nodes": 2, "elastic_timeout_s": ELASTIC_TIMEOUT_S},
         max_restarts=2,
         needs_hosts=True,
-        # Not in CI's subset: a node's DONE.json after a lost host is in the upload-cut row.
     ),
     Row(
         "disk",
@@ -402,8 +434,8 @@ ROWS = [
             "succeeded",
             3,
             {
-                "said_so": lambda r, d: node_said(r, 0, f"{r.corrupted} (sha256 of"),
-                "fell_back": lambda r, d: node_said(r, 0, "the newest intact checkpoint"),
+                "said_so": lambda r, d: head_said(r, f"{r.corrupted} (sha256 of"),
+                "fell_back": lambda r, d: head_said(r, "the newest intact checkpoint"),
             },
         ),
         EVERY_EPOCH,
@@ -411,18 +443,35 @@ ROWS = [
     ),
     Row(
         "disk",
-        "disk full at a checkpoint (ENOSPC)",
-        "failed: no space left on device (ENOSPC) writing <path> ...; filesystem tmpfs ...",
+        "disk full at a checkpoint (ENOSPC) on every node",
+        "failed: no space left on device (ENOSPC) writing <path> ...; not relaunched",
         CHECKPOINTED,
         4,
-        Fault(fill_model_dir, when="step 'rendezvous': start"),
-        Expect("failed", checks={"names_the_path_and_filesystem": names_the_full_disk}),
+        Fault(fill_model_dirs, when="step 'rendezvous': start"),
+        Expect("failed", checks={"names_the_path": names_the_full_disk}),
         EVERY_EPOCH,
         needs_hosts=True,
     ),
     Row(
         "Spot",
         "Spot interruption of node 1 (two-minute notice) after an epoch",
+        "node 1 leaves at the next commit with no step redone, the others train on; succeeded "
+        "with every epoch, attempt 1",
+        DATASET,
+        3,
+        Fault(spot_notice(1), when=EPOCH_DONE),
+        Expect(
+            "succeeded",
+            3,
+            {"one_attempt": one_attempt, "no_step_redone": left_with_no_step_redone(1)},
+        ),
+        {**EVERY_EPOCH, "market": "spot"},
+        max_restarts=2,
+        in_ci=True,
+    ),
+    Row(
+        "Spot",
+        "Spot interruption of node 1 with minNodes 2 of 2 (fewer would be left)",
         "attempt 1 interrupted: Spot interruption of node 1 (...): every rank stopped at one "
         "step with its checkpoint; relaunched as new instances, resumed, succeeded with every "
         "epoch",
@@ -439,9 +488,8 @@ ROWS = [
                 "on_new_instances": every_node_replaced,
             },
         ),
-        {**EVERY_EPOCH, "market": "spot"},
+        {**EVERY_EPOCH, "market": "spot", "min_nodes": 2},
         max_restarts=2,
-        in_ci=True,
     ),
 ]
 

@@ -64,7 +64,17 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     """One row, from its snapshot to its verdict: (fault, expected, observed, pass|FAIL)."""
     if row.needs_hosts and rehearsal.fleet is None:
         return row.name, row.expected, "needs the namespaces (root): a host per node", "FAIL"
+    nodes = rehearsal.args.nodes
+    rehearsal.args.nodes = row.nodes or nodes  # the row's fleet (the namespaces are made for it)
+    try:
+        return judged_row(rehearsal, row)
+    finally:
+        rehearsal.args.nodes = nodes
+
+
+def judged_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     prepare_start(rehearsal, row.start)
+    rehearsal.noted = {}
     rehearsal.watches.clear()
     if rehearsal.iam:
         rehearsal.iam.watches.clear()
@@ -76,7 +86,7 @@ def run_row(rehearsal: Rehearsal, row: Row) -> tuple[str, str, str, str]:
     elif isinstance(when, Request):
         rehearsal.iam.on_request(when.method, when.path, lambda: row.fault.what(rehearsal))
     else:
-        rehearsal.watches.append(("node0", when, lambda: row.fault.what(rehearsal)))
+        rehearsal.watches.append(("head", when, lambda: row.fault.what(rehearsal)))
     refused_before = len(rehearsal.iam.refusals) if rehearsal.iam else 0
     overrides = dict(row.overrides)
     try:
@@ -107,6 +117,9 @@ def chosen_rows(texts: list[str] | None, subset: str = "all") -> list[Row]:
 
 def run_faults(rehearsal: Rehearsal) -> int:
     rows = []
+    chosen = chosen_rows(rehearsal.args.fault, rehearsal.args.rows)
+    # One namespace per node of the largest row (a row with fewer uses the first ones).
+    rehearsal.fleet_size = max([rehearsal.args.nodes, *(row.nodes or 0 for row in chosen)])
     try:
         setup = [
             ("local S3 endpoint", rehearsal.start_s3),
@@ -118,7 +131,6 @@ def run_faults(rehearsal: Rehearsal) -> int:
             rehearsal.step = step
             say(f"--- {step}")
             action()
-        chosen = chosen_rows(rehearsal.args.fault, rehearsal.args.rows)
         say(f"fault rows ({rehearsal.args.rows}): {', '.join(row.name for row in chosen)}")
         for row in chosen:
             rehearsal.step = f"fault: {row.name}"

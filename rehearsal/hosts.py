@@ -1,7 +1,9 @@
 """Simulated training hosts for the rehearsal: one network namespace per node on a private
 bridge, each with its own address, its own sshd (own host key and authorized_keys file) and its
 own /data (a bind mount visible only inside the node), so the rendezvous, the key exchange and
-horovodrun's ssh launch run exactly as across real instances.
+horovodrun's ssh launch run exactly as across real instances. The head is one more namespace
+on the bridge, whose interface has another name than the nodes' (a c6i's is not a p4d's), so
+the head's alias of the nodes' name (bootstrap/head/elastic.py alias_interface) runs here too.
 
 Everything is named after the rehearsal's process id and removed by `Fleet.close()`.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 SSH_PORT = 2222
 NODE_INTERFACE = "hf0"  # the same name inside every namespace: horovodrun --network-interface
+HEAD_INTERFACE = "hfhead0"  # the head's own: not the nodes'
 
 
 def namespaces_available() -> tuple[bool, str]:
@@ -57,7 +60,7 @@ def free_subnet() -> ipaddress.IPv4Network:
 
 @dataclass
 class Node:
-    index: int
+    index: int | None  # None: the head
     namespace: str
     ip: str
     home: Path  # this node's private files: ssh/, state/, logs/, data/ (its "/data")
@@ -78,7 +81,8 @@ class Fleet:
         self.nodes = [
             Node(i, f"hf-{tag}-n{i}", str(hosts[i + 1]), workdir / f"node{i}") for i in range(count)
         ]
-        self._spare = [str(host) for host in hosts[count + 1 :]]  # addresses for replacements
+        self.head = Node(None, f"hf-{tag}-head", str(hosts[-1]), workdir / "head")
+        self._spare = [str(host) for host in hosts[count + 1 : -1]]  # addresses for replacements
         self.sshd: list[subprocess.Popen] = []
         self._links: list[str] = []
         self._namespaces: list[str] = []
@@ -100,17 +104,18 @@ class Fleet:
         self._links.append(self.bridge)
         _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        for node in self.nodes:
-            host_side = f"{self.bridge[:-2]}v{node.index}"
+        for node in [*self.nodes, self.head]:
+            interface = NODE_INTERFACE if node is not self.head else HEAD_INTERFACE
+            host_side = f"{self.bridge[:-2]}v{'h' if node is self.head else node.index}"
             _run("ip", "netns", "add", node.namespace)
             self._namespaces.append(node.namespace)
-            _run("ip", "link", "add", host_side, "type", "veth", "peer", "name", NODE_INTERFACE,
+            _run("ip", "link", "add", host_side, "type", "veth", "peer", "name", interface,
                  "netns", node.namespace)  # fmt: skip
             self._links.append(host_side)
             _run("ip", "link", "set", host_side, "master", self.bridge, "up")
             ns = ("ip", "netns", "exec", node.namespace)
-            _run(*ns, "ip", "addr", "add", f"{node.ip}/24", "dev", NODE_INTERFACE)
-            _run(*ns, "ip", "link", "set", NODE_INTERFACE, "up")
+            _run(*ns, "ip", "addr", "add", f"{node.ip}/24", "dev", interface)
+            _run(*ns, "ip", "link", "set", interface, "up")
             _run(*ns, "ip", "link", "set", "lo", "up")
             self._prepare_ssh(node)
 
@@ -157,18 +162,27 @@ class Fleet:
         template): renewed (below), at a new address."""
         self.kill_host(node.namespace)
         ns = ("ip", "netns", "exec", node.namespace)
-        _run(*ns, "ip", "addr", "flush", "dev", NODE_INTERFACE)
+        _run(*ns, "ip", "addr", "flush", "dev", self.interface(node))
         node.ip = self._spare.pop(0)
-        _run(*ns, "ip", "addr", "add", f"{node.ip}/24", "dev", NODE_INTERFACE)
+        _run(*ns, "ip", "addr", "add", f"{node.ip}/24", "dev", self.interface(node))
         self.renew(node)
+
+    def interface(self, node: Node) -> str:
+        return HEAD_INTERFACE if node is self.head else NODE_INTERFACE
 
     def renew(self, node: Node) -> None:
         """The node as a fleet deployed anew has it, at its address: every process gone, its
         network up, and nothing left of its disks: host key, authorized_keys, state, logs and
         /data start empty."""
         self.kill_host(node.namespace)
-        _run("ip", "netns", "exec", node.namespace, "ip", "link", "set", NODE_INTERFACE, "up")
-        shutil.rmtree(node.home)
+        link = self.interface(node)
+        _run("ip", "netns", "exec", node.namespace, "ip", "link", "set", link, "up")
+        if (
+            node is self.head
+        ):  # the alias its bootstrap added to its network (a new instance has none)
+            subprocess.run(["ip", "netns", "exec", node.namespace, "ip", "link", "del", NODE_INTERFACE],
+                           capture_output=True)  # fmt: skip
+        shutil.rmtree(node.home, ignore_errors=True)
         etc = Path("/etc/netns") / node.namespace
         shutil.rmtree(etc)
         self._etc.remove(etc)

@@ -35,7 +35,7 @@ class LocalS3:
         self.workdir.mkdir(parents=True)
         usable, why = namespaces_available()
         if usable and not self.args.processes:
-            self.fleet = Fleet(self.args.nodes, self.workdir, str(os.getpid()))
+            self.fleet = Fleet(self.fleet_size or self.args.nodes, self.workdir, str(os.getpid()))
             self.fleet.__enter__()
             address = self.fleet.gateway
             say(f"simulated hosts: namespaces on {self.fleet.subnet} ({why})")

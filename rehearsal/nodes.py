@@ -12,12 +12,15 @@ import hashlib
 import importlib.metadata
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from rehearsal.common import BUCKET, REGION, REPO, RUN, say
 from rehearsal.hosts import NODE_INTERFACE, SSH_PORT
+
+HEARTBEAT_TIMEOUT_S = 60  # node.json's, and TrainStack's tag the run controller reads
 
 RAW_FILES = (
     "ILSVRC2012_img_train.tar",
@@ -125,91 +128,141 @@ class Nodes:
                 self.fleet.renew(self.fleet.nodes[index])
             else:
                 shutil.rmtree(self.node_home(index), ignore_errors=True)
+        if self.fleet:
+            self.fleet.renew(self.fleet.head)
+        else:
+            shutil.rmtree(self.workdir / "head", ignore_errors=True)
         shutil.rmtree(self.workdir / "imds", ignore_errors=True)
         self.launched.clear()
         self.close_cloud()  # its instances were the old deployment's
 
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
-        """Start every node's train_node.sh and wait for all (a fault row without a run
-        controller: the nodes' exits are the attempt's end)."""
+        """Start every node's train_node.sh and the head's, and wait for all (a fault row
+        without a run controller: their exits are the attempt's end)."""
         self.wait(self.start_nodes(epochs, absent, **overrides), self.args.timeout)
 
     def start_nodes(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> dict:
-        """Start every node's train_node.sh; the node processes by name. A second call is the
-        rerun after a reboot: the nodes' processes (sshd included) are gone, their disks, keys
-        and the run's S3 prefix are not, so the pull is skipped and training resumes from S3."""
+        """Start every node's train_node.sh and the head's; the processes by name. A second
+        call is the rerun after a reboot: the processes (sshd included) are gone, the disks,
+        keys and the run's S3 prefix are not, so the pull is skipped and training resumes from
+        S3."""
         self.end_nodes()  # the sshd of a node whose bootstrap restarted too
         if self.node_processes:
             # Only S3 may hold the checkpoint a rerun resumes from.
-            shutil.rmtree(self.workdir / "node0" / "data" / "model", ignore_errors=True)
-        nodes = self.args.nodes
+            shutil.rmtree(self.head_home() / "data" / "model", ignore_errors=True)
         self.output.clear()
         data_mount = self.workdir / "data"  # every namespace node sees its own data here
         data_mount.mkdir(exist_ok=True)
         procs = {}
-        image_json = self.image_manifest()
-        for index in range(nodes):
+        for index in range(self.args.nodes):
             if index in absent:  # a node that never boots (the fault rehearsal)
                 continue
-            node = self.fleet.nodes[index] if self.fleet else None
-            home = node.home if node else self.workdir / f"node{index}"
-            doc = {
-                "role": "train",
-                **self.common(home),
-                "run": RUN,
-                "node_index": index,
-                "nodes": nodes,
-                "gpus_per_node": 0,
-                "instance_type": "rehearsal-cpu",
-                "efa": False,
-                "dataset_prefix": "tfrecords/",
-                "runs_prefix": f"runs/{RUN}/",
-                "rendezvous_timeout_s": 300,
-                "trainer": {
-                    "epochs": epochs,
-                    "batch_per_gpu": 32,
-                    "arch": "resnet18",
-                    "image_size": 32,
-                    "log_every": 5,
-                    "warmup_epochs": 1,
-                },
-                "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": RUN}},
-                "image": {
-                    "manifest": str(image_json),
-                    "ami": "rehearsal-image",
-                    "tensorflow": "2.15.1",
-                    "horovod": "0.28.1",
-                },
-                "instance_store": False,
-                "mount_point": str(data_mount if node else home / "data"),
-                "ip": self.node_ip(index),
-                "instance_id": self.instance_id(index),
-                # EC2's launch time, for the start-up record: this process's start.
-                "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "ssh_port": SSH_PORT,
-                "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
-                "network_interface": NODE_INTERFACE if node else None,
-                "heartbeat_timeout_s": 60,
-                "checkpoint_sync_s": 30,
-                # CPU processes cost nothing; the status screen still shows the dollars line.
-                "cost": {"usd_per_hour": 0.0, "prices_as_of": "rehearsal", "max_hours": 1},
-                "status_every_s": 1,  # epochs last seconds here: a screen for each
-            }
-            doc["trainer"].update(overrides.get("trainer", {}))
-            doc.update({k: v for k, v in overrides.items() if k != "trainer"})
-            if index in self.launched:  # the replacement template's node.json: no index
-                del doc["node_index"]  # (the node reads the controller's launch assignment)
-            self.market = doc.get("market", "on-demand")
-            if self.market == "spot":
-                doc["spot_notice_file"] = str(self.notice_file(index))
-            env = {**self.env("node"), "NODE_JSON": str(self.node_json(home / "node.json", doc))}
-            script = [str(REPO / "bootstrap" / "train_node.sh")]
-            cmd = self.fleet.node_command(node, data_mount, script) if node else script
-            procs[f"node{index}"] = self.start(f"node{index}", cmd, env)
-            # A restarted unit reruns the script on the same host, whose sshd still runs.
-            again = self.fleet.node_command(node, data_mount, script, sshd=False) if node else cmd
-            self.services[f"node{index}"] = (again, env)
+            procs[f"node{index}"] = self.start_instance(
+                f"node{index}", self.node_document(index, epochs, overrides), data_mount
+            )
+        procs["head"] = self.start_instance(
+            "head", self.head_document(epochs, overrides), data_mount
+        )
         self.node_processes = list(procs.values())
         self.node_groups = [proc.pid for proc in self.node_processes]
         self.restarts.clear()
         return procs
+
+    def head_home(self) -> Path:
+        """The head's own files; without namespaces its model dir is node 0's (one disk)."""
+        return self.fleet.head.home if self.fleet else self.workdir / "node0"
+
+    def start_instance(self, name: str, doc: dict, data_mount: Path) -> subprocess.Popen:
+        """train_node.sh on its host (its namespace, its /data) as user-data starts it, and
+        what systemd's restart of its bootstrap runs there."""
+        host = None
+        if self.fleet:
+            host = self.fleet.head if name == "head" else self.fleet.nodes[int(name[4:])]
+        home = Path(doc["state_dir"]).parent
+        env = {**self.env("node"), "NODE_JSON": str(self.node_json(home / f"{name}.json", doc))}
+        script = [str(REPO / "bootstrap" / "train_node.sh")]
+        # The head runs no sshd: nobody starts processes on it.
+        cmd = (
+            self.fleet.node_command(host, data_mount, script, sshd=name != "head")
+            if host
+            else script
+        )
+        # A restarted unit reruns the script on the same host, whose sshd still runs.
+        again = self.fleet.node_command(host, data_mount, script, sshd=False) if host else cmd
+        self.services[name] = (again, env)
+        return self.start(name, cmd, env)
+
+    def head_document(self, epochs: int, overrides: dict) -> dict:
+        """The head's node.json: the nodes' keys, role head, no index (docs/contracts.md)."""
+        doc = self.node_document(0, epochs, overrides)
+        home = self.fleet.head.home if self.fleet else self.workdir / "head"
+        doc.update(self.common(home))
+        doc.pop("node_index", None)
+        doc.pop("spot_notice_file", None)
+        doc.update(
+            role="head",
+            ip=self.fleet.head.ip if self.fleet else "127.0.0.1",
+            instance_id="rehearsal-head",
+            mount_point=str(self.workdir / "data" if self.fleet else self.head_home() / "data"),
+            authorized_keys_file=str(home / "ssh" / "authorized_keys"),
+        )
+        return doc
+
+    def node_document(self, index: int, epochs: int, overrides: dict) -> dict:
+        node = self.fleet.nodes[index] if self.fleet else None
+        home = node.home if node else self.workdir / f"node{index}"
+        doc = {
+            "role": "train",
+            **self.common(home),
+            "run": RUN,
+            "node_index": index,
+            "nodes": self.args.nodes,
+            "gpus_per_node": 0,
+            "instance_type": "rehearsal-cpu",
+            "efa": False,
+            "dataset_prefix": "tfrecords/",
+            "runs_prefix": f"runs/{RUN}/",
+            "rendezvous_timeout_s": 300,
+            "trainer": {
+                "epochs": epochs,
+                "batch_per_gpu": 32,
+                "arch": "resnet18",
+                "image_size": 32,
+                "log_every": 5,
+                "warmup_epochs": 1,
+                "data_wait_s": 600,  # stacks/config.py DATA_WAIT_S: training starts on own shards
+            },
+            "metrics": {"namespace": "HorovodFleet", "dimension": {"Run": RUN}},
+            "image": {
+                "manifest": str(self.image_manifest()),
+                "ami": "rehearsal-image",
+                "tensorflow": "2.15.1",
+                "horovod": "0.28.1",
+            },
+            "instance_store": False,
+            "mount_point": str(self.workdir / "data" if node else home / "data"),
+            "ip": self.node_ip(index),
+            "instance_id": self.instance_id(index),
+            # EC2's launch time, for the start-up record: this process's start.
+            "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "ssh_port": SSH_PORT,
+            "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
+            "network_interface": NODE_INTERFACE if node else None,
+            "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
+            # stacks/train/stack.py's elastic settings for this many nodes (2: the run
+            # controller's REPLACEMENTS_PER_NODE, which the synthesized tick has).
+            "min_nodes": max(1, self.args.nodes - 1),
+            "reset_limit": self.args.nodes * (2 * 2 + 1),
+            "checkpoint_sync_s": 30,
+            # CPU processes cost nothing; the status screen still shows the dollars line.
+            "cost": {"usd_per_hour": 0.0, "prices_as_of": "rehearsal", "max_hours": 1},
+            "status_every_s": 1,  # epochs last seconds here: a screen for each
+        }
+        doc["trainer"].update(overrides.get("trainer", {}))
+        doc.update({k: v for k, v in overrides.items() if k != "trainer"})
+        if index in self.launched:  # the replacement template's node.json: no index
+            del doc["node_index"]  # (the node reads the controller's launch assignment)
+        self.market = doc.get("market", "on-demand")
+        if self.market == "spot":
+            doc["spot_notice_file"] = str(self.notice_file(index))
+        return doc

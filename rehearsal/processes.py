@@ -74,6 +74,7 @@ class NodeProcesses:
             start_new_session=True,
         )
         self.processes.append(proc)
+        self.named[name] = proc
         if log:
             return proc
 

@@ -14,6 +14,7 @@ from stacks.image.stack import ImageStack
 from stacks.instance_types import fleet_usd_per_hour
 from stacks.node_code import PROJECT
 from stacks.preprocess.stack import PreprocessStack
+from stacks.run_estimate import checkpoint_every_s, estimated_seconds, recipe_plan
 from stacks.teardown.stack import TeardownStack
 from stacks.train.stack import TrainStack
 
@@ -35,6 +36,23 @@ def budget_limit_usd(config: FleetConfig) -> float:
     node = config.preprocess
     preprocessing = (node.usd_per_hour + node.max_surplus_usd_per_hour) * 24
     return float(math.ceil(fleet + preprocessing))
+
+
+def checkpoint_plan(config: FleetConfig) -> tuple[int, float | None]:
+    """The trainer's checkpoint interval (-c checkpointEveryS, else from the estimate) and the
+    estimated seconds of training and evaluation it was taken from (None: none estimated)."""
+    if config.benchmark:
+        return 0, None  # a benchmark trains nothing it keeps
+    global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
+    epochs, pixel_fraction = recipe_plan(
+        config.recipe, global_batch, config.epochs, config.image_size
+    )
+    timed = estimated_seconds(
+        config.gpu, config.nodes, epochs=epochs, pixel_fraction=pixel_fraction,
+        eval_every=config.eval_every, arch=config.arch, image_size=config.image_size,
+    )  # fmt: skip
+    training_s = timed[1] + timed[2] if timed else None
+    return config.checkpoint_every_s or checkpoint_every_s(training_s), training_s
 
 
 def compose(app: App, config: FleetConfig) -> HorovodFleet:
@@ -94,6 +112,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         bucket=bucket,
         guards=teardown.guards,
         image_id=config.ami or image.image_id,
+        checkpoint_every_s=checkpoint_plan(config)[0],
         env=env,
         description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",
     )

@@ -9,7 +9,7 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stacks import benchmark
@@ -25,6 +25,7 @@ from stacks.instance_types import (
     GpuType,
     JitProofType,
 )
+from stacks.run_estimate import MIN_CHECKPOINT_EVERY_S
 
 # key -> meaning; the README's table and the unknown-key check both come from here.
 KEYS: dict[str, str] = {
@@ -48,6 +49,8 @@ KEYS: dict[str, str] = {
     "imageSize": "training image size in pixels",
     "maxHours": "hard cap: the fleet is deleted this many hours after deploy",
     "maxRestarts": "relaunches of the fleet after a retryable failure (0: none)",
+    "minNodes": "fewest nodes an elastic reset trains on before the attempt ends (empty: nodes - 1)",
+    "checkpointEveryS": "seconds between S3 checkpoints (empty: a tenth of the estimate, <= 600)",
     "market": "on-demand, or spot: one-time Spot Instances, replaced when interrupted",
     "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
     "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",
@@ -74,6 +77,11 @@ MARKETS = ("on-demand", "spot")
 # puts 8 p4d nodes at a global batch of 8,192, where MLPerf's logged runs reached 75.9% soonest
 # among 8k-16k (epoch 42 at 8,192, v1.0 Google tpu-v4-128-TF; 45 at 13,056; 47 at 16,384).
 DEFAULT_BATCH_PER_GPU = {"goyal": 256, "fast": 128}
+# node.json `trainer.data_wait_s` (the trainer's --data-wait-s, docs/contracts.md): how long a
+# rank waits for its shard files. Set, the head starts training once every node holds its own
+# shards and each node pulls the rest beside the training; 600 s is the trainer's own default
+# (trainer/config.py DEFAULT_DATA_WAIT_S), past a whole pull of a node's share.
+DATA_WAIT_S = 600
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
 _RUN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -140,6 +148,10 @@ class FleetConfig:
     benchmark: str | None  # None: train; "synthetic" or "data": benchmark mode
     capacity_reservation: "CapacityReservation | None" = None
     image_jit: JitProofType | None = None  # None: no JIT proof stage
+    # The elastic fleet: a reset trains on at least this many nodes; fewer ends the attempt.
+    min_nodes: int = 1
+    # Seconds between the trainer's checkpoints (None: from the run's estimate, run_estimate.py).
+    checkpoint_every_s: int | None = None
 
     @property
     def runs_prefix(self) -> str:
@@ -163,6 +175,7 @@ class FleetConfig:
             "image_size": self.image_size,
             "eval_every": self.eval_every,
             "target_top1": self.target_top1,
+            "data_wait_s": DATA_WAIT_S,
         }
 
     @classmethod
@@ -245,6 +258,14 @@ class FleetConfig:
             capacity_reservation=get("capacityReservationId", _optional(_capacity_reservation)),
             benchmark=mode,
             image_jit=get("imageJitInstanceType", _optional(_jit_proof_type)),
+            checkpoint_every_s=get(
+                "checkpointEveryS", _optional(_integer(MIN_CHECKPOINT_EVERY_S, 86400))
+            ),
+        )
+        nodes = config.nodes
+        config = replace(
+            config,
+            min_nodes=get("minNodes", _optional(_integer(1, nodes))) or max(1, nodes - 1),
         )
         if config.image_jit is not None and config.ami is not None:
             raise ConfigError(

@@ -70,6 +70,17 @@ class GpuType:
 
 
 @dataclass(frozen=True)
+class HeadType:
+    """The elastic fleet's head (stacks/train/head.py): an on-demand CPU instance in the fleet's
+    subnet that runs horovodrun's elastic driver, so that no GPU node's loss ends the attempt."""
+
+    name: str
+    vcpus: int
+    memory_gib: int
+    usd_per_hour: float
+
+
+@dataclass(frozen=True)
 class BurstableType:
     """A t2/t3 instance type for the CPU-only preprocessing node."""
 
@@ -169,6 +180,15 @@ JIT_PROOF_TYPES: dict[str, JitProofType] = {
     )
 }
 
+# The head: horovodrun's elastic driver, its discovery thread, the ssh sessions of every rank
+# and the mirror of rank 0's outputs, plus the uploads and status.json. No training, no data:
+# 4 vCPUs of a current-generation x86 type (the training image is x86_64). c6i.xlarge: 4 vCPUs,
+# 8 GiB, $0.17 an hour on demand in us-east-1, us-east-2 and us-west-2, offered in every zone of
+# us-east-1 that offers p4d or p5 (use1-az1, -az2, -az4, -az5, -az6) in SkyPilot's AWS catalogue
+# (skypilot-org/skypilot-catalog, catalogs/v8/aws/vms.csv at e385a0d, the same source as the GPU
+# prices above). The zone check refuses a zone that does not offer it (stacks/train/stack.py).
+HEAD_TYPE = HeadType("c6i.xlarge", 4, 8, 0.17)
+
 BURSTABLE_TYPES: dict[str, BurstableType] = {
     t.name: t
     for t in (
@@ -197,15 +217,17 @@ SPOT_USD_PER_HOUR: dict[str, tuple[float, float]] = {
 
 
 def fleet_usd_per_hour(gpu: GpuType, nodes: int) -> float:
-    return gpu.usd_per_hour * nodes
+    """The whole fleet's rate: its GPU nodes and its head (always on demand)."""
+    return gpu.usd_per_hour * nodes + HEAD_TYPE.usd_per_hour
 
 
 def fleet_estimate(gpu: GpuType, nodes: int, max_hours: float) -> str:
     """The TrainStack line synthesis prints: hourly rate and the most the hard cap lets it cost."""
     hourly = fleet_usd_per_hour(gpu, nodes)
     return (
-        f"TrainStack: {nodes} x {gpu.name} at ${gpu.usd_per_hour:g}/h = ${hourly:,.2f}/h; "
-        f"capped at {max_hours:g} h -> at most ${hourly * max_hours:,.2f}"
+        f"TrainStack: {nodes} x {gpu.name} at ${gpu.usd_per_hour:g}/h + head {HEAD_TYPE.name} "
+        f"at ${HEAD_TYPE.usd_per_hour:g}/h = ${hourly:,.2f}/h; capped at {max_hours:g} h -> at "
+        f"most ${hourly * max_hours:,.2f}"
     )
 
 
@@ -221,9 +243,11 @@ def spot_estimate(gpu: GpuType, nodes: int, region: str) -> str:
     if recorded is None:
         return f"TrainStack on Spot (-c market=spot): no recorded price for {gpu.name}; {live}"
     low, high = recorded
+    head = HEAD_TYPE.usd_per_hour  # the head is never Spot: its loss would end the attempt
     return (
         f"TrainStack on Spot (-c market=spot): {nodes} x {gpu.name} at ${low:g}-{high:g}/h "
-        f"= ${low * nodes:,.2f}-{high * nodes:,.2f}/h by zone (on demand "
+        f"+ head ${head:g}/h on demand = ${low * nodes + head:,.2f}-{high * nodes + head:,.2f}/h "
+        "by zone (on demand "
         f"${fleet_usd_per_hour(gpu, nodes):,.2f}/h), {SPOT_PRICES_AS_OF}; today's: {live}"
     )
 

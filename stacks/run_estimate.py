@@ -7,6 +7,7 @@ launch to the first step, is stacks/startup_estimate.py's budget. Nothing here h
 on AWS by this project: the benchmark mode (-c benchmark=true) measures the fleet itself.
 """
 
+import functools
 import json
 import math
 import subprocess
@@ -29,7 +30,17 @@ SCALING = 0.9
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The trainer's checkpoint interval (node.json `trainer.checkpoint_every_s`): a tenth of the
+# run's estimated training, so that a crash loses at most a tenth of it and a short run (the
+# fast recipe's few minutes) has checkpoints too, and at most 600 s, Young's optimum for a fleet
+# that crashes once in 25-50 hours (docs/faults-and-recovery.md, "A crash"). Below the floor a
+# checkpoint's save, which stalls every rank, costs more than it keeps.
+MAX_CHECKPOINT_EVERY_S = 600
+MIN_CHECKPOINT_EVERY_S = 10
+CHECKPOINT_SHARE = 10  # one checkpoint interval per tenth of the estimated training
 
+
+@functools.lru_cache(maxsize=64)
 def recipe_plan(
     recipe: str, global_batch: int, epochs: int | None, image_size: int
 ) -> tuple[int, float]:
@@ -62,19 +73,18 @@ def training_estimate(
     """The synthesis line: minutes and dollars for `epochs` of `recipe` at the published
     per-GPU rate."""
     per_gpu = PER_GPU_IMAGES_PER_S.get(gpu.gpu_model)
-    if per_gpu is None or arch != "resnet50":
+    timed = estimated_seconds(
+        gpu, nodes, epochs=epochs, pixel_fraction=pixel_fraction, eval_every=eval_every,
+        arch=arch, image_size=image_size,
+    )  # fmt: skip
+    if per_gpu is None or timed is None:
         what = f"{arch} on {gpu.gpu_model}"
         return (
             f"TrainStack training estimate: none, no published TensorFlow figure for {what}; "
             "measure the fleet with -c benchmark=true"
         )
     gpus = nodes * gpu.gpus
-    # Fewer pixels, proportionally more images a second (a first-order estimate).
-    rate = gpus * per_gpu * (1.0 if gpus == 1 else SCALING) * (224 / image_size) ** 2
-    # Fewer pixels per image in a recipe's low-resolution epochs: proportionally less time.
-    training_s = epochs * IMAGENET_TRAIN_IMAGES * pixel_fraction / rate
-    # Every eval_every epochs and after the last; taken as no faster than training.
-    evaluation_s = math.ceil(epochs / eval_every) * IMAGENET_VAL_IMAGES / rate
+    rate, training_s, evaluation_s = timed
     startup_s = startup_estimate.startup_s(
         startup_estimate.startup_phases(gpu, nodes, init_rate=root_volume.init_rate(nodes))
     )
@@ -93,4 +103,55 @@ def training_estimate(
         f"{evaluation_s / 60:.1f} min evaluation + {startup_s / 60:.1f} min start-up (launch to "
         f"the first step, below) = ~{total_s / 60:.0f} min, ~${usd:,.2f} with the "
         f"{root_volume.cost_note(nodes, hours)}"
+    )
+
+
+def estimated_seconds(
+    gpu: GpuType,
+    nodes: int,
+    *,
+    epochs: int,
+    pixel_fraction: float,
+    eval_every: int,
+    arch: str,
+    image_size: int,
+) -> tuple[float, float, float] | None:
+    """(images/s, training s, evaluation s) at the published per-GPU rate; None without one."""
+    per_gpu = PER_GPU_IMAGES_PER_S.get(gpu.gpu_model)
+    if per_gpu is None or arch != "resnet50":
+        return None
+    gpus = nodes * gpu.gpus
+    # Fewer pixels, proportionally more images a second (a first-order estimate).
+    rate = gpus * per_gpu * (1.0 if gpus == 1 else SCALING) * (224 / image_size) ** 2
+    # Fewer pixels per image in a recipe's low-resolution epochs: proportionally less time.
+    training_s = epochs * IMAGENET_TRAIN_IMAGES * pixel_fraction / rate
+    # Every eval_every epochs and after the last; taken as no faster than training.
+    evaluation_s = math.ceil(epochs / eval_every) * IMAGENET_VAL_IMAGES / rate
+    return rate, training_s, evaluation_s
+
+
+def checkpoint_every_s(training_s: float | None) -> int:
+    """The checkpoint interval for a run whose training (and evaluation) is estimated at
+    training_s: a tenth of it, within [MIN_CHECKPOINT_EVERY_S, MAX_CHECKPOINT_EVERY_S]; the
+    maximum without an estimate (a type with no published figure)."""
+    if training_s is None:
+        return MAX_CHECKPOINT_EVERY_S
+    share = int(training_s // CHECKPOINT_SHARE)
+    return max(MIN_CHECKPOINT_EVERY_S, min(MAX_CHECKPOINT_EVERY_S, share))
+
+
+def checkpoint_note(interval_s: int, training_s: float | None, chosen: bool) -> str:
+    """The synthesis line that says how often the run checkpoints to S3, and why."""
+    if chosen:
+        why = "-c checkpointEveryS"
+    elif training_s is None:
+        why = "the longest interval: no estimate of the training to take a tenth of"
+    else:
+        why = (
+            f"a tenth of the ~{training_s / 60:.1f} min estimated training, at most "
+            f"{MAX_CHECKPOINT_EVERY_S} s"
+        )
+    return (
+        f"TrainStack checkpoints to S3 every {interval_s} s ({why}): what a whole-fleet loss can "
+        "cost at most; an elastic reset loses at most the steps since the last in-memory commit"
     )

@@ -154,6 +154,10 @@ class RunStore:
             if not token:
                 return names
 
+    def head(self, run: str) -> dict | None:
+        """The head's heartbeat (runs/<run>/head.json): its instance and address."""
+        return self.read_json(f"runs/{run}/head.json")
+
     def nodes(self, run: str) -> dict[int, dict]:
         listing = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"runs/{run}/nodes/")
         found = {}

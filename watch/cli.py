@@ -1,8 +1,8 @@
 """horovod-fleet: watch a run from your terminal.
 
     horovod-fleet status [--run NAME] [--watch]    one screen: phase, progress, ETA, dollars, cap
-    horovod-fleet logs [--run NAME] [--node N] [-f] the leader's training table, or node N's
-                                                    bootstrap log, from CloudWatch Logs
+    horovod-fleet logs [--run NAME] [--node N] [-f] the training table (the head's horovodrun),
+                                                    or node N's bootstrap log, from CloudWatch Logs
     horovod-fleet runs                              every run in the bucket with its goodput,
                                                     and its start-up measured against estimated
     horovod-fleet leftovers                         what stays billed after a run: the bucket
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", action="store_true", help=f"refresh every {REFRESH_S} s")
     logs = sub.add_parser("logs", parents=[common], help="a node's log from CloudWatch Logs")
     logs.add_argument("--node", type=int, help="node index: its bootstrap log (default: the "
-                      "leader's training table)")  # fmt: skip
+                      "training table, which the head's horovodrun prints)")  # fmt: skip
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--log-group", help="log group (default: TrainStack's LogGroup output)")
     sub.add_parser("runs", parents=[common], help="every run in the bucket")
@@ -172,13 +172,20 @@ def logs(watcher: Watcher) -> int:
     group = args.log_group or watcher.fleet.outputs.get("LogGroup")
     if not group:
         raise WatchError("no log group: pass --log-group (TrainStack has no LogGroup output)")
-    index = 0 if args.node is None else args.node
-    node = watcher.store.nodes(run).get(index)
-    if node is None:
-        raise WatchError(
-            f"node {index} of run {run!r} has not registered in "
-            f"s3://{watcher.store.bucket}/runs/{run}/nodes/: no instance to read the log of"
-        )
+    if args.node is None:
+        node = watcher.store.head(run)
+        if node is None:
+            raise WatchError(
+                f"the head of run {run!r} has not started (no s3://{watcher.store.bucket}/runs/"
+                f"{run}/head.json): no instance to read the training table of"
+            )
+    else:
+        node = watcher.store.nodes(run).get(args.node)
+        if node is None:
+            raise WatchError(
+                f"node {args.node} of run {run!r} has not registered in "
+                f"s3://{watcher.store.bucket}/runs/{run}/nodes/: no instance to read the log of"
+            )
     name = "train.log" if args.node is None else "bootstrap.log"
     stream = f"{node['instance_id']}/{name}"
     client = watcher.fleet.client("logs")

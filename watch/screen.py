@@ -44,7 +44,7 @@ class RunFacts:
     done: dict | None = None  # runs/<run>/DONE.json
     attempts: list[dict] | None = None  # runs/<run>/attempts.json's ended attempts
     nodes_up: int | None = None  # registrations in runs/<run>/nodes/
-    stack_phase: str | None = None  # from CloudFormation, before the leader writes anything
+    stack_phase: str | None = None  # from CloudFormation, before the head writes anything
     stack_created: datetime | None = None  # TrainStack's creation: the bill's start
     hard_cap_at: datetime | None = None  # TrainStack's HorovodFleetDeadline output
 
@@ -95,6 +95,23 @@ class RunFacts:
         return started + timedelta(hours=cost["max_hours"]), False
 
 
+def reset_line(reset: dict) -> str:
+    """An elastic reset, for people: when, which nodes left or came, the ranks, its cost."""
+    names = lambda nodes: ", ".join(f"node {n.get('node')}" for n in nodes)  # noqa: E731
+    changed = "; ".join(
+        part for part in (
+            f"{names(reset.get('lost') or [])} lost" if reset.get("lost") else "",
+            f"{names(reset.get('added') or [])} joined" if reset.get("added") else "",
+        ) if part
+    )  # fmt: skip
+    recovery = reset.get("recovery_s")
+    back = f", training again in {recovery:.0f} s" if recovery is not None else ""
+    return (
+        f"{reset.get('at')}: {changed or 'the world changed'}, {reset.get('ranks_before')} -> "
+        f"{reset.get('ranks_after')} ranks{back}, {reset.get('steps_redone') or 0} step(s) redone"
+    )
+
+
 def status_screen(facts: RunFacts) -> str:
     """One screen: the first line starts with `horovod-fleet status`, the last is blank."""
     status = facts.status or {}
@@ -108,11 +125,19 @@ def status_screen(facts: RunFacts) -> str:
     if status:
         up = "?" if facts.nodes_up is None else facts.nodes_up
         gpus = status.get("gpus_per_node") or 0
+        training = status.get("nodes_training")
         lines.append(
-            f"  nodes       {up} up, {status.get('nodes_healthy')} healthy of "
+            (
+                f"  nodes       {training} of {status['nodes']} training, "
+                if training
+                else "  nodes       "
+            )
+            + f"{up} up, {status.get('nodes_healthy')} healthy of "
             f"{status['nodes']} x {status['instance_type']}"
             + (f" ({gpus} GPUs each)" if gpus else " (CPU)")
         )
+        if resets := status.get("resets"):
+            lines.append(f"  resets      {len(resets)}, the last: {reset_line(resets[-1])}")
     if progress:
         lines.append(
             f"  progress    epoch {progress['epoch']}/{progress['epochs']}, step "
@@ -221,9 +246,9 @@ def phases_table(run: str, done: dict) -> str | None:
 
 
 def with_controller(status: dict | None, controller: dict | None) -> dict | None:
-    """status.json as the screen shows it: the leader's document (its only writer) with what
+    """status.json as the screen shows it: the head's document (its only writer) with what
     the run controller says in its own controller.json: always its execution and state; its
-    phase, attempt and reason when it wrote them after the leader's last word (the leader is
+    phase, attempt and reason when it wrote them after the head's last word (the head is
     gone, or a relaunch is under way). Both stamps are UTC "%Y-%m-%dT%H:%M:%SZ", so they
     compare as text."""
     if not controller:
@@ -269,7 +294,7 @@ def cap_line(facts: RunFacts) -> str:
         return "unknown (no TrainStack output HorovodFleetDeadline, no max_hours in status.json)"
     at, exact = cap
     left = (at - facts.now).total_seconds()
-    how = "" if exact else " (estimated from the leader's start)"
+    how = "" if exact else " (estimated from the head's start)"
     return f"{clock(left)} left, at {at.strftime(TIME_FORMAT)}{how}"
 
 

@@ -1,14 +1,14 @@
 """The pre-training allreduce check: one process per GPU on every node, before training starts.
 
-    horovodrun --mpi -np 16 --hostfile HOSTFILE python3 -m bootstrap.fleet.allreduce_check
+    horovodrun --gloo -np 16 --hostfile HOSTFILE python3 -m bootstrap.fleet.allreduce_check
 
 It runs a real flat NCCL allreduce across every node (as training does), times it, and prints one
 summary line with the bus bandwidth (nccl-tests' definition, GB = 1e9 bytes). Below the floor for
 the instance type (HOROVOD_FLEET_ALLREDUCE_FLOOR_GBPS, from stacks/instance_types.py through
-node.json) every rank ends with one `error: ...` line. The leader runs it with NCCL_DEBUG=INFO and
+node.json) every rank ends with one `error: ...` line. The head runs it with NCCL_DEBUG=INFO and
 then reads which network NCCL used for the collective (bootstrap.node.health.check_transport).
 
-parse_summary() reads the line back (the leader's log, DONE.json); it needs no TensorFlow.
+parse_summary() reads the line back (the head's log, DONE.json); it needs no TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
-"""A member of the fleet (node_index > 0): after the steps every training node runs, it
-registers and keeps its heartbeat while the leader runs the training, until the run's DONE.json,
-or until it finds the leader lost, and then writes that DONE.json itself."""
+"""A node of the fleet, any index: after the steps every training node runs, it registers and
+keeps its heartbeat while the head runs the training on it, until the run's DONE.json, or until
+it finds the head lost, and then writes that DONE.json itself."""
 
 from __future__ import annotations
 
 import time
 
-from bootstrap.fleet import rendezvous, supervision
+from bootstrap import aws
+from bootstrap.fleet import node_failures, rendezvous, supervision
+from bootstrap.head import results
+from bootstrap.head.elastic import interface_of
+from bootstrap.lines import one_line
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
 from bootstrap.steps import StepFailed, step
@@ -17,12 +21,13 @@ class Member(TrainingNode):
         ip, instance_id = self.boot()
         cfg, s3 = self.cfg, self.s3
         started = time.time()
-        watch = supervision.LeaderWatch(cfg, started)
+        watch = supervision.HeadWatch(cfg, started)
         met: list[float] = []
+        interface = step("network interface", lambda: interface_of(ip))
 
         def on_beat(now: float) -> None:
             self.check_pull()
-            # The fleet met when the leader wrote this deployment's hostfile.
+            # The fleet met when the head wrote this deployment's hostfile.
             at = None if met else rendezvous.last_written(s3, cfg, "hostfile")
             if at is not None and at >= int(started):
                 met.append(at)
@@ -32,17 +37,34 @@ class Member(TrainingNode):
             "rendezvous",
             lambda: rendezvous.serve_as_member(
                 s3, cfg, ip, instance_id, self.log,
-                leader_lost=lambda now: watch.lost(supervision.read_entry(s3, cfg, 0), now),
+                head_lost=lambda now: watch.lost(supervision.read_head(s3, cfg), now),
                 fleet_ready=lambda check: rendezvous.signal_fleet_ready(cfg, check["detail"]),
-                shards=self.holds, on_beat=on_beat,
+                shards=self.holds, on_beat=on_beat, interface=interface,
             ),
         )  # fmt: skip
         self.follower.stop()
         step("upload logs", lambda: upload_logs(s3, cfg))
 
+    def report(self, failure: StepFailed) -> None:
+        """As every instance reports; and unless the head is gone (this node writes DONE.json
+        then), the failure goes where the head reads it (bootstrap/fleet/node_failures.py)."""
+        cfg = self.cfg
+        told = (rendezvous.HeadLost, results.RecordTaken)
+        if not isinstance(failure.__cause__, told):
+            try:
+                # A shell step's failure comes before the bootstrap asked who this node is.
+                ip, instance_id = self.identity or (aws.private_ip(cfg), aws.instance_id(cfg))
+                s3 = aws.s3_client(cfg.region, self.results_policy)
+                node_failures.write(
+                    s3, cfg, ip, instance_id, failure.cause, str(failure), time.time()
+                )
+            except Exception as exc:  # the head names this node lost instead
+                self.log(f"could not tell the head why this node failed: {one_line(exc)}")
+        super().report(failure)
+
     def writes_record(self, failure: StepFailed) -> bool:
-        # The leader writes the record; a member only when the leader is gone.
-        return isinstance(failure.__cause__, rendezvous.LeaderLost)
+        # The head writes the record; a node only when the head is gone.
+        return isinstance(failure.__cause__, rendezvous.HeadLost)
 
     def written_by(self) -> str:
         return f"member {self.cfg.node_index}"

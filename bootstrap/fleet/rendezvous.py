@@ -1,15 +1,17 @@
 """Fleet rendezvous through the run prefix in S3: registration, the run's SSH key, the hostfile.
 
-Layout (docs/contracts.md): runs/<run>/nodes/<index>.json, runs/<run>/ssh/leader.pub,
-runs/<run>/hostfile. Every step is idempotent, so a rebooted or redeployed node with the same run
-name repeats it safely. Members keep re-registering until the run's DONE.json appears (a
-heartbeat), and the leader only counts registrations younger than heartbeat_timeout_s: after a
-redeploy, the old instances' entries (old IPs) are never mistaken for live nodes.
+Layout (docs/contracts.md): runs/<run>/nodes/<index>.json (each node's registration, its
+heartbeat), runs/<run>/head.json (the head's), runs/<run>/ssh/head.pub, runs/<run>/hostfile.
+Every step is idempotent, so a rebooted or redeployed node with the same run name repeats it
+safely. Nodes keep re-registering until the run's DONE.json appears (a heartbeat), and the head
+only counts registrations younger than heartbeat_timeout_s: after a redeploy, the old instances'
+entries (old IPs) are never mistaken for live nodes.
 
-A relaunch can replace the leader (a Spot fleet comes back as new instances, with new keys and
-addresses). Its rendezvous therefore counts only registrations written since it began, by
-members that name the key it published (`leader_key_sha256`): a member that installed the old
-leader's key, or an entry of an instance that is gone, would refuse or miss horovodrun's ssh.
+A relaunch can replace the head (its instance terminated) and the nodes (a Spot fleet comes back
+as new instances, with new keys and addresses). The head's rendezvous therefore counts only
+registrations written since it began, by nodes that name the key it published
+(`head_key_sha256`): a node that installed an old key, or an entry of an instance that is gone,
+would refuse or miss horovodrun's ssh.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class RendezvousError(RuntimeError):
     cause = causes.NODES_MISSING
 
 
-class LeaderLost(RendezvousError):
-    """A member's leader went silent: its heartbeat is stale, or it never beat."""
+class HeadLost(RendezvousError):
+    """A node's head went silent: its heartbeat is stale, or it never beat."""
 
     cause = causes.NODE_LOST
 
@@ -70,7 +72,7 @@ def read_object(s3, bucket: str, key: str) -> bytes | None:
 
 
 def key_fingerprint(public_key: str) -> str:
-    """What a registration names the leader's key by: sha256 of its line."""
+    """What a registration names the head's key by: sha256 of its line."""
     return hashlib.sha256(public_key.strip().encode()).hexdigest()
 
 
@@ -80,19 +82,23 @@ def register_node(
     ip: str,
     instance_id: str,
     now: float,
-    leader_key: str | None = None,
+    head_key: str | None = None,
     shards: str | None = None,
+    interface: str | None = None,
 ) -> dict:
     """The node's registration, its heartbeat. `shards`: what it holds of the dataset, "own"
-    (what its ranks read in the fleet's first world) or "all" (what any other world needs)."""
+    (what its ranks read in the fleet's first world) or "all" (what any other world needs);
+    `interface`: the name of its network interface that holds `ip` (the head gives horovodrun
+    that name, bootstrap/head/elastic.py)."""
     entry = {
         "index": cfg.node_index,
         "ip": ip,
         "gpus": cfg.gpus_per_node,
         "instance_id": instance_id,
         "registered_at": utc_stamp(now),
-        "leader_key_sha256": leader_key,
+        "head_key_sha256": head_key,
         "shards": shards,
+        "interface": interface,
     }
     key = f"{cfg.runs_prefix}nodes/{cfg.node_index}.json"
     s3.put_object(Bucket=cfg.bucket, Key=key, Body=json.dumps(entry).encode())
@@ -103,8 +109,27 @@ def private_key_path(cfg: TrainConfig) -> Path:
     return Path(cfg.state_dir) / "ssh" / cfg.run / "id_ed25519"
 
 
-def ensure_leader_key(s3, cfg: TrainConfig) -> Path:
-    """Make the run's key pair once (reused on reruns) and publish its public half."""
+HEAD_KEY = "ssh/head.pub"  # under the run prefix: the head's public key, which every node installs
+HEAD_ENTRY = "head.json"  # under the run prefix: the head's heartbeat
+
+
+def register_head(s3, cfg: TrainConfig, ip: str, instance_id: str, now: float, key: str) -> dict:
+    """The head's heartbeat, which every node watches (supervision.HeadWatch)."""
+    entry = {
+        "ip": ip,
+        "instance_id": instance_id,
+        "registered_at": utc_stamp(now),
+        "head_key_sha256": key,
+    }
+    s3.put_object(
+        Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{HEAD_ENTRY}", Body=json.dumps(entry).encode()
+    )
+    return entry
+
+
+def ensure_head_key(s3, cfg: TrainConfig) -> Path:
+    """Make the run's key pair once (reused on reruns) and publish its public half: the private
+    half stays on the head, which starts every rank over ssh."""
     key = private_key_path(cfg)
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -113,7 +138,7 @@ def ensure_leader_key(s3, cfg: TrainConfig) -> Path:
             check=True,
         )
     public = key.with_suffix(".pub").read_bytes()
-    pub_key = f"{cfg.runs_prefix}ssh/leader.pub"
+    pub_key = f"{cfg.runs_prefix}{HEAD_KEY}"
     if read_object(s3, cfg.bucket, pub_key) != public:
         s3.put_object(Bucket=cfg.bucket, Key=pub_key, Body=public)
     return key
@@ -133,26 +158,25 @@ def install_authorized_key(path: str | Path, public_key: str) -> bool:
     return True
 
 
-def wait_for_leader_key(
+def wait_for_head_key(
     s3, cfg: TrainConfig, clock=time.time, sleep=time.sleep, timeout_s: float | None = None
 ) -> str:
     timeout_s = cfg.rendezvous_timeout_s if timeout_s is None else timeout_s
-    pub_key = f"{cfg.runs_prefix}ssh/leader.pub"
+    pub_key = f"{cfg.runs_prefix}{HEAD_KEY}"
     found = poll_until(
         lambda: read_object(s3, cfg.bucket, pub_key), timeout_s, cfg.poll_interval_s, clock, sleep
     )
     if not found:
         raise RendezvousError(
-            f"the leader (node 0) did not publish s3://{cfg.bucket}/{pub_key} "
-            f"within {timeout_s:.0f} s"
+            f"the head did not publish s3://{cfg.bucket}/{pub_key} within {timeout_s:.0f} s"
         )
     return found.decode()
 
 
 def live_nodes(
-    s3, cfg: TrainConfig, now: float, leader_key: str | None = None, since: float | None = None
+    s3, cfg: TrainConfig, now: float, head_key: str | None = None, since: float | None = None
 ) -> dict[int, dict]:
-    """Registrations of this run young enough to belong to running instances; with `leader_key`,
+    """Registrations of this run young enough to belong to running instances; with `head_key`,
     only those naming that key, and with `since`, only those written at or after it (stamps
     have whole seconds)."""
     listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}nodes/")
@@ -163,15 +187,15 @@ def live_nodes(
         fresh = (
             now - registered <= cfg.heartbeat_timeout_s
             and (since is None or registered >= int(since))
-            and (leader_key is None or entry.get("leader_key_sha256") == leader_key)
+            and (head_key is None or entry.get("head_key_sha256") == head_key)
         )
-        # The leader's own entry is current by construction, however long it has been waiting.
+        # A node's own entry is current by construction, however long it has been waiting.
         if (fresh or entry["index"] == cfg.node_index) and 0 <= entry["index"] < cfg.nodes:
             nodes[entry["index"]] = entry
     return nodes
 
 
-MISSING_NOTE_EVERY_S = 30  # how often the leader says who it is still waiting for
+MISSING_NOTE_EVERY_S = 30  # how often the head says who it is still waiting for
 
 
 def describe_missing(cfg: TrainConfig, nodes: dict[int, dict]) -> str:
@@ -185,20 +209,20 @@ def wait_for_nodes(
     clock=time.time,
     sleep=time.sleep,
     log=aws.log,
-    leader_key: str | None = None,
+    head_key: str | None = None,
     since: float | None = None,
     while_waiting: Callable[[], None] = lambda: None,
 ) -> list[dict]:
     """All N live registrations sorted by index, or RendezvousError naming the missing ones.
-    Says every 30 s which nodes it still waits for. `leader_key` and `since`: see live_nodes;
-    while_waiting() at each look (the node's own data pull, raising its failure)."""
+    Says every 30 s which nodes it still waits for. `head_key` and `since`: see live_nodes;
+    while_waiting() at each look."""
     started = clock()
     next_note = started + MISSING_NOTE_EVERY_S
 
     def all_registered() -> dict[int, dict] | None:
         nonlocal next_note
         while_waiting()
-        nodes = live_nodes(s3, cfg, clock(), leader_key, since)
+        nodes = live_nodes(s3, cfg, clock(), head_key, since)
         if len(nodes) == cfg.nodes:
             return nodes
         if clock() >= next_note:
@@ -213,7 +237,7 @@ def wait_for_nodes(
     nodes = poll_until(all_registered, cfg.rendezvous_timeout_s, cfg.poll_interval_s, clock, sleep)
     if nodes:
         return [nodes[i] for i in range(cfg.nodes)]
-    present = live_nodes(s3, cfg, clock(), leader_key, since)
+    present = live_nodes(s3, cfg, clock(), head_key, since)
     raise RendezvousError(
         f"{describe_missing(cfg, present)} did not register under "
         f"s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ within {cfg.rendezvous_timeout_s:.0f} s"
@@ -260,8 +284,8 @@ def signal_fleet_ready(cfg: TrainConfig, detail: str, log=aws.log) -> None:
 
 
 def write_fleet_check(s3, cfg: TrainConfig, detail: str, now: float) -> None:
-    """The leader's word that the fleet passed its checks (every node met, the allreduce crossed
-    the nodes as the type requires): each member signals CloudFormation SUCCESS on it."""
+    """The head's word that the fleet passed its checks (every node met, the allreduce crossed
+    the nodes as the type requires): each node signals CloudFormation SUCCESS on it."""
     document = {"passed": True, "detail": detail, "at": utc_stamp(now)}
     s3.put_object(
         Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{FLEET_CHECK}", Body=json.dumps(document).encode()
@@ -286,20 +310,21 @@ def serve_as_member(
     log,
     clock=time.time,
     sleep=time.sleep,
-    leader_lost: Callable[[float], str | None] = lambda now: None,
+    head_lost: Callable[[float], str | None] = lambda now: None,
     fleet_ready: Callable[[dict], None] = lambda check: None,
     shards: Callable[[], str | None] = lambda: None,
     on_beat: Callable[[float], None] = lambda now: None,
+    interface: str | None = None,
 ) -> None:
-    """Install the leader's key, register, then heartbeat until the run's DONE.json appears (the
-    leader's, or another member's that found the leader lost), or until leader_lost(now) says
-    why the leader is gone (bootstrap.fleet.supervision.LeaderWatch): this member then writes it.
-    fleet_ready(check) is called once, when the leader's fleet check of this deployment appears.
-    Each registration says what shards() holds; on_beat(now) runs at each beat (it may raise:
-    the node's data pull failed).
+    """Install the head's key, register, then heartbeat until the run's DONE.json appears (the
+    head's, or a node's that found the head lost), or until head_lost(now) says why the head is
+    gone (bootstrap.fleet.supervision.HeadWatch): this node then writes it. fleet_ready(check)
+    is called once, when the head's fleet check of this deployment appears. Each registration
+    says what shards() holds and the node's `interface`; on_beat(now) runs at each beat (it may
+    raise: the node's data pull failed).
 
-    The key goes in before the registration, so the leader never ssh-es to a node that would
-    refuse it; a key the leader replaced (a redeployed leader) is picked up on the next beat.
+    The key goes in before the registration, so the head never ssh-es to a node that would
+    refuse it; a key the head replaced (a relaunched head) is picked up on the next beat.
     """
     started = clock()
     ready = False
@@ -307,12 +332,14 @@ def serve_as_member(
         if not ready and (check := read_fleet_check(s3, cfg, started)):
             fleet_ready(check)
             ready = True
-        public_key = wait_for_leader_key(s3, cfg, clock, sleep)
+        public_key = wait_for_head_key(s3, cfg, clock, sleep)
         if install_authorized_key(cfg.authorized_keys_file, public_key):
             log(f"installed the run's public key in {cfg.authorized_keys_file}")
-        register_node(s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key), shards())
+        register_node(
+            s3, cfg, ip, instance_id, clock(), key_fingerprint(public_key), shards(), interface
+        )
         on_beat(clock())
-        if why := leader_lost(clock()):
-            raise LeaderLost(why)
+        if why := head_lost(clock()):
+            raise HeadLost(why)
         sleep(min(cfg.poll_interval_s, cfg.heartbeat_timeout_s / 4))
-    log("the leader wrote DONE.json: this member's part is over")
+    log("DONE.json is written: this node's part is over")

@@ -1,4 +1,4 @@
-"""The leader's bootstrap supervises the run; this module keeps it from being a single point of
+"""The head's bootstrap supervises the run; this module keeps it from being a single point of
 failure (docs/contracts.md, "A run as it goes").
 
 - The training processes die with it: horovodrun runs under `python3 -m bootstrap.fleet.supervision
@@ -8,9 +8,9 @@ failure (docs/contracts.md, "A run as it goes").
   kill_executor_children_if_parent_dies). Every training process carries JOB_ENV, so the
   restarted bootstrap (systemd restarts the node service) ends whatever is left before it
   rendezvouses again and resumes from the newest checkpoint in S3.
-- Heartbeats: the leader rewrites runs/<run>/nodes/0.json every heartbeat_timeout_s / 4 until
-  DONE.json is written, like every member. A member whose leader's heartbeat goes stale fails
-  in one line naming it instead of waiting for DONE.json forever.
+- Heartbeats: the head rewrites runs/<run>/head.json every heartbeat_timeout_s / 4 until
+  DONE.json is written, as every node rewrites its registration. A node whose head's heartbeat
+  goes stale fails in one line naming it instead of waiting for DONE.json forever.
 - A failed training names a node whose heartbeat went stale (its network or its instance died)
   as `node <index> (<instance_id>, <ip>)`, before any rank on a surviving node is blamed.
 - A heartbeat is only as fresh as S3 lets it be: while S3 did not answer, no node could rewrite
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, read_object
+from bootstrap.fleet.rendezvous import HEAD_ENTRY, parse_stamp, read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 
@@ -79,7 +79,7 @@ def processes_of(job: str, own: int | None = None) -> list[int]:
 
 
 def end_leftovers(cfg: TrainConfig, log: Callable[[str], None] = aws.log) -> list[int]:
-    """A restarted leader first ends the training its dead predecessor left running: a second
+    """A restarted head first ends the training its dead predecessor left running: a second
     horovodrun would fight it for the GPUs and the model dir. Returns the pids it killed."""
     pids = processes_of(job_id(cfg))
     for pid in pids:
@@ -140,10 +140,21 @@ def since_s3_returned(beat: float | None, now: float, s3_back_at: float | None) 
     return f"; counted from S3 answering this node again {now - s3_back_at:.0f} s ago"
 
 
-class LeaderWatch:
-    """A member's view of the leader's heartbeat: lost once it was seen alive and then went
-    stale, or never seen alive within rendezvous_timeout_s of this member's start; never while
-    S3 answered this member again less than heartbeat_timeout_s ago."""
+def read_head(s3, cfg: TrainConfig) -> dict | None:
+    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}{HEAD_ENTRY}")
+    return json.loads(body) if body else None
+
+
+def name_head(entry: dict | None) -> str:
+    if entry is None:
+        return "the head"
+    return f"the head ({entry.get('instance_id')}, {entry.get('ip')})"
+
+
+class HeadWatch:
+    """A node's view of the head's heartbeat: lost once it was seen alive and then went stale,
+    or never seen alive within rendezvous_timeout_s of this node's start; never while S3
+    answered this node again less than heartbeat_timeout_s ago."""
 
     def __init__(
         self,
@@ -155,7 +166,7 @@ class LeaderWatch:
         self.seen_alive = False
 
     def lost(self, entry: dict | None, now: float) -> str | None:
-        key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}nodes/0.json"
+        key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}{HEAD_ENTRY}"
         timeout = self.cfg.heartbeat_timeout_s
         beat = parse_stamp(entry["registered_at"]) if entry else None
         if beat is not None and now - beat <= timeout:
@@ -163,20 +174,20 @@ class LeaderWatch:
             return None
         back = self.s3_back_at()
         if stale_for(beat, now, back) <= timeout:
-            return None  # S3 answered again too recently for the leader to have beaten since
-        who = name_node(entry) if entry else "node 0"
+            return None  # S3 answered again too recently for the head to have beaten since
+        who = name_head(entry)
         counted = since_s3_returned(beat, now, back)
         if self.seen_alive:
             return (
-                f"the leader, {who}, is lost: its heartbeat {key} is {now - beat:.0f} s old "
-                f"(heartbeat_timeout_s {timeout:.0f}{counted}); this member stops waiting for "
+                f"{who} is lost: its heartbeat {key} is {now - beat:.0f} s old "
+                f"(heartbeat_timeout_s {timeout:.0f}{counted}); this node stops waiting for "
                 "the run's DONE.json"
             )
         if now - self.started > self.cfg.rendezvous_timeout_s:
             since = f"last beat {now - beat:.0f} s ago" if entry else "no heartbeat at all"
             return (
-                f"the leader, {who}, did not heartbeat ({key}) within "
-                f"{self.cfg.rendezvous_timeout_s:.0f} s of this member's start ({since}{counted})"
+                f"{who} did not heartbeat ({key}) within "
+                f"{self.cfg.rendezvous_timeout_s:.0f} s of this node's start ({since}{counted})"
             )
         return None
 
@@ -189,11 +200,11 @@ def lost_nodes(
     sleep=time.sleep,
     s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
 ) -> list[str]:
-    """After a failed training, the members whose heartbeat went stale, named. Waits until each
-    member has either beaten since failed_at (alive: members keep beating after their ranks
-    end) or gone heartbeat_timeout_s without a beat (lost), counted from S3's return to this
-    node when that is later."""
-    pending = set(range(1, cfg.nodes))
+    """After a failed training, the nodes whose heartbeat went stale, named. Waits until each
+    node has either beaten since failed_at (alive: nodes keep beating after their ranks end) or
+    gone heartbeat_timeout_s without a beat (lost), counted from S3's return to the head when
+    that is later."""
+    pending = set(range(cfg.nodes))
     lost: list[str] = []
     wait_s = cfg.heartbeat_timeout_s + heartbeat_interval(cfg) + cfg.poll_interval_s
     while pending:

@@ -12,8 +12,8 @@ from pathlib import Path
 from bootstrap import aws
 from bootstrap.fleet import supervision
 from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
-from bootstrap.leader import checkpoints
-from bootstrap.leader.status import RunStatus
+from bootstrap.head import checkpoints
+from bootstrap.head.status import RunStatus
 from bootstrap.node_config import TrainConfig
 
 
@@ -22,6 +22,15 @@ def read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def read_list(path: Path) -> list:
+    """A JSON list from path; [] when it is absent, unreadable or not a list."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return found if isinstance(found, list) else []
 
 
 def this_attempts(path: Path, started: float) -> dict:
@@ -54,8 +63,8 @@ class Attempt:
         self.started = time.time()
         self.store: checkpoints.ModelStore | None = None
         self.outputs_since: float | None = None
-        self.heartbeat: supervision.Heartbeat | None = None  # the leader's, once registered
-        self.status: RunStatus | None = None  # status.json (published by the leader only)
+        self.heartbeat: supervision.Heartbeat | None = None  # the instance's, once registered
+        self.status: RunStatus | None = None  # status.json (published by the head only)
         self.earlier: list[dict] = []  # the run controller's record of the attempts before
         self.record: Path | None = None
         self.restarts: list[dict] = []

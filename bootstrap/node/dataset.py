@@ -5,7 +5,7 @@ the dataset arrives (docs/contracts.md, "Start-up, resets and goodput").
 What the node holds is what its registration says (`shards`): "own" (the shards its ranks read
 in the fleet's first world) or "all". A failure of the pull is kept and raised, as the data
 pull's failure, by whichever step of the node looks next (wait_own, check, wait_all), and
-passed to whoever asked to hear of it (on_failure: the leader ends a training it started).
+passed to whoever asked to hear of it (on_failure: the one who started a training ends it).
 """
 
 from __future__ import annotations
@@ -131,23 +131,26 @@ def wait_for_fleet_shards(
     s3,
     cfg: TrainConfig,
     pull: DatasetPull | None,
-    leader_key: str | None,
+    head_key: str | None,
     since: float,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     log: Callable[[str], None] = aws.log,
+    while_waiting: Callable[[], None] = lambda: None,
 ) -> None:
     """Until every node's registration says it holds every shard (this node's own pull says so
-    for itself), saying every 30 s which it waits for. A member whose registration went stale
+    for itself), saying every 30 s which it waits for. A node whose registration went stale
     is lost (node_lost); none within rendezvous_timeout_s is nodes_missing; this node's own
-    pull failing is the data pull's failure."""
+    pull failing is the data pull's failure; while_waiting() at each look (it may raise: a
+    node's reported failure)."""
     started = clock()
     next_note = started + WAITING_NOTE_EVERY_S
     while True:
+        while_waiting()
         if pull is not None:
             pull.check()
         now = clock()
-        live = rendezvous.live_nodes(s3, cfg, now, leader_key, since)
+        live = rendezvous.live_nodes(s3, cfg, now, head_key, since)
         held = {i: e.get("shards") for i, e in live.items()}
         held[cfg.node_index] = pull.holds if pull is not None else ALL
         if lost := [i for i in range(cfg.nodes) if i not in live and i != cfg.node_index]:

@@ -16,7 +16,7 @@ from bootstrap.node_config import Common, TrainConfig
 # What the node writes under log_dir (the agent skips the ones a role does not have).
 LOG_FILES = (
     "bootstrap.log", "preprocess.log", "allreduce-check.log", "train.log",
-    "metrics.log",  # the leader's EMF lines (bootstrap/leader/status.py): CloudWatch Logs makes them metrics
+    "metrics.log",  # the head's EMF lines (bootstrap/head/status.py): CloudWatch Logs makes them metrics
 )  # fmt: skip
 
 

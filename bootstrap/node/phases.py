@@ -106,7 +106,7 @@ class PhaseRecord:
     ) -> None:
         self.cfg, self.s3, self.log = cfg, s3, log
         self.local = Path(cfg.state_dir) / LOCAL_RECORD
-        self.key = f"{cfg.runs_prefix}phases/{cfg.node_index}.json"
+        self.key = f"{cfg.runs_prefix}phases/{cfg.node_name}.json"
         self.lock = threading.Lock()
         self.unsaved = False
         self.fabric: tuple[float, float] | None = None  # the shell's GPU fabric step, if any
@@ -117,7 +117,7 @@ class PhaseRecord:
         else:
             phases, launched = {}, None
         self.doc = {
-            "format": FORMAT, "run": cfg.run, "attempt": attempt, "node": str(cfg.node_index),
+            "format": FORMAT, "run": cfg.run, "attempt": attempt, "node": cfg.node_name,
             "instance_id": instance_id, "ip": ip, "launched_at": launched, "phases": phases,
         }  # fmt: skip
 

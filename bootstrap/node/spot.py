@@ -1,5 +1,5 @@
 """Spot interruption notices (node.json `market` "spot"): the two-minute warning becomes the
-trainer's coordinated SIGTERM checkpoint, and the leader's DONE.json names the node.
+trainer's coordinated SIGTERM checkpoint, and the head's DONE.json names the node.
 
 Every training node polls its notice every POLL_S seconds. AWS answers
 `GET meta-data/spot/instance-action` with 404 until an interruption is scheduled, then with
@@ -73,7 +73,7 @@ def is_rank(argv: list[str]) -> bool:
 
 
 def rank_processes(proc: Path = Path("/proc")) -> list[int]:
-    """The pids of this machine's Horovod ranks: horovodrun's children on the leader, sshd's
+    """The pids of this machine's Horovod ranks: sshd's
     (or orted's) on a member. Only those in this process's network namespace: on an instance
     that is every one, and where several nodes share a kernel (the rehearsal's hosts are network
     namespaces) it is this node's."""
@@ -186,7 +186,7 @@ class SpotWatch(threading.Thread):
 @contextlib.contextmanager
 def watching(cfg: TrainConfig, s3=None, **injected) -> Iterator[SpotWatch | None]:
     """A SpotWatch running for the block's time on a Spot node; None (no thread) on-demand."""
-    if cfg.market != "spot":
+    if cfg.market != "spot" or cfg.is_head:  # the head is on demand, whatever the nodes are
         yield None
         return
     s3 = s3 or aws.s3_client(cfg.region, RECORD_POLICY)

@@ -1,6 +1,7 @@
-"""What every training node runs before it meets the fleet (the attempt's record, health, the
-data, its identity) and how it reports a failure. Member (bootstrap/fleet/member.py) and Leader
-(bootstrap/leader/leader.py) take it from there and say what differs."""
+"""What every instance of the fleet runs first (the attempt's record, its identity, its phases
+record), what every node runs besides (health, the data) and how each reports a failure. Member
+(bootstrap/fleet/member.py, every node) and Head (bootstrap/head/head.py) take it from there
+and say what differs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.leader import results
-from bootstrap.leader.status import RunStatus
+from bootstrap.head import results
+from bootstrap.head.status import RunStatus
 from bootstrap.node import data_pull, dataset, health, phases
 from bootstrap.node.attempt import Attempt
 from bootstrap.node.logs import upload_logs
@@ -31,14 +32,15 @@ class TrainingNode(ABC):
         self.pull: dataset.DatasetPull | None = None
         self.phases: phases.PhaseRecord | None = None
         self.follower: phases.TrainerFollower | None = None
+        self.identity: tuple[str, str] | None = None  # (ip, instance id), once known
 
     @abstractmethod
     def run(self) -> None:
         """The attempt on this node, from boot to its last step."""
 
-    def boot(self) -> tuple[str, str]:
-        """The steps every training node runs first; returns its private IP and instance id.
-        The data pull runs on beside what follows once this node's own shards are here."""
+    def begin(self) -> tuple[str, str]:
+        """What every instance of the fleet runs first: the attempt's record, status.json (the
+        head's), its identity and its phases record; returns its private IP and instance id."""
         cfg, attempt = self.cfg, self.attempt
         self.s3 = aws.s3_client(cfg.region)
         attempt.status = status = RunStatus(
@@ -51,6 +53,7 @@ class TrainingNode(ABC):
         ip, instance_id = step(
             "instance identity", lambda: (aws.private_ip(cfg), aws.instance_id(cfg))
         )
+        self.identity = (ip, instance_id)
         self.phases = record = phases.PhaseRecord(
             cfg, self.s3, attempt.number, instance_id, ip, self.log
         )
@@ -58,6 +61,14 @@ class TrainingNode(ABC):
         record.begin(
             phases.launched_at(cfg, instance_id, self.log), phases.kernel_started_at(now), now
         )
+        return ip, instance_id
+
+    def boot(self) -> tuple[str, str]:
+        """The steps every training node runs first; returns its private IP and instance id.
+        The data pull runs on beside what follows once this node's own shards are here."""
+        cfg, attempt = self.cfg, self.attempt
+        ip, instance_id = self.begin()
+        record, status = self.phases, attempt.status
         started = time.time()
         step(
             "health",
@@ -79,7 +90,7 @@ class TrainingNode(ABC):
         # The trainer's start-up, copied into the record once this attempt's trainer writes it.
         self.follower = record.follow_trainer(self.model_dir, attempt.started)
         # No SUCCESS yet: CloudFormation counts a node as created only once the whole fleet has
-        # met and passed the allreduce check (the leader's fleet-check.json), so a broken network
+        # met and passed the allreduce check (the head's fleet-check.json), so a broken network
         # rolls the deployment back instead of reaching CREATE_COMPLETE.
         return ip, instance_id
 
@@ -107,6 +118,10 @@ class TrainingNode(ABC):
     @abstractmethod
     def written_by(self) -> str:
         """DONE.json's `written_by` when this node writes it."""
+
+    # The instances the head's discovery saw at each address (bootstrap/head/discovery.py), which
+    # name the elastic resets' hosts in DONE.json; None on a node that runs no discovery.
+    known_hosts: dict[str, list[dict]] | None = None
 
     def record_model_dir(self) -> Path | None:
         """Whose trainer outputs the failure's DONE.json reads (None: this node ran no trainer)."""
@@ -149,7 +164,7 @@ class TrainingNode(ABC):
             self.cfg, failure.status, str(failure), self.record_model_dir(), time.time(),
             attempt.started, attempt.outputs_since, attempt.earlier, STEP_SECONDS,
             cause=failure.cause, restarts=attempt.restarts, written_by=self.written_by(),
-            records=self.phase_records(),
+            records=self.phase_records(), hosts=self.known_hosts,
         )  # fmt: skip
 
     def phase_records(self) -> list[dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from bootstrap import aws
-from bootstrap.leader import failures, launch
+from bootstrap.head import failures, launch
 from bootstrap.lines import REASON_LIMIT, one_line
 from bootstrap.node import data_pull
 from bootstrap.node_config import PreprocessConfig

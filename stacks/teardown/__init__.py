@@ -14,8 +14,8 @@
     names.py             what the controller, its triggers and the other stacks agree on
     answered.py          a custom resource that TeardownStack's functions answer
     controller/          the run controller's Lambda asset: the tick (tick.py: observe.py,
-                         decide.py, judge.py, act.py), the steps (steps*.py) and the modules they
-                         share, the cleanup, the preprocessing stop
+                         decide.py, judge.py, replace.py, act.py), the steps (steps*.py) and
+                         the modules they share, the cleanup, the preprocessing stop
 
 Both guards live in the dependent stacks, so TeardownStack never references them and there is
 no dependency cycle. They reference the tick (and the dead-letter queue) strongly, through

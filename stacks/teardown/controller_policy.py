@@ -150,7 +150,9 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
     terminate its fleet (and the fleet instances no stack claims: orphans), delete TrainStack,
     start, watch and stop the controller's own executions."""
     return [
-        *reads(arns, arns.done, arns.attempts, arns.status, arns.controller),
+        # launches/: the controller's own assignments, read back to replace a lost node of an
+        # elastic fleet once per number (controller/replace.py).
+        *reads(arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches),
         # Checkpoints and logs are listed (results), never read.
         iam.PolicyStatement(
             actions=["s3:PutObject"],

@@ -18,6 +18,12 @@ DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
 # ... and how many nodes the fleet has: the indexes a relaunch brings back.
 NODES_OUTPUT_KEY = "HorovodFleetNodes"
+# ... and the fewest nodes the elastic fleet trains on: the controller replaces a lost node
+# while at least this many train, and leaves fewer to the head's end of the attempt.
+MIN_NODES_OUTPUT_KEY = "HorovodFleetMinNodes"
+# How often the controller replaces one node index within an attempt before it leaves the
+# fleet smaller; the head's reset limit allows for every such loss and join.
+REPLACEMENTS_PER_NODE = 2
 # ... and the zones TrainStack made a subnet and a cluster placement group in, the deployed one
 # first: where a relaunch may launch the fleet (controller/zones.py, docs/contracts.md).
 ZONES_OUTPUT_KEY = "HorovodFleetZones"
@@ -25,6 +31,7 @@ ZONES_OUTPUT_KEY = "HorovodFleetZones"
 # belongs to (the controller may stop, start and terminate only such instances) and its index.
 FLEET_TAG = "horovod-fleet:stack"
 NODE_TAG = "horovod-fleet:node"
+HEAD_NODE = "head"  # the head's NODE_TAG value: a fleet instance with no node index
 # The controller's cleanup answers this one: on the stack's delete it terminates the instances
 # it launched, which CloudFormation does not know, before their interfaces hold up the delete.
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"

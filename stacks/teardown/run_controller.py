@@ -30,7 +30,7 @@ from stacks.teardown.functions import (
     function_role,
     python_function,
 )
-from stacks.teardown.names import IDLE_ALARM_PREFIX, IDLE_MINUTES
+from stacks.teardown.names import IDLE_ALARM_PREFIX, IDLE_MINUTES, REPLACEMENTS_PER_NODE
 from stacks.teardown.workflow import STEPS, RunWorkflow
 
 STATE_MACHINE_NAME = "horovod-fleet-run-controller"
@@ -64,6 +64,8 @@ class RunController(Construct):
             "STATE_MACHINE_ARN": arns.state_machine,
             "IDLE_ALARM_PREFIX": IDLE_ALARM_PREFIX,
             "IDLE_MINUTES": str(IDLE_MINUTES),
+            # How often the tick replaces one node of an elastic fleet within an attempt.
+            "REPLACEMENTS_PER_NODE": str(REPLACEMENTS_PER_NODE),
         }
         # One role for the tick and the steps: they read and act on the same run.
         role = self.role(

@@ -68,6 +68,7 @@ class GpuFleet(Construct):
         capacity_reservation: CapacityReservation | None = None,
         notify_topic: sns.ITopic | None = None,
         move_slots: int = 0,
+        elastic: dict | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.market = market
@@ -89,11 +90,13 @@ class GpuFleet(Construct):
             code, bucket, dataset_prefix=dataset_prefix, runs_prefix=runs_prefix, run=run
         )
         if notify_topic is not None:
-            # The leader's two e-mails: training started, the run ended (bootstrap/leader/status.py).
+            # The leader's two e-mails: training started, the run ended (bootstrap/head/status.py).
             self.policy.add_statements(
                 iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
             )
-        profile = iam.CfnInstanceProfile(self, "Profile", roles=[self.role.role_name])
+        self.profile = profile = iam.CfnInstanceProfile(
+            self, "Profile", roles=[self.role.role_name]
+        )
         self.launch_fields = self._launch_fields(
             gpu, subnet, capacity_reservation, market, root_volume.init_rate(nodes)
         )
@@ -106,7 +109,7 @@ class GpuFleet(Construct):
         )
         pins = read_pins()
         # Every node's node.json holds these after its run and index (docs/contracts.md).
-        fleet_document = {
+        self.fleet_document = fleet_document = {
             "nodes": nodes,
             "gpus_per_node": gpu.gpus,
             "instance_type": gpu.name,
@@ -144,6 +147,9 @@ class GpuFleet(Construct):
                     init_rate=root_volume.init_rate(nodes),
                 )
             ),
+            # The head's elastic horovodrun (stacks/train/head.py); every node carries them so
+            # that the code guard, which holds node 0's user data, sees them change.
+            **(elastic or {}),
         }
         self.instances = [
             self._node(
@@ -255,9 +261,10 @@ class GpuFleet(Construct):
                     actions=["cloudformation:SignalResource"],
                     resources=[Stack.of(self).stack_id],
                 ),
-                # The node's launch time for its start-up record (bootstrap/node/phases.py):
-                # "Amazon EC2 ec2:Describe* API actions do not support resource-level
-                # permissions" (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html).
+                # The node's launch time for its start-up record (bootstrap/node/phases.py), and
+                # the head's discovery, which lists a node only while EC2 runs it: "Amazon EC2
+                # ec2:Describe* API actions do not support resource-level permissions"
+                # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html).
                 iam.PolicyStatement(actions=["ec2:DescribeInstances"], resources=["*"]),
                 *log_statements(self.log_group),
             ],
@@ -273,7 +280,8 @@ class GpuFleet(Construct):
             ["*"],
             "cloudwatch:PutMetricData and ec2:DescribeInstances support no resource-level "
             "permissions: the metric statement's condition limits it to the HorovodFleet "
-            "namespace; DescribeInstances only reads (the node's own launch time).",
+            "namespace; DescribeInstances only reads (the node's own launch time, the states of "
+            "the nodes the head's discovery lists).",
         )
         return role, policy
 

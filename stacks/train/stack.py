@@ -8,16 +8,19 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks.config import FleetConfig
+from stacks.instance_types import HEAD_TYPE
 from stacks.network import SingleZoneNetwork, move_slots
 from stacks.node_code import PROJECT
 from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     DATASET_TYPE,
+    MIN_NODES_OUTPUT_KEY,
     NODES_OUTPUT_KEY,
     NOTIFY_OUTPUT_KEY,
     NOTIFY_TOPIC_PREFIX,
     REPLACEMENT_OUTPUT_KEY,
+    REPLACEMENTS_PER_NODE,
     REPLACEMENTS_TYPE,
     ZONE_TYPE,
     ZONES_OUTPUT_KEY,
@@ -25,7 +28,26 @@ from stacks.teardown.names import (
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
-from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, STARTUP_GRACE_S, GpuFleet
+from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
+from stacks.train.head import Head
+
+# How long the head's elastic driver waits for at least minNodes nodes' slots after a reset (and
+# for every node's at the start) before the attempt ends (HOROVOD_ELASTIC_TIMEOUT, 600 s in
+# Horovod 0.28.1, horovod/runner/elastic/driver.py ELASTIC_TIMEOUT_SECS). A replacement takes
+# minutes to boot and pull its data, so waiting longer only bills the survivors: fewer than
+# minNodes left is the relaunch's, at once.
+ELASTIC_TIMEOUT_S = 120
+
+
+def elastic_settings(config: FleetConfig) -> dict:
+    """The head's elastic horovodrun settings, in every node's node.json (docs/contracts.md):
+    the fewest nodes a reset trains on, how many resets an attempt allows (every node lost and
+    joined again as often as the controller replaces it, and lost once more), the wait above."""
+    return {
+        "min_nodes": config.min_nodes,
+        "reset_limit": config.nodes * (2 * REPLACEMENTS_PER_NODE + 1),
+        "elastic_timeout_s": ELASTIC_TIMEOUT_S,
+    }
 
 
 class TrainStack(Stack):
@@ -40,6 +62,7 @@ class TrainStack(Stack):
         bucket: s3.IBucket,
         guards: FleetGuards,
         image_id: str,
+        checkpoint_every_s: int = 0,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -74,21 +97,43 @@ class TrainStack(Stack):
             bucket=bucket,
             dataset_prefix=config.dataset_prefix,
             run=config.run,
-            trainer=config.trainer,
+            # 0: no interval (a benchmark keeps no checkpoint).
+            trainer=config.trainer
+            | ({"checkpoint_every_s": checkpoint_every_s} if checkpoint_every_s else {}),
             capacity_reservation=config.capacity_reservation,
             market=config.market,
             benchmark=config.benchmark_plan,
             max_hours=config.max_hours,
             notify_topic=self._notifications(config.run, config.notify_email),
             move_slots=slots,
+            elastic=elastic_settings(config),
+        )
+        head = Head(
+            self,
+            "Head",
+            subnet=network.subnet,
+            security_group=fleet.security_group,
+            profile=fleet.profile,
+            policy=fleet.policy,
+            code=fleet.code,
+            image_id=image_id,
+            bucket=bucket,
+            log_group_name=fleet.log_group.log_group_name,
+            run=config.run,
+            fleet_document=fleet.fleet_document,
+            signal_timeout=SIGNAL_TIMEOUT,
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))
-        for instance in fleet.instances:
+        for instance in (*fleet.instances, head.instance):
             instance.node.add_dependency(*prerequisites)
-        # Updated before every node and the replacement template: a deploy that would change what a
-        # live fleet runs is refused there, before any node restarts on its old code.
-        code_guard(self, guards=guards, run=config.run, bucket=bucket.bucket_name, fleet=fleet)
+        # Updated before every node, the head and the replacement template: a deploy that would
+        # change what a live fleet runs is refused there, before any node restarts on its old
+        # code. The head's user data differs from node 0's only in its role and signal.
+        code = code_guard(
+            self, guards=guards, run=config.run, bucket=bucket.bucket_name, fleet=fleet
+        )
+        head.instance.add_resource_dependency(code.node.default_child)
         guard = RunGuard(
             self,
             "Guard",
@@ -96,7 +141,7 @@ class TrainStack(Stack):
             run_name=config.run,
             max_hours=config.max_hours,
             max_restarts=0 if config.benchmark else config.max_restarts,
-            instances=fleet.instances,
+            instances=[*fleet.instances, head.instance],
         )
         self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
         dashboard = RunDashboard(
@@ -109,7 +154,7 @@ class TrainStack(Stack):
             instances=fleet.instances,
             idle_alarm=guard.idle_alarm,
         )
-        self._outputs(config, bucket, fleet, dashboard)
+        self._outputs(config, bucket, head, dashboard)
 
     def _controller_tags(self, config: FleetConfig) -> None:
         """What the run controller's tick reads from the stack while it is still being created,
@@ -148,6 +193,8 @@ class TrainStack(Stack):
                 "InstanceType": config.gpu.name,
                 "PreferredZone": config.az,
                 "Fixed": str(fixed).lower(),
+                # The head stays in the deployed zone: that zone must offer its type too.
+                "HeadInstanceType": HEAD_TYPE.name,
                 "MoveSlots": str(slots),
                 # What the answer holds. A new attribute changes this, so CloudFormation sends
                 # the stacks deployed before it an Update, whose answer has it, instead of
@@ -188,6 +235,9 @@ class TrainStack(Stack):
             self, "ReplacementTemplate", value=fleet.replacement_template.ref
         ).override_logical_id(REPLACEMENT_OUTPUT_KEY)
         CfnOutput(self, "Nodes", value=str(config.nodes)).override_logical_id(NODES_OUTPUT_KEY)
+        CfnOutput(self, "MinNodes", value=str(config.min_nodes)).override_logical_id(
+            MIN_NODES_OUTPUT_KEY
+        )
         # Where a relaunch may launch the fleet, in the order it tries them: the deployed zone's
         # own subnet and group first (the launch templates name them), then each move slot's
         # (docs/contracts.md). Only the first when the zone is fixed.
@@ -213,9 +263,9 @@ class TrainStack(Stack):
             ),
         ).override_logical_id(ZONES_OUTPUT_KEY)
 
-    def _outputs(self, config: FleetConfig, bucket: s3.IBucket, fleet: GpuFleet, dashboard) -> None:
+    def _outputs(self, config: FleetConfig, bucket: s3.IBucket, head: Head, dashboard) -> None:
         """Where the user looks: the dashboard, the watch command, the results, the logs and a
-        shell on the leader."""
+        shell on the head."""
         CfnOutput(self, "Dashboard", value=dashboard.url)
         CfnOutput(self, "WatchCommand", value=dashboard.watch_command)
         CfnOutput(self, "Results", value=f"s3://{bucket.bucket_name}/runs/{config.run}/")
@@ -227,12 +277,12 @@ class TrainStack(Stack):
                 description="The benchmark's table (JSON, Markdown, chart), written by node 0",
                 value=" ".join(f"{results}benchmark.{ext}" for ext in ("json", "md", "png")),
             )
-        CfnOutput(self, "LogGroup", value=fleet.log_group.log_group_name)
+        CfnOutput(self, "LogGroup", value=head.log_group_name)
         CfnOutput(
             self,
-            "LeaderSession",
-            description="Open a shell on node 0, which runs horovodrun",
-            value=f"aws ssm start-session --region {self.region} --target {fleet.instances[0].ref}",
+            "HeadSession",
+            description="Open a shell on the head, which runs horovodrun",
+            value=f"aws ssm start-session --region {self.region} --target {head.instance.ref}",
         )
 
     def _notifications(self, run: str, email: str | None) -> sns.Topic | None:

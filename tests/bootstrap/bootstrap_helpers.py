@@ -78,3 +78,10 @@ def deny_missing_keys(s3) -> None:
 
     for operation in ("GetObject", "HeadObject"):
         s3.meta.events.register(f"after-call.s3.{operation}", deny)
+
+
+def head_doc(**overrides) -> dict:
+    """The head's node.json: the nodes' keys, role head, no node index (docs/contracts.md)."""
+    doc = train_doc(role="head", **overrides)
+    doc.pop("node_index", None)
+    return doc

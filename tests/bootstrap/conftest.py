@@ -18,10 +18,16 @@ from bootstrap.node_config import parse
 @pytest.fixture
 def train_config(tmp_path):
     def make(**overrides):
-        overrides.setdefault("state_dir", str(tmp_path / f"state{overrides.get('node_index', 0)}"))
+        """A node's node.json (node 0 unless node_index says), or the head's with role="head"."""
+        head = overrides.get("role") == "head"
+        name = "head" if head else overrides.get("node_index", 0)
+        overrides.setdefault("state_dir", str(tmp_path / f"state{name}"))
         overrides.setdefault("authorized_keys_file", str(tmp_path / "authorized_keys"))
         overrides.setdefault("log_dir", str(tmp_path / "logs"))
-        return parse(train_doc(**overrides))
+        doc = train_doc(**overrides)
+        if head:
+            del doc["node_index"]
+        return parse(doc)
 
     return make
 

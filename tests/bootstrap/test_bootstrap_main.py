@@ -1,6 +1,6 @@
 """`python -m bootstrap`: a user mistake is one `error: ...` line and exit 2; a failure report
 whose own AWS calls fail still names the original failure, in one line each, and exits 1. The
-leader's steps: tests/bootstrap/leader/test_leader.py.
+leader's steps: tests/bootstrap/head/test_leader.py.
 
 .venv/bin/python -m pytest tests/bootstrap/test_bootstrap_main.py
 """
@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from bootstrap_helpers import train_doc
+from bootstrap_helpers import head_doc, train_doc
 from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
 from bootstrap import __main__ as bootstrap_main
 from bootstrap import aws
-from bootstrap.leader import checkpoints, results
+from bootstrap.head import checkpoints, results
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import parse
 from bootstrap.steps import StepFailed
@@ -84,8 +84,8 @@ def test_failure_report_survives_unreachable_aws(tmp_path, monkeypatch, capsys):
     """No network, no credentials: every AWS call of the report fails; the report still logs the
     original failure once, says in one line each what it could not do, and does not raise."""
     cfg = parse(
-        train_doc(
-            signal={"stack": "TrainStack", "resource": "Node0"},
+        head_doc(
+            signal={"stack": "TrainStack", "resource": "HeadInstance"},
             mount_point=str(tmp_path / "data"),
             log_dir=str(tmp_path / "logs"),
         )

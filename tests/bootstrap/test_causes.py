@@ -7,8 +7,8 @@ import pytest
 
 from bootstrap import aws, causes
 from bootstrap.fleet import rendezvous
-from bootstrap.leader import checkpoints
-from bootstrap.leader.failures import classify
+from bootstrap.head import checkpoints
+from bootstrap.head.failures import classify
 from bootstrap.node import data_pull, health
 from bootstrap.node_config import ConfigError
 
@@ -24,7 +24,7 @@ HOSTS = "10.0.0.5 slots=1\n10.0.0.6 slots=1\n"
         ("restore checkpoints", checkpoints.NoIntactCheckpoint("none"), "no_intact_checkpoint"),
         ("restore checkpoints", checkpoints.RefusedFreshStart("no"), "no_intact_checkpoint"),
         ("rendezvous", rendezvous.RendezvousError("node(s) 1 of 2"), "nodes_missing"),
-        ("rendezvous", rendezvous.LeaderLost("the leader is lost"), "node_lost"),
+        ("rendezvous", rendezvous.HeadLost("the leader is lost"), "node_lost"),
         ("health", health.HealthError("7 GPUs"), "node_unhealthy"),
         ("bootstrap", ConfigError("node.json: bad"), "config_invalid"),
         ("upload results", OSError(errno.ENOSPC, "No space left on device"), "disk_full"),
@@ -68,3 +68,15 @@ def test_an_error_line_without_exit_code_2_is_not_the_trainer_refusing_its_input
     """A rank that printed an `error:` line but died of a signal: the signal is the cause."""
     tail = f"[1]<stderr>:error: something\n{MARK} rank 1 killed by SIGKILL\nProcess 1 exit with status code 137"
     assert classify(tail, HOSTS).cause == "rank_killed"
+
+
+def test_the_fleet_wide_causes_are_the_ones_the_contracts_tear_down():
+    """A node's failure of one of these ends the attempt (bootstrap/fleet/node_failures.py):
+    they are the causes docs/contracts.md says the run controller tears down on, less the
+    controller's own."""
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| `")]
+    teardown = {row[1].strip().strip("`") for row in rows if row[3].strip() == "teardown"}
+    assert teardown - {"no_capacity", "relaunch_refused"} == causes.FLEET_WIDE

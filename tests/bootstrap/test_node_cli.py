@@ -1,5 +1,6 @@
 """The node scripts end to end against a local moto server: failures are reported with their step,
-the leader writes DONE.json (status failed) and exits non-zero; no hang.
+a node's where the head reads it (runs/<run>/failures/), the head's in DONE.json (status
+failed), and each exits non-zero; no hang.
 
     .venv/bin/python -m pytest tests/bootstrap/test_node_cli.py
 """
@@ -45,6 +46,8 @@ def node(tmp_path, moto_endpoint):
                         authorized_keys_file=str(home / "authorized_keys"))  # fmt: skip
         doc["image"]["manifest"] = cpu_image_json(tmp_path / "image.json")
         doc.update(overrides)
+        if doc["role"] == "head":
+            del doc["node_index"]
         (tmp_path / "node.json").write_text(json.dumps(doc))
         result = subprocess.run(
             [str(REPO / "bootstrap" / script)],
@@ -61,17 +64,35 @@ def done(s3):
     return json.loads(s3.get_object(Bucket="fleet-data", Key="runs/r1/DONE.json")["Body"].read())
 
 
-def test_missing_node_fails_the_run_naming_it(node, tmp_path):
+def failure(s3, index=0):
+    """What node `index` told the head about its failure (bootstrap/fleet/node_failures.py)."""
+    key = f"runs/r1/failures/{index}.json"
+    return json.loads(s3.get_object(Bucket="fleet-data", Key=key)["Body"].read())
+
+
+def test_missing_nodes_fail_the_run_naming_them(node):
+    result, s3 = node("train_node.sh", role="head", nodes=2, rendezvous_timeout_s=3)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the head holds no dataset" in result.stdout and "data pull" not in result.stdout
+    assert "step 'rendezvous' failed" in result.stdout
+    doc = done(s3)
+    assert (doc["status"], doc["written_by"]) == ("failed", "head")
+    assert "node(s) 0, 1 of 2 did not register" in doc["reason"]
+    assert doc["top1"] is None and doc["images_per_s"] is None
+    assert s3.list_objects_v2(Bucket="fleet-data", Prefix="runs/r1/logs/head/")["KeyCount"]
+
+
+def test_a_node_without_its_head_says_so_where_the_head_would_read_it(node, tmp_path):
     result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "(S3 outages are retried for up to 330 s, each call times out)" in result.stdout
     assert "pulled and verified 1 shards, 2 records" in result.stdout
     assert not (tmp_path / "node" / "data" / "tfrecords" / "_progress").exists()
-    assert "step 'rendezvous' failed" in result.stdout
-    doc = done(s3)
-    assert doc["status"] == "failed"
-    assert "node(s) 1 of 2 did not register" in doc["reason"]
-    assert doc["top1"] is None and doc["images_per_s"] is None
+    told = failure(s3)
+    assert (told["node"], told["ip"], told["instance_id"]) == (0, "127.0.0.1", "i-test")
+    assert told["reason"].startswith("step 'rendezvous' failed: RendezvousError: the head did not")
+    assert told["cause"] == "nodes_missing"
+    assert s3.list_objects_v2(Bucket="fleet-data", Prefix="runs/DONE.json")["KeyCount"] == 0
     assert s3.list_objects_v2(Bucket="fleet-data", Prefix="runs/r1/logs/node-0/")["KeyCount"]
     # A rerun finds the data verified and skips the pull.
     result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=1)
@@ -83,7 +104,8 @@ def test_failed_shell_step_is_reported_with_its_name(node):
     result, s3 = node("train_node.sh", instance_store=True)
     assert result.returncode != 0
     assert "step 'instance store' failed" in result.stdout
-    assert done(s3)["reason"].startswith("step 'instance store' failed")
+    assert failure(s3)["reason"].startswith("step 'instance store' failed")
+    assert failure(s3)["cause"] == "node_unhealthy"
 
 
 def test_corrupt_pull_fails_the_data_step(node):
@@ -99,7 +121,8 @@ def test_corrupt_pull_fails_the_data_step(node):
     result, s3 = node("train_node.sh", nodes=1)
     assert result.returncode == 1
     assert "step 'data pull' failed" in result.stdout
-    assert "truncated record" in done(s3)["reason"]
+    assert "truncated record" in failure(s3)["reason"]
+    assert failure(s3)["cause"] == "corrupt_shard"  # the head ends the attempt with it
 
 
 def test_unwritable_done_json_does_not_hide_the_failure(node):
@@ -112,7 +135,7 @@ def test_unwritable_done_json_does_not_hide_the_failure(node):
     [failed] = [line for line in lines if "FAILED:" in line]
     assert "step 'data pull' failed: S5cmdFailed: s5cmd cp s3://no-such-bucket/" in failed
     assert "NoSuchBucket" in failed
-    assert "could not write s3://no-such-bucket/runs/r1/DONE.json: NoSuchBucket" in lines[-1]
+    assert "could not tell the head why this node failed: NoSuchBucket" in result.stdout
 
 
 def test_bad_node_json_is_one_line_naming_the_key(node):
@@ -147,4 +170,4 @@ def test_a_foreign_ami_stops_the_node_first_in_one_line(node, tmp_path):
     ) in result.stdout
     assert "step 'training image' failed" in result.stdout
     assert "data pull" not in result.stdout
-    assert done(s3)["status"] == "failed"
+    assert failure(s3)["cause"] == "image_mismatch"

@@ -49,7 +49,7 @@ def test_train_document_parses_and_maps_trainer_flags():
                                    "image_size": 224, "base_lr": 0.1, "synthetic": True,
                                    "eval_only": False}))  # fmt: skip
     assert isinstance(cfg, TrainConfig)
-    assert cfg.is_leader and cfg.slots == 8
+    assert not cfg.is_head and cfg.node_name == "0" and cfg.slots == 8
     assert cfg.trainer_flags() == [
         "--epochs", "90", "--batch-size", "256", "--arch", "resnet50", "--image-size", "224",
         "--base-lr", "0.1", "--synthetic",
@@ -213,3 +213,34 @@ def test_cli_usage_mistake_is_one_line(argv, message):
     assert bad.returncode == 2
     assert bad.stderr == f"error: {message} (see --help)\n"
     assert bad.stdout == ""
+
+
+def head_doc(**overrides) -> dict:
+    doc = train_doc(role="head", **overrides)
+    del doc["node_index"]
+    return doc
+
+
+def test_the_heads_document_parses_with_the_elastic_settings():
+    cfg = parse(head_doc(nodes=8, min_nodes=6, reset_limit=40, elastic_timeout_s=90))
+    assert cfg.is_head and cfg.node_name == "head" and cfg.node_index is None
+    assert (cfg.min_nodes, cfg.reset_limit, cfg.elastic_timeout_s) == (6, 40, 90)
+    defaults = parse(head_doc(nodes=3))
+    assert (defaults.min_nodes, defaults.reset_limit, defaults.elastic_timeout_s) == (2, None, 120)
+    assert parse(head_doc(nodes=1)).min_nodes == 1
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (train_doc(role="head"), "key 'node_index' must be absent for the head"),
+        (head_doc(nodes=3, min_nodes=4), "key 'min_nodes' must be <= 3, got 4"),
+        (head_doc(min_nodes=0), "key 'min_nodes' must be >= 1, got 0"),
+        (head_doc(reset_limit=0), "key 'reset_limit' must be >= 1, got 0"),
+        (train_doc(role="worker"), "key 'role' must be 'preprocess' or 'train' or 'head'"),
+    ],
+)
+def test_a_bad_head_document_is_one_line_naming_the_key(doc, message):
+    with pytest.raises(ConfigError) as raised:
+        parse(doc)
+    assert message in str(raised.value)

@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
-from bootstrap_helpers import BUCKET, QUICK, train_doc, write_tfrecord
+from bootstrap_helpers import BUCKET, QUICK, head_doc, train_doc, write_tfrecord
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from bootstrap import aws, transfer
 from bootstrap.fleet import rendezvous
 from bootstrap.node import data_pull
+from bootstrap.node_config import parse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -299,7 +300,7 @@ def test_waiting_for_a_missing_node_names_it_every_30_s(s3, train_config):
 
 
 def test_sigterm_flushes_and_writes_done_interrupted(endpoint, dataset_in_s3, tmp_path):
-    """The leader is stopped while training: it passes the SIGTERM on to horovodrun, uploads
+    """The head is stopped while training: it passes the SIGTERM on to horovodrun, uploads
     what it has and writes DONE.json with status interrupted."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -312,11 +313,26 @@ def test_sigterm_flushes_and_writes_done_interrupted(endpoint, dataset_in_s3, tm
     )
     horovodrun.chmod(0o755)
     home = tmp_path / "node"
-    doc = train_doc(gpus_per_node=0, efa=False, install=False, instance_store=False, nodes=1,
-                    mount_point=str(home / "data"), log_dir=str(home / "logs"),
-                    state_dir=str(home / "state"), ip="127.0.0.1", instance_id="i-test",
-                    authorized_keys_file=str(home / "authorized_keys"), checkpoint_sync_s=600)  # fmt: skip
+    doc = head_doc(gpus_per_node=0, efa=False, install=False, instance_store=False, nodes=1,
+                   mount_point=str(home / "data"), log_dir=str(home / "logs"),
+                   state_dir=str(home / "state"), ip="127.0.0.1", instance_id="i-test",
+                   authorized_keys_file=str(home / "authorized_keys"), checkpoint_sync_s=600)  # fmt: skip
     (tmp_path / "node.json").write_text(json.dumps(doc))
+    node = parse(train_doc(**{**doc, "role": "train", "node_index": 0}))
+    stop = threading.Event()
+
+    def member() -> None:
+        """Node 0 on this host, as its bootstrap registers: naming the head's key."""
+        while not stop.wait(0.5):
+            public = rendezvous.read_object(endpoint, BUCKET, "runs/r1/ssh/head.pub")
+            if public:
+                fingerprint = rendezvous.key_fingerprint(public.decode())
+                rendezvous.register_node(
+                    endpoint, node, "127.0.0.1", "i-n0", time.time(), fingerprint, "all"
+                )
+
+    registering = threading.Thread(target=member, daemon=True)
+    registering.start()
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bootstrap", "--node-json", str(tmp_path / "node.json"),
@@ -329,6 +345,7 @@ def test_sigterm_flushes_and_writes_done_interrupted(endpoint, dataset_in_s3, tm
         if line.startswith("training"):
             proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 1, "".join(output)
+    stop.set()
     text = "".join(output)
     assert "horovodrun stopped" in text
     done = json.loads(endpoint.get_object(Bucket=BUCKET, Key="runs/r1/DONE.json")["Body"].read())
@@ -336,7 +353,7 @@ def test_sigterm_flushes_and_writes_done_interrupted(endpoint, dataset_in_s3, tm
     assert done["reason"] == "step 'training' was interrupted: the node was stopped (SIGTERM)"
     keys = aws.list_sizes(endpoint, BUCKET, "runs/r1/")
     assert "model/checkpoints/ckpt-1.index" in keys
-    assert any(k.startswith("logs/node-0/") for k in keys)
+    assert any(k.startswith("logs/head/") for k in keys)
 
 
 def test_log_lines_reach_the_file_when_stdout_is_gone(tmp_path, monkeypatch):

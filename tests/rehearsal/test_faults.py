@@ -24,12 +24,20 @@ def test_every_row_starts_from_a_snapshot_and_is_chosen_by_its_name():
     names = [row.name for row in fault_rows.ROWS]
     assert len(set(names)) == len(names)
     assert {row.start for row in fault_rows.ROWS} == {fault_rows.DATASET, fault_rows.CHECKPOINTED}
-    assert {row.family for row in fault_rows.ROWS} == {"S3", "ranks", "nodes", "disk", "Spot"}
+    assert {row.family for row in fault_rows.ROWS} == {
+        "S3",
+        "ranks",
+        "nodes",
+        "elastic",
+        "disk",
+        "Spot",
+    }
     # Rows keep the table's order, whatever order --fault names them in.
     chosen = faults.chosen_rows(["Spot", "rank 1 killed"])
     assert [row.name for row in chosen] == [
         "rank 1 killed (SIGKILL)",
         "Spot interruption of node 1 (two-minute notice) after an epoch",
+        "Spot interruption of node 1 with minNodes 2 of 2 (fewer would be left)",
     ]
     assert faults.chosen_rows(None) == fault_rows.ROWS
     ci = faults.chosen_rows(None, "ci")

@@ -26,9 +26,7 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     )  # fmt: skip
     out = result.stdout
     assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
-    assert (
-        re.search(r"^\[node0\] 10\.213\.\d+\.2 slots=1$", out, re.M) or "127.0.0.1 slots=2" in out
-    )
+    assert re.search(r"^\[head\] 10\.213\.\d+\.2 slots=1$", out, re.M) or "127.0.0.1 slots=2" in out
     assert "Step  Epoch     Speed    Loss FinLoss        LR" in out  # the training table
     assert "data already pulled and verified" in out  # the rerun skipped the pull
     assert "Resuming from" in out and "2 epochs done" in out  # and resumed from S3
@@ -50,15 +48,19 @@ def test_rehearsal_trains_across_two_nodes_and_resumes(tmp_path):
     assert done["images_per_s"] > 0
     # Every node's start-up on the record, and the fleet's view of it with each phase's slowest
     # node (docs/contracts.md); the rerun skipped the pull, which is still on the record.
-    assert sorted(p.name for p in (run / "phases").iterdir()) == ["0.json", "1.json"]
+    assert sorted(p.name for p in (run / "phases").iterdir()) == ["0.json", "1.json", "head.json"]
     phases = done["timeline"]["phases"]
     assert list(phases) == ["launch", "boot", "image_check", "instance_store", "health",
                             "data_pull", "own_shards", "rendezvous", "allreduce_check",
                             "framework_start", "first_step"]  # fmt: skip
     for code in ("launch", "boot", "instance_store", "health", "data_pull", "own_shards",
                  "rendezvous"):  # fmt: skip
-        assert set(phases[code]["by_node"]) == {"0", "1"}, (code, phases[code])
-        assert re.fullmatch(r"node [01] \(rehearsal-node-[01], [\d.]+\)", phases[code]["slowest"])
+        # The head boots too (its own record, phases/head.json), and pulls no data.
+        assert set(phases[code]["by_node"]) - {"head"} == {"0", "1"}, (code, phases[code])
+        assert re.fullmatch(
+            r"(node [01] \(rehearsal-node-[01]|head \(rehearsal-head), [\d.]+\)",
+            phases[code]["slowest"],
+        )
     for key in ("goodput", "runtime_goodput"):  # null until the trainer writes its steps
         assert done[key] is None or 0 <= done[key] <= 1, done
 

@@ -53,6 +53,31 @@ def default(synth: Callable[..., Templates]) -> Templates:
     return synth()
 
 
+def node_tag(instance: dict) -> str | None:
+    """An instance's `horovod-fleet:node` tag: its index, or "head"."""
+    tags = {t["Key"]: t["Value"] for t in instance["Properties"].get("Tags", [])}
+    return tags.get("horovod-fleet:node")
+
+
+def fleet_nodes(template: Any) -> dict[str, dict]:
+    """TrainStack's GPU node instances (logical ID -> resource), without the head."""
+    return {
+        logical_id: instance
+        for logical_id, instance in template.find_resources("AWS::EC2::Instance").items()
+        if node_tag(instance) != "head"
+    }
+
+
+def head_instance(template: Any) -> tuple[str, dict]:
+    """TrainStack's one head instance (logical ID, resource)."""
+    [found] = [
+        (logical_id, instance)
+        for logical_id, instance in template.find_resources("AWS::EC2::Instance").items()
+        if node_tag(instance) == "head"
+    ]
+    return found
+
+
 def user_data(instance: dict) -> str:
     """An instance's user-data with every token replaced by a placeholder: the script as text."""
     body = instance["Properties"]["UserData"]["Fn::Base64"]
@@ -69,12 +94,12 @@ def node_document(instance: dict) -> dict:
 
 
 def fleet_launch_template(template: Any) -> tuple[str, dict]:
-    """The launch template every node's instance names (logical ID, resource); the other is
-    the replacement template."""
+    """The launch template every node's instance names (logical ID, resource); the others are
+    the replacement template and the head's."""
     [found] = [
         (logical_id, resource)
         for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
-        if "Replacement" not in logical_id
+        if "Replacement" not in logical_id and not logical_id.startswith("Head")
     ]
     return found
 

@@ -49,7 +49,7 @@ class Fleet:
     HorovodFleetZones output; None for a stack from before it), the hard cap `hours` ahead."""
 
     def __init__(self, nodes=2, spot=False, zones=ZONES, hours=6.0, max_restarts=3, run=RUN,
-                 creating=False, heartbeat_s=120, grace_s=2400):  # fmt: skip
+                 creating=False, heartbeat_s=120, grace_s=2400, head=False, min_nodes=None):  # fmt: skip
         self.count, self.spot, self.zone_names, self.run = nodes, spot, zones, run
         s3().create_bucket(Bucket=BUCKET)
         placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
@@ -80,6 +80,8 @@ class Fleet:
             "HorovodFleetReplacementTemplate": self.template,
             "HorovodFleetNodes": str(nodes),
         }
+        if head:  # an elastic fleet (stacks/train/head.py)
+            outputs["HorovodFleetMinNodes"] = str(min_nodes or max(1, nodes - 1))
         if zones:
             entries = [
                 {"zone": z, "subnet": self.subnets[z], "group": f"TrainStack-group-{z}"}
@@ -92,6 +94,7 @@ class Fleet:
         else:
             self.update_outputs(outputs)
         self.nodes = [self.launch_node(index) for index in range(nodes)]
+        self.head = self.launch_node("head", spot=False) if head else None
 
     def replacement_template(self) -> str:
         tags = [
@@ -138,15 +141,17 @@ class Fleet:
         self.update_outputs(self.outputs)
         self.set_stack_status("CREATE_COMPLETE")
 
-    def launch_node(self, index: int) -> str:
-        """Node `index` as CloudFormation launched it: CloudFormation's tag and the fleet's."""
+    def launch_node(self, index: int | str, spot: bool | None = None) -> str:
+        """Node `index` (or the head) as CloudFormation launched it: CloudFormation's tag and
+        the fleet's; the head is on demand whatever the fleet's market."""
         tags = {
             "aws:cloudformation:stack-id": self.stack_id,
             "Project": "horovod-fleet",
             FLEET_TAG: self.stack_id,
             NODE_TAG: str(index),
         }
-        market = {"InstanceMarketOptions": {"MarketType": "spot"}} if self.spot else {}
+        spot = self.spot if spot is None else spot
+        market = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
         reservation = ec2().run_instances(
             ImageId="ami-12c6146b",
             MinCount=1,
@@ -182,12 +187,18 @@ class Fleet:
                 {
                     "id": instance["InstanceId"],
                     "state": instance["State"]["Name"],
-                    "node": int(tags[NODE_TAG]) if NODE_TAG in tags else None,
+                    "node": (
+                        int(tags[NODE_TAG])
+                        if tags.get(NODE_TAG, "head") != "head"
+                        else tags.get(NODE_TAG)
+                    ),
                     "zone": instance["Placement"]["AvailabilityZone"],
                     "cloudformation": "aws:cloudformation:stack-id" in tags,
                 }
             )
-        return sorted(found, key=lambda n: (n["node"] is None, n["node"] or 0, n["id"]))
+        # Node indexes in order, then the head, then what the controller has not tagged yet.
+        rank = {"head": 1, None: 2}
+        return sorted(found, key=lambda n: (rank.get(n["node"], 0), n["node"] if isinstance(n["node"], int) else 0, n["id"]))  # fmt: skip
 
     def billing(self) -> list[dict]:
         return self.instances(states=("pending", "running"))
@@ -210,9 +221,12 @@ class Fleet:
         s3().put_object(Bucket=BUCKET, Key=f"runs/{self.run}/logs/node-0.log", Body=b"log")
 
     def beat(self, *indexes: int) -> None:
-        """The nodes' heartbeats: each rewrites its registration (S3 stamps LastModified)."""
+        """The nodes' heartbeats: each rewrites its registration (S3 stamps LastModified); and
+        the head's, when there is one."""
         for index in indexes or range(self.count):
             put_json(f"runs/{self.run}/nodes/{index}.json", {"index": index})
+        if self.head is not None:
+            put_json(f"runs/{self.run}/head.json", {"instance_id": self.head})
 
 
 def put_json(key: str, document: dict) -> None:

@@ -177,8 +177,8 @@ def test_cdk_synth_needs_no_lookups(cli_synth):
 def test_synthesis_prints_the_cost_estimate(cli_synth):
     result, _, _ = cli_synth
     assert (
-        "TrainStack: 8 x p4d.24xlarge at $21.958/h = $175.66/h; capped at 4 h -> at most $702.66"
-        in result.stderr
+        "TrainStack: 8 x p4d.24xlarge at $21.958/h + head c6i.xlarge at $0.17/h = $175.83/h; "
+        "capped at 4 h -> at most $703.34" in result.stderr
     )
     assert "TrainStack needs 768 vCPUs of the EC2 quota 'Running On-Demand P instances'" in (
         result.stderr

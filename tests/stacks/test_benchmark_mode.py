@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, node_document
+from conftest import ROOT, fleet_nodes, node_document
 
 from stacks.benchmark import (
     PER_SIZE_S,
@@ -17,7 +17,7 @@ from stacks.benchmark import (
     schedule,
 )
 from stacks.config import ConfigError, FleetConfig
-from stacks.instance_types import GPU_TYPES
+from stacks.instance_types import GPU_TYPES, HEAD_TYPE
 
 DEFAULTS = json.loads((ROOT / "cdk.json").read_text())["context"]
 
@@ -84,7 +84,7 @@ def test_the_cost_line_is_expected_duration_times_the_fleet_price():
     seconds = expected_seconds("synthetic", c.gpu, 8)
     assert seconds == boot_s("synthetic", c.gpu, 8) + 5 * PER_SIZE_S + TEARDOWN_S
     line = benchmark_estimate("synthetic", c.gpu, 8, c.max_hours)
-    hourly = 8 * GPU_TYPES["p4d.24xlarge"].usd_per_hour
+    hourly = 8 * GPU_TYPES["p4d.24xlarge"].usd_per_hour + HEAD_TYPE.usd_per_hour
     assert f"~${hourly * seconds / 3600:,.2f}" in line
     assert f"capped at 1 h -> at most ${hourly:,.2f}" in line
     assert "1 GPU, 8 GPUs, 16 GPUs, 32 GPUs, 64 GPUs" in line
@@ -100,11 +100,11 @@ def test_synthesis_prints_the_benchmark_cost():
     lines = fleet_app.estimates(FleetConfig.from_context(context))
     [line] = [x for x in lines if x.startswith("Benchmark (")]
     assert "1 GPU, 8 GPUs, 16 GPUs" in line and "capped at 1 h" in line
-    assert any("capped at 1 h -> at most $43.92" in x for x in lines)  # the TrainStack line too
+    assert any("capped at 1 h -> at most $44.09" in x for x in lines)  # the TrainStack line too
 
 
 def nodes_of(template) -> list[dict]:
-    return list(template.find_resources("AWS::EC2::Instance").values())
+    return list(fleet_nodes(template).values())
 
 
 def test_the_benchmark_plan_reaches_node_json(synth):

@@ -143,15 +143,17 @@ def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
 def test_budget_covers_the_capped_fleet_and_a_day_of_preprocessing():
     from stacks.composition import budget_limit_usd
 
-    # 8 x 21.958 x 4 h = 702.66; t2.large flat out for 24 h = (0.0928 + 0.07) x 24 = 3.91
-    assert budget_limit_usd(config()) == 707
-    assert budget_limit_usd(config(nodes=1, maxHours=1)) == 26
+    # (8 x 21.958 + the head's 0.17) x 4 h = 703.34; t2.large flat out for 24 h =
+    # (0.0928 + 0.07) x 24 = 3.91
+    assert budget_limit_usd(config()) == 708
+    assert budget_limit_usd(config(nodes=1, maxHours=1)) == 27
 
 
 def test_estimate_line():
     line = fleet_estimate(GPU_TYPES["p4d.24xlarge"], 8, 4)
     assert line == (
-        "TrainStack: 8 x p4d.24xlarge at $21.958/h = $175.66/h; capped at 4 h -> at most $702.66"
+        "TrainStack: 8 x p4d.24xlarge at $21.958/h + head c6i.xlarge at $0.17/h = $175.83/h; "
+        "capped at 4 h -> at most $703.34"
     )
 
 

@@ -362,3 +362,126 @@ def test_a_delete_nobody_follows_gets_followed():
     decision = verdict(60, stack_=stack(status="DELETE_FAILED"))
     assert started(decision) == [name(RUN, "destroy", STACK)]
     assert decision["actions"][0]["input"]["action"] == "follow"
+
+
+# --- the elastic fleet: a lost node replaced while its head trains ------------------------------
+
+
+def elastic(*states: str, head: str = "running", nodes: int = 3, **more) -> dict:
+    """A world of an elastic fleet of `nodes` (minNodes 2 by default) and its head, at minute
+    60 of attempt 1, every heartbeat (the head's too) a minute old unless `more` says."""
+    count = len(states) or nodes
+    world = {
+        "stack_": stack(nodes=count, min_nodes=more.pop("min_nodes", count - 1)),
+        "instances": [*fleet(*(states or ("running",) * count)), instance("head", head)],
+        "beats": {str(i): at(59) for i in range(count)},
+        "head_beat": at(59),
+    }
+    return {**world, **more}
+
+
+def elastic_verdict(now: float, **world) -> dict:
+    head_beat, assignments = world.pop("head_beat", None), world.pop("assignments", [])
+    silent = world.pop("silent", [])
+    shot = snapshot(**world)
+    shot["records"].update(head_beat=head_beat, assignments=assignments)
+    # The head's status.json, a few seconds old: the nodes its discovery finds silent.
+    shot["records"]["status"] = {"updated_at": stamp(now - 0.1), "nodes_silent": silent}
+    shot["settings"]["replacements_per_node"] = 2
+    return decide.decide(shot, at(now))
+
+
+def test_a_node_ec2_ended_is_replaced_in_the_fleet_s_zone_and_the_attempt_goes_on():
+    """Before, on today's fleet: the tick noticed, then wrote DONE.json node_lost three minutes
+    later (a relaunch of the whole fleet)."""
+    decision = elastic_verdict(60, **elastic("running", "terminated", "running"))
+    assert decision["phase"] == "training"
+    [replace] = decision["actions"]
+    assert (replace["do"], replace["node"], replace["attempt"], replace["number"]) == (
+        "replace", 1, 1, 1,
+    )  # fmt: skip
+    assert replace["zone"] == {"zone": "us-east-1a", "subnet": "s-a", "group": "g-a"}
+    assert replace["replaces"] is None and "no instance serves it" in replace["why"]
+
+
+def test_a_silent_node_whose_instance_runs_is_terminated_then_replaced():
+    world = elastic(silent=["2"])  # the head's discovery left node 2 out for its silence
+    world["beats"]["2"] = at(57)  # three minutes old: past heartbeat_timeout_s (120 s)
+    terminate, replace = elastic_verdict(60, **world)["actions"]
+    assert terminate == {"do": "terminate", "ids": ["i-2-running-aaaa"], "why": terminate["why"]}
+    assert "heartbeat is 180 s old" in terminate["why"]
+    assert (replace["node"], replace["replaces"]) == (2, "i-2-running-aaaa")
+
+
+def test_a_silent_node_is_not_replaced_while_the_head_is_silent_too():
+    world = elastic(head_beat=at(57), silent=["2"])
+    world["beats"]["2"] = at(57)
+    assert elastic_verdict(60, **world)["actions"] == []
+
+
+def test_an_old_heartbeat_the_head_does_not_call_silent_is_an_s3_outage_not_a_loss():
+    """Right after S3 came back, the head has beaten again and node 2 not yet: by S3's clock its
+    heartbeat is old, but the head, which judges from S3's return, still lists it."""
+    world = elastic()
+    world["beats"]["2"] = at(57)
+    assert elastic_verdict(60, **world)["actions"] == []
+
+
+def test_a_replacement_booting_within_its_grace_is_left_alone_and_tagged_if_it_is_not_yet():
+    """A tick that died after the launch and the assignment, before the tag: the next one
+    tags it, and does not count the node lost (its registration comes within the grace)."""
+    replacement = instance(None, "pending", launched=58, id="i-new")
+    world = elastic("running", "terminated", "running", assignments=[
+        {"node_index": 1, "instance_id": "i-new", "attempt": 1, "replacement": 1}])  # fmt: skip
+    world["instances"].append(replacement)
+    world["beats"]["1"] = at(40)  # the lost instance's last beat: before its replacement's launch
+    assert elastic_verdict(60, **world)["actions"] == [
+        {"do": "tag", "id": "i-new", "node": 1, "attempt": 1, "number": 1}
+    ]
+    # Past its start-up grace (40 minutes) with no registration: lost again, replacement 2.
+    world["instances"][-1] = {**replacement, "node": "1", "state": "running"}
+    world.update(head_beat=at(98), beats={"0": at(98), "1": at(40), "2": at(98)})
+    terminate, replace = elastic_verdict(99, **world)["actions"]
+    assert (terminate["ids"], replace["number"]) == (["i-new"], 2)
+
+
+def test_a_node_replaced_as_often_as_allowed_is_left_out_and_said_once():
+    assignments = [{"node_index": 1, "instance_id": "i-r1", "attempt": 1, "replacement": 1}]
+    refused = {"stack_id": STACK, "attempt": 1, "node": 1, "number": 2, "instance_id": None,
+               "refused": "InsufficientInstanceCapacity: none"}  # fmt: skip
+    world = elastic("running", "terminated", "running", assignments=assignments,
+                    controller={"replacements": [refused]})  # fmt: skip
+    [tell] = elastic_verdict(60, **world)["actions"]
+    note = tell["fields"]["unreplaced"]
+    assert (note["attempt"], list(note["nodes"])) == (1, ["1"])
+    assert "not replaced again: replaced 2 time(s) in attempt 1" in note["nodes"]["1"]
+    world["controller"] = {**world["controller"], "unreplaced": note}
+    assert elastic_verdict(61, **world)["actions"] == []
+    # A new attempt counts again from 1.
+    assert [a["number"] for a in elastic_verdict(61, **{**world, "attempts": [entry(1)],
+            "executions": [execution("a1", "SUCCEEDED", stopped=10)]})["actions"]] == [1]  # fmt: skip
+
+
+def test_fewer_than_min_nodes_left_is_left_to_the_head_and_the_relaunch():
+    world = elastic("running", "terminated", "terminated")  # minNodes 2 of 3: one left
+    assert elastic_verdict(60, **world)["actions"] == []
+    assert dos(elastic_verdict(60, **{**world, **elastic("running", "terminated", "terminated",
+                                                         min_nodes=1)})) == ["replace", "replace"]  # fmt: skip
+
+
+def test_the_head_ec2_ended_is_the_attempt_s_end_and_cannot_be_relaunched():
+    world = elastic(head="terminated")
+    first = elastic_verdict(60, **world)
+    assert dos(first) == ["tell"] and first["actions"][0]["fields"]["noticed"]["nodes"] == [
+        "the head (i-head-terminated-aaaa, terminated)"
+    ]
+    noticed = {"noticed": {"stack_id": STACK, "attempt": 1, "at": stamp(60)}}
+    written = elastic_verdict(64, **{**world, "controller": noticed})["actions"][0]
+    assert (written["status"], written["cause"]) == ("failed", "node_lost")
+    done = {"attempt": 1, "status": "failed", "cause": "node_lost", "reason": "the head is lost"}
+    record = elastic_verdict(65, **{**world, "done": done})["actions"][0]
+    assert record["entry"]["decision"] == "stop"
+    assert (
+        "the head (i-head-terminated-aaaa) is terminated and cannot come back"
+        in (record["entry"]["why"])
+    )

@@ -418,3 +418,50 @@ def test_every_deploy_time_answer_comes_from_the_answers_provider(default):
     assert {r["Type"] for r in found} == set(kinds)
     for resource in found:
         assert "AnswersProvider" in render(resource["Properties"]["ServiceToken"])
+
+
+# --- the zone offers the head's type too -------------------------------------------------------
+
+
+def head_offerings(monkeypatch, head_zones: tuple[str, ...]) -> None:
+    """The GPU type in moto's offering zones, the head's type only in head_zones."""
+    monkeypatch.setattr(
+        answers,
+        "offering_zones",
+        lambda instance_type: list(
+            OFFERING_ZONES if instance_type == "p4d.24xlarge" else head_zones
+        ),
+    )
+
+
+def head_zone_request(preferred: str, fixed: bool = False) -> dict:
+    event = zone_request("Create", preferred, fixed=fixed)
+    event["ResourceProperties"]["HeadInstanceType"] = "c6i.xlarge"
+    return event
+
+
+def test_the_zone_answered_offers_the_head_type_and_moves_may_go_where_it_does_not(
+    aws, monkeypatch
+):
+    """The head stays in the deployed zone: a preferred zone without its type gives way to the
+    first that offers both; a relaunch's move takes only the nodes, so Zones keeps every zone
+    that offers theirs."""
+    head_offerings(monkeypatch, ("us-east-1c", "us-east-1d"))
+    assert answers.on_event(head_zone_request("us-east-1a"))["Data"] == {
+        "Zone": "us-east-1c",
+        "Zones": "us-east-1c,us-east-1a,us-east-1b,us-east-1d",
+    }
+    assert answers.on_event(head_zone_request("us-east-1d"))["Data"]["Zone"] == "us-east-1d"
+
+
+def test_a_fixed_zone_without_the_head_type_fails_the_deploy_in_one_line(aws, monkeypatch):
+    head_offerings(monkeypatch, ("us-east-1c",))
+    assert refused(head_zone_request("us-east-1a", fixed=True)) == (
+        "c6i.xlarge, the fleet's head, is not offered for this account in zone us-east-1a where "
+        "p4d.24xlarge is: try a subnet in a zone that does (us-east-1c)"
+    )
+    head_offerings(monkeypatch, ())
+    assert refused(head_zone_request("us-east-1a")) == (
+        "c6i.xlarge, the fleet's head, is not offered for this account in any zone of us-east-1 "
+        "where p4d.24xlarge is: try another region (-c region=...)"
+    )

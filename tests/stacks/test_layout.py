@@ -65,6 +65,7 @@ def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
         "preprocess.py",
         "records.py",
         "recovery.py",
+        "replace.py",
         "steps.py",
         "steps_fleet.py",
         "steps_teardown.py",

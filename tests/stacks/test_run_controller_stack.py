@@ -152,9 +152,11 @@ def test_the_functions_and_the_stacks_agree_on_names():
         train_stack.DEADLINE_OUTPUT_KEY,
         train_stack.REPLACEMENT_OUTPUT_KEY,
         train_stack.NODES_OUTPUT_KEY,
+        train_stack.MIN_NODES_OUTPUT_KEY,
         zones.ZONES_OUTPUT_KEY,
         ec2_fleet.FLEET_TAG,
         ec2_fleet.NODE_TAG,
+        ec2_fleet.HEAD_NODE,
         answers.DEADLINE_TYPE,
     ) == (
         names.TRAIN_STACK_NAME,
@@ -164,9 +166,11 @@ def test_the_functions_and_the_stacks_agree_on_names():
         names.DEADLINE_OUTPUT_KEY,
         names.REPLACEMENT_OUTPUT_KEY,
         names.NODES_OUTPUT_KEY,
+        names.MIN_NODES_OUTPUT_KEY,
         names.ZONES_OUTPUT_KEY,
         names.FLEET_TAG,
         names.NODE_TAG,
+        names.HEAD_NODE,
         names.DEADLINE_TYPE,
     )
     assert cleanup.STACK_DELETED == ("DELETE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS")

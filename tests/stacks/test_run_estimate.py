@@ -3,11 +3,12 @@
 import re
 
 import pytest
+from conftest import fleet_nodes, node_document
 
 from stacks import startup_estimate
 from stacks.config import RECIPES
 from stacks.instance_types import GPU_TYPES
-from stacks.run_estimate import recipe_plan, training_estimate
+from stacks.run_estimate import checkpoint_every_s, recipe_plan, training_estimate
 
 P4D = GPU_TYPES["p4d.24xlarge"]
 
@@ -53,9 +54,10 @@ def test_the_estimate_follows_the_formula():
     training, total, dollars = figures(line)
     assert training == pytest.approx(training_s / 60, abs=0.05)
     assert total == pytest.approx(total_s / 60, abs=0.5)
-    # The fleet's hours, the root volumes' one-time initialization and their throughput.
+    # The fleet's hours (its head's too), the root volumes' one-time initialization and their
+    # throughput.
     volumes = 8 * 60 * 300 * 0.0036 / 300 + 8 * (500 - 125) * 0.04 / 730 * total_s / 3600
-    assert dollars == pytest.approx(8 * 21.958 * total_s / 3600 + volumes, abs=0.01)
+    assert dollars == pytest.approx((8 * 21.958 + 0.17) * total_s / 3600 + volumes, abs=0.01)
     assert "root volumes initialized at 300 MiB/s (at most $1.73 once)" in line
 
 
@@ -102,3 +104,43 @@ def test_the_fast_recipe_s_estimate_is_the_shorter_run():
     pixels = (38 * 160**2 + 10 * 192**2) / (48 * 224**2)
     assert figures(goyal)[0] / figures(fast)[0] == pytest.approx(90 / (48 * pixels), rel=0.02)
     assert "48 epochs (recipe fast, 56% of the pixels)" in fast
+
+
+# --- the checkpoint interval from the estimate --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("training_s", "expected"),
+    [
+        (None, 600),  # no estimate: the longest interval
+        (3.8 * 60, 22),  # the fast recipe's few minutes still get ten checkpoints
+        (14.1 * 60, 84),
+        (3 * 3600, 600),  # a long run: at most 600 s
+        (50, 10),  # never more often than the floor
+    ],
+)
+def test_the_checkpoint_interval_is_a_tenth_of_the_estimate_within_its_bounds(training_s, expected):
+    assert checkpoint_every_s(training_s) == expected
+
+
+def test_node_json_carries_the_interval_from_the_estimate_or_its_key(synth):
+    def interval(**context):
+        [node, *_] = fleet_nodes(synth(**context)["TrainStack"]).values()
+        return node_document(node)["trainer"].get("checkpoint_every_s")
+
+    assert interval() == 84  # 90 epochs at ~136,800 img/s: ~14.1 min of training
+    assert interval(checkpointEveryS=300) == 300
+    assert interval(benchmark="synthetic") is None  # a benchmark keeps no checkpoint
+
+
+@pytest.mark.parametrize("value", ["5", "abc", "-1"])
+def test_a_bad_checkpoint_interval_is_one_line(value):
+    import app
+    from stacks.config import ConfigError, FleetConfig
+
+    with pytest.raises(ConfigError) as raised:
+        FleetConfig.from_context({**app.default_context(), "checkpointEveryS": value})
+    assert str(raised.value) == (
+        f"error: context key checkpointEveryS={value!r} is invalid; allowed: an integer from 10 "
+        "to 86400"
+    )

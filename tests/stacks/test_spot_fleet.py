@@ -3,7 +3,13 @@ a Spot fleet is one-time Spot Instances that EC2 terminates on interruption, and
 Spot or on demand, can be launched again from the one template, all but its index."""
 
 import pytest
-from conftest import fleet_launch_template, node_document, replacement_template, user_data
+from conftest import (
+    fleet_launch_template,
+    fleet_nodes,
+    node_document,
+    replacement_template,
+    user_data,
+)
 
 from stacks.config import ConfigError, FleetConfig
 from stacks.instance_types import GPU_TYPES, quota_note, spot_estimate
@@ -29,7 +35,7 @@ def spot(synth):
 
 
 def instances(template) -> dict[str, dict]:
-    return template.find_resources("AWS::EC2::Instance")
+    return fleet_nodes(template)
 
 
 def test_spot_fleet_is_one_time_spot_terminated_on_interruption(spot):
@@ -136,8 +142,8 @@ def test_other_markets_are_refused(value):
 
 def test_synthesis_prints_the_spot_estimate_with_its_source():
     line = spot_estimate(GPU_TYPES["p4d.24xlarge"], 8, "us-east-1")
-    assert "8 x p4d.24xlarge at $6.289-14.1051/h = $50.31-112.84/h" in line
-    assert "on demand $175.66/h" in line
+    assert "8 x p4d.24xlarge at $6.289-14.1051/h + head $0.17/h on demand = $50.48-113.01/h" in line
+    assert "on demand $175.83/h" in line
     assert "@e385a0d" in line and "describe-spot-price-history --region us-east-1" in line
     unknown = spot_estimate(GPU_TYPES["g5.xlarge"], 1, "eu-west-1")
     assert "no recorded price for g5.xlarge" in unknown and "--region eu-west-1" in unknown

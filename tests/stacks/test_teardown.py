@@ -17,7 +17,12 @@ from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
-from stacks.teardown.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, IDLE_PERIOD
+from stacks.teardown.names import (
+    IDLE_EVALUATION_PERIODS,
+    IDLE_MINUTES,
+    IDLE_PERIOD,
+    REPLACEMENTS_PER_NODE,
+)
 from stacks.teardown.preprocess_guard import PreprocessGuard
 from stacks.teardown.run_controller import TICK_EVENT_RETRIES, TICK_RATE
 from stacks.teardown.run_guard import RunGuard
@@ -472,6 +477,7 @@ def test_the_tick_knows_the_idle_timing_and_its_state_machine(templates):
     _, tick = function(templates["TeardownStack"], "RunControllerTick")
     variables = tick["Properties"]["Environment"]["Variables"]
     assert variables["IDLE_MINUTES"] == str(IDLE_MINUTES)
+    assert variables["REPLACEMENTS_PER_NODE"] == str(REPLACEMENTS_PER_NODE)
     assert render(variables["STATE_MACHINE_ARN"]).endswith(
         ":stateMachine:horovod-fleet-run-controller"
     )
@@ -653,6 +659,9 @@ def test_the_controller_tells_a_launched_node_its_index_and_nothing_else(templat
     the node index tag, only on the fleet's instances and only that key."""
     puts = [r for s in statements_for(templates, "s3:PutObject") for r in as_list(s["Resource"])]
     assert any(render(r).endswith("/runs/*/launches/*") for r in puts)
+    # ... and reads them back (a lost node of an elastic fleet is replaced once per number).
+    gets = [r for s in statements_for(templates, "s3:GetObject") for r in as_list(s["Resource"])]
+    assert any(render(r).endswith("/runs/*/launches/*") for r in gets)
     [tagging] = [
         s
         for s in statements_for(templates, "ec2:CreateTags")

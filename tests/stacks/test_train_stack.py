@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     fleet_launch_template,
+    fleet_nodes,
     node_document,
     replacement_template,
     resources,
@@ -35,7 +36,7 @@ RESERVATION = "cr-0123456789abcdef0"
 
 
 def instances(template) -> dict[str, dict]:
-    return template.find_resources("AWS::EC2::Instance")
+    return fleet_nodes(template)
 
 
 def interfaces(template) -> list[dict]:
@@ -324,6 +325,8 @@ def test_user_data_names_each_node_and_starts_the_train_bootstrap(template):
             "image_size": 224,
             "eval_every": 10,
             "target_top1": None,
+            "data_wait_s": 600,
+            "checkpoint_every_s": 84,  # a tenth of the estimated training
         }
         assert document["metrics"] == {
             "namespace": "HorovodFleet",
@@ -343,6 +346,8 @@ def test_hyperparameters_reach_node_json(synth):
         "image_size": 128,
         "eval_every": 5,
         "target_top1": 0.759,
+        "data_wait_s": 600,
+        "checkpoint_every_s": 600,  # no published figure for an A10G: the longest interval
     }
 
 
@@ -501,7 +506,7 @@ def test_notify_email_subscribes_to_a_topic_the_nodes_may_publish_to(synth):
     document = node_document(next(iter(instances(template).values())))
     assert document["notify_topic_arn"] == "<token>"
     assert document["cost"] == {
-        "usd_per_hour": 21.958,
+        "usd_per_hour": 22.128,  # the node and the head
         "prices_as_of": "2025-06 (us-east-1, Linux, on-demand)",
         "max_hours": 4.0,
     }

@@ -99,7 +99,7 @@ def test_mid_run_screen_shows_progress_eta_dollars_and_the_cap(s3, capsys):
     assert re.search(r"cost        \$3[23]\.\d\d so far, ~\$49\.\d\d projected", out)
     assert "2 x p4d.24xlarge at $32.7726/h = $65.55/h (list prices 2025-06 (us-east-1))" in out
     assert re.search(r"hard cap    3:(30:00|2\d:\d\d) left", out)
-    assert "estimated from the leader's start" in out
+    assert "estimated from the head's start" in out
     assert "ckpt-100 (step 100," in out
 
 
@@ -283,16 +283,39 @@ def test_the_status_screen_shows_goodput_and_where_the_rest_went(s3, capsys):
     assert "goodput     50.0% from the first launch, 70.0% from the first step\n" in out
 
 
-def test_logs_print_the_leaders_training_table(s3, capsys):
+def test_the_status_screen_shows_the_nodes_training_and_the_newest_reset(s3, capsys):
+    reset = {"at": "2026-11-22T04:00:00Z", "lost": [{"node": "1", "instance_id": "i-1",
+             "ip": "10.0.0.1"}], "added": [], "ranks_before": 16, "ranks_after": 8,
+             "recovery_s": 41.2, "steps_redone": 3}  # fmt: skip
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS, nodes_training=1,
+                                              resets=[reset]))  # fmt: skip
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "nodes       1 of 2 training, " in out
+    assert (
+        "resets      1, the last: 2026-11-22T04:00:00Z: node 1 lost, 16 -> 8 ranks, training "
+        "again in 41 s, 3 step(s) redone"
+    ) in out
+    # Before the trainer's first step (and in a status.json without the keys): no such lines.
+    put(s3, "runs/r1/status.json", status_doc("training", PROGRESS))
+    _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
+    assert "of 2 training" not in out and "resets " not in out
+
+
+def test_logs_print_the_training_table_the_head_s_horovodrun_prints(s3, capsys):
     logs = boto3.client("logs", region_name="us-east-1")
     logs.create_log_group(logGroupName="fleet-logs")
-    logs.create_log_stream(logGroupName="fleet-logs", logStreamName="i-0/train.log")
+    logs.create_log_stream(logGroupName="fleet-logs", logStreamName="i-head/train.log")
     now = int(time.time() * 1000)
     logs.put_log_events(
-        logGroupName="fleet-logs", logStreamName="i-0/train.log",
+        logGroupName="fleet-logs", logStreamName="i-head/train.log",
         logEvents=[{"timestamp": now, "message": "Epoch 1/3"},
                    {"timestamp": now + 1, "message": "     100   0.50    1600.0   2.345"}],
     )  # fmt: skip
+    code, _, err = run_cli(
+        capsys, "logs", "--run", "r1", "--bucket", BUCKET, "--log-group", "fleet-logs"
+    )
+    assert code == 1 and "the head of run 'r1' has not started" in err
+    put(s3, "runs/r1/head.json", {"ip": "10.0.0.9", "instance_id": "i-head"})
     put(s3, "runs/r1/nodes/0.json", {"index": 0, "instance_id": "i-0"})
     code, out, _ = run_cli(
         capsys, "logs", "--run", "r1", "--bucket", BUCKET, "--log-group", "fleet-logs"

@@ -155,7 +155,7 @@ def answer_dataset(event: Mapping) -> dict:
 
 def answer_zone(event: Mapping) -> dict:
     """The zone the fleet's subnet goes in: its `PreferredZone` when that zone offers
-    `InstanceType`, else (unless `Fixed` is "true": the user's subnet or capacity reservation
+    `InstanceType` and `HeadInstanceType` (the head's), else (unless `Fixed` is "true": the user's subnet or capacity reservation
     decides) the first zone that does. No zone fails the deploy in one line before anything is
     created. The zone keeps its answer across updates of the same type, so a redeploy never
     moves the subnet. Zone names differ between accounts, so only this account's answer can say
@@ -193,15 +193,24 @@ def answer_zone(event: Mapping) -> dict:
             )
         shown, preferred = f"{named} ({preferred})", named
     offered = offering_zones(instance_type)
-    if preferred in offered or (offered and not fixed):
-        zone = preferred if preferred in offered else offered[0]
+    # The fleet's head stays in the deployed zone (a move takes only the nodes): that zone must
+    # offer its type too. A stack from before the head names none.
+    head = props.get("HeadInstanceType")
+    both = [z for z in offered if z in offering_zones(head)] if head else offered
+    if preferred in both or (both and not fixed):
+        zone = preferred if preferred in both else both[0]
         return zone_answer(zone_data(zone, offered, fixed, slots, moves))
     where = f"zone {shown}" if fixed else f"any zone of {region}"
     elsewhere = (
-        f"a subnet in a zone that does ({', '.join(offered)})"
-        if offered
+        f"a subnet in a zone that does ({', '.join(both)})"
+        if both
         else "another region (-c region=...)"
     )
+    if head and (preferred in offered if fixed else offered):  # the nodes' type is offered
+        raise Refused(
+            f"{head}, the fleet's head, is not offered for this account in {where} where "
+            f"{instance_type} is: try {elsewhere}"
+        )
     raise Refused(
         f"{instance_type} is not offered in {where} for this account: try {elsewhere}, a "
         "capacity reservation (-c capacityReservationId=...) or a Capacity Block"

@@ -10,8 +10,10 @@ import datetime
 
 import ec2_fleet
 import executions
+import judge
 import records
-from clients import client, log, setting, stamp
+from botocore.exceptions import ClientError
+from clients import client, error_code, error_message, log, setting, stamp, throttled
 from notify import notify
 
 
@@ -27,6 +29,54 @@ def context(snapshot: dict) -> tuple:
 
 def terminate(action: dict, snapshot: dict, now) -> None:
     ec2_fleet.terminate(action["ids"])
+
+
+def replace(action: dict, snapshot: dict, now) -> None:
+    """One new instance for a lost node of the elastic fleet (decide.py replace_lost): launched
+    from the replacement template in the fleet's zone with a ClientToken of the attempt, the
+    node and the replacement's number (an earlier tick's launch of it is found by that token
+    and not made again), then its launch assignment, which the node waits for at boot, and its
+    node tag. A refusal (no capacity, say) is a spent try, in controller.json; a throttled call
+    fails the tick, and the next one asks again."""
+    stack = snapshot["stack"]
+    s3, bucket, run = context(snapshot)
+    index, attempt, number = action["node"], action["attempt"], action["number"]
+    token = f"{stack['id']}/{run}/a{attempt}/n{index}/r{number}"
+    zone = action["zone"]
+    earlier = sorted(
+        ec2_fleet.launched_by(token, judge.of_stack(snapshot["instances"], stack["id"]))
+    )
+    entry = {"stack_id": stack["id"], "attempt": attempt, "node": index, "number": number,
+             "replaces": action["replaces"], "why": action["why"], "at": stamp(now)}  # fmt: skip
+    try:
+        [instance_id] = earlier[:1] or ec2_fleet.launch(stack["template"], [index], zone, token)
+    except ClientError as error:
+        if (retry := throttled(error)) is not None:
+            raise retry from error
+        refused = f"{error_code(error)}: {error_message(error)}"
+        log("replace-refused", run=run, node=index, error=refused)
+        records.note_replacement(
+            s3, bucket, run, {**entry, "instance_id": None, "refused": refused}, stamp(now)
+        )
+        return
+    assignment = {"node_index": index, "instance_id": instance_id, "run": run, "attempt": attempt,
+                  "zone": zone["zone"], "replacement": number}  # fmt: skip
+    records.write_launch(s3, bucket, run, instance_id, assignment)
+    ec2_fleet.tag_node(instance_id, index)
+    records.note_replacement(s3, bucket, run, {**entry, "instance_id": instance_id}, stamp(now))
+    log("replaced", run=run, node=index, instance=instance_id, number=number)
+    notify(stack, run, f"node {index} was lost ({action['why']}): the fleet trains on without it, "
+           f"and {instance_id} replaces it")  # fmt: skip
+
+
+def tag(action: dict, snapshot: dict, now) -> None:
+    """The node tag of a replacement an earlier tick launched and assigned, then died."""
+    s3, bucket, run = context(snapshot)
+    ec2_fleet.tag_node(action["id"], action["node"])
+    entry = {"stack_id": snapshot["stack"]["id"], "attempt": action["attempt"],
+             "node": action["node"], "number": action["number"], "instance_id": action["id"],
+             "at": stamp(now)}  # fmt: skip
+    records.note_replacement(s3, bucket, run, entry, stamp(now))
 
 
 def stop_billing(action: dict, snapshot: dict, now) -> None:
@@ -91,6 +141,8 @@ def tell(action: dict, snapshot: dict, now) -> None:
 DO = {
     "terminate": terminate,
     "stop_billing": stop_billing,
+    "replace": replace,
+    "tag": tag,
     "record": record,
     "delete_done": delete_done,
     "write_done": write_done,

@@ -27,10 +27,11 @@ import datetime
 
 import judge
 import recovery
+import replace
 import train_stack
 import zones
 from clients import parse_stamp, stamp
-from ec2_fleet import LIVE_STATES, UP_STATES, missing
+from ec2_fleet import LIVE_STATES, UP_STATES
 from executions import attempt_kind, name
 
 # Stack statuses in which CloudFormation owns every change: nothing of the run is judged.
@@ -146,7 +147,16 @@ class Decision:
         if (idle := self.idle(last)) is not None:
             return idle
         fleet = self.fleet()
-        if gone := judge.gone_nodes(self.stack["nodes"], fleet):
+        head = judge.head_of(fleet)
+        if head is not None and head["state"] not in UP_STATES:
+            gone = [f"the head ({head['id']}, {head['state']})"]
+            return self.nodes_gone(attempt, fleet, gone, spot=False)
+        if head is not None and self.stack["template"]:
+            # An elastic fleet: a lost node costs its head a reset, and is replaced meanwhile.
+            self.actions += replace.replace_lost(
+                self.stack, self.records, self.settings, self.now, attempt, fleet, started
+            )
+        elif gone := judge.gone_nodes(self.stack["nodes"], fleet):
             return self.nodes_gone(attempt, fleet, gone)
         self.forget_notice()
         timeout = datetime.timedelta(seconds=self.stack["heartbeat_timeout_s"])
@@ -183,14 +193,8 @@ class Decision:
             else None,
             stack_id=stack["id"],
         )
-        lost = missing(stack["nodes"], self.fleet())
-        if entry["decision"] == "relaunch" and lost and not stack["template"]:
-            entry.update(
-                decision="stop",
-                why=f"node(s) {', '.join(map(str, lost))} cannot come back: the stack has no "
-                "replacement template (deployed before it); deploy again to resume from the "
-                "newest checkpoint",
-            )
+        if entry["decision"] == "relaunch" and (why := judge.unreturnable(stack, self.fleet())):
+            entry.update(decision="stop", why=why)
         self.actions.append({"do": "record", "entry": entry})
         if entry["decision"] == "relaunch":
             self.actions.append({"do": "delete_done", "etag": self.records.get("done_etag")})
@@ -218,9 +222,12 @@ class Decision:
             }
         return {"reason": entry["why"]}
 
-    def nodes_gone(self, attempt: int, fleet: list[dict], gone: list[str]) -> dict:
-        """EC2 ended nodes (a Spot reclaim, a retired host, a stop) and no node wrote DONE.json:
-        after NOTICE for the leader's own record, the controller writes the attempt's."""
+    def nodes_gone(
+        self, attempt: int, fleet: list[dict], gone: list[str], spot: bool | None = None
+    ) -> dict:
+        """EC2 ended nodes (a Spot reclaim, a retired host, a stop), or the head, and no node
+        wrote DONE.json: after NOTICE for the head's (or, the head gone, a node's) own record,
+        the controller writes the attempt's (interrupted on a Spot fleet unless `spot` says)."""
         notice = self.notice()
         if notice is None:
             noticed = {"stack_id": self.stack["id"], "attempt": attempt, "at": stamp(self.now),
@@ -229,7 +236,7 @@ class Decision:
             return self.phase("training", f"EC2 ended {', '.join(gone)}: awaiting DONE.json")
         if self.now - parse_stamp(notice["at"]) < judge.NOTICE:
             return self.phase("training", f"EC2 ended {', '.join(gone)}: awaiting DONE.json")
-        spot = any(n["spot"] for n in fleet)
+        spot = any(n["spot"] for n in fleet) if spot is None else spot
         status, cause = ("interrupted", "interrupted") if spot else ("failed", "node_lost")
         reason = f"EC2 ended {', '.join(gone)} of the fleet and no node wrote DONE.json"
         self.write_done(attempt, status, cause, reason)

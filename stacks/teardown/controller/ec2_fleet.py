@@ -15,6 +15,7 @@ from clients import NodePending, client, log
 
 FLEET_TAG = "horovod-fleet:stack"
 NODE_TAG = "horovod-fleet:node"
+HEAD_NODE = "head"  # an elastic fleet's head's node tag (stacks/teardown/names.py)
 # The instance states a node can come back from; "shutting-down" is on its way to terminated.
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 UP_STATES = ("pending", "running")

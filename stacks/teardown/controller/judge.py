@@ -12,7 +12,7 @@ Only the standard library: part of the run controller's Lambda asset.
 
 import datetime
 
-from ec2_fleet import LIVE_STATES, UP_STATES
+from ec2_fleet import HEAD_NODE, LIVE_STATES, UP_STATES, missing
 from executions import DONE, LIVE, RESUMES
 
 # An instance of a fleet that no record knows, and no live stack owns, is terminated once it is
@@ -116,3 +116,103 @@ def idle_due(
     quiet_from = idle_since - window
     progress = max(quiet_from, checkpoint_at) if checkpoint_at else quiet_from
     return max(progress + window, deployed + grace)
+
+
+# --- the elastic fleet: a lost node replaced while the attempt goes on ------------------------
+
+
+def head_of(fleet: list[dict]) -> dict | None:
+    """The fleet's head instance (the newest launched with the head's tag); None for a fleet
+    without one (a stack from before the elastic fleet)."""
+    heads = [n for n in fleet if n["node"] == HEAD_NODE]
+    return max(heads, key=lambda n: n["launched"] or datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)) if heads else None  # fmt: skip
+
+
+def serving(fleet: list[dict], index: int, assigned_ids: set[str]) -> dict | None:
+    """The instance that serves node `index` now: the newest launched of those, not yet
+    terminated, tagged with it or assigned to it (a replacement the tick launched but did not
+    tag yet)."""
+    mine = [
+        n
+        for n in fleet
+        if n["state"] in (*LIVE_STATES, "shutting-down")
+        and (n["node"] == str(index) or n["id"] in assigned_ids)
+    ]
+    epoch = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    return max(mine, key=lambda n: n["launched"] or epoch) if mine else None
+
+
+def lost_why(
+    instance: dict | None,
+    beat: datetime.datetime | None,
+    head_beat: datetime.datetime | None,
+    started: datetime.datetime,
+    now: datetime.datetime,
+    timeout: datetime.timedelta,
+    grace: datetime.timedelta,
+    head_says_silent: bool = False,
+) -> str | None:
+    """Why a node of an elastic fleet is lost while its head trains on (None: it is not): no
+    instance serves it, EC2 stopped or ended its instance, or its instance runs but its
+    heartbeat (written since this instance launched and the attempt began) is older than
+    `timeout` and the head's discovery leaves it out for that too (`head_says_silent`:
+    status.json's `nodes_silent`, judged after an S3 outage from S3's return, which this tick
+    cannot see: every heartbeat is old right after one), or it is missing past the start-up
+    `grace`. Silence counts only while the head's own heartbeat is fresh: a silent head is the
+    head's loss, which ends the attempt."""
+    if instance is None:
+        return "no instance serves it"
+    if instance["state"] not in UP_STATES:
+        return f"EC2 says its instance {instance['id']} is {instance['state']}"
+    if head_beat is None or now - head_beat > timeout:
+        return None
+    since = max(started, instance["launched"] or started)
+    if beat is not None and beat >= since:
+        if now - beat > timeout and head_says_silent:
+            return (
+                f"its instance {instance['id']} runs, but its heartbeat is "
+                f"{(now - beat).total_seconds():.0f} s old (more than {timeout.total_seconds():.0f} s)"
+            )
+        return None
+    if now - since > grace:
+        return (
+            f"its instance {instance['id']} runs, but it has not registered in its start-up "
+            f"grace ({grace.total_seconds():.0f} s)"
+        )
+    return None
+
+
+def replacement_numbers(
+    index: int, attempt: int, assignments: list[dict], tries: list[dict]
+) -> set[int]:
+    """The replacement numbers node `index` has used in `attempt`: the launches the controller
+    assigned (runs/<run>/launches/, `replacement`) and the tries EC2 refused (controller.json's
+    `replacements`)."""
+    used = {
+        a["replacement"]
+        for a in assignments
+        if a.get("attempt") == attempt and a.get("node_index") == index and a.get("replacement")
+    }
+    return used | {
+        t["number"] for t in tries if t.get("attempt") == attempt and t.get("node") == index
+    }
+
+
+def unreturnable(stack: dict, fleet: list[dict]) -> str | None:
+    """Why a relaunch cannot bring the fleet back, if it cannot: a node gone from a stack
+    without the replacement template, or the head terminated (it has no launch template)."""
+    lost = missing(stack["nodes"], fleet)
+    head = head_of(fleet)
+    if lost and not stack["template"]:
+        return (
+            f"node(s) {', '.join(map(str, lost))} cannot come back: the stack has no "
+            "replacement template (deployed before it); deploy again to resume from the "
+            "newest checkpoint"
+        )
+    if head and head["state"] not in LIVE_STATES:
+        return (
+            f"the head ({head['id']}) is {head['state']} and cannot come back: it has no "
+            "launch template to be launched again from; deploy again to resume from the "
+            "newest checkpoint"
+        )
+    return None

@@ -6,7 +6,8 @@
   token, node tag (orphans included);
 - the run's records in S3: attempts.json, DONE.json (and its ETag), controller.json,
   status.json, the nodes' heartbeats (their registrations' LastModified), the launch
-  assignments;
+  assignments; for an elastic fleet (one with a head) the head's heartbeat (head.json's
+  LastModified) and every launch assignment's content;
 - the run's executions of the state machine (its long actions);
 - the idle alarm's state, read, not waited for; when it is in ALARM, the newest checkpoint's
   time and when the stack last finished deploying;
@@ -36,7 +37,10 @@ def observe(now: datetime.datetime) -> dict:
         "records": None,
         "executions": [],
         "alarm": None,
-        "settings": {"idle_minutes": int(setting("IDLE_MINUTES"))},
+        "settings": {
+            "idle_minutes": int(setting("IDLE_MINUTES")),
+            "replacements_per_node": int(setting("REPLACEMENTS_PER_NODE")),
+        },
     }
     if train_stack.gone(stack) or not stack["run"]:
         return snapshot
@@ -61,6 +65,15 @@ def observe(now: datetime.datetime) -> dict:
         # Only asked for when an instance of the stack has no node tag yet.
         "assigned": records.assigned(s3, bucket, run) if unclaimed else set(),
     }
+    if any(
+        i["stack"] == stack["id"] and i["node"] == ec2_fleet.HEAD_NODE
+        for i in snapshot["instances"]
+    ):
+        # An elastic fleet: what replace_lost judges a node by (decide.py).
+        snapshot["records"]["head_beat"] = records.last_modified(
+            s3, bucket, records.key(run, "head.json")
+        )
+        snapshot["records"]["assignments"] = records.assignments(s3, bucket, run)
     snapshot["executions"] = executions.of_run(run, stack["id"])
     snapshot["alarm"] = idle_alarm(run)
     if (snapshot["alarm"] or {}).get("state") == "ALARM":

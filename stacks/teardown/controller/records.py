@@ -231,6 +231,34 @@ def heartbeats(s3, bucket: str, run: str) -> dict:
     }
 
 
+def last_modified(s3, bucket: str, name: str):
+    """When `name` was last written, by S3's clock (its listing, as the heartbeats are read:
+    the controller may list the bucket, not read every object); None when there is no such
+    key."""
+    return next((o["LastModified"] for o in listed(s3, bucket, name) if o["Key"] == name), None)
+
+
+def assignments(s3, bucket: str, run: str) -> list[dict]:
+    """Every launch assignment of the run (runs/<run>/launches/*.json), as written."""
+    prefix = key(run, "launches/")
+    found = [read_json(s3, bucket, o["Key"]) for o in listed(s3, bucket, prefix)]
+    return [a for a in found if a is not None]
+
+
+def note_replacement(s3, bucket: str, run: str, entry: dict, at: str) -> dict:
+    """Add one per-node replacement try to controller.json's `replacements` (its number once)."""
+
+    def add(document: dict | None) -> dict | None:
+        document = document or {}
+        tries = document.get("replacements") or []
+        same = ("stack_id", "attempt", "node", "number")
+        if any(all(t.get(k) == entry.get(k) for k in same) for t in tries):
+            return None
+        return {**document, "replacements": [*tries, entry], "updated_at": at}
+
+    return update(s3, bucket, key(run, "controller.json"), add)
+
+
 def assigned(s3, bucket: str, run: str) -> set[str]:
     """The instances the controller gave a launch assignment."""
     prefix = key(run, "launches/")

@@ -2,6 +2,7 @@
 and Launch, zone by zone and round by round, and the one-line record when no try can bring
 the fleet back.
 
+The head (an elastic fleet's CPU instance, on demand) is stopped and started with the nodes.
 A stop and start puts an on-demand node on healthy hardware with empty instance stores, its
 address and placement group kept. Spot Instances, one-time requests, cannot be stopped: they are
 replaced, as a node EC2 terminated is. Either way each node's boot service resumes the run from
@@ -104,10 +105,15 @@ def launch(event: dict) -> dict:
         return other
     zone = zones.zone_of_try(plan["zones"], number)
     fleet = ec2_fleet.nodes(stack["id"])
+    # The head stays where it is (it has no template to be launched again from, and is in no
+    # placement group): it reaches the nodes across zones.
     elsewhere = [
         n["id"]
         for n in fleet
-        if zone["zone"] and n["state"] in ec2_fleet.LIVE_STATES and n["zone"] != zone["zone"]
+        if zone["zone"]
+        and n["state"] in ec2_fleet.LIVE_STATES
+        and n["zone"] != zone["zone"]
+        and n["node"] != ec2_fleet.HEAD_NODE
     ]
     ec2_fleet.terminate(elsewhere)
     if elsewhere or not ec2_fleet.settled(fleet) or train_stack.busy(stack):

@@ -29,6 +29,8 @@ DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 # The one launch template every replacement node is launched from (stacks/train/fleet.py).
 REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
 NODES_OUTPUT_KEY = "HorovodFleetNodes"
+# The fewest nodes the elastic fleet trains on (stacks/teardown/names.py).
+MIN_NODES_OUTPUT_KEY = "HorovodFleetMinNodes"
 # TrainStack's stack-level tags (stacks/train/stack.py): the run, how many nodes, how stale a
 # node's heartbeat may be, how long an attempt's nodes get to start before silence counts.
 RUN_TAG = "horovod-fleet:run"
@@ -75,6 +77,8 @@ def of(stack: dict) -> dict:
         "created_at": stack["CreationTime"],
         "run": tags.get(RUN_TAG) or outputs.get(RUN_OUTPUT_KEY, ""),
         "nodes": int(tags.get(NODES_TAG) or outputs.get(NODES_OUTPUT_KEY) or 0),
+        # 0 while the stack is created, or for one from before the elastic fleet.
+        "min_nodes": int(outputs.get(MIN_NODES_OUTPUT_KEY) or 0),
         # A stack without them (deployed before the controller) is never relaunched.
         "max_restarts": int(outputs.get(MAX_RESTARTS_OUTPUT_KEY) or 0),
         # The hard cap's time; None while the stack is created (observe.py reads its schedule).

@@ -30,7 +30,7 @@ class FakeClock:
 
 def test_register_node_writes_the_contract_document(s3, train_config):
     cfg = train_config(node_index=1)
-    rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0abc", T0, shards="own")
+    rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0abc", T0, shards="own", interface="ens32")
     doc = json.loads(s3.get_object(Bucket=BUCKET, Key="runs/r1/nodes/1.json")["Body"].read())
     assert doc == {
         "index": 1,
@@ -38,8 +38,9 @@ def test_register_node_writes_the_contract_document(s3, train_config):
         "gpus": 8,
         "instance_id": "i-0abc",
         "registered_at": "2027-01-15T08:00:00Z",
-        "leader_key_sha256": None,
+        "head_key_sha256": None,
         "shards": "own",
+        "interface": "ens32",
     }
 
 
@@ -83,8 +84,8 @@ def test_stale_registration_from_a_previous_deployment_is_not_counted(s3, train_
         rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep)
 
 
-def test_a_replaced_leader_counts_only_members_that_trust_its_new_key(s3, train_config):
-    """A Spot fleet relaunched as new instances: the new leader's key differs from the one the
+def test_a_replaced_head_counts_only_nodes_that_trust_its_new_key(s3, train_config):
+    """A Spot fleet relaunched as new instances: the new head's key differs from the one the
     run's earlier members installed, and its rendezvous began after their last beat."""
     clock = FakeClock()
     cfg = train_config(heartbeat_timeout_s=120, rendezvous_timeout_s=30)
@@ -96,18 +97,18 @@ def test_a_replaced_leader_counts_only_members_that_trust_its_new_key(s3, train_
     since = clock()
     rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0", clock(), new_key)
     with pytest.raises(rendezvous.RendezvousError, match=r"node\(s\) 1 of 2"):
-        rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, leader_key=new_key, since=since)
-    # The replacement read leader.pub before the new leader published it: still the old key.
+        rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, head_key=new_key, since=since)
+    # The replacement read head.pub before the new head published it: still the old key.
     rendezvous.register_node(s3, member, "10.0.0.3", "i-new", clock(), old_key)
     with pytest.raises(rendezvous.RendezvousError, match=r"node\(s\) 1 of 2"):
-        rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, leader_key=new_key, since=since)
+        rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, head_key=new_key, since=since)
     # Its next beat names the key it installed since.
     rendezvous.register_node(s3, member, "10.0.0.3", "i-new", clock(), new_key)
-    nodes = rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, leader_key=new_key, since=since)
+    nodes = rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep, head_key=new_key, since=since)
     assert [n["instance_id"] for n in nodes] == ["i-0", "i-new"]
 
 
-def test_leader_entry_stays_live_however_long_the_leader_waits(s3, train_config):
+def test_a_nodes_own_entry_stays_live_however_long_it_waits(s3, train_config):
     clock = FakeClock()
     cfg = train_config(heartbeat_timeout_s=10, rendezvous_timeout_s=1000)
     rendezvous.register_node(s3, cfg, "10.0.0.2", "i-0", clock())
@@ -116,31 +117,31 @@ def test_leader_entry_stays_live_however_long_the_leader_waits(s3, train_config)
     assert len(rendezvous.wait_for_nodes(s3, cfg, clock, clock.sleep)) == 2
 
 
-def test_leader_key_is_made_once_published_and_reused(s3, train_config):
+def test_the_head_key_is_made_once_published_and_reused(s3, train_config):
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen (openssh-client) not installed")
     cfg = train_config()
-    key = rendezvous.ensure_leader_key(s3, cfg)
+    key = rendezvous.ensure_head_key(s3, cfg)
     public = key.with_suffix(".pub").read_bytes()
     assert key.stat().st_mode & 0o077 == 0  # ssh refuses a private key others can read
     assert public.startswith(b"ssh-ed25519 ")
-    assert s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub")["Body"].read() == public
+    assert s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub")["Body"].read() == public
     listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/ssh/")["Contents"]
-    assert [o["Key"] for o in listed] == ["runs/r1/ssh/leader.pub"]  # never the private key
+    assert [o["Key"] for o in listed] == ["runs/r1/ssh/head.pub"]  # never the private key
     # A rerun reuses the key, and republishes it if S3 lost it.
-    s3.delete_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub")
-    assert rendezvous.ensure_leader_key(s3, cfg) == key
+    s3.delete_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub")
+    assert rendezvous.ensure_head_key(s3, cfg) == key
     assert key.with_suffix(".pub").read_bytes() == public
-    assert s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub")["Body"].read() == public
+    assert s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub")["Body"].read() == public
 
 
 def test_a_missing_key_that_s3_answers_with_403_counts_as_absent(s3):
     # The s3 fixture answers as S3 answers the node role (prefix-conditioned ListBucket).
     with pytest.raises(ClientError, match="AccessDenied"):
-        s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub")
-    assert rendezvous.read_object(s3, BUCKET, "runs/r1/ssh/leader.pub") is None
-    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"key")
-    assert rendezvous.read_object(s3, BUCKET, "runs/r1/ssh/leader.pub") == b"key"
+        s3.get_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub")
+    assert rendezvous.read_object(s3, BUCKET, "runs/r1/ssh/head.pub") is None
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub", Body=b"key")
+    assert rendezvous.read_object(s3, BUCKET, "runs/r1/ssh/head.pub") == b"key"
 
 
 def test_other_errors_are_not_absence(s3):
@@ -160,14 +161,16 @@ def test_install_authorized_key_is_idempotent(tmp_path):
 
 def test_member_waits_for_the_key_then_times_out_loudly(s3, train_config):
     clock = FakeClock()
-    with pytest.raises(rendezvous.RendezvousError, match=r"leader .* did not publish"):
-        rendezvous.wait_for_leader_key(s3, train_config(node_index=1), clock, clock.sleep)
+    with pytest.raises(
+        rendezvous.RendezvousError, match=r"the head did not publish .*/ssh/head.pub within"
+    ):
+        rendezvous.wait_for_head_key(s3, train_config(node_index=1), clock, clock.sleep)
 
 
 def test_member_installs_key_registers_and_stops_at_done(s3, train_config, tmp_path):
     clock = FakeClock(now=0)  # S3 LastModified is real time: the member started "long ago"
     member = train_config(node_index=1)
-    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"ssh-ed25519 KEY hvd-r1\n")
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub", Body=b"ssh-ed25519 KEY hvd-r1\n")
     beats = []
 
     def sleep(seconds):
@@ -181,25 +184,25 @@ def test_member_installs_key_registers_and_stops_at_done(s3, train_config, tmp_p
     assert (tmp_path / "authorized_keys").read_text() == "ssh-ed25519 KEY hvd-r1\n"
     entry = json.loads(s3.get_object(Bucket=BUCKET, Key="runs/r1/nodes/1.json")["Body"].read())
     assert entry["ip"] == "10.0.0.3"
-    # The member names the key it installed, so a replaced leader tells old members from new.
-    assert entry["leader_key_sha256"] == rendezvous.key_fingerprint("ssh-ed25519 KEY hvd-r1")
+    # The node names the key it installed, so a replaced head tells old nodes from new.
+    assert entry["head_key_sha256"] == rendezvous.key_fingerprint("ssh-ed25519 KEY hvd-r1")
 
 
 def test_member_signals_once_on_this_deployments_fleet_check_only(s3, train_config):
-    """CloudFormation counts a member as created only on the leader's fleet check of this
+    """CloudFormation counts a node as created only on the head's fleet check of this
     deployment: a check left by an earlier deployment is not this fleet's."""
     # S3's LastModified is real time: the member started "long ago" for DONE.json to count.
     clock = FakeClock(now=10_000)
-    leader, member = train_config(), train_config(node_index=1)
-    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"ssh-ed25519 KEY hvd-r1\n")
-    rendezvous.write_fleet_check(s3, leader, "from the last deployment", 5_000)
+    head, member = train_config(), train_config(node_index=1)
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub", Body=b"ssh-ed25519 KEY hvd-r1\n")
+    rendezvous.write_fleet_check(s3, head, "from the last deployment", 5_000)
     ready, beats = [], []
 
     def sleep(seconds):
         beats.append(seconds)
         clock.sleep(seconds)
         if len(beats) == 2:
-            rendezvous.write_fleet_check(s3, leader, "NCCL transport: ofi", clock())
+            rendezvous.write_fleet_check(s3, head, "NCCL transport: ofi", clock())
         if len(beats) == 5:
             s3.put_object(Bucket=BUCKET, Key="runs/r1/DONE.json", Body=b"{}")
 

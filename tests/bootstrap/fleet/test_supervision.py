@@ -109,66 +109,70 @@ def entry(index, at, ip="10.0.0.1", instance="i-0lead"):
             "registered_at": rendezvous.utc_stamp(at)}  # fmt: skip
 
 
-def test_a_member_names_its_leader_once_the_leader_s_heartbeat_goes_stale(train_config):
+def head(at, ip="10.0.0.1", instance="i-0head"):
+    return {"ip": ip, "instance_id": instance, "registered_at": rendezvous.utc_stamp(at)}
+
+
+def test_a_node_names_its_head_once_the_head_s_heartbeat_goes_stale(train_config):
     cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
-    watch = supervision.LeaderWatch(cfg, started=1000)
-    assert watch.lost(None, 1010) is None  # the leader has not booted yet: no verdict
-    assert watch.lost(entry(0, 990), 1020) is None  # alive
-    assert watch.lost(entry(0, 1050), 1100) is None  # a restarted leader beats again
-    why = watch.lost(entry(0, 1050), 1111)
-    assert why.startswith("the leader, node 0 (i-0lead, 10.0.0.1), is lost: its heartbeat ")
-    assert "runs/r1/nodes/0.json is 61 s old" in why and "\n" not in why
+    watch = supervision.HeadWatch(cfg, started=1000)
+    assert watch.lost(None, 1010) is None  # the head has not booted yet: no verdict
+    assert watch.lost(head(990), 1020) is None  # alive
+    assert watch.lost(head(1050), 1100) is None  # a restarted head beats again
+    why = watch.lost(head(1050), 1111)
+    assert why.startswith("the head (i-0head, 10.0.0.1) is lost: its heartbeat ")
+    assert "runs/r1/head.json is 61 s old" in why and "\n" not in why
 
 
-def test_a_member_whose_leader_never_beats_gives_up_after_the_rendezvous_timeout(train_config):
+def test_a_node_whose_head_never_beats_gives_up_after_the_rendezvous_timeout(train_config):
     cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=300)
-    watch = supervision.LeaderWatch(cfg, started=1000)
-    stale = entry(0, 0)  # a previous deployment's registration
+    watch = supervision.HeadWatch(cfg, started=1000)
+    stale = head(0)  # a previous deployment's heartbeat
     assert watch.lost(stale, 1200) is None
     assert "did not heartbeat" in watch.lost(stale, 1301)
 
 
-def test_after_an_s3_outage_the_leader_gets_heartbeat_timeout_s_to_beat_again(train_config):
+def test_after_an_s3_outage_the_head_gets_heartbeat_timeout_s_to_beat_again(train_config):
     """Before: S3 reset every connection for 75 s (heartbeat_timeout_s 60); when it answered
-    again, the member read the leader's 80 s old heartbeat and quit, 11 s before the healthy
+    again, the node read its leader's 80 s old heartbeat and quit, 11 s before the healthy
     leader wrote DONE.json."""
     cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
     back = [None]
-    watch = supervision.LeaderWatch(cfg, started=1000, s3_back_at=lambda: back[0])
-    assert watch.lost(entry(0, 1000), 1010) is None  # alive
+    watch = supervision.HeadWatch(cfg, started=1000, s3_back_at=lambda: back[0])
+    assert watch.lost(head(1000), 1010) is None  # alive
     # S3 stops answering at 1015, answers again at 1090: the newest beat it shows is 1010.
     back[0] = 1090
-    assert watch.lost(entry(0, 1010), 1090) is None
-    assert watch.lost(entry(0, 1010), 1150) is None  # 60 s since S3's return: not yet
-    assert watch.lost(entry(0, 1160), 1165) is None  # the leader's next beat arrives
-    # A leader that stays silent after S3's return is lost heartbeat_timeout_s later.
-    why = watch.lost(entry(0, 1010), 1151)
-    assert "runs/r1/nodes/0.json is 141 s old (heartbeat_timeout_s 60; counted from S3 " in why
+    assert watch.lost(head(1010), 1090) is None
+    assert watch.lost(head(1010), 1150) is None  # 60 s since S3's return: not yet
+    assert watch.lost(head(1160), 1165) is None  # the head's next beat arrives
+    # A head that stays silent after S3's return is lost heartbeat_timeout_s later.
+    why = watch.lost(head(1010), 1151)
+    assert "runs/r1/head.json is 141 s old (heartbeat_timeout_s 60; counted from S3 " in why
     assert "answering this node again 61 s ago)" in why
 
 
-def test_a_member_that_never_saw_its_leader_waits_out_s3_s_return_too(train_config):
+def test_a_node_that_never_saw_its_head_waits_out_s3_s_return_too(train_config):
     cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=300)
-    watch = supervision.LeaderWatch(cfg, started=1000, s3_back_at=lambda: 1280)
+    watch = supervision.HeadWatch(cfg, started=1000, s3_back_at=lambda: 1280)
     assert watch.lost(None, 1301) is None  # past the rendezvous timeout, S3 back 21 s ago
     assert "no heartbeat at all; counted from S3" in watch.lost(None, 1341)
 
 
-def test_serve_as_member_stops_waiting_for_done_when_the_leader_is_lost(s3, train_config):
+def test_serve_as_member_stops_waiting_for_done_when_the_head_is_lost(s3, train_config):
     """Before: a member whose leader died waited for DONE.json forever."""
     cfg = train_config(node_index=1, heartbeat_timeout_s=8, rendezvous_timeout_s=30)
-    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/leader.pub", Body=b"ssh-ed25519 AAAA hvd-r1")
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/ssh/head.pub", Body=b"ssh-ed25519 AAAA hvd-r1")
     now = [time.time()]
-    s3.put_object(Bucket=BUCKET, Key="runs/r1/nodes/0.json", Body=json.dumps(entry(0, now[0])))
-    watch = supervision.LeaderWatch(cfg, now[0])
+    s3.put_object(Bucket=BUCKET, Key="runs/r1/head.json", Body=json.dumps(head(now[0])))
+    watch = supervision.HeadWatch(cfg, now[0])
 
     def sleep(seconds):
         now[0] += seconds
 
-    with pytest.raises(rendezvous.RendezvousError, match=r"node 0 \(i-0lead, 10.0.0.1\), is lost"):
+    with pytest.raises(rendezvous.HeadLost, match=r"the head \(i-0head, 10.0.0.1\) is lost"):
         rendezvous.serve_as_member(
             s3, cfg, "10.0.0.2", "i-1", lambda m: None, lambda: now[0], sleep,
-            leader_lost=lambda t: watch.lost(supervision.read_entry(s3, cfg, 0), t),
+            head_lost=lambda t: watch.lost(supervision.read_head(s3, cfg), t),
         )  # fmt: skip
     assert now[0] - watch.started < 20
 
@@ -179,6 +183,7 @@ def test_a_failed_training_names_the_member_whose_heartbeat_went_stale(s3, train
     put = lambda i, e: s3.put_object(  # noqa: E731 - a two-line helper
         Bucket=BUCKET, Key=f"runs/r1/nodes/{i}.json", Body=json.dumps(e)
     )
+    put(0, entry(0, 1001, "10.0.0.1", "i-0zero"))  # alive: beat since the failure
     put(1, entry(1, 990, "10.0.0.2", "i-0one"))  # its network died at about 990
     put(2, entry(2, 995, "10.0.0.3", "i-0two"))  # alive: beats again below
     now = [failed_at]
@@ -196,7 +201,7 @@ def test_a_failed_training_names_the_member_whose_heartbeat_went_stale(s3, train
 
 
 def test_a_failed_training_after_an_s3_outage_waits_for_members_to_beat_again(s3, train_config):
-    """S3 answered the leader again at 1000 after an outage: the member's beat of 900 is not a
+    """S3 answered the head again at 1000 after an outage: the member's beat of 900 is not a
     verdict; its beat at 1010 shows it alive, and a silent member is named only 20 s after S3's
     return."""
     cfg = train_config(nodes=3, heartbeat_timeout_s=20)
@@ -205,12 +210,14 @@ def test_a_failed_training_after_an_s3_outage_waits_for_members_to_beat_again(s3
     )
     put(1, entry(1, 900, "10.0.0.2", "i-0one"))  # silent since before the outage
     put(2, entry(2, 900, "10.0.0.3", "i-0two"))  # beats again once S3 answers it
+    put(0, entry(0, 900, "10.0.0.1", "i-0zero"))  # so does node 0
     now = [1000.0]
 
     def sleep(seconds):
         now[0] += seconds
         if now[0] >= 1010:
             put(2, entry(2, now[0], "10.0.0.3", "i-0two"))
+            put(0, entry(0, now[0], "10.0.0.1", "i-0zero"))
 
     lost = supervision.lost_nodes(s3, cfg, 995.0, lambda: now[0], sleep, lambda: 1000.0)
     assert lost == [
@@ -222,7 +229,10 @@ def test_a_failed_training_after_an_s3_outage_waits_for_members_to_beat_again(s3
 
 def test_a_failure_with_every_member_beating_names_nobody(s3, train_config):
     cfg = train_config(nodes=2, heartbeat_timeout_s=20)
-    s3.put_object(Bucket=BUCKET, Key="runs/r1/nodes/1.json", Body=json.dumps(entry(1, 1001)))
+    for index in (0, 1):
+        s3.put_object(
+            Bucket=BUCKET, Key=f"runs/r1/nodes/{index}.json", Body=json.dumps(entry(index, 1001))
+        )
     assert supervision.lost_nodes(s3, cfg, 1000.5, lambda: 1001, lambda s: None) == []
 
 

@@ -19,8 +19,8 @@ from bootstrap import aws
 from bootstrap.fleet import rendezvous
 from bootstrap.fleet.member import Member
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader import results
-from bootstrap.leader.status import RunStatus
+from bootstrap.head import results
+from bootstrap.head.status import RunStatus
 from bootstrap.node.attempt import Attempt
 from bootstrap.steps import StepFailed, step
 
@@ -40,7 +40,7 @@ def leader_lost() -> StepFailed:
     """The member's rendezvous step as it fails when LeaderWatch names the leader lost."""
 
     def serve():
-        raise rendezvous.LeaderLost(LOST)
+        raise rendezvous.HeadLost(LOST)
 
     with pytest.raises(StepFailed) as failed:
         step("rendezvous", serve)
@@ -79,7 +79,7 @@ def test_a_member_that_finds_its_leader_lost_writes_the_attempt_s_done_json(flee
         "node_lost",
         "member 1",
     )
-    assert done["reason"] == f"step 'rendezvous' failed: LeaderLost: {LOST}"
+    assert done["reason"] == f"step 'rendezvous' failed: HeadLost: {LOST}"
     assert done["attempt"] == 2 and [a["attempt"] for a in done["attempts"]] == [1, 2]
     assert done["attempts"][-1] == {"attempt": 2, "status": "failed", "cause": "node_lost",
                                     "reason": done["reason"]}  # fmt: skip
@@ -96,7 +96,7 @@ def test_a_member_s_other_failures_leave_the_record_to_the_leader(fleet, s3):
 
 
 @pytest.mark.parametrize("first", ["leader", "member"])
-def test_a_leader_and_a_member_racing_leave_exactly_one_record(fleet, s3, first):
+def test_the_head_and_a_node_racing_leave_exactly_one_record(fleet, s3, first):
     leader, member = fleet
     started = time.time() - 600
     s3r = aws.RetryingS3(s3)
@@ -112,7 +112,7 @@ def test_a_leader_and_a_member_racing_leave_exactly_one_record(fleet, s3, first)
     # The loser of the race as it ends a training (the leader's success path) ...
     with pytest.raises(results.RecordTaken) as taken:
         results.write_done(s3r, leader, docs[second], started)
-    writer = "leader (status succeeded, cause None)" if first == "leader" else (
+    writer = "head (status succeeded, cause None)" if first == "leader" else (
         "member 1 (status failed, cause node_lost)"
     )  # fmt: skip
     line = (

@@ -13,7 +13,6 @@ from bootstrap_helpers import BUCKET, train_doc
 from bootstrap import __main__ as bootstrap_main
 from bootstrap import aws
 from bootstrap.fleet.member import Member
-from bootstrap.leader.leader import Leader
 from bootstrap.node import assignment
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import ConfigError, parse
@@ -50,13 +49,14 @@ class Clock:
 
 def test_a_node_json_without_an_index_is_a_replacement_node(tmp_path):
     cfg = parse(replacement_doc(tmp_path))
-    assert cfg.node_index is None and not cfg.is_leader
+    assert cfg.node_index is None and not cfg.is_head
 
 
 @pytest.mark.parametrize("index", [0, 1])
 def test_a_replacement_node_runs_as_the_node_its_assignment_names(s3, tmp_path, monkeypatch, index):
     """The instance id from IMDS (stubbed) names the assignment; the node is then node `index`,
-    the leader for 0, in every other respect the node.json it booted with."""
+    a member whatever its index (the head runs horovodrun), in every other respect the
+    node.json it booted with."""
     monkeypatch.setattr(aws, "imds", lambda path: {"meta-data/instance-id": INSTANCE}[path])
     monkeypatch.setattr(aws, "s3_client", lambda region: s3)
     put_assignment(s3, {"node_index": index, "instance_id": INSTANCE, "run": "r1"})
@@ -65,7 +65,7 @@ def test_a_replacement_node_runs_as_the_node_its_assignment_names(s3, tmp_path, 
     assert launched.node_index == index
     assert launched == parse({**replacement_doc(tmp_path), "node_index": index})
     node = bootstrap_main.node_for(launched, Attempt())
-    assert type(node) is (Leader if index == 0 else Member)
+    assert type(node) is Member
 
 
 def test_the_assignment_written_during_the_wait_is_read(s3, tmp_path):

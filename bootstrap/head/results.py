@@ -1,5 +1,5 @@
-"""DONE.json (docs/contracts.md), the record an attempt leaves: the leader writes it last, also
-on a failure, from this attempt's own figures (or a member, when it found the leader lost).
+"""DONE.json (docs/contracts.md), the record an attempt leaves: the head writes it last, also
+on a failure, from this attempt's own figures (or a node, when it found the head lost).
 
 One DONE.json per attempt: every node writes it with S3's conditional write (If-None-Match: *,
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html), so when two
@@ -19,8 +19,8 @@ from botocore.exceptions import ClientError
 from bootstrap import aws
 from bootstrap.fleet import allreduce_check
 from bootstrap.fleet.rendezvous import ABSENT_KEY_CODES, parse_stamp, utc_stamp
-from bootstrap.leader import goodput
-from bootstrap.leader import timeline as fleet_view
+from bootstrap.head import goodput
+from bootstrap.head import timeline as fleet_view
 from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
 from bootstrap.node.attempt import this_attempts
 from bootstrap.node_config import TrainConfig
@@ -38,18 +38,20 @@ def done_document(
     steps: dict[str, float] | None = None,
     *,
     cause: str | None = None,
-    written_by: str = "leader",
+    written_by: str = "head",
     restarts: list[dict] | None = None,
     records: list[dict] | None = None,
+    hosts: dict[str, list[dict]] | None = None,
 ) -> dict:
     """DONE.json per docs/contracts.md, every figure from this attempt: the trainer's when it
     wrote train.json / eval.json after outputs_since (when the restore was done: a restored file
-    is new on disk but the previous attempt's), else the leader's wall time and no epochs.
+    is new on disk but the previous attempt's), else the head's wall time and no epochs.
     `earlier` is the run controller's record of the attempts before this one (attempts.json),
     `steps` the seconds of each bootstrap step this attempt finished (its timeline), `cause` why
     it ended (bootstrap/causes.py; None when it succeeded), `written_by` which node writes it,
     `restarts` the restarts in place of the writing node's bootstrap (bootstrap/node/attempt.py),
-    `records` the phases records of this attempt's nodes (the fleet's view and goodput)."""
+    `records` the phases records of this attempt's nodes (the fleet's view and goodput),
+    `hosts` the instances the head's discovery saw, by address (naming the resets' hosts)."""
     succeeded = status == "succeeded"
     records = records or []
     earlier = earlier or []
@@ -85,7 +87,7 @@ def done_document(
         "attempt_started_at": utc_stamp(started),
         "finished_at": utc_stamp(now),
         "timeline": timeline,
-        "resets": fleet_view.resets(training, records),
+        "resets": fleet_view.resets(training, records, hosts),
         **figures,
         "restarts": restarts or [],
         "attempt": own["attempt"],
@@ -260,7 +262,7 @@ def record_failure(s3, cfg: TrainConfig, doc: dict, started: float, log=aws.log)
 def clear_done(s3, cfg: TrainConfig, started: float) -> dict | None:
     """A rerun starts by removing the DONE.json an earlier attempt left, so nothing reacts to it
     (only as it was read: a record written meanwhile stays). Returns this attempt's record when
-    one is there instead (a member found this leader lost while systemd restarted it)."""
+    one is there instead (a node found this head lost while systemd restarted it)."""
     while (record := read_done(s3, cfg)) is not None:
         if is_this_attempts(record, started):
             return record

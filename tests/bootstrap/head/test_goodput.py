@@ -2,14 +2,14 @@
 restore are lost time, the buckets add up to the wall clock, the slowest node of each phase is
 named.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_goodput.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_goodput.py
 """
 
 import pytest
 
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader import goodput, timeline
-from bootstrap.leader.goodput import Attempt
+from bootstrap.head import goodput, timeline
+from bootstrap.head.goodput import Attempt
 from bootstrap.node.phases import PHASES
 
 T0 = 1_800_000_000.0
@@ -165,3 +165,17 @@ def test_resets_name_the_nodes_horovod_named_by_address():
     assert reset["lost"] == [{"node": "1", "instance_id": "i-1", "ip": "10.0.0.1"}]
     assert (reset["ranks_after"], reset["recovery_s"], reset["steps_redone"]) == (8, 31.0, 12)
     assert timeline.resets({}, RECORDS) == []
+
+
+def test_a_replacement_at_a_lost_node_s_address_is_named_only_where_it_joined():
+    # Node 1 (i-1) lost, its replacement i-9 at the same address joins later: each reset
+    # names the instance the head's discovery saw there at the reset's time.
+    hosts = {"10.0.0.1": [{"node": "1", "instance_id": "i-1", "since": "2027-01-01T00:00:00Z"},
+                          {"node": "1", "instance_id": "i-9", "since": "2027-01-01T00:05:00Z"}]}  # fmt: skip
+    training = {"resets": [
+        {"at": "2027-01-01T00:01:00Z", "hosts_lost": ["10.0.0.1"], "hosts_added": []},
+        {"at": "2027-01-01T00:06:00Z", "hosts_lost": [], "hosts_added": ["10.0.0.1"]},
+    ]}  # fmt: skip
+    lost, joined = timeline.resets(training, RECORDS, hosts)
+    assert lost["lost"] == [{"node": "1", "instance_id": "i-1", "ip": "10.0.0.1"}]
+    assert joined["added"] == [{"node": "1", "instance_id": "i-9", "ip": "10.0.0.1"}]

@@ -1,6 +1,6 @@
 """Node 0's benchmark: the schedule, rows, efficiency from the timed steps, and the three files.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_node_benchmark.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_node_benchmark.py
 """
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from bootstrap_helpers import train_doc
 
 from bootstrap.fleet import allreduce_check
-from bootstrap.leader import benchmark
+from bootstrap.head import benchmark
 from bootstrap.node_config import Benchmark, BenchmarkSize, ConfigError, parse
 
 PLAN = {

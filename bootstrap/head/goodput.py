@@ -2,7 +2,7 @@
 survives, and where the rest went (docs/contracts.md, "Start-up, resets and goodput").
 
 Pure functions of plain figures, so any writer of DONE.json can call them: this attempt's own
-lost seconds from its nodes' phases records, its leader's steps and its train.json
+lost seconds from its nodes' phases records, its head's steps and its train.json
 (attempt_lost), and the run's goodput over every attempt (goodput), the earlier ones as the run
 controller copied them into attempts.json (Attempt.from_entry).
 
@@ -13,7 +13,7 @@ controller copied them into attempts.json (Attempt.from_entry).
 - capacity_wait: from an attempt's end to the next attempt's first launch;
 - the attempt's own part (launch, boot, pull, checks, framework start, checkpoints,
   evaluation, recovery): its critical path, the node the fleet waited for last up to the
-  rendezvous, then the leader's steps and the trainer's;
+  rendezvous, then the head's steps and the trainer's;
 - other: the rest, so that productive + every bucket = wall. Where the measured parts add up to
   more than the wall (overlapping phases, clocks a little apart), they are scaled down to fit.
 """
@@ -79,7 +79,7 @@ def _most(records: list[dict], code: str) -> float:
 
 def attempt_lost(records: list[dict], steps_s: dict[str, float], training: dict) -> dict:
     """This attempt's own lost seconds by bucket (OWN_BUCKETS). `records`: its nodes' phases
-    records; `steps_s`: its leader's bootstrap steps; `training`: its train.json ({} if none)."""
+    records; `steps_s`: its head's bootstrap steps; `training`: its train.json ({} if none)."""
     lost = dict.fromkeys(OWN_BUCKETS, 0.0)
     by_node = {r.get("node"): r.get("phases") or {} for r in records}
     # The node the fleet waited for last: the one whose own shards (its registration) came last.
@@ -201,7 +201,7 @@ def _seconds(wall, runtime_wall, productive: float, lost: dict) -> dict:
 
 def from_entries(entries: list[dict]) -> list[Attempt]:
     """attempts.json's entries as Attempts; an entry without the run controller's
-    `launched_at` counts from its `started_at` (the attempt's first start on its leader)."""
+    `launched_at` counts from its `started_at` (the attempt's first start on its head)."""
     attempts = []
     for entry in entries:
         if not entry.get("launched_at") and entry.get("started_at"):

@@ -1,15 +1,15 @@
 """The progress watchdog: a training whose ranks stop advancing is ended with a reason that
 names the last step, never left to the hard cap.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_watchdog.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_watchdog.py
 """
 
 import json
 import sys
 import time
 
-from bootstrap.leader import launch
-from bootstrap.leader.watchdog import ProgressWatchdog
+from bootstrap.head import launch
+from bootstrap.head.watchdog import ProgressWatchdog
 
 
 class Clock:

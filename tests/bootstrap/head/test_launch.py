@@ -1,6 +1,6 @@
 """The leader's horovodrun command and environment, DONE.json, failure reasons.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_leader_launch.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_leader_launch.py
 """
 
 import json
@@ -13,17 +13,20 @@ from bootstrap_helpers import train_doc
 
 from bootstrap.fleet import allreduce_check
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader import checkpoints, failures, launch, results
+from bootstrap.head import checkpoints, failures, launch, results
 from bootstrap.node import spot
 from bootstrap.node.phases import PHASES
 from bootstrap.node_config import parse
 from stacks.instance_types import GPU_TYPES, GpuType
 
 
-def test_gpu_fleet_uses_mpi_with_efa_nccl_and_horovod_settings():
+def test_gpu_fleet_uses_gloo_from_the_head_with_efa_nccl_and_horovod_settings():
+    """Gloo, as the elastic training must be (launch.py, _run_elastic): it carries Horovod's
+    coordination, NCCL the GPUs' collectives; the head has no GPU and runs no rank."""
     cfg = parse(train_doc())
     cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 16, ["python3", "-m", "x"])
-    assert cmd[:4] == ["horovodrun", "--mpi", "-np", "16"]
+    assert cmd[:4] == ["horovodrun", "--gloo", "-np", "16"]
+    assert "--network-interface" not in cmd and not any("--mpi" in c for c in cmd)
     assert cmd[cmd.index("--hostfile") + 1] == "/h"
     assert cmd[cmd.index("--ssh-identity-file") + 1] == "/k"
     assert cmd[-3:] == ["python3", "-m", "x"]
@@ -91,7 +94,7 @@ def test_efa_nodes_find_the_aws_ofi_nccl_plugin_where_this_ami_has_it():
 
 def test_cpu_nodes_use_gloo_without_gpu_settings():
     cfg = parse(train_doc(gpus_per_node=0, efa=False, network_interface="hf0", ssh_port=2222))
-    cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 2, ["t"])
+    cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 2, ["t"], interface="hf0")
     assert "--gloo" in cmd and "--mpi" not in cmd
     assert cmd[cmd.index("--ssh-port") + 1] == "2222"
     assert cmd[cmd.index("--network-interface") + 1] == "hf0"
@@ -134,7 +137,7 @@ def test_done_document_on_success_and_failure(tmp_path):
         1,
         [{"attempt": 1, "status": "succeeded", "cause": None, "reason": None}],
     )
-    assert (ok["cause"], ok["written_by"], ok["restarts"]) == (None, "leader", [])
+    assert (ok["cause"], ok["written_by"], ok["restarts"]) == (None, "head", [])
     assert ok["attempt_started_at"] == utc_stamp(started)
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
@@ -355,8 +358,10 @@ HOROVOD_SHUT_DOWN = (
 )
 
 
-def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
-    """Before: 'rank 1 on 10.0.1.23 exited 1; its last words: ... Horovod has been shut down'."""
+def test_a_full_disk_names_enospc_the_path_and_the_filesystem_of_a_lone_process():
+    """Before: 'rank 1 on 10.0.1.23 exited 1; its last words: ... Horovod has been shut down'.
+    Without a hostfile the process ran on this host (the preprocessing node): its disk is
+    described."""
     tail = (
         "[0]<stdout>:Epoch 3/10\n"
         "[0]<stderr>:tensorflow.python.framework.errors_impl.ResourceExhaustedError: "
@@ -369,10 +374,10 @@ def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
         looked.append(path)
         return "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
 
-    reason = failures.failure_reason(tail, HOSTS, filesystem)
+    reason = failures.failure_reason(tail, "", filesystem)
     assert reason == (
         "no space left on device (ENOSPC) writing /data/model/checkpoints/ckpt-40_temp/"
-        "part-00000-of-00001.data-00000-of-00001.tempstate1 on rank 0 (10.0.1.5); "
+        "part-00000-of-00001.data-00000-of-00001.tempstate1 on rank 0; "
         "filesystem /dev/md0 (xfs) mounted on /data: 12 KiB free of 7.0 TiB"
     )
     assert looked == [
@@ -380,11 +385,15 @@ def test_a_full_disk_names_enospc_the_path_and_the_filesystem():
     ]
 
 
-def test_a_full_disk_on_another_node_is_not_described_by_the_leader_s_filesystem():
-    tail = "[1]<stderr>:OSError: [Errno 28] No space left on device: '/data/model/x.json'\n"
-    reason = failures.failure_reason(tail, HOSTS, lambda path: "the leader's disk")
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_fleet_rank_s_full_disk_is_never_described_by_the_head_s_filesystem(rank):
+    """The fault rehearsal found the head naming its own disk for rank 0's full one: no rank of
+    a fleet runs on the head."""
+    tail = f"[{rank}]<stderr>:OSError: [Errno 28] No space left on device: '/data/model/x.json'\n"
+    reason = failures.failure_reason(tail, HOSTS, lambda path: "the head's disk")
+    host = ["10.0.1.5", "10.0.1.23"][rank]
     assert reason == (
-        "no space left on device (ENOSPC) writing /data/model/x.json on rank 1 (10.0.1.23)"
+        f"no space left on device (ENOSPC) writing /data/model/x.json on rank {rank} ({host})"
     )
 
 
@@ -489,14 +498,15 @@ def test_run_horovodrun_as_the_benchmark_runs_it(train_config, monkeypatch, tmp_
     with pytest.raises(Refused) as failed:
         launch.run_horovodrun(
             cfg, tmp_path / "absent-hostfile", Path("/k"), 1, ["b"], {}, "allreduce-check.log",
-            keep=5, one_host=True, name_hosts=False, details=False, error=Refused,
+            keep=5, interface="eth9", name_hosts=False, details=False, error=Refused,
             log=lambda line: None,
         )  # fmt: skip
     assert str(failed.value) == "horovodrun exited 2: last words"
     assert failed.value.cause == "unknown"
     horovodrun_at = seen["command"].index("horovodrun")  # under the supervision guard
     assert seen["command"][:3] == ["python3", "-m", "bootstrap.fleet.supervision"]
-    assert "--network-interface" not in seen["command"][horovodrun_at:]
+    at = seen["command"].index("--network-interface")
+    assert at > horovodrun_at and seen["command"][at + 1] == "eth9"
     assert seen["keep"] == 5
 
 

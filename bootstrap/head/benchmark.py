@@ -20,7 +20,7 @@ from pathlib import Path
 from bootstrap import aws
 from bootstrap.fleet import allreduce_check, rendezvous
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader import launch, results
+from bootstrap.head import launch, results
 from bootstrap.node.logs import upload_logs
 from bootstrap.node_config import Benchmark, BenchmarkSize, TrainConfig
 
@@ -290,9 +290,14 @@ def trainer_command(cfg: TrainConfig, data_dir: Path, work_dir: Path) -> list[st
 
 
 def benchmark_node(
-    cfg: TrainConfig, hosts: list[str], key: Path, data_dir: Path, log: Callable[[str], None]
+    cfg: TrainConfig,
+    hosts: list[str],
+    key: Path,
+    data_dir: Path,
+    log: Callable[[str], None],
+    interface: str | None = None,
 ) -> tuple[dict, list[Path]]:
-    """Node 0's benchmark: the schedule, then the three files in <mount_point>/benchmark/."""
+    """The head's benchmark: the schedule, then the three files in <mount_point>/benchmark/."""
     work_dir = Path(cfg.mount_point) / "benchmark"
     env = launch.launcher_env(cfg, dict(os.environ))
     # The check reports at every size here instead of failing below the floor: a benchmark
@@ -303,7 +308,7 @@ def benchmark_node(
         # Unlike training's, a failure's reason names neither the ranks' hosts nor lost members.
         return launch.run_horovodrun(
             cfg, sized_hostfile, key, size.ranks, program, env, name,
-            keep=1_000_000, one_host=size.nodes == 1, name_hosts=False,
+            keep=1_000_000, interface=interface, name_hosts=False,
             details=False, error=BenchmarkError, log=log,
         )  # fmt: skip
 
@@ -336,16 +341,28 @@ def upload(s3, cfg: TrainConfig, files: list[Path]) -> list[str]:
 
 
 def lead(
-    cfg: TrainConfig, s3, nodes: list[dict], key: Path, data_dir: Path, started: float, log, step
+    cfg: TrainConfig,
+    s3,
+    nodes: list[dict],
+    key: Path,
+    data_dir: Path,
+    started: float,
+    log,
+    step,
+    interface: str | None = None,
 ):
-    """What node 0 does after the rendezvous in benchmark mode, each part a named bootstrap
+    """What the head does after the rendezvous in benchmark mode, each part a named bootstrap
     step: measure, upload the files and the logs, then DONE.json (the run controller's cue)."""
     hosts = [node["ip"] for node in sorted(nodes, key=lambda node: node["index"])]
-    doc, files = step("benchmark", lambda: benchmark_node(cfg, hosts, key, data_dir, log))
+    doc, files = step(
+        "benchmark", lambda: benchmark_node(cfg, hosts, key, data_dir, log, interface)
+    )
     keys = step("upload benchmark", lambda: upload(s3, cfg, files))
     log("benchmark written: " + ", ".join(f"s3://{cfg.bucket}/{k}" for k in keys))
     log("benchmark table:\n" + markdown(doc))
-    done = results.done_document(cfg, "succeeded", None, None, time.time(), started)
+    done = results.done_document(
+        cfg, "succeeded", None, None, time.time(), started, written_by="head"
+    )
     largest = doc["rows"][-1]
     done |= {"benchmark": cfg.benchmark.mode, "images_per_s": largest["images_per_s"]}
     done["allreduce_busbw_gbps"] = largest["allreduce_busbw_gbps"]

@@ -1,7 +1,7 @@
-"""The leader's runs/<run>/status.json, its CloudWatch metrics and its e-mails (docs/contracts.md,
+"""The head's runs/<run>/status.json, its CloudWatch metrics and its e-mails (docs/contracts.md,
 "A run as it goes").
 
-The leader says which phase it is in; a thread rewrites status.json at each phase change and, while
+The head says which phase it is in; a thread rewrites status.json at each phase change and, while
 the trainer runs, every node.json status_every_s (15 s) from the trainer's progress.json, with the nodes
 whose heartbeat is fresh and the newest checkpoint in S3. Each new progress.json also becomes one
 line of CloudWatch embedded metric format (EMF) in <log_dir>/metrics.log, which the baked
@@ -92,7 +92,7 @@ class OutageLog:
 
 
 class RunStatus:
-    """What the leader publishes about its run. Members get one too, which does nothing."""
+    """What the head publishes about its run. Nodes get one too, which does nothing."""
 
     def __init__(
         self,
@@ -108,7 +108,7 @@ class RunStatus:
         self.cfg, self.s3, self.sns, self.log, self.clock = cfg, s3, sns, log, clock
         self.progress_path = Path(model_dir) / "progress.json"
         self.metrics_path = Path(cfg.log_dir) / METRICS_LOG
-        self.enabled = cfg.is_leader
+        self.enabled = cfg.is_head
         self.attempt_started = attempt_started
         self.earlier: list[dict] | None = None  # attempts.json's entries, once read
         self.current = "booting"
@@ -121,6 +121,14 @@ class RunStatus:
         # DONE.json's figures once the attempt has ended.
         self.live_goodput: Callable[[dict], dict | None] | None = None
         self.final_goodput: dict | None = None
+        # status.json's `resets` (docs/contracts.md): live() while the trainer runs (rank 0's
+        # resets.json, its hosts named as nodes), DONE.json's once the attempt has ended.
+        self.live_resets: Callable[[], list[dict]] | None = None
+        self.final_resets: list[dict] | None = None
+        # status.json's `nodes_silent`: the nodes the head's discovery leaves out for a stale
+        # heartbeat (judged as every heartbeat is, after an S3 outage too); the run controller
+        # replaces a running node only on this word.
+        self.silent: Callable[[], list[str]] = list
         self.wake = threading.Event()
         self.stopping = False
         self.lock = threading.Lock()
@@ -142,6 +150,7 @@ class RunStatus:
         the DONE.json about to be written, whose goodput status.json carries."""
         if record is not None:
             self.final_goodput = goodput_of(record)
+            self.final_resets = record.get("resets")
         self.phase(phase, reason)
         self.stopping = True
         self.wake.set()
@@ -185,12 +194,32 @@ class RunStatus:
             "nodes": cfg.nodes,
             "gpus_per_node": cfg.gpus_per_node,
             "nodes_healthy": self._s3("count healthy nodes", self._nodes_healthy),
+            "nodes_training": self._nodes_training(),
+            "nodes_silent": [] if phase in ENDED else self.silent(),
             "progress": self.progress,
             "checkpoint": self._s3("find the newest checkpoint", self._newest_checkpoint),
             "reason": self.reason if phase in ENDED else None,
             "cost": cfg.cost,
             "goodput": self._goodput(),
+            "resets": self._resets(),
         }
+
+    def _nodes_training(self) -> int | None:
+        """The nodes in the trainer's current world (progress.json's `ranks` over the slots of
+        a node); null before the trainer's first log step."""
+        ranks = (self.progress or {}).get("ranks")
+        return None if ranks is None else -(-ranks // self.cfg.slots)
+
+    def _resets(self) -> list[dict]:
+        if self.final_resets is not None:
+            return self.final_resets
+        if self.live_resets is None:
+            return []
+        try:
+            return self.live_resets()
+        except Exception as exc:  # a report, never a reason to stop
+            self.log(f"status: could not read the resets: {one_line(exc)}")
+            return []
 
     def _goodput(self) -> dict | None:
         if self.final_goodput is not None:
@@ -255,13 +284,12 @@ class RunStatus:
         return [e for e in json.loads(body).get("attempts", []) if isinstance(e, dict)]
 
     def _nodes_healthy(self) -> int:
-        """Nodes whose heartbeat is younger than heartbeat_timeout_s; the leader, which is
-        writing this, always counts."""
+        """Nodes whose heartbeat is younger than heartbeat_timeout_s."""
         now = self.clock()
         listing = self.s3.with_policy(QUICK).list_objects_v2(
             Bucket=self.cfg.bucket, Prefix=f"{self.cfg.runs_prefix}nodes/"
         )
-        healthy = {self.cfg.node_index}
+        healthy = set()
         for obj in listing.get("Contents", []):
             body = self.s3.with_policy(QUICK).get_object(Bucket=self.cfg.bucket, Key=obj["Key"])
             entry = json.loads(body["Body"].read())

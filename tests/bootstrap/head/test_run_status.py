@@ -1,4 +1,4 @@
-"""bootstrap/leader/status.py: the leader's status.json, its EMF metrics line and its e-mails."""
+"""bootstrap/head/status.py: the leader's status.json, its EMF metrics line and its e-mails."""
 
 import json
 import time
@@ -9,7 +9,7 @@ from botocore.exceptions import EndpointConnectionError
 
 from bootstrap import aws
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.leader.status import FORMAT, RunStatus, emf_line
+from bootstrap.head.status import FORMAT, RunStatus, emf_line
 
 COST = {"usd_per_hour": 31.212, "prices_as_of": "2025-06", "max_hours": 4}
 TOPIC = "arn:aws:sns:us-east-1:123456789012:run-r1"
@@ -35,7 +35,7 @@ def status_json(s3) -> dict:
 
 
 def make_status(train_config, s3, tmp_path, **config):
-    cfg = train_config(nodes=3, cost=COST, **config)
+    cfg = train_config(role="head", nodes=3, cost=COST, **config)
     lines = []
     status = RunStatus(
         cfg, aws.RetryingS3(s3), tmp_path / "model", attempt_started=time.time() - 60,
@@ -44,8 +44,9 @@ def make_status(train_config, s3, tmp_path, **config):
     return status, lines
 
 
-def test_booting_counts_fresh_heartbeats_leader_included(train_config, s3, tmp_path):
+def test_booting_counts_the_nodes_with_a_fresh_heartbeat(train_config, s3, tmp_path):
     now = time.time()
+    heartbeat(s3, 0, 5, now)  # fresh
     heartbeat(s3, 1, 10, now)  # fresh
     heartbeat(s3, 2, 600, now)  # older than heartbeat_timeout_s (120): lost
     status, lines = make_status(train_config, s3, tmp_path)
@@ -55,8 +56,9 @@ def test_booting_counts_fresh_heartbeats_leader_included(train_config, s3, tmp_p
     assert set(doc) == {
         "format", "run", "attempt", "phase", "updated_at", "attempt_started_at",
         "instance_type", "nodes", "gpus_per_node", "nodes_healthy", "progress", "checkpoint",
-        "reason", "cost", "goodput",
+        "reason", "cost", "goodput", "nodes_training", "resets", "nodes_silent",
     }  # fmt: skip
+    assert (doc["nodes_training"], doc["resets"], doc["nodes_silent"]) == (None, [], [])
     assert (doc["format"], doc["run"], doc["attempt"], doc["phase"]) == (FORMAT, "r1", 1, "booting")
     assert doc["goodput"] is None  # nothing trained yet
     assert (doc["nodes"], doc["nodes_healthy"], doc["gpus_per_node"]) == (3, 2, 8)
@@ -116,6 +118,29 @@ def test_status_json_carries_goodput_live_then_done_json_s(train_config, s3, tmp
     assert status_json(s3)["goodput"] == {"goodput": 0.81, "runtime_goodput": 0.93}
 
 
+def test_status_json_names_the_nodes_training_and_the_resets_live_then_done_json_s(
+    train_config, s3, tmp_path
+):
+    status, lines = make_status(train_config, s3, tmp_path)  # 3 nodes of 8 GPUs
+    (tmp_path / "model").mkdir()
+    # After a reset, the world has 16 ranks: two nodes of three train.
+    progress = {"phase": "training", "global_step": 10, "ranks": 16}
+    (tmp_path / "model" / "progress.json").write_text(json.dumps(progress))
+    reset = {"at": "2026-11-22T04:00:00Z", "lost": [{"node": "2", "instance_id": "i-2",
+             "ip": "10.0.0.2"}], "added": [], "ranks_before": 24, "ranks_after": 16,
+             "recovery_s": 41.0, "steps_redone": 3}  # fmt: skip
+    status.live_resets = lambda: [reset]
+    status.silent = lambda: ["2"]  # the head's discovery: node 2's heartbeat went stale
+    status.phase("training")
+    doc = status.publish()
+    assert (doc["nodes"], doc["nodes_training"], doc["resets"]) == (3, 2, [reset])
+    assert doc["nodes_silent"] == ["2"]
+    status.live_resets = lambda: 1 / 0  # a report: never a reason to stop
+    assert status.publish()["resets"] == [] and "could not read the resets" in lines[-1]
+    status.end("done", None, record={"resets": [reset, reset], "goodput": None})
+    assert status_json(s3)["resets"] == [reset, reset]
+
+
 def test_attempt_is_one_more_than_the_recorded_attempts(train_config, s3, tmp_path):
     record = {"format": "horovod-fleet/attempts/1", "run": "r1", "max_restarts": 3,
               "attempts": [{"attempt": 1, "status": "failed"}]}  # fmt: skip
@@ -153,7 +178,7 @@ def test_s3_trouble_is_a_log_line_never_an_error(train_config, tmp_path):
 
             return fail
 
-    cfg = train_config(nodes=3)
+    cfg = train_config(role="head", nodes=3)
     lines = []
     status = RunStatus(
         cfg, aws.RetryingS3(Refusing()), tmp_path, attempt_started=0, log=lines.append
@@ -188,7 +213,7 @@ def test_an_outage_is_a_line_when_it_begins_about_one_a_minute_and_one_when_it_e
     clock = lambda: now[0]  # noqa: E731 - the injected clock
     lines = []
     status = RunStatus(
-        train_config(nodes=3, status_every_s=3600), aws.RetryingS3(S3Down(s3, clock, now[0] + outage_s)),
+        train_config(role="head", nodes=3, status_every_s=3600), aws.RetryingS3(S3Down(s3, clock, now[0] + outage_s)),
         tmp_path / "model", attempt_started=now[0], log=lines.append, clock=clock,
     )  # fmt: skip
     for _ in range(outage_s + 5):  # a publish every second, through the outage and after it

@@ -6,7 +6,7 @@ The two fixtures are real horovodrun output (Horovod 0.28.1, Gloo), recorded onc
 python3 loop.py`, loop.py one `hvd.allreduce` per step under tf.function, and one rank's loop.py
 SIGSTOPped for 10 s, then SIGCONTed. The tests give them a hostfile of two nodes.
 
-.venv/bin/python -m pytest tests/bootstrap/leader/test_collective_timeout.py
+.venv/bin/python -m pytest tests/bootstrap/head/test_collective_timeout.py
 """
 
 from pathlib import Path
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap.leader import launch, watchdog
-from bootstrap.leader.failures import classify, missing_ranks
+from bootstrap.head import launch, watchdog
+from bootstrap.head.failures import classify, missing_ranks
 from bootstrap.node_config import ConfigError, parse
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,7 +1,6 @@
 """The fleet's view of an attempt's start-up and resets, for DONE.json (docs/contracts.md,
 "Start-up, resets and goodput"): pure functions of the nodes' phases records and the trainer's
-train.json, so whichever node writes DONE.json (the leader, a member that found it lost, a head
-node) builds the same view from the same documents.
+train.json, so whichever instance writes DONE.json (the head, or a node that found it lost) builds the same view from the same documents.
 """
 
 from __future__ import annotations
@@ -62,15 +61,20 @@ def first_step_at(training: dict, records: list[dict]) -> float | None:
     return None
 
 
-def resets(training: dict, records: list[dict]) -> list[dict]:
+def resets(
+    training: dict, records: list[dict], hosts: dict[str, list[dict]] | None = None
+) -> list[dict]:
     """The trainer's elastic resets (train.json `resets`, hosts as Horovod names them) with
-    each host named as the node whose record has that address."""
+    each host named as the node the head's discovery saw at that address when the reset came
+    (`hosts`: address -> [{"node", "instance_id", "since"}], oldest first; a replacement may
+    reuse a lost node's address), else as the node whose record has that address."""
     by_ip = {r.get("ip"): r for r in records}
 
-    def nodes(hosts: list[str]) -> list[dict]:
+    def nodes(addresses: list[str], at: str | None) -> list[dict]:
         named = []
-        for host in hosts or []:
-            record = by_ip.get(host, {})
+        for host in addresses or []:
+            seen = [s for s in (hosts or {}).get(host, []) if at is None or s["since"] <= at]
+            record = seen[-1] if seen else by_ip.get(host, {})
             named.append(
                 {"node": record.get("node"), "instance_id": record.get("instance_id"), "ip": host}
             )
@@ -79,8 +83,8 @@ def resets(training: dict, records: list[dict]) -> list[dict]:
     return [
         {
             "at": reset.get("at"),
-            "lost": nodes(reset.get("hosts_lost")),
-            "added": nodes(reset.get("hosts_added")),
+            "lost": nodes(reset.get("hosts_lost"), reset.get("at")),
+            "added": nodes(reset.get("hosts_added"), reset.get("at")),
             "ranks_before": reset.get("ranks_before"),
             "ranks_after": reset.get("ranks_after"),
             "recovery_s": reset.get("recovery_s"),

@@ -177,11 +177,10 @@ def known_cause(
             if path is None:
                 reason = f"no space left on device (ENOSPC){where(line)}: {words(line)}"
                 return Failure(causes.DISK_FULL, trim_reason(reason))
-            # Only a rank on this node (the leader, the hostfile's first host) wrote where this
-            # node can look.
-            rank = rank_of(line)
-            local = not hosts or rank is None or (rank < len(hosts) and hosts[rank] == hosts[0])
-            disk = filesystem(path) if local else None
+            # Only a process on this host wrote where this host can look: a fleet's ranks
+            # (a hostfile) all run on GPU nodes, never on the head, whose disk says nothing
+            # of theirs; a lone process (the preprocessing node) runs here.
+            disk = filesystem(path) if not hosts else None
             reason = f"no space left on device (ENOSPC) writing {path}{where(line)}"
             return Failure(causes.DISK_FULL, trim_reason(reason + (f"; {disk}" if disk else "")))
     for line in lines:
@@ -225,7 +224,7 @@ def missing_ranks(lines: list[str]) -> list[int]:
 def collective_timeout(lines: list[str], nodes: list[tuple[int, str]]) -> Failure | None:
     """A Gloo collective timeout, named by who stopped answering whom. A rank waiting on a
     stopped peer times out; the stopped one prints no timeout (a paused process prints nothing,
-    one cut off from the leader cannot reach its output, one that resumes finds its peers gone).
+    one cut off from the head cannot reach its output, one that resumes finds its peers gone).
     So the stalled ranks are those the stall inspector lists as missing, else those of the
     hostfile that reported no timeout; when every rank timed out, each waited on another: a
     partition, and the reason names every end. Without the hostfile, or for NCCL's timeouts,

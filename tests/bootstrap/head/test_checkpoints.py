@@ -2,7 +2,7 @@
 uploaded in TensorFlow's order so that S3 holds a checkpoint whole or not at all, and an upload
 cut at any point never ending a run that has whole data somewhere.
 
-    .venv/bin/python -m pytest tests/bootstrap/leader/test_checkpoints.py
+    .venv/bin/python -m pytest tests/bootstrap/head/test_checkpoints.py
 """
 
 import hashlib
@@ -12,7 +12,7 @@ import pytest
 from bootstrap_helpers import BUCKET, QUICK
 
 from bootstrap import aws, transfer
-from bootstrap.leader import checkpoints
+from bootstrap.head import checkpoints
 
 MODEL = "runs/r1/model/"
 CKPT = "checkpoints/ckpt-20"

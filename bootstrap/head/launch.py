@@ -1,11 +1,10 @@
-"""The leader's launch: horovodrun's command and environment, its output streamed to the log,
-and a failure turned into one reason (bootstrap/leader/failures.py)."""
+"""The head's launch: horovodrun's command and environment, its output streamed to the log,
+and a failure turned into one reason (bootstrap/head/failures.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,8 +15,8 @@ from pathlib import Path
 
 from bootstrap import aws, causes
 from bootstrap.fleet import allreduce_check, supervision
-from bootstrap.leader import watchdog
-from bootstrap.leader.failures import classify, stall_inspector_names
+from bootstrap.head import watchdog
+from bootstrap.head.failures import classify, stall_inspector_names
 from bootstrap.node_config import TrainConfig
 
 # Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
@@ -55,9 +54,9 @@ EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1"}
 # `collective_timeout_s`. Horovod reads it per rank (horovod/common/gloo/gloo_context.cc,
 # GetIntEnvOrDefault(HOROVOD_GLOO_TIMEOUT_SECONDS, 30), whole seconds) for Gloo's controller and
 # collectives, which horovodrun --gloo chooses (horovod/runner/gloo_run.py: HOROVOD_CONTROLLER and
-# HOROVOD_CPU_OPERATIONS "gloo"): the CPU nodes. Under --mpi both default to MPI
-# (horovod/common/utils/env_parser.cc) and the GPUs' collectives are NCCL's, so Gloo carries
-# nothing there, and a hung collective is the progress watchdog's (bootstrap/leader/watchdog.py).
+# HOROVOD_CPU_OPERATIONS "gloo"): every horovodrun the head starts. On GPU nodes Gloo carries
+# Horovod's coordination and the CPU tensors, NCCL the GPU collectives, whose hang (NCCL has no
+# timeout) is the progress watchdog's (bootstrap/head/watchdog.py).
 # https://github.com/horovod/horovod/blob/v0.28.1/horovod/common/gloo/gloo_context.cc
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 # Every STALL_CHECK_S, Horovod's rank 0 lists the ranks that have not submitted a tensor the
@@ -100,16 +99,22 @@ def launcher_env(
 
 
 def horovodrun_command(
-    cfg: TrainConfig, hostfile: Path, key: Path, ranks: int, program: list[str]
+    cfg: TrainConfig,
+    hostfile: Path,
+    key: Path,
+    ranks: int,
+    program: list[str],
+    interface: str | None = None,
 ) -> list[str]:
-    """horovodrun over MPI (the AMI's EFA OpenMPI) on GPU nodes, over Gloo on CPU nodes; ssh with
-    the run's key on the configured port. horovodrun exports the launcher's environment to
-    every rank, and adds the OpenMPI flags itself (-bind-to none -map-by slot, pml ob1): MPI
-    carries only Horovod's coordination, the gradients go through NCCL. Each rank binds itself
-    to the CPUs of its GPU's socket (trainer.train), which mpirun cannot know."""
+    """horovodrun over Gloo from the head, on every node the hostfile names; ssh with the run's
+    key on the nodes' port. Gloo, as the elastic training's must be (bootstrap/head/elastic.py):
+    it carries Horovod's coordination, NCCL the GPUs' collectives. horovodrun exports the
+    launcher's environment to every rank; each rank binds itself to the CPUs of its GPU's socket
+    (trainer.train). `interface`: the nodes' interface name, which the head also has
+    (elastic.alias_interface)."""
     cmd = [
         "horovodrun",
-        "--mpi" if cfg.gpus_per_node else "--gloo",
+        "--gloo",
         "-np",
         str(ranks),
         "--hostfile",
@@ -121,12 +126,8 @@ def horovodrun_command(
         "--start-timeout",
         str(int(min(cfg.rendezvous_timeout_s, 600))),
     ]
-    if cfg.network_interface:
-        cmd += ["--network-interface", cfg.network_interface]
-    mpirun = shutil.which("mpirun")
-    if cfg.gpus_per_node and mpirun:
-        # The ssh sessions that start OpenMPI's daemons on the other nodes get a bare PATH.
-        cmd += [f"--mpi-args=--prefix {Path(mpirun).resolve().parent.parent}"]
+    if interface:
+        cmd += ["--network-interface", interface]
     return cmd + program
 
 
@@ -225,7 +226,8 @@ def run_horovodrun(
     log_name: str,
     *,
     keep: int = 1000,
-    one_host: bool = False,
+    interface: str | None = None,
+    command: list[str] | None = None,
     progress: Path | None = None,
     name_hosts: bool = True,
     lost: Callable[[float], list[str]] | None = None,
@@ -239,8 +241,8 @@ def run_horovodrun(
     process (supervision.guarded): no run goes on unsupervised. A non-zero exit raises
     error(reason, cause) (TrainingFailed unless given):
 
-    - one_host: a one-host job, which horovodrun runs on 127.0.0.1: no --network-interface, which
-      the rehearsal's node interface would make horovodrun refuse;
+    - interface: horovodrun's --network-interface; command: the whole command instead of
+      horovodrun_command's (the elastic training's, bootstrap/head/elastic.py);
     - progress: the progress.json a watchdog.ProgressWatchdog watches (a hung collective keeps
       the GPUs busy: only the trainer's own progress tells); a stall ends horovodrun and is
       the reason, followed by the ranks Horovod's stall inspector lists as missing;
@@ -250,10 +252,7 @@ def run_horovodrun(
       "; "; with details, `(details in LOG_NAME)` follows. The cause is node_lost when a node
       is named, else classify's (bootstrap/causes.py)."""
     error = error or TrainingFailed
-    command = horovodrun_command(cfg, hostfile, key, ranks, program)
-    if one_host and "--network-interface" in command:
-        at = command.index("--network-interface")
-        del command[at : at + 2]
+    command = command or horovodrun_command(cfg, hostfile, key, ranks, program, interface)
     log("running: " + " ".join(command))
     running: list[subprocess.Popen] = []
 
