@@ -53,7 +53,7 @@ def as_launched(cfg: TrainConfig, command: str) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(prog="python3 -m bootstrap", description=__doc__.split("\n")[0])
-    parser.add_argument("--node-json", default=DEFAULT_PATH)
+    parser.add_argument("--node-json", default=DEFAULT_PATH, help="the node's configuration")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cloudwatch-config").add_argument("path")
     sub.add_parser("preprocess-node")

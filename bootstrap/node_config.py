@@ -465,7 +465,7 @@ def load(path: str | Path = DEFAULT_PATH) -> PreprocessConfig | TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(prog="python3 -m bootstrap.node_config")
-    parser.add_argument("--node-json", default=DEFAULT_PATH)
+    parser.add_argument("--node-json", default=DEFAULT_PATH, help="the node's configuration")
     parser.add_argument("key")
     args = parser.parse_args(argv)
     try:

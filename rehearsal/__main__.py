@@ -21,12 +21,12 @@ Cleans up its processes, namespaces and bridge on exit, Ctrl-C included.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from pathlib import Path
 
-from rehearsal.common import say
+from bootstrap.cli import OneLineErrorParser
+from rehearsal.common import MAX_RESTARTS, say
 from rehearsal.core import Rehearsal
 
 
@@ -34,8 +34,8 @@ def raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def build_parser() -> OneLineErrorParser:
+    parser = OneLineErrorParser(
         prog="python -m rehearsal",
         description="The whole run (local S3, preprocessing, N nodes training over Horovod) on one "
         "machine, with no AWS account.",
@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-class", type=int, default=48, help="training images per class")
     parser.add_argument("--val-images", type=int, default=100, help="validation images")
     parser.add_argument(
-        "--workdir", type=Path, default=Path("rehearsal-output"), help="emptied, then filled"
+        "--workdir",
+        type=Path,
+        default=Path("rehearsal-output"),
+        help="emptied, then filled with the run's files and logs",
     )
     parser.add_argument(
         "--timeout", type=float, default=1200, help="seconds for the training nodes"
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-restarts",
         type=int,
-        default=2,
+        default=MAX_RESTARTS,
         choices=range(0, 21),
         metavar="{0..20}",
         help="relaunches of the fleet the run controller may decide after a retryable failure "
@@ -101,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the fleet benchmark instead of a run: 1 rank, 1 node, 2 nodes (rehearsal/benchmark.py)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup.
     signal.signal(signal.SIGTERM, raise_interrupt)
     if args.benchmark:

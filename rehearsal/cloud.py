@@ -29,14 +29,13 @@ import boto3
 from moto import mock_aws
 from moto.ec2.models.instances import InstanceBackend
 
-from rehearsal.common import BUCKET, REGION, RUN, say
+from rehearsal.common import BUCKET, MAX_HOURS, REGION, RUN, say
 from rehearsal.state_machine import Workflow, clients
 
 FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"  # stacks/teardown/names.py
 HEAD_NODE = "head"  # the head's node tag
 ZONE = f"{REGION}a"
 IMAGE = "ami-12c6146b"  # any image moto knows
-HARD_CAP = datetime.timedelta(hours=6)  # TrainStack's default maxHours (cdk.json)
 # The tick's schedule, a minute on AWS, scaled down: the rehearsal's attempts last minutes.
 TICK_S = 5
 
@@ -184,7 +183,9 @@ class Cloud:
         vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
         subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/20", AvailabilityZone=ZONE)
         self.subnet = subnet["Subnet"]["SubnetId"]
-        deadline = datetime.datetime.now(datetime.timezone.utc) + HARD_CAP
+        deadline = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
+            hours=MAX_HOURS
+        )
         zone = {"zone": ZONE, "subnet": self.subnet, "group": f"TrainStack-group-{ZONE}"}
         outputs = {
             "HorovodFleetRun": RUN,

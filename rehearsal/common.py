@@ -14,6 +14,10 @@ REPO = Path(__file__).resolve().parent.parent
 BUCKET = "horovod-fleet-rehearsal"
 RUN = "rehearsal"
 REGION = "us-east-1"
+# TrainStack's defaults, which the rehearsal's fleet plays: cdk.json's maxRestarts, and the hard
+# cap of stacks/config.py's DEFAULT_MAX_HOURS (tests/rehearsal/test_rehearsal.py keeps them equal).
+MAX_RESTARTS = 3
+MAX_HOURS = 4
 
 
 def say(message: str) -> None:

@@ -111,9 +111,14 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m stacks.benchmark",
         description="Print node.json's `benchmark` object for a fleet (docs/contracts.md).",
     )
-    parser.add_argument("--mode", choices=("synthetic", "data"), default="synthetic")
-    parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--gpus-per-node", type=int, required=True)
+    parser.add_argument(
+        "--mode",
+        choices=("synthetic", "data"),
+        default="synthetic",
+        help="generated images, or the local TFRecords (default: %(default)s)",
+    )
+    parser.add_argument("--nodes", type=int, required=True, help="nodes in the fleet")
+    parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs of each node")
     args = parser.parse_args(argv)
     print(json.dumps(plan(args.mode, args.nodes, args.gpus_per_node)))
 

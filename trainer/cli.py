@@ -21,8 +21,22 @@ def require_at_least(*checks: tuple[str, float, float]) -> None:
             fail(f"{flag} must be at least {lowest}, got {value}")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default where it has one; not "(default: None)" for a value
+    settled later (its help says how), nor "(default: False)" for a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse without the usage block before its error: the error line names the flag."""
+    """argparse without the usage block before its error: the error line names the flag. Its
+    --help shows the defaults."""
+
+    def __init__(self, *args, formatter_class=DefaultsHelpFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see --help)")

@@ -78,15 +78,6 @@ class TrainConfig:
     commit_every_s: float = DEFAULT_COMMIT_EVERY_S
 
 
-class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show real defaults only: not "(default: None)" for derived values or switches."""
-
-    def _get_help_string(self, action):
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="python -m trainer.train",
@@ -94,7 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         "Run under horovodrun for several ranks; every rank gets the same flags.",
         epilog="Environment: TRAINER_WEIGHTS_DIGEST_DIR=DIR makes every rank write "
         "DIR/rank-<r>.sha256 of its final weights (tests compare ranks with it).",
-        formatter_class=_DefaultsFormatter,
     )
     _add_data_flags(parser)
     _add_recipe_flags(parser)

@@ -19,11 +19,12 @@ epochs and that fraction for its time and cost estimate).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import sys
+
+from trainer.cli import OneLineErrorParser
 
 RECIPES = ("goyal", "fast")
 DEFAULT_RECIPE = "goyal"
@@ -243,11 +244,13 @@ def poly_learning_rate(step: float, peak: float, warmup_steps: int, total_steps:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.recipes", description=__doc__)
-    parser.add_argument("--recipe", choices=RECIPES, default=DEFAULT_RECIPE)
-    parser.add_argument("--global-batch", type=int, required=True)
-    parser.add_argument("--epochs", type=int)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser = OneLineErrorParser(prog="python -m trainer.recipes", description=__doc__)
+    parser.add_argument("--recipe", choices=RECIPES, default=DEFAULT_RECIPE, help="the recipe")
+    parser.add_argument(
+        "--global-batch", type=int, required=True, help="images per step across every rank"
+    )
+    parser.add_argument("--epochs", type=int, help="epochs (default: the recipe's at this batch)")
+    parser.add_argument("--image-size", type=int, default=224, help="the final crop size")
     args = parser.parse_args(argv)
     if args.global_batch < 1:
         parser.error(f"--global-batch must be >= 1, got {args.global_batch}")

@@ -5,6 +5,10 @@
                                                     or node N's bootstrap log, from CloudWatch Logs
     horovod-fleet runs                              every run in the bucket with its goodput,
                                                     and its start-up measured against estimated
+    horovod-fleet leftovers                         what stays billed after a run: the bucket
+                                                    by prefix, snapshots, images, volumes, log
+                                                    groups, each with its monthly cost and the
+                                                    command that removes it (watch/leftovers.py)
     horovod-fleet enable-events --bucket NAME       your own bucket (-c datasetBucket=) sends its
                                                     events to EventBridge, its other
                                                     notifications kept (watch/bucket.py)
@@ -24,6 +28,7 @@ from typing import NoReturn
 
 from watch.aws import Fleet, RunStore, WatchError, explain
 from watch.bucket import enable_eventbridge
+from watch.leftovers import Account, report
 from watch.screen import RunFacts, parse_time, runs_table, status_screen, with_controller
 
 RUN_OUTPUT = "HorovodFleetRun"  # TrainStack's output naming its run (docs/contracts.md)
@@ -32,7 +37,20 @@ FOLLOW_POLL_S = 2
 IN_PROGRESS = ("CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default where it has one; not "(default: None)" for a value
+    found later (its help says where), nor "(default: False)" for a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
+    def __init__(self, *args, formatter_class=DefaultsHelpFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         print(f"error: {message} (see horovod-fleet --help)", file=sys.stderr)
         sys.exit(2)
@@ -46,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--region", help="AWS region (default: AWS_REGION, else us-east-1)")
     parser = OneLineParser(
         prog="horovod-fleet",
-        description="Watch a horovod-fleet run: status, logs, runs.",
+        description="Watch a horovod-fleet run: status, logs, runs; and what stays billed after it.",
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -58,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("--log-group", help="log group (default: TrainStack's LogGroup output)")
     sub.add_parser("runs", parents=[common], help="every run in the bucket")
+    sub.add_parser(
+        "leftovers",
+        parents=[common],
+        help="what stays billed after a run, with its monthly cost and how to remove it",
+    )
     sub.add_parser(
         "enable-events",
         parents=[common],
@@ -185,6 +208,21 @@ def logs(watcher: Watcher) -> int:
         time.sleep(FOLLOW_POLL_S)
 
 
+def leftovers(args: argparse.Namespace) -> int:
+    fleet = Fleet.connect(args.region)
+    fleet.read_train_stack()
+    account = Account(fleet.client, fleet.bucket(args.bucket))
+    rows = account.leftovers()
+    deployed = [name for name in account.deployed_stacks() if name != "DatasetStack"]
+    if deployed:
+        account.notes.append(
+            f"still deployed: {', '.join(deployed)} (what each bills while deployed: "
+            "docs/cost.md; npx cdk destroy NAME, TeardownStack last)"
+        )
+    print(report(rows, account.notes, f"{fleet.region}, bucket {account.bucket}"), end="")
+    return 0
+
+
 def enable_events(args: argparse.Namespace) -> int:
     if not args.bucket:
         raise WatchError(
@@ -203,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.command == "enable-events":
                 return enable_events(args)
+            if args.command == "leftovers":
+                return leftovers(args)
             return COMMANDS[args.command](Watcher(args))
         except WatchError:
             raise

@@ -14,13 +14,13 @@ cache applies. It never fails a node: a missing cache costs start-up time, not t
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from bootstrap.cli import OneLineErrorParser
 from bootstrap.image.manifest import DEFAULT_PATH, ImageError, load
 
 # (compute capability, driver version) of the node's first GPU, or None without one.
@@ -85,8 +85,10 @@ def settings(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m bootstrap.image.jit_env")
-    parser.add_argument("--image-json", type=Path, default=Path(DEFAULT_PATH))
+    parser = OneLineErrorParser(prog="python3 -m bootstrap.image.jit_env")
+    parser.add_argument(
+        "--image-json", type=Path, default=Path(DEFAULT_PATH), help="the image's record"
+    )
     args = parser.parse_args(argv)
     try:
         exported, reason = settings(load(args.image_json), query_gpu, os.environ)

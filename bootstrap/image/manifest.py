@@ -257,20 +257,40 @@ def check_node(image: Mapping, gpus_per_node: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Run as a script on the bake instance (08-manifest.sh), so without bootstrap.cli: each help
+    # names its default itself.
     parser = argparse.ArgumentParser(prog="manifest.py", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     write_cmd = commands.add_parser("write", help="collect the versions and write image.json")
-    write_cmd.add_argument("--output", type=Path, default=Path(DEFAULT_PATH))
-    write_cmd.add_argument("--recipe-sha256", required=True)
-    write_cmd.add_argument("--root", type=Path, default=Path("/"), help="the system to describe")
     write_cmd.add_argument(
-        "--check-build", type=Path, default=Path(DEFAULT_PATH).with_name("horovod-check-build.txt")
+        "--output", type=Path, default=Path(DEFAULT_PATH), help="image.json (default: %(default)s)"
     )
-    write_cmd.add_argument("--build-record", type=Path, default=BUILD_RECORD)
+    write_cmd.add_argument("--recipe-sha256", required=True, help="the recipe's sha256")
+    write_cmd.add_argument(
+        "--root", type=Path, default=Path("/"), help="the system to describe (default: %(default)s)"
+    )
+    write_cmd.add_argument(
+        "--check-build",
+        type=Path,
+        default=Path(DEFAULT_PATH).with_name("horovod-check-build.txt"),
+        help="`horovodrun --check-build`'s output (default: %(default)s)",
+    )
+    write_cmd.add_argument(
+        "--build-record",
+        type=Path,
+        default=BUILD_RECORD,
+        help="what 06-python-env.sh kept of Horovod's build (default: %(default)s)",
+    )
     validate_cmd = commands.add_parser("validate", help="check image.json is complete")
-    validate_cmd.add_argument("path", type=Path, nargs="?", default=Path(DEFAULT_PATH))
+    validate_cmd.add_argument(
+        "path", type=Path, nargs="?", default=Path(DEFAULT_PATH), help="(default: %(default)s)"
+    )
     node_cmd = commands.add_parser("check-node", help="a training node's check of its AMI")
-    node_cmd.add_argument("--node-json", default="/etc/horovod-fleet/node.json")
+    node_cmd.add_argument(
+        "--node-json",
+        default="/etc/horovod-fleet/node.json",
+        help="the node's node.json (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "write":

@@ -25,7 +25,6 @@ node on another driver never reads it. Everything goes into image.json `jit_cach
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -34,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from bootstrap.cli import OneLineErrorParser
 from bootstrap.image.manifest import ImageError, load
 from bootstrap.image_proof.proof import BENCHMARK_BATCH, ProofError, Tools, benchmark, run_program
 
@@ -190,16 +190,21 @@ def validate(image_json: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m bootstrap.image_proof.jit_cache")
+    parser = OneLineErrorParser(prog="python3 -m bootstrap.image_proof.jit_cache")
     commands = parser.add_subparsers(dest="command", required=True)
     run_cmd = commands.add_parser("run", help="start ResNet-50 cold and warm, keep what helps")
-    run_cmd.add_argument("--gpus", type=int, required=True)
-    run_cmd.add_argument("--instance-type", required=True)
-    run_cmd.add_argument("--steps", type=int, default=JIT_STEPS)
-    run_cmd.add_argument("--batch", type=int, default=BENCHMARK_BATCH)
+    run_cmd.add_argument("--gpus", type=int, required=True, help="GPUs the instance type has")
+    run_cmd.add_argument("--instance-type", required=True, help="the instance's type")
+    run_cmd.add_argument(
+        "--steps", type=int, default=JIT_STEPS, help="training steps of each start"
+    )
+    run_cmd.add_argument("--batch", type=int, default=BENCHMARK_BATCH, help="images per GPU")
     for command in (run_cmd, commands.add_parser("validate")):
         command.add_argument(
-            "--image-json", type=Path, default=Path("/opt/horovod-fleet/image.json")
+            "--image-json",
+            type=Path,
+            default=Path("/opt/horovod-fleet/image.json"),
+            help="the image's record",
         )
     args = parser.parse_args(argv)
     try:

@@ -13,7 +13,6 @@ TensorFlow, horovodrun, the trainer) as a process; the tests run the same code o
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootstrap.cli import OneLineErrorParser
 from bootstrap.image.manifest import ImageError, horovod_build, load
 
 BENCHMARK_STEPS = 200
@@ -312,19 +312,24 @@ def ami_tags(image_json: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m bootstrap.image_proof.proof")
+    parser = OneLineErrorParser(prog="python3 -m bootstrap.image_proof.proof")
     commands = parser.add_subparsers(dest="command", required=True)
     run_cmd = commands.add_parser("run", help="run every check and record the proof")
     run_cmd.add_argument("--gpus", type=int, required=True, help="GPUs the instance type has")
-    run_cmd.add_argument("--instance-type", required=True)
+    run_cmd.add_argument("--instance-type", required=True, help="the instance's type")
     run_cmd.add_argument("--efa", action="store_true", help="the type has EFA: NCCL must use it")
-    run_cmd.add_argument("--steps", type=int, default=BENCHMARK_STEPS)
-    run_cmd.add_argument("--batch", type=int, default=BENCHMARK_BATCH)
-    run_cmd.add_argument("--precision", default="fp16")
-    run_cmd.add_argument("--xla", default="on")
+    run_cmd.add_argument(
+        "--steps", type=int, default=BENCHMARK_STEPS, help="timed training steps, at least this"
+    )
+    run_cmd.add_argument("--batch", type=int, default=BENCHMARK_BATCH, help="images per GPU")
+    run_cmd.add_argument("--precision", default="fp16", help="the trainer's --precision")
+    run_cmd.add_argument("--xla", default="on", help="the trainer's --xla")
     for command in (run_cmd, commands.add_parser("validate"), commands.add_parser("tags")):
         command.add_argument(
-            "--image-json", type=Path, default=Path("/opt/horovod-fleet/image.json")
+            "--image-json",
+            type=Path,
+            default=Path("/opt/horovod-fleet/image.json"),
+            help="the image's record",
         )
     args = parser.parse_args(argv)
     try:

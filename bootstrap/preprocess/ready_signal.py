@@ -45,7 +45,7 @@ def send(url: str, status: str, reason: str, timeout_s: float = 30) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrorParser(prog="python3 -m bootstrap.preprocess.ready_signal")
-    parser.add_argument("--node-json", default=DEFAULT_PATH)
+    parser.add_argument("--node-json", default=DEFAULT_PATH, help="the node's configuration")
     parser.add_argument("status", choices=("SUCCESS", "FAILURE"))
     parser.add_argument("reason")
     args = parser.parse_args(argv)

@@ -101,6 +101,30 @@ def test_bad_context_is_one_line_and_exit_2_from_the_process(tmp_path):
     assert not list(tmp_path.glob("*.template.json"))
 
 
+def test_what_the_readme_shows_of_a_bad_value_is_what_npx_cdk_prints(tmp_path):
+    """The README's transcript of `npx cdk synth -c nodes=abc` is the CLI's own: the app's one
+    line, the line the CDK CLI adds, and the CLI's exit status (1: it wraps the app's 2)."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    command = '    $ npx cdk synth -c nodes=abc; echo "exit $?"'
+    start = readme.index(command) + 1
+    shown = []
+    for line in readme[start:]:
+        if not line.startswith("    "):
+            break
+        shown.append(line[4:])
+    result = subprocess.run(
+        ["npx", "--no-install", "cdk", "synth", "--no-notices", "-c", "nodes=abc"],
+        cwd=ROOT,
+        env=offline_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    printed = (result.stdout + result.stderr).strip().splitlines()
+    assert [*printed, f"exit {result.returncode}"] == shown
+    assert not list(tmp_path.glob("*.template.json"))
+
+
 def copy_sources(source: Path) -> Path:
     """A copy of what `python app.py` reads, to synthesize from edited or frozen sources."""
     source.mkdir()

@@ -1,6 +1,7 @@
 """FleetConfig.from_context: defaults, CLI strings, and one clear error per bad value."""
 
 import json
+import re
 
 import pytest
 from conftest import ROOT
@@ -17,6 +18,52 @@ def config(**overrides) -> FleetConfig:
 
 def test_every_key_has_a_default_in_cdk_json():
     assert set(KEYS) <= set(DEFAULTS)
+
+
+def readme_configuration_table() -> dict[str, str]:
+    """The README's table of keys: {key: its default cell}."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index("| key | default | meaning |") + 2
+    table = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        keys, default = line.strip("|").split("|")[:2]
+        for key in re.findall(r"`(\w+)`", keys):
+            table[key] = default.strip()
+    return table
+
+
+def test_the_readme_lists_every_key_with_cdk_json_s_default():
+    """A key added to the app, or a default changed in cdk.json, fails here until the README
+    says so: each key's cell starts with its default (a derived one with what the configuration
+    makes of it), and a key without one says "-" or how it is settled."""
+    table = readme_configuration_table()
+    app_keys = {k for k in DEFAULTS if re.fullmatch(r"[a-z][A-Za-z0-9]*", k)}
+    assert set(KEYS) == app_keys
+    assert set(table) == app_keys, (
+        f"the README lacks {sorted(app_keys - set(table))}, lists {sorted(set(table) - app_keys)}"
+    )
+    settled = config()
+    wrong = []
+    for key, cell in table.items():
+        value = DEFAULTS[key]
+        if value is None:
+            value = getattr(settled, re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower(), None)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                if cell != "-" and re.match(r"[-\d.]+\b|true\b|false\b", cell):
+                    wrong.append(f"{key}: README {cell!r}, cdk.json null")
+                continue
+        shown = (
+            json.dumps(value)
+            if isinstance(value, bool)
+            else f"{value:g}"
+            if isinstance(value, float)
+            else str(value)
+        )
+        if cell.split(" ")[0] != shown:
+            wrong.append(f"{key}: README {cell!r}, cdk.json {shown}")
+    assert not wrong, "; ".join(wrong)
 
 
 def test_defaults():

@@ -92,9 +92,27 @@ def test_the_retry_table_covers_every_cause_the_nodes_write_and_the_contract_lis
     assert set(recovery.FINAL) | set(recovery.RETRYABLE) == set(causes.CAUSES)
     assert not set(recovery.FINAL) & set(recovery.RETRYABLE)
     assert set(RETRYABLE) | set(FINAL) == set(causes.CAUSES)  # this file tests each of them
+    assert sorted(documented_decisions()) == sorted(causes.CAUSES)
+
+
+def documented_decisions() -> dict[str, str]:
+    """docs/contracts.md's table of causes: {code: the decision its last column names}."""
     contract = (ROOT / "docs" / "contracts.md").read_text()
     listed = contract[contract.index("## Causes") :].split("\n## ")[0]
-    assert sorted(re.findall(r"^\| `(\w+)` \|", listed, re.M)) == sorted(causes.CAUSES)
+    rows = re.findall(r"^\| `(\w+)` \|.*\| (\w+)[^|]*\|$", listed, re.M)
+    return dict(rows)
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_each_cause_s_documented_decision_is_the_controller_s(status):
+    """The contract's "another attempt" column says what the controller does with each cause: a
+    change to the retry table, or to the page, fails here until the two agree."""
+    differ = {
+        cause: (documented, decide({"status": status, "cause": cause})[1])
+        for cause, documented in documented_decisions().items()
+        if decide({"status": status, "cause": cause})[1] != documented
+    }
+    assert not differ, f"cause: (docs/contracts.md, the controller): {differ}"
 
 
 def test_a_finished_run_and_a_benchmark_are_torn_down():

@@ -243,6 +243,7 @@ def corrupt_files(tmp_path, sample) -> dict:
     """Broken inputs by name: not a tar, a short ground truth, a train tar with junk synset tars."""
     (tmp_path / "not-a-tar.tar").write_bytes(b"this is not a tar archive" * 100)
     (tmp_path / "two-lines.txt").write_text("n01440764\nn01440764\n")
+    (tmp_path / "class-numbers.txt").write_text("".join(f"{n}\n" for n in range(1, 7)))
     with tarfile.open(tmp_path / "damaged.tar", "w") as archive:
         junk = b"not a tar\xff\x00" * 200
         for synset in sample.synsets:
@@ -254,7 +255,8 @@ def corrupt_files(tmp_path, sample) -> dict:
     (tmp_path / "a-directory").mkdir()
     (tmp_path / "a-file").write_text("not a directory")
     names = {"not_a_tar": "not-a-tar.tar", "two_lines": "two-lines.txt", "damaged": "damaged.tar",
-             "cut": "cut.tar", "a_directory": "a-directory", "a_file": "a-file"}  # fmt: skip
+             "class_numbers": "class-numbers.txt", "cut": "cut.tar", "a_directory": "a-directory",
+             "a_file": "a-file"}  # fmt: skip
     return {name: str(tmp_path / file) for name, file in names.items()}
 
 
@@ -270,6 +272,7 @@ def corrupt_files(tmp_path, sample) -> dict:
         ({"--min-images-per-class": "5"}, "--min-images-per-class needs --train-dir"),
         ({"--train-tar": "not_a_tar"}, "is not a readable tar archive"),
         ({"--val-labels": "two_lines"}, "--val-labels has 2 lines but --val-tar has 6 images"),
+        ({"--val-labels": "class_numbers"}, "--val-labels holds class numbers (1, ...), as the"),
         ({"--val-labels": None}, "give --val-tar with --val-labels"),
         ({"--train-tar": "damaged"}, "--train-tar: n01440764.tar is damaged"),
         ({"--train-tar": "cut"}, "cut.tar is not a readable tar archive: unexpected end of data"),

@@ -55,22 +55,22 @@ def parse_config(argv: list[str] | None) -> Config:
         required=True,
         help="directory or s3://BUCKET/PREFIX for shards + manifest.json",
     )
-    add("--train-shards", metavar="N", type=int, default=1024, help="train shards (default 1024)")
-    add("--val-shards", metavar="N", type=int, default=128, help="validation shards (default 128)")
+    add("--train-shards", metavar="N", type=int, default=1024, help="train shards")
+    add("--val-shards", metavar="N", type=int, default=128, help="validation shards")
     add(
         "--short-side",
         metavar="N",
         type=int,
         default=256,
-        help="shorter side, 32-4096 px, never upscaled (256)",
+        help="shorter side, 32-4096 px, never upscaled",
     )
-    add("--quality", metavar="N", type=int, default=90, help="JPEG quality 1-100 (90)")
+    add("--quality", metavar="N", type=int, default=90, help="JPEG quality 1-100")
     add(
         "--workers",
         metavar="N",
         type=int,
         default=len(os.sched_getaffinity(0)),
-        help="processes (all cores)",
+        help="processes (default: one per core, %(default)s here)",
     )
     add(
         "--min-images-per-class",
@@ -91,7 +91,7 @@ def parse_config(argv: list[str] | None) -> Config:
         metavar="N",
         type=int,
         default=64,
-        help="shards written together; a restart redoes at most one block (64)",
+        help="shards written together; a restart redoes at most one block",
     )
     args = parser.parse_args(argv)
     config = Config(**{name: value for name, value in vars(args).items()})

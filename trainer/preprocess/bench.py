@@ -249,9 +249,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = OneLineErrorParser(
         prog="python -m trainer.preprocess.bench", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--images", type=int, default=2000, help="images in the sample (2000)")
+    parser.add_argument("--images", type=int, default=2000, help="images in the sample")
     cores = len(os.sched_getaffinity(0))
-    parser.add_argument("--workers", type=int, default=cores, help="tool processes (all cores)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=cores,
+        help="tool processes (default: one per core, %(default)s here)",
+    )
     args = parser.parse_args(argv)
     if args.images < MIN_IMAGES:
         fail(

@@ -238,6 +238,13 @@ def val_tar_units(val_tar: str, val_labels: str, label_map: dict[str, int], clie
             f"--val-labels has {len(synsets)} lines but --val-tar has {len(members)} images"
         )
     unknown = sorted(set(synsets) - set(label_map))
+    if unknown and all(label.isdigit() for label in synsets):
+        # The devkit's ILSVRC2012_validation_ground_truth.txt numbers the classes 1 to 1000
+        # (its meta.mat names each number's synset): the same file name, not the same labels.
+        raise InputError(
+            f"--val-labels holds class numbers ({synsets[0]}, ...), as the devkit's ground truth "
+            "does; give one synset per line (n01440764, ...), in file-name order"
+        )
     if unknown:
         raise InputError(f"--val-labels names synsets not in the train input, e.g. {unknown[0]}")
     synset_of = dict(zip(sorted(member.name for member in members), synsets, strict=True))

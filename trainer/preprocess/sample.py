@@ -172,15 +172,13 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m trainer.preprocess.sample", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--output", required=True, help="directory for the three ILSVRC files")
-    parser.add_argument("--classes", type=int, default=10, help="synsets (default 10)")
-    parser.add_argument(
-        "--train-per-class", type=int, default=20, help="train images per synset (20)"
-    )
-    parser.add_argument("--val-images", type=int, default=50, help="validation images (50)")
+    parser.add_argument("--classes", type=int, default=10, help="synsets")
+    parser.add_argument("--train-per-class", type=int, default=20, help="train images per synset")
+    parser.add_argument("--val-images", type=int, default=50, help="validation images")
     parser.add_argument(
         "--quirks", action="store_true", help="add CMYK, PNG-as-JPEG, grayscale, truncated"
     )
-    parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes (0)")
+    parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes")
     args = parser.parse_args(argv)
     require_at_least(
         ("--classes", args.classes, 1),
