@@ -40,6 +40,11 @@ IMAGE = "ami-12c6146b"  # any image moto knows
 TICK_S = 5
 
 
+# An execution's statuses once it is over; the others are RUNNING and PENDING_REDRIVE (the SDK's
+# ExecutionStatus: https://docs.aws.amazon.com/sdk-for-cpp/latest/api/aws-cpp-sdk-states/html/_execution_status_8h_source.html).
+FINISHED = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+
+
 @dataclass
 class Relaunch:
     """What the run controller's execution did to the fleet: the decisions it recorded (an
@@ -255,7 +260,7 @@ class Cloud:
         """The nodes the tick replaced while `attempt` goes on (an elastic fleet's lost node:
         stacks/teardown/controller/decide.py replace_lost), each with its new instance, once;
         nothing once the attempt is recorded (a relaunch's instances are `decided`'s)."""
-        if any(e.get("attempt") == attempt for e in self.attempts()) or self.workflow.running():
+        if any(e.get("attempt") == attempt for e in self.attempts()) or self.workflow_busy():
             return {}
         now = self.instances()
         new = {i: node for i, node in now.items() if self.before.get(i) not in (None, node)}
@@ -278,7 +283,7 @@ class Cloud:
         entries = self.attempts()[self.known :]
         if not any(e.get("attempt") == attempt for e in entries):
             return None
-        if self.workflow.running() or not self.chain_ended(attempt):
+        if self.workflow_busy() or not self.chain_ended(attempt):
             return None
         after = self.instances()
         return Relaunch(
@@ -286,6 +291,14 @@ class Cloud:
             restarted=sorted(i for i, node in after.items() if node in self.started),
             launched={i: node for i, node in after.items() if self.before.get(i) != node},
         )
+
+    def workflow_busy(self) -> bool:
+        """An execution under way: RUNNING, or listed with no status yet. moto lists an
+        execution before it marks it RUNNING (moto/stepfunctions/parser/models.py
+        start_execution appends it, then builds its worker, then start() sets the status); a
+        `statusFilter=RUNNING` listing misses it in between, and the rehearsal took a relaunch
+        whose instances were not started yet for one that brought no node back."""
+        return any(e.get("status") not in FINISHED for e in self.workflow.executions())
 
     def chain_ended(self, attempt: int) -> bool:
         """Whether the execution of `attempt`'s end ran (the tick starts it right after the

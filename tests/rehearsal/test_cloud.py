@@ -193,3 +193,30 @@ def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
         rehearsal.close_cloud()
     assert [(e["attempt"], e["decision"]) for e in entries] == [(1, "relaunch"), (2, "teardown")]
     assert emptied == [0, 1]
+
+
+class Listed:
+    """A workflow whose list_executions says `statuses`."""
+
+    def __init__(self, *statuses):
+        self.statuses = statuses
+
+    def executions(self):
+        return [{"name": f"rehearsal-a1-{i}", "status": s} for i, s in enumerate(self.statuses)]
+
+
+@pytest.mark.parametrize(
+    ("statuses", "busy"),
+    [
+        # moto lists an execution before its start() gives it a status: a relaunch whose
+        # instances were not started yet was taken for one that brought no node back.
+        (("SUCCEEDED", None), True),
+        (("RUNNING",), True),
+        (("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"), False),
+        ((), False),
+    ],
+)
+def test_an_execution_listed_without_its_status_yet_is_still_under_way(statuses, busy):
+    fleet = Cloud.__new__(Cloud)
+    fleet.workflow = Listed(*statuses)
+    assert fleet.workflow_busy() is busy
