@@ -56,7 +56,7 @@ class BenchmarkRehearsal(Rehearsal):
         }
 
     def node_json(self, path: Path, doc: dict) -> Path:
-        if doc["role"] == "train":
+        if doc["role"] in ("train", "head"):  # the head runs the schedule; the nodes its ranks
             doc = {**doc, "benchmark": self.plan}
             doc["trainer"] = {**doc["trainer"], "batch_per_gpu": BATCH_PER_RANK}
         return super().node_json(path, doc)

@@ -25,8 +25,8 @@ def test_rehearsal_benchmark_prints_the_table_for_1_rank_1_node_and_2_nodes(tmp_
     out = result.stdout
     assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
     assert "CPU rehearsal, not GPU figures:" in out
-    # Node 0 prints each row as it completes: 1 rank, 1 node (2 ranks), 2 nodes (4 ranks).
-    logged = re.findall(r"^\[node0\] \S+ \[bootstrap\] \| (\d+) \| (\d+) \|", out, re.M)
+    # The head prints each row as it completes: 1 rank, 1 node (2 ranks), 2 nodes (4 ranks).
+    logged = re.findall(r"^\[head\] \S+ \[bootstrap\] \| (\d+) \| (\d+) \|", out, re.M)
     assert logged == [("1", "1"), ("2", "1"), ("4", "2")]
     run = workdir / "s3" / "runs" / "rehearsal"
     doc = json.loads((run / "benchmark.json").read_text())

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, fleet_nodes, node_document
+from conftest import ROOT, fleet_nodes, head_instance, node_document
 
 from stacks.benchmark import (
     PER_SIZE_S,
@@ -108,7 +108,9 @@ def nodes_of(template) -> list[dict]:
 
 
 def test_the_benchmark_plan_reaches_node_json(synth):
-    for instance in nodes_of(synth(nodes=2, benchmark="data")["TrainStack"]):
+    """Every node's and the head's: the head runs the schedule, the nodes its ranks."""
+    template = synth(nodes=2, benchmark="data")["TrainStack"]
+    for instance in [*nodes_of(template), head_instance(template)[1]]:
         plan = node_document(instance)["benchmark"]
         assert plan["mode"] == "data"
         assert plan["sizes"] == [
