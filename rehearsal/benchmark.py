@@ -1,7 +1,7 @@
 """`python -m rehearsal --benchmark`: the fleet benchmark's schedule on the rehearsal's nodes.
 
 The same bootstrap as a fleet in benchmark mode (node.json `benchmark`, docs/contracts.md): the
-nodes start, find each other through the local S3, and node 0 runs trainer.benchmark at 1 rank,
+nodes start, find each other through the local S3, and the head runs trainer.benchmark at 1 rank,
 1 node and 2 nodes, then the allreduce check on the same ranks, prints the table row by row and
 writes runs/rehearsal/benchmark.{json,md,png} and DONE.json. No preprocessing: the synthetic
 benchmark reads no data. CPU ranks (2 per simulated node) and ResNet-18 at 32x32 keep it to a

@@ -1,6 +1,6 @@
-"""Benchmark mode on node 0: the fleet's throughput and scaling table instead of a training run.
+"""Benchmark mode on the head: the fleet's throughput and scaling table instead of a training run.
 
-For each size of node.json's `benchmark.sizes` (1 GPU, 1 node, 2, 4, ... nodes), node 0 starts
+For each size of node.json's `benchmark.sizes` (1 GPU, 1 node, 2, 4, ... nodes), the head starts
 `python -m trainer.benchmark` under horovodrun on the first nodes of the hostfile (warm-up steps,
 then timed steps of the trainer's own step), then the pre-training allreduce check
 (bootstrap.fleet.allreduce_check) on the same ranks, and prints the table row by row. It writes

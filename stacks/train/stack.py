@@ -274,7 +274,7 @@ class TrainStack(Stack):
             CfnOutput(
                 self,
                 "Benchmark",
-                description="The benchmark's table (JSON, Markdown, chart), written by node 0",
+                description="The benchmark's table (JSON, Markdown, chart), written by the head",
                 value=" ".join(f"{results}benchmark.{ext}" for ext in ("json", "md", "png")),
             )
         CfnOutput(self, "LogGroup", value=head.log_group_name)
