@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.cli import OneLineErrorParser, usage_error
 from bootstrap.fleet.member import Member
 from bootstrap.head.head import Head
@@ -28,7 +28,8 @@ from bootstrap.node import assignment, health, spot
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load
 from bootstrap.preprocess.preprocessing_node import PreprocessingNode
-from bootstrap.steps import Interrupted, StepFailed, interrupt_on_sigterm, step
+from bootstrap.steps import STEP_CAUSES, Interrupted, StepFailed, interrupt_on_sigterm, step
+from contract import causes
 
 
 def node_for(cfg, attempt: Attempt) -> PreprocessingNode | Head | Member:
@@ -92,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     node = node_for(cfg, attempt)
     try:
         if args.command == "fail":
-            raise StepFailed(
-                args.step, args.reason, causes.STEP_CAUSES.get(args.step, causes.UNKNOWN)
-            )
+            raise StepFailed(args.step, args.reason, STEP_CAUSES.get(args.step, causes.UNKNOWN))
         if args.command == "preprocess-node" and isinstance(cfg, PreprocessConfig):
             node.run()
         elif args.command == "train-node" and isinstance(cfg, TrainConfig):

@@ -35,8 +35,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from bootstrap import causes
 from bootstrap.lines import one_line
+from contract import causes, runs
 
 IMDS = "http://169.254.169.254/latest"
 
@@ -49,7 +49,7 @@ log_fallback: list[Path] = []
 def log(message: str) -> None:
     """One timestamped line on stdout (the node's log), or appended to log_fallback's file when
     stdout's reader is gone; never an error of its own."""
-    line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [bootstrap] {message}"
+    line = f"{runs.stamp_at(time.time())} [bootstrap] {message}"
     try:
         print(line, flush=True)
     except (OSError, ValueError):

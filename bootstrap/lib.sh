@@ -5,6 +5,14 @@
 
 APP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PYTHONPATH="$APP_DIR${PYTHONPATH:+:$PYTHONPATH}"
+# The packages bootstrap/ imports from beside it (contract/) come inside its asset, as user-data
+# unzips each asset into a folder of its own (stacks/node_code.py): each is linked next to
+# bootstrap/, where every Python process started from $APP_DIR finds it. A checkout has none
+# there: its packages are in place.
+for shipped in "$APP_DIR"/bootstrap/packages/*/; do
+	[[ -d $shipped ]] || continue
+	ln -sfn "bootstrap/packages/$(basename "$shipped")" "$APP_DIR/$(basename "$shipped")"
+done
 NODE_JSON=${NODE_JSON:-/etc/horovod-fleet/node.json}
 # The instances' Python environment (baked into the training image by
 # bootstrap/image/06-python-env.sh, made by ensure_venv on the preprocessing node); the rehearsal

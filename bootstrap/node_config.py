@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bootstrap import causes
 from bootstrap.cli import OneLineErrorParser, usage_error
+from contract import causes
 
 DEFAULT_PATH = "/etc/horovod-fleet/node.json"
 

@@ -1,15 +1,18 @@
 """The steps of a node's bootstrap, whatever the node: each one named, timed and logged; any error
-of a step a StepFailed with its cause (bootstrap/causes.py); a SIGTERM the end of the current step
-as Interrupted; and a failure told to CloudFormation."""
+of a step a StepFailed with its cause (a code of contract/causes.py: the error's, else the
+step's); a SIGTERM the end of the current step as Interrupted; and a failure told to
+CloudFormation."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import time
 from collections.abc import Callable
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.lines import REASON_LIMIT, one_line
+from contract import causes
 
 # A SIGTERM (systemd stop, Spot interruption, instance shutdown) gives the node systemd's stop
 # timeout, 90 s by default (DefaultTimeoutStopSec, systemd-system.conf(5)): horovodrun gets
@@ -25,12 +28,39 @@ class Interrupted(Exception):
 
 class StepFailed(RuntimeError):
     """A step of the node's bootstrap ended the attempt: why, for people, and its cause
-    (bootstrap/causes.py), for the run controller."""
+    (contract/causes.py), for the run controller."""
 
     def __init__(self, step: str, reason: str, cause: str, status: str = "failed"):
         verb = "was interrupted" if status == "interrupted" else "failed"
         super().__init__(f"step '{step}' {verb}: {reason}")
         self.step, self.reason, self.cause, self.status = step, reason, cause, status
+
+
+# The node's steps whose failure is a cause whatever the error (train_node.sh's shell steps
+# report through `python3 -m bootstrap fail STEP`).
+STEP_CAUSES = {
+    "read node.json": causes.CONFIG_INVALID,
+    "training image": causes.IMAGE_MISMATCH,
+    "boot service": causes.NODE_UNHEALTHY,
+    "instance store": causes.NODE_UNHEALTHY,
+    "gpu fabric": causes.NODE_UNHEALTHY,
+    "cloudwatch agent": causes.NODE_UNHEALTHY,
+    "health": causes.NODE_UNHEALTHY,
+    "instance identity": causes.NODE_UNHEALTHY,
+    "launch assignment": causes.NODE_UNHEALTHY,
+    "allreduce check": causes.NODE_UNHEALTHY,
+}
+
+
+def cause_of(step: str, error: BaseException) -> str:
+    """The cause of `error`, raised in `step`: the one the error names (a `cause` attribute: its
+    class's, or its own), else ENOSPC's, else the step's, else `unknown`."""
+    cause = getattr(error, "cause", None)
+    if cause in causes.CAUSES:
+        return cause
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return causes.DISK_FULL
+    return STEP_CAUSES.get(step, causes.UNKNOWN)
 
 
 # Each finished step's seconds in this process, for DONE.json's timeline.
@@ -48,7 +78,7 @@ def step(name: str, action: Callable[[], object]):
     except Interrupted as exc:
         raise StepFailed(name, str(exc), causes.INTERRUPTED, "interrupted") from exc
     except Exception as exc:
-        raise StepFailed(name, one_line(exc, REASON_LIMIT), causes.of(name, exc)) from exc
+        raise StepFailed(name, one_line(exc, REASON_LIMIT), cause_of(name, exc)) from exc
     took = time.time() - started
     STEP_SECONDS[name] = round(STEP_SECONDS.get(name, 0.0) + took, 1)
     aws.log(f"step '{name}': done in {took:.1f} s")

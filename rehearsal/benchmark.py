@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from contract import runs
 from rehearsal.common import BUCKET, REPO, RUN, StepFailed, say
 from rehearsal.core import Rehearsal
 
@@ -69,13 +70,13 @@ class BenchmarkRehearsal(Rehearsal):
         ]
 
     def report_benchmark(self) -> None:
-        prefix = f"runs/{RUN}/"
+        prefix = runs.prefix(RUN)
         done = self.done_json()
         if done is None or done["status"] != "succeeded" or done.get("benchmark") != "synthetic":
             raise StepFailed(f"DONE.json: {done}")
         out = self.workdir / "s3" / "runs" / RUN
         out.mkdir(parents=True, exist_ok=True)
-        for name in (*FILES, "DONE.json"):
+        for name in (*FILES, runs.DONE):
             self.s3.download_file(BUCKET, prefix + name, str(out / name))
         say(f"s3://{BUCKET}/{prefix}benchmark.{{json,md,png}} copied to {out}/")
         say("CPU rehearsal, not GPU figures:")

@@ -29,11 +29,11 @@ import boto3
 from moto import mock_aws
 from moto.ec2.models.instances import InstanceBackend
 
+from contract import names, runs
+from contract.names import FLEET_TAG, HEAD_NODE, NODE_TAG
 from rehearsal.common import BUCKET, MAX_HOURS, REGION, RUN, say
 from rehearsal.state_machine import Workflow, clients
 
-FLEET_TAG, NODE_TAG = "horovod-fleet:stack", "horovod-fleet:node"  # stacks/teardown/names.py
-HEAD_NODE = "head"  # the head's node tag
 ZONE = f"{REGION}a"
 IMAGE = "ami-12c6146b"  # any image moto knows
 # The tick's schedule, a minute on AWS, scaled down: the rehearsal's attempts last minutes.
@@ -179,11 +179,11 @@ class Cloud:
         placeholder = {"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}}
         cloudformation = boto3.client("cloudformation", region_name=REGION)
         # stacks/train/stack.py's stack-level tags, with the rehearsal's node.json's values.
-        tags = {"horovod-fleet:run": RUN, "horovod-fleet:nodes": str(self.count),
-                "horovod-fleet:heartbeatTimeoutS": str(self.heartbeat_s),
-                "horovod-fleet:startupGraceS": str(self.grace_s)}  # fmt: skip
+        tags = {names.RUN_TAG: RUN, names.NODES_TAG: str(self.count),
+                names.HEARTBEAT_TAG: str(self.heartbeat_s),
+                names.STARTUP_GRACE_TAG: str(self.grace_s)}  # fmt: skip
         self.stack_id = cloudformation.create_stack(
-            StackName="TrainStack", TemplateBody=json.dumps(placeholder), Tags=as_tags(tags)
+            StackName=names.TRAIN_STACK, TemplateBody=json.dumps(placeholder), Tags=as_tags(tags)
         )["StackId"]
         vpc = self.ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
         subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/20", AvailabilityZone=ZONE)
@@ -193,20 +193,20 @@ class Cloud:
         )
         zone = {"zone": ZONE, "subnet": self.subnet, "group": f"TrainStack-group-{ZONE}"}
         outputs = {
-            "HorovodFleetRun": RUN,
-            "HorovodFleetMaxRestarts": str(self.restarts),
-            "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
-            "HorovodFleetReplacementTemplate": self.template(),
-            "HorovodFleetNodes": str(self.count),
-            "HorovodFleetMinNodes": str(self.min_nodes),
-            "HorovodFleetZones": json.dumps({"zones": [zone]}),
+            names.RUN_OUTPUT_KEY: RUN,
+            names.MAX_RESTARTS_OUTPUT_KEY: str(self.restarts),
+            names.DEADLINE_OUTPUT_KEY: runs.stamp(deadline),
+            names.REPLACEMENT_OUTPUT_KEY: self.template(),
+            names.NODES_OUTPUT_KEY: str(self.count),
+            names.MIN_NODES_OUTPUT_KEY: str(self.min_nodes),
+            names.ZONES_OUTPUT_KEY: json.dumps({"zones": [zone]}),
         }
         with_outputs = {
             **placeholder,
             "Outputs": {key: {"Value": value} for key, value in outputs.items()},
         }
         cloudformation.update_stack(
-            StackName="TrainStack", TemplateBody=json.dumps(with_outputs), Tags=as_tags(tags)
+            StackName=names.TRAIN_STACK, TemplateBody=json.dumps(with_outputs), Tags=as_tags(tags)
         )
         # The nodes, then the head (stacks/train/head.py: on demand whatever the nodes are).
         for node in [*map(str, range(self.count)), HEAD_NODE]:
@@ -221,7 +221,7 @@ class Cloud:
             )
 
     def tags(self) -> dict[str, str]:
-        return {"Project": "horovod-fleet", FLEET_TAG: self.stack_id}
+        return {names.PROJECT_TAG: names.PROJECT, FLEET_TAG: self.stack_id}
 
     def market(self) -> dict:
         return {"InstanceMarketOptions": {"MarketType": "spot"}} if self.spot else {}
@@ -318,7 +318,7 @@ class Cloud:
     def attempts(self) -> list[dict]:
         """attempts.json's entries (docs/contracts.md), read as the rehearsal."""
         try:
-            body = self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/attempts.json")["Body"]
+            body = self.s3.get_object(Bucket=BUCKET, Key=runs.key(RUN, runs.ATTEMPTS))["Body"]
         except self.s3.exceptions.NoSuchKey:
             return []
         return json.loads(body.read())["attempts"]
@@ -338,7 +338,7 @@ def done_event(bucket: str, run: str) -> dict:
         "region": REGION,
         "detail": {
             "bucket": {"name": bucket},
-            "object": {"key": f"runs/{run}/DONE.json", "etag": "e1", "sequencer": "01"},
+            "object": {"key": runs.key(run, runs.DONE), "etag": "e1", "sequencer": "01"},
             "reason": "PutObject",
         },
     }

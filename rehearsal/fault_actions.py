@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from contract import runs
 from rehearsal.common import BUCKET, RUN, say
 from rehearsal.core import Rehearsal
 from rehearsal.hosts import NODE_INTERFACE
@@ -151,7 +152,7 @@ def checkpoint_step(key: str) -> int:
 
 
 def corrupt_newest_checkpoint(rehearsal: Rehearsal) -> None:
-    listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/model/checkpoints/")
+    listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=runs.key(RUN, runs.CHECKPOINTS))
     data = [o["Key"] for o in listing["Contents"] if re.search(r"\.data-\d+-of-\d+$", o["Key"])]
     newest = max(data, key=checkpoint_step)
     rehearsal.s3.put_object(Bucket=BUCKET, Key=newest, Body=flipped(s3_object(rehearsal, newest)))
@@ -319,7 +320,7 @@ def spot_notice(index: int) -> Action:
     def notify(rehearsal: Rehearsal) -> None:
         path = rehearsal.notice_file(index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+        at = runs.stamp_at(time.time() + 120)
         path.write_text(json.dumps({"action": "terminate", "time": at}))
         rehearsal.interrupted_instance = rehearsal.instance_id(index)
         say(f"FAULT: EC2 will interrupt node {index} ({rehearsal.instance_id(index)}) at {at}")

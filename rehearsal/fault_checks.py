@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from contract import runs
 from rehearsal.common import RUN
 from rehearsal.core import Rehearsal
 from rehearsal.fault_actions import s3_object
@@ -54,7 +55,9 @@ def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
     """The last attempt ran on new instances: each node registered with its replacement's id and
     address, and the leader resumed from S3."""
     for index in range(rehearsal.args.nodes):
-        entry = json.loads(s3_object(rehearsal, f"runs/{RUN}/nodes/{index}.json") or b"{}")
+        entry = json.loads(
+            s3_object(rehearsal, runs.key(RUN, f"{runs.NODES}{index}.json")) or b"{}"
+        )
         if (entry.get("instance_id"), entry.get("ip")) != (
             rehearsal.instance_id(index),
             rehearsal.node_ip(index),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from contract import runs
 from rehearsal.common import RUN, StepFailed, say
 from rehearsal.core import Rehearsal
 from rehearsal.fault_actions import wait_for_fault_threads
@@ -54,8 +55,8 @@ def prepare_start(rehearsal: Rehearsal, start: str) -> None:
         say(f"--- snapshot '{CHECKPOINTED}': {CHECKPOINTED_EPOCHS} epochs, a checkpoint each")
         rehearsal.train(CHECKPOINTED_EPOCHS, **EVERY_EPOCH)
         # What a deployment finds of an earlier one: its model, logs and key; not its end.
-        ended = ("DONE.json", "attempts.json", "status.json", "controller.json")
-        rehearsal.save_snapshot(CHECKPOINTED, tuple(f"runs/{RUN}/{name}" for name in ended))
+        ended = (runs.DONE, runs.ATTEMPTS, runs.STATUS, runs.CONTROLLER)
+        rehearsal.save_snapshot(CHECKPOINTED, tuple(runs.key(RUN, name) for name in ended))
     rehearsal.restore_snapshot(start)
     rehearsal.renew_fleet()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import boto3
 
+from contract import names, runs
 from rehearsal import iam_s3, snapshots
 from rehearsal.common import BUCKET, REGION, REPO, RUN, StepFailed, say
 from rehearsal.hosts import Fleet, namespaces_available
@@ -100,12 +101,12 @@ class LocalS3:
         )  # fmt: skip
         if result.returncode:
             raise StepFailed(f"cdk synth failed: {result.stderr.strip()[-500:]}")
-        names = ("TrainStack", "PreprocessStack", "TeardownStack")
-        return [json.loads((out / f"{name}.template.json").read_text()) for name in names]
+        stacks = (names.TRAIN_STACK, names.PREPROCESS_STACK, names.TEARDOWN_STACK)
+        return [json.loads((out / f"{name}.template.json").read_text()) for name in stacks]
 
     def done_json(self) -> dict | None:
         try:
-            body = self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/DONE.json")["Body"]
+            body = self.s3.get_object(Bucket=BUCKET, Key=runs.key(RUN, runs.DONE))["Body"]
             return json.loads(body.read())
         except Exception:  # no endpoint yet, no DONE.json: nothing to show
             return None
@@ -115,7 +116,7 @@ class LocalS3:
         if not hasattr(self, "s3"):
             return []
         try:
-            listing = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/")
+            listing = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=runs.prefix(RUN))
             keys = [o["Key"] for o in listing.get("Contents", [])]
             for key in keys:
                 (self.workdir / "s3" / key).parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from contract import runs
 from rehearsal.common import BUCKET, REGION, REPO, RUN, say
 from rehearsal.hosts import NODE_INTERFACE, SSH_PORT
 
@@ -55,7 +56,7 @@ class Nodes:
         document = {
             "format": "horovod-fleet/image/1",
             "recipe_sha256": hashlib.sha256(b"rehearsal").hexdigest(),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "built_at": runs.stamp_at(time.time()),
             "versions": {
                 "python": ".".join(map(str, sys.version_info[:3])),
                 "tensorflow": importlib.metadata.version("tensorflow-cpu"),
@@ -221,7 +222,7 @@ class Nodes:
             "instance_type": "rehearsal-cpu",
             "efa": False,
             "dataset_prefix": "tfrecords/",
-            "runs_prefix": f"runs/{RUN}/",
+            "runs_prefix": runs.prefix(RUN),
             "rendezvous_timeout_s": 300,
             "trainer": {
                 "epochs": epochs,
@@ -244,7 +245,7 @@ class Nodes:
             "ip": self.node_ip(index),
             "instance_id": self.instance_id(index),
             # EC2's launch time, for the start-up record: this process's start.
-            "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "launched_at": runs.stamp_at(time.time()),
             "ssh_port": SSH_PORT,
             "authorized_keys_file": str(home / "ssh" / "authorized_keys"),
             "network_interface": NODE_INTERFACE if node else None,

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from contract import runs
 from rehearsal.common import BUCKET, REGION, REPO, RUN, StepFailed, say
 
 # After one node fails, how long the others get to report theirs: a member needs the heartbeat
@@ -127,7 +128,7 @@ class NodeProcesses:
         """Print `horovod-fleet status` each time the leader's status.json is in a new epoch
         (the previous one is over); returns the newest epoch shown."""
         try:
-            body = self.s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/status.json")["Body"]
+            body = self.s3.get_object(Bucket=BUCKET, Key=runs.key(RUN, runs.STATUS))["Body"]
             status = json.loads(body.read())
         except Exception:  # not written yet (or half-way through a rewrite): next time
             return shown_epoch

@@ -7,12 +7,20 @@ from dataclasses import dataclass
 from aws_cdk import App, Environment, Stack, Tags
 from aws_cdk import aws_s3 as s3
 
+from contract.names import (
+    DATASET_STACK,
+    IMAGE_STACK,
+    PREPROCESS_STACK,
+    PROJECT,
+    PROJECT_TAG,
+    TEARDOWN_STACK,
+    TRAIN_STACK,
+)
 from stacks.config import FleetConfig
 from stacks.dataset.bucket import default_bucket_name
 from stacks.dataset.stack import DatasetStack
 from stacks.image.stack import ImageStack
 from stacks.instance_types import fleet_usd_per_hour
-from stacks.node_code import PROJECT
 from stacks.preprocess.stack import PreprocessStack
 from stacks.run_estimate import checkpoint_every_s, estimated_seconds, recipe_plan
 from stacks.teardown.stack import TeardownStack
@@ -58,7 +66,7 @@ def checkpoint_plan(config: FleetConfig) -> tuple[int, float | None]:
 def compose(app: App, config: FleetConfig) -> HorovodFleet:
     """Add the stacks for `config` to `app`."""
     env = Environment(region=config.region)
-    Tags.of(app).add("Project", PROJECT)
+    Tags.of(app).add(PROJECT_TAG, PROJECT)
     bucket_name = config.dataset_bucket or default_bucket_name(config.region)
     # Stacks find the bucket by name. An imported bucket creates nothing but needs a stack as
     # its scope: one outside the app, so no stack of the app owns or exports it.
@@ -68,7 +76,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         if config.dataset_bucket
         else DatasetStack(
             app,
-            "DatasetStack",
+            DATASET_STACK,
             bucket_name=bucket_name,
             env=env,
             description="horovod-fleet: the dataset bucket (raw/, tfrecords/, runs/), kept forever",
@@ -76,7 +84,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
     )
     teardown = TeardownStack(
         app,
-        "TeardownStack",
+        TEARDOWN_STACK,
         bucket=bucket,
         budget_email=config.budget_email,
         budget_limit_usd=budget_limit_usd(config),
@@ -86,7 +94,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
     )
     preprocess = PreprocessStack(
         app,
-        "PreprocessStack",
+        PREPROCESS_STACK,
         config=config,
         bucket=bucket,
         guards=teardown.guards,
@@ -95,7 +103,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
     )
     image = ImageStack(
         app,
-        "ImageStack",
+        IMAGE_STACK,
         test_type=config.image_test,
         revision=config.image_revision,
         az=config.az,
@@ -107,7 +115,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
     )
     train = TrainStack(
         app,
-        "TrainStack",
+        TRAIN_STACK,
         config=config,
         bucket=bucket,
         guards=teardown.guards,

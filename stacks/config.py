@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from contract import runs
 from stacks import benchmark
 from stacks.instance_types import (
     BURSTABLE_TYPES,
@@ -155,7 +156,7 @@ class FleetConfig:
 
     @property
     def runs_prefix(self) -> str:
-        return f"runs/{self.run}/"
+        return runs.prefix(self.run)
 
     @property
     def benchmark_plan(self) -> dict[str, Any] | None:

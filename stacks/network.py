@@ -6,9 +6,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from contract.names import FLEET_TAG
 from stacks.config import ZONE_LETTERS, is_zone_id
 from stacks.nag import allow_fixed_zone
-from stacks.teardown.names import FLEET_TAG
 
 VPC_CIDR = "10.42.0.0/16"
 # Free /20 blocks of VPC_CIDR (the fleet's subnet is 10.42.0.0/20, the public one 10.42.128.0/17)

@@ -1,5 +1,11 @@
 """The code every instance runs (bootstrap/ and trainer/ as CDK assets) and the user-data that
-installs it, writes /etc/horovod-fleet/node.json and starts the node's bootstrap script."""
+installs it, writes /etc/horovod-fleet/node.json and starts the node's bootstrap script.
+
+User-data unzips each asset into its own folder under /opt/horovod-fleet/. The packages the
+bootstrap imports from outside its folder (contract/) come inside its asset, under
+bootstrap/packages/: bootstrap/lib.sh links each next to bootstrap/ before any of it runs, so
+`python3 -m bootstrap.X` finds them wherever it starts from /opt/horovod-fleet (PYTHONPATH, or
+the head's `cd /opt/horovod-fleet && python3 -m ...` over ssh)."""
 
 import json
 from collections.abc import Mapping
@@ -13,10 +19,15 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-PROJECT = "horovod-fleet"
+from contract.names import PROJECT
+from stacks.staging import CONTRACT, EXCLUDE, staged
+
 CODE_ROOT = Path(__file__).resolve().parent.parent
 CODE_DIRECTORIES = ("bootstrap", "trainer")
-CODE_EXCLUDE = ["__pycache__", "*.pyc", "tests"]
+CODE_EXCLUDE = list(EXCLUDE)
+# What each folder's asset holds besides the folder: bootstrap/ imports contract/ (trainer/
+# imports nothing outside itself).
+SHIPPED = {"bootstrap": {"packages/contract": CONTRACT}, "trainer": {}}
 INSTALL_DIR = "/opt/horovod-fleet"
 NODE_JSON = "/etc/horovod-fleet/node.json"
 LOG_DIR = "/var/log/horovod-fleet"
@@ -39,7 +50,10 @@ class NodeCode(Construct):
         super().__init__(scope, construct_id)
         self.assets = {
             name: s3_assets.Asset(
-                self, name.capitalize(), path=str(CODE_ROOT / name), exclude=CODE_EXCLUDE
+                self,
+                name.capitalize(),
+                path=str(staged(self, name, {".": CODE_ROOT / name, **SHIPPED[name]})),
+                exclude=CODE_EXCLUDE,
             )
             for name in CODE_DIRECTORIES
         }

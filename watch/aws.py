@@ -19,7 +19,8 @@ from botocore.exceptions import (
     NoRegionError,
 )
 
-TRAIN_STACK = "TrainStack"
+from contract import names, runs
+
 DEFAULT_REGION = "us-east-1"  # cdk.json's default region
 QUICK = Config(
     connect_timeout=3, read_timeout=10, retries={"total_max_attempts": 1, "mode": "standard"}
@@ -86,7 +87,7 @@ class Fleet:
     def read_train_stack(self) -> None:
         """TrainStack's status, creation time and outputs, when it exists."""
         try:
-            stacks = self.client("cloudformation").describe_stacks(StackName=TRAIN_STACK)
+            stacks = self.client("cloudformation").describe_stacks(StackName=names.TRAIN_STACK)
         except ClientError as exc:
             if "does not exist" in str(exc):
                 return
@@ -135,9 +136,9 @@ class RunStore:
         return json.loads(body)
 
     def runs(self) -> list[str]:
-        names, token = [], None
+        found, token = [], None
         while True:
-            kwargs = {"Bucket": self.bucket, "Prefix": "runs/", "Delimiter": "/"}
+            kwargs = {"Bucket": self.bucket, "Prefix": runs.RUNS, "Delimiter": "/"}
             if token:
                 kwargs["ContinuationToken"] = token
             try:
@@ -149,17 +150,17 @@ class RunStore:
                         "where DatasetStack is"
                     ) from None
                 raise
-            names += [p["Prefix"][len("runs/") : -1] for p in page.get("CommonPrefixes", [])]
+            found += [p["Prefix"][len(runs.RUNS) : -1] for p in page.get("CommonPrefixes", [])]
             token = page.get("NextContinuationToken")
             if not token:
-                return names
+                return found
 
     def head(self, run: str) -> dict | None:
         """The head's heartbeat (runs/<run>/head.json): its instance and address."""
-        return self.read_json(f"runs/{run}/head.json")
+        return self.read_json(runs.key(run, runs.HEAD))
 
     def nodes(self, run: str) -> dict[int, dict]:
-        listing = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"runs/{run}/nodes/")
+        listing = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=runs.key(run, runs.NODES))
         found = {}
         for obj in listing.get("Contents", []):
             entry = self.read_json(obj["Key"])

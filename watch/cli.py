@@ -26,12 +26,13 @@ import time
 from datetime import datetime, timezone
 from typing import NoReturn
 
+from contract import names
+from contract.runs import ATTEMPTS, CONTROLLER, DONE, STATUS, key
 from watch.aws import Fleet, RunStore, WatchError, explain
 from watch.bucket import enable_eventbridge
 from watch.leftovers import Account, report
 from watch.screen import RunFacts, parse_time, runs_table, status_screen, with_controller
 
-RUN_OUTPUT = "HorovodFleetRun"  # TrainStack's output naming its run (docs/contracts.md)
 REFRESH_S = 10
 FOLLOW_POLL_S = 2
 IN_PROGRESS = ("CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS")
@@ -100,7 +101,7 @@ class Watcher:
         self.store = RunStore(self.fleet.client("s3"), self.fleet.bucket(args.bucket))
 
     def deployed_run(self) -> str | None:
-        return self.fleet.outputs.get(RUN_OUTPUT)
+        return self.fleet.outputs.get(names.RUN_OUTPUT_KEY)
 
     def run_name(self) -> str:
         run = self.args.run or self.deployed_run()
@@ -112,22 +113,21 @@ class Watcher:
         return run
 
     def facts(self, run: str, now: datetime | None = None) -> RunFacts:
-        prefix = f"runs/{run}/"
         facts = RunFacts(
             run=run,
             bucket=self.store.bucket,
             now=now or datetime.now(timezone.utc),
             status=with_controller(
-                self.store.read_json(f"{prefix}status.json"),
-                self.store.read_json(f"{prefix}controller.json"),
+                self.store.read_json(key(run, STATUS)),
+                self.store.read_json(key(run, CONTROLLER)),
             ),
-            done=self.store.read_json(f"{prefix}DONE.json"),
-            attempts=(self.store.read_json(f"{prefix}attempts.json") or {}).get("attempts"),
+            done=self.store.read_json(key(run, DONE)),
+            attempts=(self.store.read_json(key(run, ATTEMPTS)) or {}).get("attempts"),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():
             facts.stack_created = self.fleet.stack_created
-            facts.hard_cap_at = parse_time(self.fleet.outputs.get("HorovodFleetDeadline"))
+            facts.hard_cap_at = parse_time(self.fleet.outputs.get(names.DEADLINE_OUTPUT_KEY))
             if self.fleet.stack_status == "CREATE_IN_PROGRESS":
                 facts.stack_phase = "booting"
         nothing_yet = facts.status is None and facts.stack_phase is None and facts.done is None

@@ -31,6 +31,8 @@ from datetime import datetime
 
 from botocore.exceptions import ClientError
 
+from contract import names
+
 GIB = 2**30
 # List prices in USD per GB-month, us-east-1, as of PRICES_AS_OF, applied per GiB (EBS sizes are
 # GiB; the pricing pages say GB). Not read from AWS's pages here (they are rendered by script);
@@ -44,11 +46,8 @@ SNAPSHOT_USD = 0.05
 LOGS_STORED_USD = 0.03
 VOLUME_USD = {"sc1": 0.015, "gp3": 0.08, "gp2": 0.10}
 
-PROJECT_TAG = {"Name": "tag:Project", "Values": ["horovod-fleet"]}
-MANIFEST_TAG = "horovod-fleet:manifest"  # the preprocessing stop's snapshot (docs/contracts.md)
-IMAGE_PARAMETER = "/horovod-fleet/training-ami"  # the image TrainStack boots (stacks/image)
-STACKS = ("TrainStack", "PreprocessStack", "ImageStack", "TeardownStack", "DatasetStack")
-KEPT_LOGS = ("TrainStack", "PreprocessStack")  # their nodes' log groups outlive the stack
+PROJECT_TAG = {"Name": f"tag:{names.PROJECT_TAG}", "Values": [names.PROJECT]}
+KEPT_LOGS = (names.TRAIN_STACK, names.PREPROCESS_STACK)  # their nodes' log groups outlive the stack
 ACCESS_LOG_BUCKET = "DatasetAccessLogBucket"  # DatasetStack's logical ID (stacks/dataset)
 OLD_VERSIONS_DAYS = 30  # the bucket's ExpireOldVersions rule (stacks/dataset/bucket.py)
 
@@ -218,7 +217,7 @@ class Account:
         for chunk in chunks(volumes, 200):
             for snapshot in own_snapshots(ec2, [{"Name": "volume-id", "Values": chunk}]):
                 found[snapshot["SnapshotId"]] = snapshot
-        for snapshot in own_snapshots(ec2, [{"Name": "tag-key", "Values": [MANIFEST_TAG]}]):
+        for snapshot in own_snapshots(ec2, [{"Name": "tag-key", "Values": [names.MANIFEST_TAG]}]):
             found[snapshot["SnapshotId"]] = snapshot
         return [
             snapshot_row(
@@ -236,7 +235,9 @@ class Account:
     def images(self, ec2) -> tuple[list[Leftover], set[str]]:
         """ImageStack's images, and every snapshot behind them."""
         try:
-            booted = self.client("ssm").get_parameter(Name=IMAGE_PARAMETER)["Parameter"]["Value"]
+            booted = self.client("ssm").get_parameter(Name=names.IMAGE_PARAMETER)["Parameter"][
+                "Value"
+            ]
         except ClientError:
             booted = None
         rows, behind = [], set()
@@ -253,7 +254,7 @@ class Account:
             what = f"image {image['ImageId']} {image.get('Name', '')} ({day(image['CreationDate'])}"
             why = "ImageStack's bake (Image Builder keeps the newest 2 of each image)"
             if in_use:
-                what += f", the one TrainStack boots: {IMAGE_PARAMETER}"
+                what += f", the one TrainStack boots: {names.IMAGE_PARAMETER}"
                 why += "; without it the next run needs a new bake (-c imageRevision=N+1)"
             remove = [f"aws ec2 deregister-image --image-id {image['ImageId']}"]
             remove += [f"aws ec2 delete-snapshot --snapshot-id {sid}" for sid in ids]
@@ -288,7 +289,7 @@ class Account:
     def deployed_stacks(self) -> list[str]:
         cloudformation = self.client("cloudformation")
         deployed = []
-        for name in STACKS:
+        for name in names.STACKS:
             try:
                 stack = cloudformation.describe_stacks(StackName=name)["Stacks"][0]
             except ClientError:
@@ -358,7 +359,7 @@ def stack_of_log_group(name: str) -> str | None:
     if name.startswith("/aws/imagebuilder/horovod-fleet"):
         return "ImageStack"
     bare = name.removeprefix("/aws/lambda/")
-    return next((stack for stack in STACKS if bare.startswith(f"{stack}-")), None)
+    return next((stack for stack in names.STACKS if bare.startswith(f"{stack}-")), None)
 
 
 def tag(resource: dict, key: str) -> str | None:

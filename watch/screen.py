@@ -6,9 +6,11 @@ Pure functions of what S3 and CloudFormation said, so each phase is tested from 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+from contract.names import DEADLINE_OUTPUT_KEY
+from contract.runs import parse_stamp, stamp
+
 DONE_PHASE = {"succeeded": "done", "failed": "failed", "interrupted": "interrupted"}
 ENDED = ("done", "failed", "interrupted")
 SHOWN_ATTEMPTS = 3  # the newest ended attempts the status screen lists
@@ -23,7 +25,7 @@ LABELS = {
 def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
-    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc)
+    return parse_stamp(text)
 
 
 def clock(seconds: float) -> str:
@@ -46,7 +48,7 @@ class RunFacts:
     nodes_up: int | None = None  # registrations in runs/<run>/nodes/
     stack_phase: str | None = None  # from CloudFormation, before the head writes anything
     stack_created: datetime | None = None  # TrainStack's creation: the bill's start
-    hard_cap_at: datetime | None = None  # TrainStack's HorovodFleetDeadline output
+    hard_cap_at: datetime | None = None  # TrainStack's DEADLINE_OUTPUT_KEY output
 
     @property
     def phase(self) -> str:
@@ -249,7 +251,7 @@ def with_controller(status: dict | None, controller: dict | None) -> dict | None
     """status.json as the screen shows it: the head's document (its only writer) with what
     the run controller says in its own controller.json: always its execution and state; its
     phase, attempt and reason when it wrote them after the head's last word (the head is
-    gone, or a relaunch is under way). Both stamps are UTC "%Y-%m-%dT%H:%M:%SZ", so they
+    gone, or a relaunch is under way). Both stamps are contract.runs.TIME_FORMAT's, so they
     compare as text."""
     if not controller:
         return status
@@ -291,11 +293,11 @@ def cap_line(facts: RunFacts) -> str:
         return "not reached: the run has ended"
     cap = facts.cap()
     if cap is None:
-        return "unknown (no TrainStack output HorovodFleetDeadline, no max_hours in status.json)"
+        return f"unknown (no TrainStack output {DEADLINE_OUTPUT_KEY}, no max_hours in status.json)"
     at, exact = cap
     left = (at - facts.now).total_seconds()
     how = "" if exact else " (estimated from the head's start)"
-    return f"{clock(left)} left, at {at.strftime(TIME_FORMAT)}{how}"
+    return f"{clock(left)} left, at {stamp(at)}{how}"
 
 
 def runs_table(rows: list[RunFacts]) -> str:

@@ -16,10 +16,11 @@ import math
 import threading
 from collections.abc import Callable
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from contract import causes
 
 PREFIX = "failures/"
 WATCH_S = 5.0

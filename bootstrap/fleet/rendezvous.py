@@ -22,16 +22,14 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
-
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+from contract import causes, runs
 
 
 class RendezvousError(RuntimeError):
@@ -47,11 +45,13 @@ class HeadLost(RendezvousError):
 
 
 def utc_stamp(now: float) -> str:
-    return datetime.fromtimestamp(now, timezone.utc).strftime(TIME_FORMAT)
+    """A wall time (time.time()) as the run's records write it."""
+    return runs.stamp_at(now)
 
 
 def parse_stamp(text: str) -> float:
-    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc).timestamp()
+    """A record's time as a wall time."""
+    return runs.parse_stamp(text).timestamp()
 
 
 # How S3 answers a GET of a missing key: 404 to a caller that may list the bucket, 403 to one
@@ -100,7 +100,7 @@ def register_node(
         "shards": shards,
         "interface": interface,
     }
-    key = f"{cfg.runs_prefix}nodes/{cfg.node_index}.json"
+    key = f"{cfg.runs_prefix}{runs.NODES}{cfg.node_index}.json"
     s3.put_object(Bucket=cfg.bucket, Key=key, Body=json.dumps(entry).encode())
     return entry
 
@@ -110,7 +110,6 @@ def private_key_path(cfg: TrainConfig) -> Path:
 
 
 HEAD_KEY = "ssh/head.pub"  # under the run prefix: the head's public key, which every node installs
-HEAD_ENTRY = "head.json"  # under the run prefix: the head's heartbeat
 
 
 def register_head(s3, cfg: TrainConfig, ip: str, instance_id: str, now: float, key: str) -> dict:
@@ -122,7 +121,7 @@ def register_head(s3, cfg: TrainConfig, ip: str, instance_id: str, now: float, k
         "head_key_sha256": key,
     }
     s3.put_object(
-        Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{HEAD_ENTRY}", Body=json.dumps(entry).encode()
+        Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{runs.HEAD}", Body=json.dumps(entry).encode()
     )
     return entry
 
@@ -179,7 +178,7 @@ def live_nodes(
     """Registrations of this run young enough to belong to running instances; with `head_key`,
     only those naming that key, and with `since`, only those written at or after it (stamps
     have whole seconds)."""
-    listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}nodes/")
+    listing = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=f"{cfg.runs_prefix}{runs.NODES}")
     nodes = {}
     for obj in listing.get("Contents", []):
         entry = json.loads(read_object(s3, cfg.bucket, obj["Key"]) or b"{}")
@@ -228,7 +227,7 @@ def wait_for_nodes(
         if clock() >= next_note:
             log(
                 f"rendezvous: waiting {clock() - started:.0f} s for {describe_missing(cfg, nodes)}"
-                f" to register under s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ (giving up after "
+                f" to register under s3://{cfg.bucket}/{cfg.runs_prefix}{runs.NODES} (giving up after "
                 f"{cfg.rendezvous_timeout_s:.0f} s)"
             )
             next_note = clock() + MISSING_NOTE_EVERY_S
@@ -240,7 +239,7 @@ def wait_for_nodes(
     present = live_nodes(s3, cfg, clock(), head_key, since)
     raise RendezvousError(
         f"{describe_missing(cfg, present)} did not register under "
-        f"s3://{cfg.bucket}/{cfg.runs_prefix}nodes/ within {cfg.rendezvous_timeout_s:.0f} s"
+        f"s3://{cfg.bucket}/{cfg.runs_prefix}{runs.NODES} within {cfg.rendezvous_timeout_s:.0f} s"
     )
 
 
@@ -271,7 +270,7 @@ def last_written(s3, cfg: TrainConfig, name: str) -> float | None:
 
 
 def run_finished_since(s3, cfg: TrainConfig, since: float) -> bool:
-    written = last_written(s3, cfg, "DONE.json")
+    written = last_written(s3, cfg, runs.DONE)
     return written is not None and written >= since
 
 

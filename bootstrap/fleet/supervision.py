@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import HEAD_ENTRY, parse_stamp, read_object
+from bootstrap.fleet.rendezvous import parse_stamp, read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from contract import runs
 
 JOB_ENV = "HOROVOD_FLEET_JOB"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>; prctl(2)
@@ -123,7 +124,7 @@ def name_node(entry: dict) -> str:
 
 
 def read_entry(s3, cfg: TrainConfig, index: int) -> dict | None:
-    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}nodes/{index}.json")
+    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}{runs.NODES}{index}.json")
     return json.loads(body) if body else None
 
 
@@ -141,7 +142,7 @@ def since_s3_returned(beat: float | None, now: float, s3_back_at: float | None) 
 
 
 def read_head(s3, cfg: TrainConfig) -> dict | None:
-    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}{HEAD_ENTRY}")
+    body = read_object(s3, cfg.bucket, f"{cfg.runs_prefix}{runs.HEAD}")
     return json.loads(body) if body else None
 
 
@@ -166,7 +167,7 @@ class HeadWatch:
         self.seen_alive = False
 
     def lost(self, entry: dict | None, now: float) -> str | None:
-        key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}{HEAD_ENTRY}"
+        key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}{runs.HEAD}"
         timeout = self.cfg.heartbeat_timeout_s
         beat = parse_stamp(entry["registered_at"]) if entry else None
         if beat is not None and now - beat <= timeout:

@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from bootstrap import aws, causes, transfer
+from bootstrap import aws, transfer
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from contract import causes
 
 SIDECAR = ".sha256"
 STATE = "checkpoints/checkpoint"

@@ -39,6 +39,7 @@ from bootstrap.fleet.supervision import name_node, stale_for
 from bootstrap.head.hosts_file import ADMITTED_FILE, HOSTS_FILE, read_lines, write_atomically
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from contract import runs
 
 REFRESH_S = 2.0  # how often the head reads the fleet's record: S3 lists and reads, one EC2 call
 # What a registration says of its data (bootstrap/node/data_pull.py): the shards of its own
@@ -228,7 +229,7 @@ class Discovery(threading.Thread):
                 )
 
     def registrations(self) -> list[dict]:
-        prefix = f"{self.cfg.runs_prefix}nodes/"
+        prefix = f"{self.cfg.runs_prefix}{runs.NODES}"
         entries = []
         for name in aws.list_sizes(self.s3, self.cfg.bucket, prefix):
             body = read_object(self.s3, self.cfg.bucket, prefix + name)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from bootstrap import causes
 from bootstrap.fleet.rank import MARK as RANK_MARK
 from bootstrap.lines import trim_reason
+from contract import causes
 
 TRAINER_ERROR = re.compile(r"(?<![A-Za-z])error: ")
 
@@ -150,7 +150,7 @@ def rank_of(line: str) -> int | None:
 
 
 class Failure(NamedTuple):
-    cause: str  # bootstrap/causes.py
+    cause: str  # contract/causes.py
     reason: str  # one line, for people
 
 

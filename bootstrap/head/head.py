@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous, supervision
 from bootstrap.fleet.rank import NODE_ENV
 from bootstrap.fleet.rendezvous import parse_stamp
@@ -32,6 +32,7 @@ from bootstrap.node.attempt import read_json, read_list
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
+from contract import causes
 
 NO_VERDICT = Verdict((), {})
 RESETS_FILE = "resets.json"  # rank 0's record of the elastic resets (docs/contracts.md)

@@ -13,11 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet import allreduce_check, supervision
 from bootstrap.head import watchdog
 from bootstrap.head.failures import classify, stall_inspector_names
 from bootstrap.node_config import TrainConfig
+from contract import causes
 
 # Horovod's GPU settings: one rank per GPU and a flat NCCL allreduce over all of them, which
 # crosses nodes through the image's aws-ofi-nccl plugin on EFA. No HOROVOD_HIERARCHICAL_ALLREDUCE:
@@ -250,7 +251,7 @@ def run_horovodrun(
     - the reason is `horovodrun exited N: ` classify's, which names each rank's host when
       name_hosts, after the nodes `lost(failed_at)` names (supervision.lost_nodes), joined by
       "; "; with details, `(details in LOG_NAME)` follows. The cause is node_lost when a node
-      is named, else classify's (bootstrap/causes.py)."""
+      is named, else classify's (contract/causes.py)."""
     error = error or TrainingFailed
     command = command or horovodrun_command(cfg, hostfile, key, ranks, program, interface)
     log("running: " + " ".join(command))

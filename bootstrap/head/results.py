@@ -24,6 +24,7 @@ from bootstrap.head import timeline as fleet_view
 from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
 from bootstrap.node.attempt import this_attempts
 from bootstrap.node_config import TrainConfig
+from contract import runs
 
 
 def done_document(
@@ -48,7 +49,7 @@ def done_document(
     is new on disk but the previous attempt's), else the head's wall time and no epochs.
     `earlier` is the run controller's record of the attempts before this one (attempts.json),
     `steps` the seconds of each bootstrap step this attempt finished (its timeline), `cause` why
-    it ended (bootstrap/causes.py; None when it succeeded), `written_by` which node writes it,
+    it ended (contract/causes.py; None when it succeeded), `written_by` which node writes it,
     `restarts` the restarts in place of the writing node's bootstrap (bootstrap/node/attempt.py),
     `records` the phases records of this attempt's nodes (the fleet's view and goodput),
     `hosts` the instances the head's discovery saw, by address (naming the resets' hosts)."""
@@ -169,7 +170,7 @@ def allreduce_busbw_gbps(check_log: Path) -> float | None:
 
 
 def done_key(cfg: TrainConfig) -> str:
-    return f"{cfg.runs_prefix}DONE.json"
+    return f"{cfg.runs_prefix}{runs.DONE}"
 
 
 def read_done(s3, cfg: TrainConfig) -> dict | None:

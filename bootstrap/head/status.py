@@ -28,11 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import TIME_FORMAT, parse_stamp, utc_stamp
+from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from contract import runs
+from contract.records import STATUS_FORMAT
 
-FORMAT = "horovod-fleet/status/1"
 PHASES = (
     "booting", "pulling_data", "allreduce_check", "training", "evaluating", "uploading",
     "done", "failed", "interrupted",
@@ -184,7 +185,7 @@ class RunStatus:
     def document(self, phase: str) -> dict:
         cfg = self.cfg
         return {
-            "format": FORMAT,
+            "format": STATUS_FORMAT,
             "run": cfg.run,
             "attempt": self._attempt(),
             "phase": phase,
@@ -258,7 +259,7 @@ class RunStatus:
     def _put(self, doc: dict) -> None:
         self.s3.with_policy(QUICK).put_object(
             Bucket=self.cfg.bucket,
-            Key=f"{self.cfg.runs_prefix}status.json",
+            Key=f"{self.cfg.runs_prefix}{runs.STATUS}",
             Body=json.dumps(doc, indent=1).encode(),
             ContentType="application/json",
         )
@@ -276,7 +277,7 @@ class RunStatus:
         return self.earlier or []
 
     def _recorded_attempts(self) -> list[dict]:
-        key = f"{self.cfg.runs_prefix}attempts.json"
+        key = f"{self.cfg.runs_prefix}{runs.ATTEMPTS}"
         s3 = self.s3.with_policy(QUICK)
         if not s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=key).get("KeyCount"):
             return []
@@ -287,7 +288,7 @@ class RunStatus:
         """Nodes whose heartbeat is younger than heartbeat_timeout_s."""
         now = self.clock()
         listing = self.s3.with_policy(QUICK).list_objects_v2(
-            Bucket=self.cfg.bucket, Prefix=f"{self.cfg.runs_prefix}nodes/"
+            Bucket=self.cfg.bucket, Prefix=f"{self.cfg.runs_prefix}{runs.NODES}"
         )
         healthy = set()
         for obj in listing.get("Contents", []):
@@ -298,7 +299,7 @@ class RunStatus:
         return len(healthy)
 
     def _newest_checkpoint(self) -> dict | None:
-        prefix = f"{self.cfg.runs_prefix}model/checkpoints/"
+        prefix = f"{self.cfg.runs_prefix}{runs.CHECKPOINTS}"
         found = aws.list_sizes(self.s3.with_policy(QUICK), self.cfg.bucket, prefix)
         steps = [int(m.group(1)) for key in found if (m := _CHECKPOINT.search(key))]
         if not steps:
@@ -306,7 +307,7 @@ class RunStatus:
         step = max(steps)
         key = f"{prefix}ckpt-{step}"
         head = self.s3.with_policy(QUICK).head_object(Bucket=self.cfg.bucket, Key=f"{key}.index")
-        return {"key": key, "step": step, "at": head["LastModified"].strftime(TIME_FORMAT)}
+        return {"key": key, "step": step, "at": runs.stamp(head["LastModified"])}
 
     def _notify(self, doc: dict) -> None:
         """E-mail (through the run's SNS topic) once when training starts and once at the end."""

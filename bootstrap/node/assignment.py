@@ -11,9 +11,10 @@ import json
 import time
 from collections.abc import Callable
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet.rendezvous import read_object
 from bootstrap.node_config import ConfigError, TrainConfig, with_node_index
+from contract import causes, runs
 
 # The controller writes the assignment seconds after EC2 answered the launch, before the node has
 # booted; one that is not there after this means the controller failed between the two.
@@ -28,7 +29,7 @@ class Unassigned(RuntimeError):
 
 
 def launch_key(cfg: TrainConfig, instance_id: str) -> str:
-    return f"{cfg.runs_prefix}launches/{instance_id}.json"
+    return f"{cfg.runs_prefix}{runs.LAUNCHES}{instance_id}.json"
 
 
 def assigned(

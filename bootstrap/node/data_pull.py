@@ -27,8 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap import aws, causes, transfer
+from bootstrap import aws, transfer
 from bootstrap.aws import poll_until
+from contract import causes
 
 WAIT_NOTE_EVERY_S = 600  # how often a waiting node says what it waits for
 

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet import rendezvous, supervision
 from bootstrap.lines import REASON_LIMIT, one_line
 from bootstrap.node import data_pull
 from bootstrap.node.phases import PhaseRecord
 from bootstrap.node_config import TrainConfig
-from bootstrap.steps import StepFailed
+from bootstrap.steps import StepFailed, cause_of
+from contract import causes
 
 STEP = "data pull"
 OWN, ALL = "own", "all"
@@ -86,7 +87,7 @@ class DatasetPull(threading.Thread):
             return None
         if isinstance(error, StepFailed):
             return error
-        return StepFailed(STEP, one_line(error, REASON_LIMIT), causes.of(STEP, error))
+        return StepFailed(STEP, one_line(error, REASON_LIMIT), cause_of(STEP, error))
 
     def check(self) -> None:
         """Raise the pull's failure, if it failed (a step's look while it waits on others)."""

@@ -8,10 +8,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet import allreduce_check
 from bootstrap.image.manifest import ImageError, load
 from bootstrap.node_config import Common, TrainConfig
+from contract import causes
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
 LOG_FILES = (

@@ -10,6 +10,7 @@ from aws_cdk import aws_imagebuilder as imagebuilder
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from contract.names import PROJECT, PROJECT_TAG
 from stacks.nag import (
     SSM_MANAGED_POLICY,
     acknowledge_managed_policy,
@@ -17,7 +18,6 @@ from stacks.nag import (
     acknowledge_wildcard_resources,
 )
 from stacks.network import SingleZoneNetwork, web_egress_security_group
-from stacks.node_code import PROJECT
 
 
 class BakeInfrastructure(Construct):
@@ -79,7 +79,7 @@ class BakeInfrastructure(Construct):
                 iam.PolicyStatement(
                     actions=["ec2:CreateTags"],
                     resources=[image_arn],
-                    conditions={"StringEquals": {"aws:ResourceTag/Project": PROJECT}},
+                    conditions={"StringEquals": {f"aws:ResourceTag/{PROJECT_TAG}": PROJECT}},
                 ),
             ],
         )
@@ -106,7 +106,7 @@ class BakeInfrastructure(Construct):
             instance_metadata_options=imagebuilder.CfnInfrastructureConfiguration.InstanceMetadataOptionsProperty(
                 http_tokens="required", http_put_response_hop_limit=1
             ),
-            resource_tags={"Project": PROJECT},
+            resource_tags={PROJECT_TAG: PROJECT},
         )
         configuration.add_resource_dependency(self.policy.node.default_child)
         configuration.node.add_dependency(self.subnet.internet_connectivity_established)

@@ -10,8 +10,9 @@ from typing import Any
 
 from aws_cdk import aws_s3_assets as s3_assets
 
+from contract.names import PROJECT
 from stacks.instance_types import GpuType, JitProofType
-from stacks.node_code import CODE_ROOT, PROJECT, UBUNTU_AMI_PARAMETER
+from stacks.node_code import CODE_ROOT, UBUNTU_AMI_PARAMETER
 
 RECIPE_DIR = CODE_ROOT / "bootstrap" / "image"
 PROOF_DIR = CODE_ROOT / "bootstrap" / "image_proof"

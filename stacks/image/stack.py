@@ -11,12 +11,10 @@ from aws_cdk import (
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from contract.names import IMAGE_PARAMETER, PROJECT, PROJECT_TAG
 from stacks.image.recipe import BASE_NAME, PROVEN_NAME
 from stacks.image.training_image import TrainingImage
 from stacks.instance_types import GpuType, JitProofType
-from stacks.node_code import PROJECT
-
-IMAGE_PARAMETER = "/horovod-fleet/training-ami"
 
 
 class ImageStack(Stack):
@@ -36,7 +34,7 @@ class ImageStack(Stack):
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(PROJECT_TAG, PROJECT)
         image = TrainingImage(
             self,
             "TrainingImage",

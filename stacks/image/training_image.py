@@ -17,6 +17,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from contract.names import PROJECT, PROJECT_TAG
 from stacks.image.infrastructure import BakeInfrastructure
 from stacks.image.recipe import (
     BASE_NAME,
@@ -39,7 +40,7 @@ from stacks.image.recipe import (
 )
 from stacks.instance_types import GpuType, JitProofType
 from stacks.nag import acknowledge_managed_policy
-from stacks.node_code import CODE_EXCLUDE, PROJECT
+from stacks.node_code import CODE_EXCLUDE
 
 KEEP_IMAGES = 2
 LIFECYCLE_POLICY = "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
@@ -301,7 +302,7 @@ class TrainingImage(Construct):
         pins = self.pins
         return {
             "Name": name,
-            "Project": PROJECT,
+            PROJECT_TAG: PROJECT,
             f"{PROJECT}:content-sha256": content_sha256,
             f"{PROJECT}:recipe-sha256": self.recipe_sha256,
             f"{PROJECT}:nvidia-driver": f"{pins['NVIDIA_DRIVER_BRANCH']}-server",

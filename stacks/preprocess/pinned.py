@@ -4,9 +4,9 @@ from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from contract.names import PINNED_TYPE
 from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import PINNED_TYPE
 
 
 class Pinned(Construct):

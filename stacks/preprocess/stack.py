@@ -9,13 +9,12 @@ from aws_cdk import (
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from contract.names import PROJECT, PROJECT_TAG, ZONE_TYPE
 from stacks.config import FleetConfig, is_zone_id
 from stacks.network import SingleZoneNetwork
-from stacks.node_code import PROJECT
 from stacks.preprocess.preprocessor import Preprocessor
 from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import ZONE_TYPE
 from stacks.teardown.preprocess_guard import PreprocessGuard
 
 
@@ -34,7 +33,7 @@ class PreprocessStack(Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(PROJECT_TAG, PROJECT)
         # The volume and the instance need the zone's name. A zone ID (-c az=use1-az4) names it
         # by itself for a new subnet (SingleZoneNetwork reads the name back from the subnet);
         # a given subnet has no such attribute, so a deploy-time answer turns the ID into this account's

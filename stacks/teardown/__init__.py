@@ -11,7 +11,6 @@
     run_guard.py         RunGuard (inside TrainStack): the run's hard cap and idle alarm
     preprocess_guard.py  PreprocessGuard (inside PreprocessStack): registers the preprocessing
                          instance and grants its stop exactly that instance and volume
-    names.py             what the controller, its triggers and the other stacks agree on
     answered.py          a custom resource that TeardownStack's functions answer
     controller/          the run controller's Lambda asset: the tick (tick.py: observe.py,
                          decide.py, judge.py, replace.py, act.py), the steps (steps*.py) and

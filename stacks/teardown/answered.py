@@ -7,8 +7,8 @@ from typing import Any
 from aws_cdk import CustomResource, Duration
 from constructs import Construct
 
+from contract.names import REPLACEMENTS_TYPE
 from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import REPLACEMENTS_TYPE
 
 # A function that cannot answer fails the deploy in minutes, not in CloudFormation's hour.
 ANSWER_TIMEOUT = Duration.minutes(5)

@@ -5,13 +5,14 @@ from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
-from stacks.node_code import PROJECT
-from stacks.teardown.names import (
+from contract import runs
+from contract.names import (
     CAP_SCHEDULE_PREFIX,
     FLEET_TAG,
     NODE_TAG,
     NOTIFY_TOPIC_PREFIX,
-    TRAIN_STACK_NAME,
+    PROJECT,
+    TRAIN_STACK,
 )
 
 
@@ -21,7 +22,7 @@ class ControllerArns:
     def __init__(self, stack: Stack, bucket: s3.IBucket, state_machine_name: str) -> None:
         arn = stack.format_arn
         self.train_stack = arn(
-            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
+            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK}/*"
         )
         self.instances = arn(service="ec2", resource="instance", resource_name="*")
         self.launch_templates = arn(service="ec2", resource="launch-template", resource_name="*")
@@ -36,7 +37,7 @@ class ControllerArns:
             for kind in ("volume", "network-interface")
         ]
         self.train_roles = arn(
-            service="iam", region="", resource="role", resource_name=f"{TRAIN_STACK_NAME}-*"
+            service="iam", region="", resource="role", resource_name=f"{TRAIN_STACK}-*"
         )
         self.alarms = arn(
             service="cloudwatch",
@@ -66,11 +67,11 @@ class ControllerArns:
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
         self.bucket = bucket.bucket_arn
-        self.done = bucket.arn_for_objects("runs/*/DONE.json")
-        self.attempts = bucket.arn_for_objects("runs/*/attempts.json")
-        self.status = bucket.arn_for_objects("runs/*/status.json")
-        self.controller = bucket.arn_for_objects("runs/*/controller.json")
-        self.launches = bucket.arn_for_objects("runs/*/launches/*")
+        self.done = bucket.arn_for_objects(runs.key("*", runs.DONE))
+        self.attempts = bucket.arn_for_objects(runs.key("*", runs.ATTEMPTS))
+        self.status = bucket.arn_for_objects(runs.key("*", runs.STATUS))
+        self.controller = bucket.arn_for_objects(runs.key("*", runs.CONTROLLER))
+        self.launches = bucket.arn_for_objects(runs.key("*", f"{runs.LAUNCHES}*"))
 
     def wildcards(self) -> list[str]:
         return [
@@ -97,7 +98,7 @@ class ControllerArns:
 # else can set (aws: tags are reserved).
 TRAIN_STACK_TAGGED = {
     "StringEquals": {
-        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK_NAME,
+        "aws:ResourceTag/aws:cloudformation:stack-name": TRAIN_STACK,
         "aws:ResourceTag/Project": PROJECT,
     }
 }

@@ -14,6 +14,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from contract import runs
+from contract.names import TRAIN_STACK
 from stacks.nag import acknowledge_wildcard_resources, allow_implied_role_dependency, nag_text
 from stacks.teardown.functions import (
     ANSWERS_CODE,
@@ -21,7 +23,6 @@ from stacks.teardown.functions import (
     function_role,
     python_function,
 )
-from stacks.teardown.names import TRAIN_STACK_NAME
 
 
 class DeployAnswers(Construct):
@@ -48,7 +49,7 @@ class DeployAnswers(Construct):
             description="Answers horovod-fleet's deploy-time custom resources (read only)",
         )
         train_stack = Stack.of(self).format_arn(
-            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
+            service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK}/*"
         )
         policy = iam.Policy(
             self,
@@ -61,7 +62,7 @@ class DeployAnswers(Construct):
                     actions=["s3:GetObject"],
                     resources=[
                         bucket.arn_for_objects(manifest_key),
-                        bucket.arn_for_objects("runs/*/attempts.json"),
+                        bucket.arn_for_objects(runs.key("*", runs.ATTEMPTS)),
                     ],
                 ),
                 # So that S3 answers a missing key 404, not 403 (GetObject's permissions).
@@ -86,7 +87,7 @@ class DeployAnswers(Construct):
         )
         acknowledge_wildcard_resources(
             policy,
-            ["*", train_stack, bucket.arn_for_objects("runs/*/attempts.json")],
+            ["*", train_stack, bucket.arn_for_objects(runs.key("*", runs.ATTEMPTS))],
             "The read-only EC2 Describe calls of the zone answer and the code guard, which "
             "support no resource-level permissions, DescribeStacks on TrainStack, whose "
             "stack-id suffix is only known once it is deployed, and each run's attempts.json, "

@@ -1,5 +1,6 @@
 """The Lambda functions of TeardownStack, all made alike: Python, their own role and log group,
-code from a directory asset whose modules import each other by file name."""
+code from a directory asset whose modules import each other by file name, with contract/ beside
+them (stacks/staging.py)."""
 
 from pathlib import Path
 
@@ -10,10 +11,19 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from stacks.nag import checkov_reason
+from stacks.staging import CONTRACT, staged
 
 HERE = Path(__file__).parent
 CONTROLLER_CODE = HERE / "controller"  # the run controller's tick, its steps, the cleanup
 ANSWERS_CODE = HERE / "answers"  # the deploy-time answers
+
+
+def lambda_code(scope: Construct, code: Path) -> aws_lambda.Code:
+    """`code`'s modules with contract/ beside them, as one asset."""
+    return aws_lambda.Code.from_asset(
+        str(staged(scope, f"lambda-{code.name}", {".": code, "contract": CONTRACT})),
+        exclude=["__pycache__", "*.pyc"],
+    )
 
 
 def function_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
@@ -57,7 +67,7 @@ def python_function(
         construct_id,
         runtime=aws_lambda.Runtime.PYTHON_3_14,
         handler=handler,
-        code=aws_lambda.Code.from_asset(str(code), exclude=["__pycache__", "*.pyc"]),
+        code=lambda_code(scope, code),
         role=role,
         log_group=log_group,
         timeout=Duration.minutes(timeout_minutes),

@@ -7,10 +7,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from contract.names import PREPROCESS_PARAMETER, PROJECT, PROJECT_TAG
 from stacks.nag import acknowledge_wildcard_resources
-from stacks.node_code import PROJECT
 from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import PREPROCESS_PARAMETER
 
 
 class PreprocessGuard(Construct):
@@ -28,7 +27,7 @@ class PreprocessGuard(Construct):
         snapshot_volume: bool,
     ) -> None:
         super().__init__(scope, construct_id)
-        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(PROJECT_TAG, PROJECT)
         stack = Stack.of(self)
         ssm.StringParameter(
             self,

@@ -21,6 +21,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
+from contract import runs
+from contract.names import IDLE_ALARM_PREFIX, IDLE_MINUTES, REPLACEMENTS_PER_NODE
 from stacks.nag import acknowledge_wildcard_resources, allow_implied_role_dependency
 from stacks.teardown import controller_policy
 from stacks.teardown.deploy_answers import acknowledge_provider_framework
@@ -30,7 +32,6 @@ from stacks.teardown.functions import (
     function_role,
     python_function,
 )
-from stacks.teardown.names import IDLE_ALARM_PREFIX, IDLE_MINUTES, REPLACEMENTS_PER_NODE
 from stacks.teardown.workflow import STEPS, RunWorkflow
 
 STATE_MACHINE_NAME = "horovod-fleet-run-controller"
@@ -179,7 +180,7 @@ class RunController(Construct):
                     detail_type=["Object Created"],
                     detail={
                         "bucket": {"name": [bucket.bucket_name]},
-                        "object": {"key": events.Match.wildcard("runs/*/DONE.json")},
+                        "object": {"key": events.Match.wildcard(runs.key("*", runs.DONE))},
                     },
                 ),
             ),

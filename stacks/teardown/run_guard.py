@@ -4,30 +4,33 @@ import json
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import CfnOutput, Stack, Tags, aws_lambda
+from aws_cdk import CfnOutput, Duration, Stack, Tags, aws_lambda
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
-from stacks.node_code import PROJECT
-from stacks.teardown.answered import answered
-from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import (
+from contract.names import (
     CAP_SCHEDULE_PREFIX,
     DEADLINE_OUTPUT_KEY,
     DEADLINE_TYPE,
     IDLE_ALARM_PREFIX,
     IDLE_EVALUATION_PERIODS,
     IDLE_MINUTES,
-    IDLE_PERIOD,
+    IDLE_PERIOD_MINUTES,
     MAX_RESTARTS_OUTPUT_KEY,
     METRIC_NAMESPACE,
+    PROJECT,
+    PROJECT_TAG,
     RUN_OUTPUT_KEY,
+    RUN_TAG,
 )
+from stacks.teardown.answered import answered
+from stacks.teardown.guards import FleetGuards
 
 GPU_METRIC = "nvidia_smi_utilization_gpu"
+IDLE_PERIOD = Duration.minutes(IDLE_PERIOD_MINUTES)
 IDLE_THRESHOLD_PERCENT = 5
 # Scheduler retries a failed invocation for up to a day (its limits: 185 attempts, 86400 s).
 SCHEDULE_RETRIES = 185
@@ -59,8 +62,8 @@ class RunGuard(Construct):
             raise ValueError(f"max_hours must be positive, got {max_hours!r}")
         tick = guards.tick
         self.max_hours = max_hours  # the cap the synthesis cost line multiplies by
-        Tags.of(self).add("Project", PROJECT)
-        Tags.of(self).add(f"{PROJECT}:run", run_name)
+        Tags.of(self).add(PROJECT_TAG, PROJECT)
+        Tags.of(self).add(RUN_TAG, run_name)
 
         # CloudFormation has no "now": a deploy-time answer gives the deadline,
         # so the cap counts from this deployment and synthesis stays deterministic.

@@ -24,12 +24,11 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from contract.names import PREPROCESS_PARAMETER, PROJECT, PROJECT_TAG
 from stacks.nag import acknowledge_wildcard_resources, checkov_reason
-from stacks.node_code import PROJECT
 from stacks.teardown.deploy_answers import DeployAnswers
 from stacks.teardown.functions import CONTROLLER_CODE, function_role, python_function
 from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import PREPROCESS_PARAMETER
 from stacks.teardown.run_controller import RunController
 
 # EventBridge's limits for a rule target: 185 retries, a day of event age. The manifest's event
@@ -54,7 +53,7 @@ class TeardownStack(Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        Tags.of(self).add("Project", PROJECT)
+        Tags.of(self).add(PROJECT_TAG, PROJECT)
         # What fails after all retries (an asynchronous invocation of the preprocessing stop, the
         # hard cap's schedule that could not invoke the tick) lands here, and its alarm e-mails
         # budgetEmail: a lost trigger is never silent.

@@ -18,9 +18,9 @@ from aws_cdk import CustomResource, Fn
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from contract.names import CODE_GUARD_TYPE
 from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import CODE_GUARD_TYPE
 from stacks.train.fleet import GpuFleet
 
 

@@ -8,8 +8,8 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from contract.names import METRIC_NAMESPACE
 from stacks.instance_types import GpuType, fleet_estimate
-from stacks.teardown.names import METRIC_NAMESPACE
 
 PERIOD = Duration.minutes(1)
 WIDTH = 12  # two widgets a row (the grid is 24 wide)

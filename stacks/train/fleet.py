@@ -15,6 +15,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from contract import runs
+from contract.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG, PROJECT, PROJECT_TAG, RUN_TAG
 from stacks import root_volume, startup_estimate
 from stacks.config import CapacityReservation
 from stacks.image.recipe import read_pins
@@ -25,8 +27,7 @@ from stacks.nag import (
     acknowledge_ssm_policy,
     acknowledge_wildcard_resources,
 )
-from stacks.node_code import PROJECT, NodeCode, common_document, log_statements
-from stacks.teardown.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG
+from stacks.node_code import NodeCode, common_document, log_statements
 
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
@@ -72,7 +73,7 @@ class GpuFleet(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.market = market
-        runs_prefix = f"runs/{run}/"
+        runs_prefix = runs.prefix(run)
         self.code = code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
             self,
@@ -384,8 +385,8 @@ class GpuFleet(Construct):
         running fleet (docs/contracts.md)."""
         stack = Stack.of(self)
         tags = [
-            CfnTag(key="Project", value=PROJECT),
-            CfnTag(key=f"{PROJECT}:run", value=run),
+            CfnTag(key=PROJECT_TAG, value=PROJECT),
+            CfnTag(key=RUN_TAG, value=run),
             CfnTag(key=FLEET_TAG, value=stack.stack_id),
         ]
         return ec2.CfnLaunchTemplate(

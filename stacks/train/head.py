@@ -14,11 +14,11 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from contract.names import FLEET_TAG, HEAD_NODE, NODE_TAG
 from stacks.image.recipe import ROOT_GIB as IMAGE_ROOT_GIB
 from stacks.instance_types import HEAD_TYPE
 from stacks.nag import acknowledge_no_termination_protection
 from stacks.node_code import NodeCode, common_document
-from stacks.teardown.names import FLEET_TAG, HEAD_NODE, NODE_TAG
 
 # The training image's root (its snapshot sets the least a volume from it may have) plus the
 # head's own files: the run's newest checkpoints (~205 MB each for ResNet-50), the mirror of

@@ -7,24 +7,29 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from stacks.config import FleetConfig
-from stacks.instance_types import HEAD_TYPE
-from stacks.network import SingleZoneNetwork, move_slots
-from stacks.node_code import PROJECT
-from stacks.teardown.answered import answered
-from stacks.teardown.guards import FleetGuards
-from stacks.teardown.names import (
+from contract.names import (
     DATASET_TYPE,
+    HEARTBEAT_TAG,
     MIN_NODES_OUTPUT_KEY,
     NODES_OUTPUT_KEY,
+    NODES_TAG,
     NOTIFY_OUTPUT_KEY,
     NOTIFY_TOPIC_PREFIX,
+    PROJECT,
+    PROJECT_TAG,
     REPLACEMENT_OUTPUT_KEY,
     REPLACEMENTS_PER_NODE,
     REPLACEMENTS_TYPE,
+    RUN_TAG,
+    STARTUP_GRACE_TAG,
     ZONE_TYPE,
     ZONES_OUTPUT_KEY,
 )
+from stacks.config import FleetConfig
+from stacks.instance_types import HEAD_TYPE
+from stacks.network import SingleZoneNetwork, move_slots
+from stacks.teardown.answered import answered
+from stacks.teardown.guards import FleetGuards
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
@@ -66,8 +71,8 @@ class TrainStack(Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        Tags.of(self).add("Project", PROJECT)
-        Tags.of(self).add(f"{PROJECT}:run", config.run)
+        Tags.of(self).add(PROJECT_TAG, PROJECT)
+        Tags.of(self).add(RUN_TAG, config.run)
         self._controller_tags(config)
         # Construct ids and their order are the template's logical ids: the parts below keep
         # the ids and scope the one constructor had, so a split changes no resource.
@@ -166,13 +171,13 @@ class TrainStack(Stack):
         (https://github.com/aws-cloudformation/cloudformation-coverage-roadmap/issues/538).
         maxRestarts and maxHours, which a deploy may change over a live fleet, stay outputs and
         the cap's schedule."""
-        for key, value in {
-            "run": config.run,
-            "nodes": config.nodes,
-            "heartbeatTimeoutS": HEARTBEAT_TIMEOUT_S,
-            "startupGraceS": STARTUP_GRACE_S,
+        for tag, value in {
+            RUN_TAG: config.run,
+            NODES_TAG: config.nodes,
+            HEARTBEAT_TAG: HEARTBEAT_TIMEOUT_S,
+            STARTUP_GRACE_TAG: STARTUP_GRACE_S,
         }.items():
-            self.tags.set_tag(f"{PROJECT}:{key}", str(value))
+            self.tags.set_tag(tag, str(value))
 
     def _zone(self, config: FleetConfig, guards: FleetGuards, fixed: bool, slots: int):
         """The fleet's zone, answered at deploy. Not every zone offers every GPU type, and zone

@@ -1,16 +1,18 @@
-"""Causes as codes (bootstrap/causes.py, docs/contracts.md "Causes"): what each failure of a
+"""Causes as codes (contract/causes.py, docs/contracts.md "Causes"): what each failure of a
 node's step is, and what a failed training's output says, by codes the run controller reads."""
 
 import errno
 
 import pytest
 
-from bootstrap import aws, causes
+from bootstrap import aws
 from bootstrap.fleet import rendezvous
 from bootstrap.head import checkpoints
 from bootstrap.head.failures import classify
 from bootstrap.node import data_pull, health
 from bootstrap.node_config import ConfigError
+from bootstrap.steps import cause_of
+from contract import causes
 
 MARK = "horovod-fleet rank exit:"
 HOSTS = "10.0.0.5 slots=1\n10.0.0.6 slots=1\n"
@@ -35,7 +37,7 @@ HOSTS = "10.0.0.5 slots=1\n10.0.0.6 slots=1\n"
     ],
 )
 def test_a_failure_s_cause_comes_from_its_error_else_its_step(step, error, cause):
-    assert causes.of(step, error) == cause
+    assert cause_of(step, error) == cause
     assert cause in causes.CAUSES
 
 

@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("stacks", "bootstrap", "trainer", "rehearsal", "watch")
+PACKAGES = ("contract", "stacks", "bootstrap", "trainer", "rehearsal", "watch")
 SCRIPTS = ("app.py",)
 
 

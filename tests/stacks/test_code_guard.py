@@ -9,7 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from stacks.teardown import names
+from contract import names
 
 OLD = {
     "Run": "r1",
@@ -175,10 +175,6 @@ def test_the_rollback_of_a_refused_update_passes(train_stack, monkeypatch):
     monkeypatch.setattr(cloudformation, "describe_stacks", lambda **_: rolling)
     back = guard_request(train_stack, "Update", OLD, {**OLD, "UserData": "bmV3"})
     assert refused(back) is None
-
-
-def test_the_guard_and_the_stacks_agree_on_names():
-    assert (answers.CODE_GUARD_TYPE, answers.FLEET_TAG) == (names.CODE_GUARD_TYPE, names.FLEET_TAG)
 
 
 def guard_of(template) -> tuple[str, dict]:

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 from test_teardown import as_list, render
 
-from stacks.teardown import names
+from contract import names
 
 REGION = "us-east-1"
 BUCKET = "horovod-fleet-dataset"
@@ -53,14 +53,6 @@ def refused(event: dict) -> str:
     with pytest.raises(answers.Refused) as raised:
         answers.on_event(event)
     return str(raised.value)
-
-
-def test_the_answers_and_the_stacks_name_the_custom_resources_alike():
-    assert (answers.PINNED_TYPE, answers.DATASET_TYPE, answers.ZONE_TYPE) == (
-        names.PINNED_TYPE,
-        names.DATASET_TYPE,
-        names.ZONE_TYPE,
-    )
 
 
 # --- hard-cap deadline -----------------------------------------------------------------------

@@ -4,9 +4,9 @@ elastic horovodrun, outside every GPU node's fate."""
 import pytest
 from conftest import fleet_launch_template, fleet_nodes, head_instance, node_document, statements
 
+from contract.names import MIN_NODES_OUTPUT_KEY, REPLACEMENTS_PER_NODE
 from stacks.config import ConfigError, FleetConfig
 from stacks.instance_types import HEAD_TYPE
-from stacks.teardown.names import MIN_NODES_OUTPUT_KEY, REPLACEMENTS_PER_NODE
 from stacks.train.fleet import SIGNAL_TIMEOUT
 from stacks.train.head import HEAD_ROOT_GIB
 from stacks.train.stack import ELASTIC_TIMEOUT_S

@@ -1,18 +1,14 @@
 """The run controller as TeardownStack synthesizes it: a Standard state machine whose every task
 has a timeout, retries Lambda's own throttling for minutes and ends, on failure, in StopBilling;
-roles that create nothing at run time; names the functions and the stacks agree on."""
+roles that create nothing at run time."""
 
 import json
 
-import answers
 import cleanup
-import ec2_fleet
 import pytest
-import train_stack
-import zones
 from test_teardown import as_list
 
-from stacks.teardown import names
+from contract import names
 from stacks.teardown.run_controller import STATE_MACHINE_NAME, STEP_TIMEOUT_MINUTES
 from stacks.teardown.workflow import STOP_BILLING_RETRY_S, retry_span
 
@@ -143,36 +139,8 @@ def test_no_role_creates_a_subnet_a_placement_group_or_a_template_version(synth,
                     assert not set(as_list(statement["Action"])) & set(RUN_TIME_CREATIONS)
 
 
-def test_the_functions_and_the_stacks_agree_on_names():
-    assert (
-        train_stack.TRAIN_STACK,
-        train_stack.RUN_OUTPUT_KEY,
-        train_stack.NOTIFY_OUTPUT_KEY,
-        train_stack.MAX_RESTARTS_OUTPUT_KEY,
-        train_stack.DEADLINE_OUTPUT_KEY,
-        train_stack.REPLACEMENT_OUTPUT_KEY,
-        train_stack.NODES_OUTPUT_KEY,
-        train_stack.MIN_NODES_OUTPUT_KEY,
-        zones.ZONES_OUTPUT_KEY,
-        ec2_fleet.FLEET_TAG,
-        ec2_fleet.NODE_TAG,
-        ec2_fleet.HEAD_NODE,
-        answers.DEADLINE_TYPE,
-    ) == (
-        names.TRAIN_STACK_NAME,
-        names.RUN_OUTPUT_KEY,
-        names.NOTIFY_OUTPUT_KEY,
-        names.MAX_RESTARTS_OUTPUT_KEY,
-        names.DEADLINE_OUTPUT_KEY,
-        names.REPLACEMENT_OUTPUT_KEY,
-        names.NODES_OUTPUT_KEY,
-        names.MIN_NODES_OUTPUT_KEY,
-        names.ZONES_OUTPUT_KEY,
-        names.FLEET_TAG,
-        names.NODE_TAG,
-        names.HEAD_NODE,
-        names.DEADLINE_TYPE,
-    )
+def test_the_cleanup_ends_the_replacements_only_while_the_stack_itself_is_deleted():
+    """A Delete in an update's cleanup, or of a rolled-back update's resource, ends nothing."""
     assert cleanup.STACK_DELETED == ("DELETE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS")
 
 

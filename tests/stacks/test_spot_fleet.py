@@ -11,14 +11,9 @@ from conftest import (
     user_data,
 )
 
+from contract.names import FLEET_TAG, NODE_TAG, REPLACEMENT_OUTPUT_KEY, REPLACEMENTS_TYPE
 from stacks.config import ConfigError, FleetConfig
 from stacks.instance_types import GPU_TYPES, quota_note, spot_estimate
-from stacks.teardown.names import (
-    FLEET_TAG,
-    NODE_TAG,
-    REPLACEMENT_OUTPUT_KEY,
-    REPLACEMENTS_TYPE,
-)
 
 SPOT = {"market": "spot"}
 

@@ -17,15 +17,10 @@ from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
-from stacks.teardown.names import (
-    IDLE_EVALUATION_PERIODS,
-    IDLE_MINUTES,
-    IDLE_PERIOD,
-    REPLACEMENTS_PER_NODE,
-)
+from contract.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, REPLACEMENTS_PER_NODE
 from stacks.teardown.preprocess_guard import PreprocessGuard
 from stacks.teardown.run_controller import TICK_EVENT_RETRIES, TICK_RATE
-from stacks.teardown.run_guard import RunGuard
+from stacks.teardown.run_guard import IDLE_PERIOD, RunGuard
 from stacks.teardown.stack import TeardownStack
 from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S, STARTUP_GRACE_S
 
@@ -751,9 +746,9 @@ def test_teardown_stack_depends_on_nothing_it_guards(app_stacks):
 
 
 @pytest.mark.parametrize("module", LAMBDA_MODULES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_function_code_imports_only_boto3_the_standard_library_and_its_siblings(module):
-    """What the Lambda runtime has, and the asset's own files (imported top-level, as Lambda
-    loads them)."""
+def test_function_code_imports_only_boto3_the_standard_library_its_siblings_and_contract(module):
+    """What the Lambda runtime has, the asset's own files (imported top-level, as Lambda loads
+    them) and contract/, which the asset carries beside them."""
     tree = ast.parse(module.read_text())
     modules = {
         alias.name
@@ -764,7 +759,7 @@ def test_function_code_imports_only_boto3_the_standard_library_and_its_siblings(
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     roots = {module.split(".")[0] for module in modules}
     siblings = {path.stem for path in module.parent.glob("*.py")}
-    assert roots - set(sys.stdlib_module_names) - siblings <= {"boto3", "botocore"}
+    assert roots - set(sys.stdlib_module_names) - siblings <= {"boto3", "botocore", "contract"}
 
 
 def test_every_python_function_runs_a_handler_its_asset_has(templates):

@@ -10,8 +10,8 @@ from conftest import replacement_template, statements
 from moto import mock_aws
 from test_teardown import render
 
+from contract.names import FLEET_TAG, ZONES_OUTPUT_KEY
 from stacks.network import MOVE_CIDRS, VPC_CIDR, move_slots
-from stacks.teardown.names import FLEET_TAG, ZONES_OUTPUT_KEY
 
 # TrainStack's output for the old controller's run-time zone move, and the tag of what it made.
 ZONE_MOVE_OUTPUT_KEY = "HorovodFleetZoneMove"

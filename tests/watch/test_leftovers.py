@@ -11,6 +11,7 @@ import botocore.session
 import pytest
 from moto import mock_aws
 
+from contract import names
 from stacks.instance_types import SC1_USD_PER_GIB_MONTH
 from stacks.preprocess.preprocessor import DATA_VOLUME_LOGICAL_ID
 from watch import cli, leftovers
@@ -89,7 +90,7 @@ def a_finished_run(client) -> dict:
     stop_snapshot = ec2.create_snapshot(
         VolumeId=data,
         TagSpecifications=[
-            {"ResourceType": "snapshot", "Tags": [{"Key": leftovers.MANIFEST_TAG, "Value": "e"}]}
+            {"ResourceType": "snapshot", "Tags": [{"Key": names.MANIFEST_TAG, "Value": "e"}]}
         ],
     )["SnapshotId"]
 
@@ -102,7 +103,7 @@ def a_finished_run(client) -> dict:
     # moto gives a registered image a snapshot of its own making (15 GiB): the one it names.
     mapping = ec2.describe_images(ImageIds=[image])["Images"][0]["BlockDeviceMappings"][0]
     image_snapshot = mapping["Ebs"]["SnapshotId"]
-    client("ssm").put_parameter(Name=leftovers.IMAGE_PARAMETER, Value=image, Type="String")
+    client("ssm").put_parameter(Name=names.IMAGE_PARAMETER, Value=image, Type="String")
 
     client("logs").create_log_group(logGroupName="TrainStack-FleetLogs0A1B2C3D-xyz")
     client("logs").create_log_group(logGroupName="someone-elses-group")

@@ -15,7 +15,7 @@ refusal is what rolls a deploy back), and the same request
 gets the same answer, as CloudFormation may ask again: an Update that fails is followed by an
 Update back to the old properties, and a new physical id by a Delete of the old one
 (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/crpg-ref-responses.html).
-Only boto3 and the standard library: this file is the Lambda asset.
+Only boto3, the standard library and contract/: this file and contract/ are the Lambda asset.
 """
 
 import datetime
@@ -27,11 +27,16 @@ from collections.abc import Callable, Mapping
 import boto3
 from botocore.exceptions import ClientError
 
-DEADLINE_TYPE = "Custom::HorovodFleetDeadline"
-PINNED_TYPE = "Custom::HorovodFleetPinned"
-DATASET_TYPE = "Custom::HorovodFleetDataset"
-ZONE_TYPE = "Custom::HorovodFleetZone"
-CODE_GUARD_TYPE = "Custom::HorovodFleetCodeGuard"
+from contract import runs
+from contract.names import (
+    CODE_GUARD_TYPE,
+    DATASET_TYPE,
+    DEADLINE_TYPE,
+    FLEET_TAG,
+    PINNED_TYPE,
+    ZONE_TYPE,
+)
+
 # How S3 answers a read of a missing key: 404, or 403 to a role whose read is key-conditioned
 # (https://docs.aws.amazon.com/AmazonS3/latest/API/API_HeadObject.html).
 ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
@@ -279,7 +284,6 @@ NODE_PROPERTIES = ("ImageId", "InstanceType", "UserData", "LaunchTemplateVersion
 # A node in these states runs, or will run again, the code it booted with: user data runs only
 # at an instance's first boot (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html).
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
-FLEET_TAG = "horovod-fleet:stack"  # stacks/teardown/names.py: every node of a TrainStack has it
 
 
 def answer_code_guard(event: Mapping) -> dict:
@@ -321,7 +325,7 @@ def relaunch_under_way(bucket: str, run: str, stack_id: str) -> dict | None:
     run is live, whatever its instances do. A read S3 refuses fails the deploy in one line."""
     if not bucket:  # a guard from before the property: instances alone decide
         return None
-    key = f"runs/{run}/attempts.json"
+    key = runs.key(run, runs.ATTEMPTS)
     try:
         body = client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as error:

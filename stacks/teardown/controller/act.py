@@ -3,7 +3,7 @@ dies midway, or two ticks at once, leave the run as one tick would: executions b
 by conditional write, terminations and stops of what is already ended changing nothing. A
 failing action raises: the tick fails loudly (its error alarm), and the next tick decides again
 from the world.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
@@ -13,8 +13,10 @@ import executions
 import judge
 import records
 from botocore.exceptions import ClientError
-from clients import client, error_code, error_message, log, setting, stamp, throttled
+from clients import client, error_code, error_message, log, setting, throttled
 from notify import notify
+
+from contract.runs import stamp
 
 
 def act(actions: list[dict], snapshot: dict, now: datetime.datetime) -> None:

@@ -15,7 +15,7 @@ any of the fleet, and a failed Delete would hold up the whole stack's delete whi
 bills. What it could not end, the followed delete ends (steps_teardown.follow_delete), the tick
 ends as an orphan once the stack is gone, and the docs give the one command that finishes it by
 hand.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import time

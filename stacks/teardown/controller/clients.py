@@ -5,7 +5,7 @@ Step Functions names a Lambda error after the exception's class (`errorType`), a
 machine (stacks/teardown/workflow.py) retries by those names: so a throttled call is raised as
 `AwsThrottled`, a stop EC2 refuses for a node still pending as `NodePending`, whatever the call.
 https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
-Only boto3 and the standard library: this directory is the functions' Lambda asset.
+Only boto3, the standard library and contract/: this directory is the functions' Lambda asset.
 """
 
 import datetime
@@ -48,16 +48,6 @@ def client(name: str):
 
 def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
-
-
-def stamp(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_stamp(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.timezone.utc
-    )
 
 
 def setting(name: str) -> str:

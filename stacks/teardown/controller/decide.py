@@ -20,7 +20,7 @@ The phase is derived from the world, never from the last event:
 
 A run is live until its final record (an attempts.json entry that is not `relaunch`), whatever
 its instances are doing.
-Only the standard library: part of the run controller's Lambda asset.
+Only the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
@@ -30,9 +30,11 @@ import recovery
 import replace
 import train_stack
 import zones
-from clients import parse_stamp, stamp
 from ec2_fleet import LIVE_STATES, UP_STATES
 from executions import attempt_kind, name
+
+from contract import causes
+from contract.runs import parse_stamp, stamp
 
 # Stack statuses in which CloudFormation owns every change: nothing of the run is judged.
 ROLLING_BACK = ("ROLLBACK_IN_PROGRESS",)
@@ -170,7 +172,7 @@ class Decision:
                 f"{self.stack['heartbeat_timeout_s']} s while every instance runs (a network "
                 "event, a wedged image?), and no node wrote DONE.json"
             )
-            self.write_done(attempt, "failed", "node_lost", reason)
+            self.write_done(attempt, "failed", causes.NODE_LOST, reason)
             return self.phase("ending", f"the whole fleet went silent: {reason}")
         fresh = any(b >= started for b in beats.values())
         return self.phase("training" if fresh else "booting", f"attempt {attempt} under way")
@@ -237,7 +239,9 @@ class Decision:
         if self.now - parse_stamp(notice["at"]) < judge.NOTICE:
             return self.phase("training", f"EC2 ended {', '.join(gone)}: awaiting DONE.json")
         spot = any(n["spot"] for n in fleet) if spot is None else spot
-        status, cause = ("interrupted", "interrupted") if spot else ("failed", "node_lost")
+        status, cause = (
+            ("interrupted", causes.INTERRUPTED) if spot else ("failed", causes.NODE_LOST)
+        )
         reason = f"EC2 ended {', '.join(gone)} of the fleet and no node wrote DONE.json"
         self.write_done(attempt, status, cause, reason)
         return self.phase("ending", reason)

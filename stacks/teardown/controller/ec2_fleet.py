@@ -2,10 +2,10 @@
 or terminate them, start them, launch the missing ones.
 
 Every instance of a fleet, CloudFormation's and the ones the controller launched, carries the
-tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its node: an index, or a
-name such as `head`; a launched one gets it from the controller right after its launch); the
+tags FLEET_TAG (TrainStack's id) and NODE_TAG (its node: an index, or HEAD_NODE; a launched one
+gets it from the controller right after its launch; contract/names.py); the
 controller's role may stop, start, terminate, launch and tag only instances so tagged.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import hashlib
@@ -13,9 +13,8 @@ import hashlib
 from botocore.exceptions import ClientError
 from clients import NodePending, client, log
 
-FLEET_TAG = "horovod-fleet:stack"
-NODE_TAG = "horovod-fleet:node"
-HEAD_NODE = "head"  # an elastic fleet's head's node tag (stacks/teardown/names.py)
+from contract.names import FLEET_TAG, NODE_TAG
+
 # The instance states a node can come back from; "shutting-down" is on its way to terminated.
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 UP_STATES = ("pending", "running")

@@ -16,7 +16,7 @@ each followed by `-r<k>` when the tick resumes it for the k-th time (an executio
 timed out or was stopped). <stack> is 8 hex digits of TrainStack's id, so a run name deployed
 again in a new stack gets new names. Names are at most 80 characters of letters, digits, - and
 _; a run name is at most 40 (stacks/config.py).
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import hashlib

@@ -7,13 +7,15 @@ it is every 60 s and repairs it (`LOOP_TIME = 60`), and terminates an instance n
 after 300 s (`"orphaned_instance_timeout": 300`): aws/aws-parallelcluster-node
 src/slurm_plugin/clustermgtd.py at 2e8f9a8,
 https://github.com/aws/aws-parallelcluster-node/blob/2e8f9a8e325d447cbfc36bb3ebd118cbd6439d6d/src/slurm_plugin/clustermgtd.py
-Only the standard library: part of the run controller's Lambda asset.
+Only the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
 
-from ec2_fleet import HEAD_NODE, LIVE_STATES, UP_STATES, missing
+from ec2_fleet import LIVE_STATES, UP_STATES, missing
 from executions import DONE, LIVE, RESUMES
+
+from contract.names import HEAD_NODE
 
 # An instance of a fleet that no record knows, and no live stack owns, is terminated once it is
 # this old (clustermgtd's orphaned_instance_timeout).

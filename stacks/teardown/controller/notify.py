@@ -1,5 +1,5 @@
 """The run's mail (-c notifyEmail) when the run controller ends, relaunches or moves its fleet.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 from botocore.exceptions import ClientError

@@ -12,10 +12,10 @@
 - the idle alarm's state, read, not waited for; when it is in ALARM, the newest checkpoint's
   time and when the stack last finished deploying;
 - the hard cap's time: TrainStack's output, or while it is created (no outputs yet) its
-  one-time schedule's `at()` (the cap's schedule is named after the run, names.py).
+  one-time schedule's `at()` (the cap's schedule is named after the run: CAP_SCHEDULE_PREFIX).
 
 With no TrainStack it reads only the stack and the instances (orphans).
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
@@ -26,7 +26,8 @@ import records
 import train_stack
 from clients import client, setting
 
-CAP_SCHEDULE_PREFIX = "horovod-fleet-cap-"  # stacks/teardown/names.py
+from contract import runs
+from contract.names import CAP_SCHEDULE_PREFIX, HEAD_NODE
 
 
 def observe(now: datetime.datetime) -> dict:
@@ -47,8 +48,8 @@ def observe(now: datetime.datetime) -> dict:
     run, s3, bucket = stack["run"], client("s3"), setting("BUCKET")
     if stack["deadline"] is None:
         stack["deadline"] = cap_schedule(run)
-    history = records.read_json(s3, bucket, records.key(run, "attempts.json")) or {}
-    done, done_etag = records.read(s3, bucket, records.key(run, "DONE.json"))
+    history = records.read_json(s3, bucket, runs.key(run, runs.ATTEMPTS)) or {}
+    done, done_etag = records.read(s3, bucket, runs.key(run, runs.DONE))
     unclaimed = [
         i
         for i in snapshot["instances"]
@@ -59,19 +60,16 @@ def observe(now: datetime.datetime) -> dict:
         "controller_failures": history.get("controller_failures") or [],
         "done": done,
         "done_etag": done_etag,
-        "controller": records.read_json(s3, bucket, records.key(run, "controller.json")) or {},
-        "status": records.read_json(s3, bucket, records.key(run, "status.json")),
+        "controller": records.read_json(s3, bucket, runs.key(run, runs.CONTROLLER)) or {},
+        "status": records.read_json(s3, bucket, runs.key(run, runs.STATUS)),
         "heartbeats": records.heartbeats(s3, bucket, run),
         # Only asked for when an instance of the stack has no node tag yet.
         "assigned": records.assigned(s3, bucket, run) if unclaimed else set(),
     }
-    if any(
-        i["stack"] == stack["id"] and i["node"] == ec2_fleet.HEAD_NODE
-        for i in snapshot["instances"]
-    ):
+    if any(i["stack"] == stack["id"] and i["node"] == HEAD_NODE for i in snapshot["instances"]):
         # An elastic fleet: what replace_lost judges a node by (decide.py).
         snapshot["records"]["head_beat"] = records.last_modified(
-            s3, bucket, records.key(run, "head.json")
+            s3, bucket, runs.key(run, runs.HEAD)
         )
         snapshot["records"]["assignments"] = records.assignments(s3, bucket, run)
     snapshot["executions"] = executions.of_run(run, stack["id"])

@@ -3,13 +3,15 @@
 registered, then snapshot its data volume if configured. Not the run controller's work: a
 function and role of its own (stacks/teardown/stack.py), with rights on that node and volume
 only (stacks/teardown/preprocess_guard.py).
-Only boto3 and the standard library: part of TeardownStack's Lambda asset.
+Only boto3, the standard library and contract/: part of TeardownStack's Lambda asset.
 """
 
 import json
 
 from botocore.exceptions import ClientError
 from clients import client, log, setting
+
+from contract.names import MANIFEST_TAG, PROJECT, PROJECT_TAG
 
 
 def handler(event: dict, _context=None) -> dict:
@@ -63,7 +65,7 @@ def snapshot_volume(instance_id: str, volume_id: str, manifest_etag: str) -> Non
         OwnerIds=["self"],
         Filters=[
             {"Name": "volume-id", "Values": [volume_id]},
-            {"Name": "tag:horovod-fleet:manifest", "Values": [manifest_etag]},
+            {"Name": f"tag:{MANIFEST_TAG}", "Values": [manifest_etag]},
         ],
     )["Snapshots"]
     kept = [s["SnapshotId"] for s in existing if s["State"] != "error"]
@@ -77,8 +79,8 @@ def snapshot_volume(instance_id: str, volume_id: str, manifest_etag: str) -> Non
             {
                 "ResourceType": "snapshot",
                 "Tags": [
-                    {"Key": "Project", "Value": "horovod-fleet"},
-                    {"Key": "horovod-fleet:manifest", "Value": manifest_etag},
+                    {"Key": PROJECT_TAG, "Value": PROJECT},
+                    {"Key": MANIFEST_TAG, "Value": manifest_etag},
                 ],
             }
         ],

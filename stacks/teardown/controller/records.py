@@ -16,7 +16,7 @@ Records are rewritten only as they were read: If-Match on the ETag read, If-None
 that was not there (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html).
 A write that finds the record changed (412 Precondition Failed, or 409 ConditionalRequestConflict
 for a concurrent one) reads it again and applies its change to what is there now.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import json
@@ -24,7 +24,9 @@ from collections.abc import Callable
 
 from botocore.exceptions import ClientError
 
-FORMAT = "horovod-fleet/attempts/1"
+from contract import runs
+from contract.records import ATTEMPTS_FORMAT
+
 ABSENT_KEY_CODES = ("NoSuchKey", "404")
 CHANGED_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 # A record rewritten by this many writers at once, each one after the other, still converges.
@@ -33,10 +35,6 @@ WRITE_TRIES = 8
 
 class RecordChanged(Exception):
     """A record kept changing under the controller's conditional writes."""
-
-
-def key(run: str, name: str) -> str:
-    return f"runs/{run}/{name}"
 
 
 def code_of(error: ClientError) -> str:
@@ -100,7 +98,7 @@ def update(s3, bucket: str, name: str, change: Callable[[dict | None], dict | No
 
 
 def attempts_document(s3, bucket: str, run: str) -> dict:
-    return read_json(s3, bucket, key(run, "attempts.json")) or {}
+    return read_json(s3, bucket, runs.key(run, runs.ATTEMPTS)) or {}
 
 
 def entries(document: dict) -> list[dict]:
@@ -122,13 +120,13 @@ def append_attempt(s3, bucket: str, run: str, entry: dict, max_restarts: int) ->
             return None
         return {
             **document,
-            "format": FORMAT,
+            "format": ATTEMPTS_FORMAT,
             "run": run,
             "max_restarts": max_restarts,
             "attempts": [*entries(document), entry],
         }
 
-    written = update(s3, bucket, key(run, "attempts.json"), add)
+    written = update(s3, bucket, runs.key(run, runs.ATTEMPTS), add)
     return next(e for e in entries(written) if e.get("attempt") == entry["attempt"])
 
 
@@ -137,14 +135,14 @@ def record_failure(s3, bucket: str, run: str, failure: dict) -> None:
     execution (and per `final` verdict)."""
 
     def add(document: dict | None) -> dict | None:
-        document = document or {"format": FORMAT, "run": run, "attempts": []}
+        document = document or {"format": ATTEMPTS_FORMAT, "run": run, "attempts": []}
         seen = document.get("controller_failures", [])
         same = ("execution", "final")
         if any(all(f.get(k) == failure.get(k) for k in same) for f in seen):
             return None
         return {**document, "controller_failures": [*seen, failure]}
 
-    update(s3, bucket, key(run, "attempts.json"), add)
+    update(s3, bucket, runs.key(run, runs.ATTEMPTS), add)
 
 
 def update_controller(s3, bucket: str, run: str, *, at: str, **fields) -> dict:
@@ -153,7 +151,7 @@ def update_controller(s3, bucket: str, run: str, *, at: str, **fields) -> dict:
     def merge(document: dict | None) -> dict:
         return {**(document or {}), **fields, "updated_at": at}
 
-    return update(s3, bucket, key(run, "controller.json"), merge)
+    return update(s3, bucket, runs.key(run, runs.CONTROLLER), merge)
 
 
 def write_done(
@@ -186,7 +184,7 @@ def write_done(
         ],
         "finished_at": at,
     }
-    return put(s3, bucket, key(run, "DONE.json"), done, None)
+    return put(s3, bucket, runs.key(run, runs.DONE), done, None)
 
 
 def delete_done(s3, bucket: str, run: str, etag: str) -> bool:
@@ -194,7 +192,7 @@ def delete_done(s3, bucket: str, run: str, etag: str) -> bool:
     an ended attempt's, which would end the next attempt's members at once. False when it was
     gone or replaced."""
     try:
-        s3.delete_object(Bucket=bucket, Key=key(run, "DONE.json"), IfMatch=etag)
+        s3.delete_object(Bucket=bucket, Key=runs.key(run, runs.DONE), IfMatch=etag)
     except ClientError as error:
         if code_of(error) in CHANGED_CODES or code_of(error) in ABSENT_KEY_CODES:
             return False
@@ -208,7 +206,7 @@ def write_launch(s3, bucket: str, run: str, instance_id: str, assignment: dict) 
     an instance id is launched once, and a retried step writes the same document again."""
     s3.put_object(
         Bucket=bucket,
-        Key=key(run, f"launches/{instance_id}.json"),
+        Key=runs.key(run, f"{runs.LAUNCHES}{instance_id}.json"),
         Body=json.dumps(assignment, indent=1).encode(),
         ContentType="application/json",
     )
@@ -223,7 +221,7 @@ def listed(s3, bucket: str, prefix: str) -> list[dict]:
 def heartbeats(s3, bucket: str, run: str) -> dict:
     """When each node last rewrote its registration (runs/<run>/nodes/<node>.json), by S3's own
     clock (its LastModified): a node's heartbeat, whatever its own clock says."""
-    prefix = key(run, "nodes/")
+    prefix = runs.key(run, runs.NODES)
     return {
         o["Key"][len(prefix) : -len(".json")]: o["LastModified"]
         for o in listed(s3, bucket, prefix)
@@ -240,7 +238,7 @@ def last_modified(s3, bucket: str, name: str):
 
 def assignments(s3, bucket: str, run: str) -> list[dict]:
     """Every launch assignment of the run (runs/<run>/launches/*.json), as written."""
-    prefix = key(run, "launches/")
+    prefix = runs.key(run, runs.LAUNCHES)
     found = [read_json(s3, bucket, o["Key"]) for o in listed(s3, bucket, prefix)]
     return [a for a in found if a is not None]
 
@@ -256,19 +254,21 @@ def note_replacement(s3, bucket: str, run: str, entry: dict, at: str) -> dict:
             return None
         return {**document, "replacements": [*tries, entry], "updated_at": at}
 
-    return update(s3, bucket, key(run, "controller.json"), add)
+    return update(s3, bucket, runs.key(run, runs.CONTROLLER), add)
 
 
 def assigned(s3, bucket: str, run: str) -> set[str]:
     """The instances the controller gave a launch assignment."""
-    prefix = key(run, "launches/")
+    prefix = runs.key(run, runs.LAUNCHES)
     return {o["Key"][len(prefix) : -len(".json")] for o in listed(s3, bucket, prefix)}
 
 
 def newest_checkpoint(s3, bucket: str, run: str):
     """When the newest checkpoint of the run reached S3 (its .index is written last)."""
     indexes = [
-        o for o in listed(s3, bucket, key(run, "model/checkpoints/")) if o["Key"].endswith(".index")
+        o
+        for o in listed(s3, bucket, runs.key(run, runs.CHECKPOINTS))
+        if o["Key"].endswith(".index")
     ]
     return max((o["LastModified"] for o in indexes), default=None)
 
@@ -281,12 +281,12 @@ def missing_results(s3, bucket: str, run: str) -> list[str]:
     (DONE.json `benchmark` set) never writes one: their logs are all there is to keep, so
     waiting for a checkpoint would bill until the cap.
     """
-    done = read_json(s3, bucket, key(run, "DONE.json")) or {}
+    done = read_json(s3, bucket, runs.key(run, runs.DONE)) or {}
     need_checkpoint = (
         newest_checkpoint(s3, bucket, run) is None
         and done.get("status") not in ("failed", "interrupted")
         and not done.get("benchmark")
     )
-    logs = s3.list_objects_v2(Bucket=bucket, Prefix=key(run, "logs/"), MaxKeys=1)
-    missing = [key(run, "model/checkpoints/*.index")] if need_checkpoint else []
-    return missing + ([] if logs.get("KeyCount") else [key(run, "logs/")])
+    logs = s3.list_objects_v2(Bucket=bucket, Prefix=runs.key(run, runs.LOGS), MaxKeys=1)
+    missing = [runs.key(run, f"{runs.CHECKPOINTS}*.index")] if need_checkpoint else []
+    return missing + ([] if logs.get("KeyCount") else [runs.key(run, runs.LOGS)])

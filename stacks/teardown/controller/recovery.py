@@ -7,47 +7,22 @@ The tick (tick.py) records each ended attempt with `attempt_entry`, then starts 
 (docs/contracts.md, attempts.json), on DONE.json's `cause` (never on its reason, which is for
 people): `relaunch` a failed or interrupted attempt that another one can get past, while
 restarts remain and the hard cap leaves time for one;
-`teardown` a finished run, or one that would fail the same way again; `stop` when restarts or
-time are exhausted, or the stack is being deleted. Unknown causes are retried (as SkyPilot's
-`max_restarts_on_errors` does): `maxRestarts` bounds what a deterministic one costs.
+`teardown` a finished run, or one that would fail the same way again (contract/causes.py's
+table, FINAL); `stop` when restarts or time are exhausted, or the stack is being deleted.
+Unknown causes are retried (as SkyPilot's `max_restarts_on_errors` does): `maxRestarts` bounds
+what a deterministic one costs.
 Pure: the tick reads the world and writes the records (decide.py, act.py).
-Only the standard library: this file is part of the run controller's Lambda asset.
+Only the standard library and contract/: this file is part of the run controller's Lambda asset.
 """
 
 import datetime
 
-from clients import stamp
+from contract.causes import final_cause
+from contract.runs import stamp
 
-# The retry rule, keyed by DONE.json's `cause` (docs/contracts.md, "Causes"; the nodes write it,
-# bootstrap/causes.py, and so does the run controller when it gives a relaunch up or writes the
-# DONE.json of an attempt whose nodes could not). Another attempt on new
-# instances cannot get past these: the same input, data, disk size or image fails the same way.
-# Each names why, for attempts.json and the e-mail.
-FINAL = {
-    "trainer_input": "the trainer refused its input",
-    "corrupt_shard": "a dataset shard in S3 is corrupt",
-    "no_intact_checkpoint": "no checkpoint in S3 is intact",
-    "disk_full": "the run does not fit the disk",
-    "image_mismatch": "the node's image is not the one expected",
-    "config_invalid": "the node's configuration is unusable",
-    "no_capacity": "no zone had capacity for the fleet",
-    "relaunch_refused": "EC2 refused the relaunch",
-}
-# Another attempt, on new hardware, may get past these. A cause not in either table (or a
-# DONE.json without one) is `unknown`: retried, as SkyPilot's `max_restarts_on_errors` does.
-RETRYABLE = (
-    "node_lost", "nodes_missing", "node_unhealthy", "rank_killed", "collective_timeout",
-    "stalled", "s3_unreachable", "interrupted", "corrupt_checkpoint", "unknown",
-)  # fmt: skip
 # A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
 # checkpoint): a shorter one would be cut off before it saved anything.
 MIN_ATTEMPT = datetime.timedelta(minutes=30)
-
-
-def final_cause(cause: str | None) -> str | None:
-    """Why another attempt would fail the same way (DONE.json's `cause`), or None when it may
-    not."""
-    return FINAL.get(cause or "unknown")
 
 
 def decide(

@@ -1,14 +1,16 @@
 """The run controller's replacement of an elastic fleet's lost nodes while its head trains on
 (decide.py's under_way asks for it; act.py replace does it). Pure, as decide.py.
-Only the standard library: part of the run controller's Lambda asset.
+Only the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
 
 import judge
 import zones
-from clients import parse_stamp
 from ec2_fleet import LIVE_STATES
+
+from contract.names import HEAD_NODE
+from contract.runs import parse_stamp
 
 
 def replace_lost(
@@ -43,7 +45,7 @@ def replace_lost(
     fresh = status.get("updated_at") and now - parse_stamp(status["updated_at"]) <= timeout
     silent = set(status.get("nodes_silent") or []) if fresh else set()
     grace = datetime.timedelta(seconds=stack["startup_grace_s"])
-    nodes = [n for n in fleet if n["state"] in LIVE_STATES and n["node"] != judge.HEAD_NODE]
+    nodes = [n for n in fleet if n["state"] in LIVE_STATES and n["node"] != HEAD_NODE]
     zone = zones.try_order(stack["zones"], nodes[0]["zone"] if nodes else None)[0]
     unreplaced, lost, replacing = {}, [], []
     for index in range(stack["nodes"]):

@@ -4,7 +4,7 @@ every failure of an execution ends.
 Each handler takes the execution's state (the tick's input plus what earlier states put under
 their result paths) and returns its own result; the workflow chooses the next state on it. Every
 handler is idempotent: a retried state does what it did once.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
@@ -14,7 +14,9 @@ import math
 import ec2_fleet
 import records
 import train_stack
-from clients import client, log, now, setting, stamp, step
+from clients import client, log, now, setting, step
+
+from contract.runs import stamp
 
 # How long a state waits before it looks again at what it waits for.
 RECHECK = datetime.timedelta(minutes=10)

@@ -13,7 +13,7 @@ DONE.json of the attempt that never started, which the tick records.
 
 The execution's input (tick.py): {"run", "action": "relaunch", "stack_id", "attempt" (the one
 that ended), "plan": {"zones" (in try order), "nodes"}}.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
@@ -24,19 +24,13 @@ import recovery
 import train_stack
 import zones
 from botocore.exceptions import ClientError
-from clients import (
-    client,
-    error_code,
-    error_message,
-    log,
-    now,
-    setting,
-    stamp,
-    step,
-    throttled,
-)
+from clients import client, error_code, error_message, log, now, setting, step, throttled
 from notify import notify
 from steps import RECHECK, fleet_stack, seconds, tell, wait
+
+from contract import causes
+from contract.names import HEAD_NODE
+from contract.runs import stamp
 
 SETTLE_CHECK = datetime.timedelta(seconds=15)
 # Stopping a p4d takes minutes; one that is still stopping after this is stuck.
@@ -113,7 +107,7 @@ def launch(event: dict) -> dict:
         if zone["zone"]
         and n["state"] in ec2_fleet.LIVE_STATES
         and n["zone"] != zone["zone"]
-        and n["node"] != ec2_fleet.HEAD_NODE
+        and n["node"] != HEAD_NODE
     ]
     ec2_fleet.terminate(elsewhere)
     if elsewhere or not ec2_fleet.settled(fleet) or train_stack.busy(stack):
@@ -183,7 +177,7 @@ def refused(event: dict, stack: dict, zone: dict, number: int, code: str, messag
     order = event["plan"]["zones"]
     if code not in (*ec2_fleet.CAPACITY_CODES, SPENT):
         why = f"the relaunch failed: EC2 answered {code}: {message}"
-        return give_up(event, stack, "relaunch_refused", why)
+        return give_up(event, stack, causes.RELAUNCH_REFUSED, why)
     pause = zones.wait_after(number, len(order))
     deadline = train_stack.deadline_of(stack)
     if pause is None or (deadline and now() + pause + recovery.MIN_ATTEMPT > deadline):
@@ -191,7 +185,7 @@ def refused(event: dict, stack: dict, zone: dict, number: int, code: str, messag
         return give_up(
             event,
             stack,
-            "no_capacity",
+            causes.NO_CAPACITY,
             f"no capacity for the fleet in {where}: {code} on each of {number} tries; deploy "
             "again later, in another region, or with a capacity reservation",
         )
@@ -217,7 +211,7 @@ def refused(event: dict, stack: dict, zone: dict, number: int, code: str, messag
 def give_up(event: dict, stack: dict, cause: str, reason: str) -> dict:
     """The relaunch cannot bring the fleet back: the attempt it was for ends as failed with
     `cause` and `reason`, one line, in the DONE.json it never wrote. The tick records it as final
-    (recovery.FINAL) and tears the fleet down with its results."""
+    (contract.causes.FINAL) and tears the fleet down with its results."""
     run, attempt = event["run"], event["attempt"] + 1
     s3, bucket = client("s3"), setting("BUCKET")
     records.write_done(

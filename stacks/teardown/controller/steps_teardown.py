@@ -6,7 +6,7 @@ for them. Only TrainStack is ever deleted. A delete is followed by the stack's i
 deployed again under the name is never touched) until the stack is gone: one that ends in
 DELETE_FAILED has the stack's remaining instances terminated (they are what bills, and what
 failed, say a network interface, may fail again) and is deleted again, for a bounded time.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
@@ -15,8 +15,10 @@ import ec2_fleet
 import records
 import train_stack
 from botocore.exceptions import ClientError
-from clients import client, error_code, log, now, setting, stamp, step
+from clients import client, error_code, log, now, setting, step
 from steps import RECHECK, fleet_stack, tell, wait
+
+from contract.runs import stamp
 
 FOLLOW_DELETE_FOR = datetime.timedelta(hours=3)
 # A stack CloudFormation will not delete yet (an update under way) is asked again this often.

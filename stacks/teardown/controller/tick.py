@@ -6,7 +6,7 @@ content is logged and never read, so a missed, late, repeated or self-made event
 one minute.
 
 With no TrainStack and no orphan instance it reads the stack and the instances and ends.
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import act

@@ -12,31 +12,32 @@ changed stack tag has replaced a resource (aws-cloudformation/cloudformation-cov
 issue 538). Outputs exist only once a create has finished: the replacement template, the zones,
 maxRestarts and the hard cap's exact time are read there; while the stack is created, the cap's
 time from its schedule (observe.py).
-Only boto3 and the standard library: part of the run controller's Lambda asset.
+Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
 
 from botocore.exceptions import ClientError
-from clients import client, log, parse_stamp
-from zones import ZONES_OUTPUT_KEY, parse_zones
+from clients import client, log
+from zones import parse_zones
 
-TRAIN_STACK = "TrainStack"  # the only stack the controller may ever delete (contracts.md names it)
-RUN_OUTPUT_KEY = "HorovodFleetRun"
-NOTIFY_OUTPUT_KEY = "NotifyTopic"
-MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
-DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
-# The one launch template every replacement node is launched from (stacks/train/fleet.py).
-REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
-NODES_OUTPUT_KEY = "HorovodFleetNodes"
-# The fewest nodes the elastic fleet trains on (stacks/teardown/names.py).
-MIN_NODES_OUTPUT_KEY = "HorovodFleetMinNodes"
-# TrainStack's stack-level tags (stacks/train/stack.py): the run, how many nodes, how stale a
-# node's heartbeat may be, how long an attempt's nodes get to start before silence counts.
-RUN_TAG = "horovod-fleet:run"
-NODES_TAG = "horovod-fleet:nodes"
-HEARTBEAT_TAG = "horovod-fleet:heartbeatTimeoutS"
-STARTUP_GRACE_TAG = "horovod-fleet:startupGraceS"
+from contract.names import (
+    DEADLINE_OUTPUT_KEY,
+    HEARTBEAT_TAG,
+    MAX_RESTARTS_OUTPUT_KEY,
+    MIN_NODES_OUTPUT_KEY,
+    NODES_OUTPUT_KEY,
+    NODES_TAG,
+    NOTIFY_OUTPUT_KEY,
+    REPLACEMENT_OUTPUT_KEY,
+    RUN_OUTPUT_KEY,
+    RUN_TAG,
+    STARTUP_GRACE_TAG,
+    TRAIN_STACK,
+    ZONES_OUTPUT_KEY,
+)
+from contract.runs import parse_stamp
+
 # A stack from before the tags: bootstrap/node_config.py's default heartbeat timeout, and the
 # rendezvous timeout plus ten minutes for the start.
 DEFAULT_HEARTBEAT_S = 120

@@ -4,15 +4,14 @@ A cluster placement group "can't span multiple Availability Zones" and EFA traff
 zone, so the whole fleet goes to one zone per try
 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-groups.html). TrainStack makes a
 subnet and a cluster placement group in every zone that offers the type when it is deployed,
-and names them in its `HorovodFleetZones` output (docs/contracts.md): the relaunch only chooses
+and names them in its output `contract.names.ZONES_OUTPUT_KEY` (docs/contracts.md): the relaunch only chooses
 among them, and creates nothing.
-Only the standard library: part of the run controller's Lambda asset.
+Only the standard library and contract/: part of the run controller's Lambda asset.
 """
 
 import datetime
 import json
 
-ZONES_OUTPUT_KEY = "HorovodFleetZones"
 # Every zone is tried this many times, waiting longer after each round, before the run gives up.
 CAPACITY_ROUNDS = 4
 CAPACITY_WAIT = datetime.timedelta(minutes=10)  # after the first round; doubled after each

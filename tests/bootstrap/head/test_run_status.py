@@ -9,7 +9,8 @@ from botocore.exceptions import EndpointConnectionError
 
 from bootstrap import aws
 from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head.status import FORMAT, RunStatus, emf_line
+from bootstrap.head.status import RunStatus, emf_line
+from contract.records import STATUS_FORMAT as FORMAT
 
 COST = {"usd_per_hour": 31.212, "prices_as_of": "2025-06", "max_hours": 4}
 TOPIC = "arn:aws:sns:us-east-1:123456789012:run-r1"

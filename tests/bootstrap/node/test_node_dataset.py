@@ -12,10 +12,11 @@ import time
 import pytest
 from bootstrap_helpers import BUCKET, write_tfrecord
 
-from bootstrap import aws, causes, transfer
+from bootstrap import aws, transfer
 from bootstrap.fleet import rendezvous
 from bootstrap.node import data_pull, dataset
 from bootstrap.steps import StepFailed
+from contract import causes
 
 SHARDS = 8  # 6 train, 2 validation
 
