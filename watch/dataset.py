@@ -51,6 +51,8 @@ SOURCE = "horovod-fleet dataset index"
 SPLITS = ("train", "validation")  # what the trainer reads (trainer/data.py SPLITS)
 DEFAULT_PATTERNS = {"train": "train-*", "validation": "validation-*"}
 IMAGE_KEY, LABEL_KEY, SYNSET_KEY = "image/encoded", "image/class/label", "image/class/synset"
+# A JPEG's start of image, then a marker: trainer/data.py decodes with decode_and_crop_jpeg.
+JPEG_START = b"\xff\xd8\xff"
 CHUNK = 1 << 20
 READ_ATTEMPTS = 3  # a connection cut mid-shard reads the shard again from its start
 # Long reads of large shards: retried requests, and time for a slow link.
@@ -209,13 +211,24 @@ def _schema_problem(shard: str, index: int, features: dict) -> str | None:
     image, label = features.get(IMAGE_KEY), features.get(LABEL_KEY)
     has_image = image and image.kind == "bytes_list" and image.count == 1
     if has_image and label and label.kind == "int64_list" and label.count == 1:
-        return None
+        if image.head.startswith(JPEG_START):
+            return None
+        return (
+            f"{shard}: record {index}'s {IMAGE_KEY} is not a JPEG (it starts "
+            f"{image.head[:4].hex(' ') or 'empty'}{_format_of(image.head)}): the trainer decodes "
+            "JPEG only, as build_imagenet_data.py writes every image"
+        )
     names = ", ".join(sorted(features)[:8]) or "none"
     tfds = " (TFDS's schema)" if {"image", "label"} <= set(features) else ""
     return (
         f"{shard}: record {index} is not in the standard schema: it needs one {IMAGE_KEY} "
         f"(bytes) and one {LABEL_KEY} (int64); its features are {names}{tfds}"
     )
+
+
+def _format_of(head: bytes) -> str:
+    known = {b"\x89PNG": "PNG", b"GIF8": "GIF", b"RIFF": "WebP?", b"BM": "BMP"}
+    return next((f", {name}" for start, name in known.items() if head.startswith(start)), "")
 
 
 def read_shard(s3, request: Request, shard: Shard, progress: Progress, stop) -> ShardIndex:

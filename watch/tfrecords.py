@@ -183,10 +183,14 @@ class Feature:
     kind: str  # "bytes_list", "float_list", "int64_list"; "" when the feature sets none
     count: int  # how many values (bytes values are not copied unless asked for)
     values: tuple = ()
+    head: bytes = b""  # a bytes_list's first value's first HEAD_BYTES bytes (what format it is)
+
+
+HEAD_BYTES = 8
 
 
 def _feature(body: memoryview, wanted: bool) -> Feature:
-    kind, count, values = "", 0, ()
+    kind, count, values, head = "", 0, (), b""
     for number, wire, value in _fields(body):
         if number not in KINDS or wire != 2:
             continue  # unknown fields are skipped, as protobuf parsers do
@@ -195,12 +199,14 @@ def _feature(body: memoryview, wanted: bool) -> Feature:
             values = tuple(_int64_values(value))
             count = len(values)
         elif number == BYTES_LIST:
-            count = sum(1 for n, _, _ in _fields(value) if n == 1)
+            items = [v for n, w, v in _fields(value) if n == 1 and w == 2]
+            count = len(items)
             values = tuple(_bytes_values(value)) if wanted else ()
+            head = bytes(items[0][:HEAD_BYTES]) if items else b""
         else:  # floats: counted, never needed here
             floats = [(w, v) for n, w, v in _fields(value) if n == 1]
             count = sum(len(v) // 4 if w == 2 else 1 for w, v in floats)
-    return Feature(kind, count, values)
+    return Feature(kind, count, values, head)
 
 
 def parse_example(data: bytes, wanted: frozenset[str] = frozenset()) -> dict[str, Feature]:

@@ -31,6 +31,7 @@ BUCKET = "my-imagenet"
 PREFIX = "tfrecords/ilsvrc/"
 URL = f"s3://{BUCKET}/{PREFIX}"
 CLASSES = 5
+JPEG = b"\xff\xd8\xff\xdb the rest of a JPEG"
 
 
 @pytest.fixture
@@ -180,6 +181,15 @@ def test_tfds_records_are_refused_for_the_keys_they_lack(s3):
     )
 
 
+def test_an_image_that_is_not_a_jpeg_is_refused(s3, shards):
+    png = [{"image/encoded": b"\x89PNG\r\n\x1a\n...", "image/class/label": 2}]
+    s3.put_object(Bucket=BUCKET, Key=PREFIX + "train-00002-of-00003", Body=shard_bytes(png))
+    assert refused(s3) == (
+        "error: train-00002-of-00003: record 0's image/encoded is not a JPEG (it starts 89 50 4e "
+        "47, PNG): the trainer decodes JPEG only, as build_imagenet_data.py writes every image"
+    )
+
+
 @pytest.mark.parametrize(
     ("flags", "bad_label", "message"),
     [
@@ -199,7 +209,7 @@ def test_labels_out_of_range_are_refused_by_file_and_record(s3, shards, flags, b
 
 def test_zero_based_labels_and_no_synsets_make_a_manifest_without_a_label_map(s3):
     for split, labels in (("train", [0, 1, 2, 3]), ("validation", [3, 0])):
-        records = [{"image/encoded": b"\xff\xd8", "image/class/label": label} for label in labels]
+        records = [{"image/encoded": JPEG, "image/class/label": label} for label in labels]
         s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}{split}-0", Body=shard_bytes(records))
     code, out, err = index()
     manifest = manifest_in(s3)
@@ -403,3 +413,52 @@ def test_a_refused_shard_stops_the_reads_still_going():
     ):
         dataset.read_all(s3, request, shards, progress)
     assert endless.reads > 0
+
+
+@pytest.mark.slow
+def test_shards_tensorflow_wrote_index_into_a_manifest_the_trainer_takes(s3, tmp_path):
+    """TensorFlow's own writer, as build_imagenet_data.py uses it, then the index, then the
+    trainer's reading of the manifest and the shards (trainer/data.py)."""
+    import tensorflow as tf
+
+    from trainer import data
+
+    def feature(value):
+        if isinstance(value, list):
+            return tf.train.Feature(float_list=tf.train.FloatList(value=value))
+        if isinstance(value, int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        value = value.encode() if isinstance(value, str) else value
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    counts = {"train-00000-of-00002": 3, "train-00001-of-00002": 4, "validation-00000-of-00001": 5}
+    index_of = 0
+    for name, count in counts.items():
+        with tf.io.TFRecordWriter(str(tmp_path / name)) as writer:
+            for _ in range(count):
+                label = 1 + index_of % 3
+                record = imagenet_record(label, synset(label), index_of)
+                record = {k: v for k, v in record.items() if k != "image/object/bbox/label"}
+                example = tf.train.Example(
+                    features=tf.train.Features(feature={k: feature(v) for k, v in record.items()})
+                )
+                writer.write(example.SerializeToString())
+                index_of += 1
+        s3.upload_file(str(tmp_path / name), BUCKET, PREFIX + name)
+    code, _, err = index()
+    assert code == 0, err
+    pulled = tmp_path / "node"
+    pulled.mkdir()
+    manifest = data_pull.verify_s3_dataset(s3, BUCKET, PREFIX)
+    for shard in manifest["shards"]:
+        s3.download_file(BUCKET, PREFIX + shard["file"], str(pulled / shard["file"]))
+    s3.download_file(BUCKET, PREFIX + "manifest.json", str(pulled / "manifest.json"))
+    assert data_pull.check_shards(pulled, manifest["shards"], workers=2) == []
+    info = data.resolve_dataset(pulled, None, None)
+    assert (info.num_classes, info.label_base) == (3, 1)
+    assert (info.train_records, info.validation_records) == (7, 5)
+    assert data.count_records(info.train_files) == 7
+    assert data.read_manifest(pulled).shard_files == {
+        "train": sorted(n for n in counts if n.startswith("train")),
+        "validation": ["validation-00000-of-00001"],
+    }

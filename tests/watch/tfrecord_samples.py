@@ -105,7 +105,7 @@ def imagenet_record(label: int, synset: str, index: int, boxes: int = 0) -> dict
         "image/object/bbox/xmin": [0.1] * boxes, "image/object/bbox/xmax": [0.9] * boxes,
         "image/object/bbox/ymin": [0.2] * boxes, "image/object/bbox/ymax": [0.8] * boxes,
         "image/object/bbox/label": [label] * boxes, "image/format": "JPEG",
-        "image/filename": f"{synset}_{index}.JPEG", "image/encoded": b"\xff\xd8" + image,
+        "image/filename": f"{synset}_{index}.JPEG", "image/encoded": b"\xff\xd8\xff\xe0" + image,
     }  # fmt: skip
 
 
