@@ -30,8 +30,7 @@ ROOT = "ILSVRC2012_devkit_t12"
 
 
 def class_ids(synsets: list[str]) -> dict[str, int]:
-    """ILSVRC2012_IDs 1..N in an order that is not the synsets' sorted one (as in the real
-    devkit, where ID 1 is n02119789, not n01440764)."""
+    """ILSVRC2012_IDs 1..N in an order that is not the synsets' sorted one."""
     shuffled = sorted(synsets, reverse=True)
     shuffled = shuffled[1:] + shuffled[:1]
     assert shuffled != sorted(synsets)
@@ -154,7 +153,9 @@ def bad_devkit(tmp_path, sample, change: str) -> str:
     elif change == "an ancestor":
         files["data/ILSVRC2012_validation_ground_truth.txt"] = f"{len(ids) + 1}\n".encode() + truth
     elif change == "a short ground truth":
-        files["data/ILSVRC2012_validation_ground_truth.txt"] = truth[: truth.rindex(b"\n", 0, -1) + 1]
+        files["data/ILSVRC2012_validation_ground_truth.txt"] = truth[
+            : truth.rindex(b"\n", 0, -1) + 1
+        ]
     elif change == "a word":
         files["data/ILSVRC2012_validation_ground_truth.txt"] = b"tench\n" + truth
     elif change == "no synsets":
@@ -168,11 +169,16 @@ def bad_devkit(tmp_path, sample, change: str) -> str:
     ("change", "message"),
     [
         ("no meta.mat", f"--val-labels: {DEVKIT_NAME} holds no data/meta.mat; expected the"),
-        ("an unknown class", "names class 1860, which data/meta.mat does not list among its 4 "
-         "classes (IDs 1..4)"),  # fmt: skip
+        (
+            "an unknown class",
+            "names class 1860, which data/meta.mat does not list among its 4 classes (IDs 1..4)",
+        ),
         ("an ancestor", "line 1 of data/ILSVRC2012_validation_ground_truth.txt names class 5,"),
-        ("a short ground truth", "the devkit's data/ILSVRC2012_validation_ground_truth.txt has "
-         "11 lines but --val-tar has 12 images"),  # fmt: skip
+        (
+            "a short ground truth",
+            "the devkit's data/ILSVRC2012_validation_ground_truth.txt has "
+            "11 lines but --val-tar has 12 images",
+        ),
         ("a word", "line 1 of data/ILSVRC2012_validation_ground_truth.txt is 'tench', not a"),
         ("no synsets", "data/meta.mat holds no `synsets` struct array"),
     ],

@@ -9,8 +9,8 @@ wordnet_height, num_train_images, where the 1,000 classes are the leaves (num_ch
 ILSVRC2012_ID to WNID,
 https://github.com/pytorch/vision/blob/main/torchvision/datasets/imagenet.py), and Fuel lists
 the fields (https://github.com/mila-iqia/fuel/blob/master/fuel/converters/ilsvrc2012.py,
-read_metadata_mat_file). ID order is not the synsets' sorted order (ID 1 is not n01440764):
-the map goes by ID, never by position.
+read_metadata_mat_file). The IDs need not follow the synsets' sorted order, nor the table's
+rows: the map goes by ID, never by position.
 Tested by: .venv/bin/python -m pytest tests/trainer/test_devkit.py
 """
 
