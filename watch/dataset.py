@@ -396,7 +396,11 @@ def index(s3, request: Request, progress_stream, say: Callable[[str], None]) -> 
     shards = shards_to_index(s3, request, say)
     check_existing_manifest(s3, request)
     progress = Progress(sum(s.size for s in shards), len(shards), progress_stream)
-    found = read_all(s3, request, shards, progress)
+    try:
+        found = read_all(s3, request, shards, progress)
+    except BaseException:
+        progress.abandon()
+        raise
     progress.finish()
     for split in SPLITS:
         if not sum(s.records for s in found if s.split == split):

@@ -31,6 +31,7 @@ class Progress:
         self._total, self._shards, self._clock = max(total_bytes, 1), shards, clock
         self._start = self._last = clock()
         self._lock = threading.Lock()
+        self._open_line = False  # a bar is drawn and no newline ends it yet
         self.bytes = self.shards_done = 0
 
     def advance(self, count: int) -> None:
@@ -47,6 +48,13 @@ class Progress:
     def finish(self) -> None:
         with self._lock:
             self._show(final=True)
+
+    def abandon(self) -> None:
+        """The read failed: end the bar's line, so the error that follows has its own."""
+        with self._lock:
+            if self._open_line:
+                print(file=self._stream, flush=True)
+                self._open_line = False
 
     def line(self, final: bool = False) -> str:
         elapsed = max(self._clock() - self._start, 1e-6)
@@ -67,5 +75,6 @@ class Progress:
         if self._tty:
             end = "\n" if final else ""
             print("\r\033[K" + self.line(final), end=end, file=self._stream, flush=True)
+            self._open_line = not final
         else:
             print(self.line(final), file=self._stream, flush=True)

@@ -321,6 +321,8 @@ def test_the_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
         "\r\033[K[#######.......................]  25% 1.00 GB of 4.00 GB, 1 of 4 shards, "
         "100 MB/s, ETA 0m30s"
     )
+    progress.abandon()  # a refusal: its error line starts on a line of its own
+    assert tty.getvalue().endswith("ETA 0m30s\n")
     plain = io.StringIO()
     progress = Progress(4_000_000_000, 4, plain, clock=lambda: now[0])
     now[0] = 11.0

@@ -106,3 +106,49 @@ def test_the_devkit_is_taken_before_a_synset_file_and_either_will_do():
     assert raw_inputs(archives | {RAW_FILES["labels"]})["labels"] == RAW_FILES["labels"]
     with pytest.raises(FileNotFoundError, match=f"neither of {DEVKIT}"):
         raw_inputs(archives)
+
+
+@pytest.mark.parametrize("uploaded", [LABEL_FILES, (RAW_FILES["labels"],)])
+def test_the_node_converts_with_the_devkit_when_it_is_in_raw(tmp_path, monkeypatch, uploaded):
+    """The node's own path from raw/ to the converter's command line, the converter stubbed."""
+    from bootstrap.head import launch
+    from bootstrap.node import data_pull
+    from bootstrap.preprocess.preprocessing_node import PreprocessingNode
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "t")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "t")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    aws.client.cache_clear()
+    commands = []
+
+    def converter(command, env, log_path, **_):
+        commands.append(command)
+        return 0, []
+
+    verified = iter([data_pull.VerificationError("no manifest yet"), {"splits": {}}])
+
+    def verify(*_):
+        outcome = next(verified)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(launch, "stream", converter)
+    monkeypatch.setattr(data_pull, "verify_s3_dataset", verify)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="fleet-data")
+        for name in (RAW_FILES["train"], RAW_FILES["val"], *uploaded):
+            s3.put_object(Bucket="fleet-data", Key=f"raw/{name}", Body=b"x")
+        cfg = parse({
+            "role": "preprocess", "region": "us-east-1", "bucket": "fleet-data", "log_group": None,
+            "signal": None, "raw_prefix": "raw/", "output_prefix": "tfrecords/",
+            "volume_id": None, "mount_point": str(tmp_path), "download_secret_arn": None,
+            "train_shards": 1, "val_shards": 1, "stop_when_done": False,
+            "log_dir": str(tmp_path / "logs"), "poll_interval_s": 1,
+        })  # fmt: skip
+        PreprocessingNode(cfg).run()
+    aws.client.cache_clear()
+    [command] = commands
+    labels = command[command.index("--val-labels") + 1]
+    assert labels == f"s3://fleet-data/raw/{uploaded[0]}"
