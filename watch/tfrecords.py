@@ -44,7 +44,8 @@ _TABLE = _crc32c_table()
 
 
 def crc32c_python(data: bytes) -> int:
-    """CRC-32C in plain Python: about 10 MB/s, for a machine without google-crc32c."""
+    """CRC-32C in plain Python, for a machine without google-crc32c's C code: about 2.4 MB/s on
+    the development machine, most of a day for ImageNet's 150 GB (the index says so)."""
     crc = 0xFFFFFFFF
     table = _TABLE
     for byte in data:
