@@ -12,6 +12,9 @@
     horovod-fleet enable-events --bucket NAME       your own bucket (-c datasetBucket=) sends its
                                                     events to EventBridge, its other
                                                     notifications kept (watch/bucket.py)
+    horovod-fleet dataset index s3://BUCKET/PREFIX/ the manifest.json of your own TFRecords,
+                                                    read and checked shard by shard
+                                                    (watch/dataset.py)
 
 The run is --run, else TrainStack's; the bucket --bucket, else TrainStack's, else
 horovod-fleet-<account>-<region>. AWS_ENDPOINT_URL points every call at a local endpoint (the
@@ -26,6 +29,9 @@ import time
 from datetime import datetime, timezone
 from typing import NoReturn
 
+from botocore.config import Config
+
+from watch import dataset
 from watch.aws import Fleet, RunStore, WatchError, explain
 from watch.bucket import enable_eventbridge
 from watch.leftovers import Account, report
@@ -87,7 +93,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn on EventBridge notifications for your own bucket (--bucket), keeping its "
         "other notifications",
     )
+    add_dataset_parser(sub)
     return parser
+
+
+def add_dataset_parser(sub) -> None:
+    regional = argparse.ArgumentParser(add_help=False)
+    regional.add_argument("--region", help="AWS region (default: AWS_REGION, else us-east-1)")
+    group = sub.add_parser("dataset", help="your own TFRecords: index them for the fleet")
+    commands = group.add_subparsers(
+        dest="dataset_command", required=True, parser_class=OneLineParser
+    )
+    index = commands.add_parser(
+        "index",
+        parents=[regional],
+        help="read the TFRecords under s3://BUCKET/PREFIX/ and write its manifest.json",
+        description="Read every shard directly under the prefix (framing, CRCs, the standard "
+        "schema's image/encoded and image/class/label, labels) and write the manifest.json "
+        "TrainStack and the nodes take. Nothing is written when a shard is refused.",
+    )
+    index.add_argument("url", metavar="s3://BUCKET/PREFIX/", help="where the shards are")
+    for split, pattern in dataset.DEFAULT_PATTERNS.items():
+        index.add_argument(f"--{split}", metavar="GLOB", default=pattern,
+                           help=f"file names of the {split} split")  # fmt: skip
+    index.add_argument("--num-classes", type=int, metavar="K",
+                       help="classes (default: the highest label less the base, plus one)")  # fmt: skip
+    index.add_argument("--label-base", type=int, choices=(0, 1),
+                       help="the first class's label (default: 0 when a label 0 is there, else "
+                       "1, as build_imagenet_data.py writes)")  # fmt: skip
+    index.add_argument("--workers", type=int, default=16, metavar="N", help="shards read at once")
+    index.add_argument("--replace", action="store_true",
+                       help="replace a manifest.json the converter wrote")  # fmt: skip
 
 
 class Watcher:
@@ -232,6 +268,26 @@ def enable_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def dataset_index(args: argparse.Namespace) -> int:
+    bucket, prefix = dataset.parse_url(args.url)
+    if args.num_classes is not None and args.num_classes < 2:
+        raise WatchError(f"--num-classes must be 2 or more, got {args.num_classes}")
+    if not 1 <= args.workers <= 256:
+        raise WatchError(f"--workers must be between 1 and 256, got {args.workers}")
+    request = dataset.Request(
+        bucket, prefix, {"train": args.train, "validation": args.validation},
+        args.num_classes, args.label_base, args.workers, args.replace,
+    )  # fmt: skip
+    config = dataset.INDEX_CLIENT.merge(Config(max_pool_connections=args.workers + 2))
+    s3 = Fleet.connect(args.region).session.client("s3", config=config)
+    try:
+        manifest = dataset.index(s3, request, sys.stderr, lambda line: print(line, file=sys.stderr))
+    except KeyboardInterrupt:
+        raise WatchError(f"interrupted: no manifest written to {request.url}") from None
+    print(dataset.summary(request, manifest))
+    return 0
+
+
 COMMANDS = {"status": status, "runs": runs, "logs": logs}
 
 
@@ -243,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                 return enable_events(args)
             if args.command == "leftovers":
                 return leftovers(args)
+            if args.command == "dataset":
+                return dataset_index(args)
             return COMMANDS[args.command](Watcher(args))
         except WatchError:
             raise
