@@ -61,7 +61,9 @@ DEPLOYED = object()  # the default stack
 
 
 def snapshot(*, stack_=DEPLOYED, instances=None, attempts=(), done=None, executions=(), beats=None,
-             controller=None, alarm=None, failures=(), assigned=(), checkpoint=None) -> dict:  # fmt: skip
+             controller=None, alarm=None, failures=(), assigned=(), checkpoint=None,
+             hold=None) -> dict:  # fmt: skip
+    """What the tick reads: the world first (observe.world: the guards'), then the records."""
     return {
         "stack": stack() if stack_ is DEPLOYED else stack_,
         "instances": fleet() if instances is None else instances,
@@ -69,10 +71,12 @@ def snapshot(*, stack_=DEPLOYED, instances=None, attempts=(), done=None, executi
             "attempts": list(attempts), "controller_failures": list(failures), "done": done,
             "done_etag": '"e1"' if done else None, "controller": controller or {},
             "status": None, "heartbeats": beats if beats is not None else {"0": at(59), "1": at(59)},
-            "assigned": set(assigned), "checkpoint_at": checkpoint,
+            "assigned": set(assigned),
         },
         "executions": list(executions),
         "alarm": alarm,
+        "checkpoint_at": checkpoint,
+        "hold": hold,
         "settings": {"idle_minutes": 30},
     }  # fmt: skip
 
@@ -401,7 +405,8 @@ def test_a_node_ec2_ended_is_replaced_in_the_fleet_s_zone_and_the_attempt_goes_o
         "replace", 1, 1, 1,
     )  # fmt: skip
     assert replace["zone"] == {"zone": "us-east-1a", "subnet": "s-a", "group": "g-a"}
-    assert replace["replaces"] is None and "no instance serves it" in replace["why"]
+    # The loss is named by the instance lost (terminated, as EC2 still lists it): its token's.
+    assert replace["replaces"] == "i-1-terminated-aaaa" and "no instance serves it" in replace["why"]
 
 
 def test_a_silent_node_whose_instance_runs_is_terminated_then_replaced():
