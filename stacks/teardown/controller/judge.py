@@ -164,16 +164,19 @@ def launching(fleet: list[dict], assigned: dict[str, dict], now: datetime.dateti
 
 
 def last_served(fleet: list[dict], index: int, assigned: dict[str, dict]) -> str | None:
-    """The instance node `index` lost: the newest launched, in any state (terminated ones too,
-    as long as EC2 lists them), of those tagged with it or assigned to it; else the instance of
-    its newest replacement assignment; None when nothing ever served it as far as EC2 and the
-    assignments say. What a replacement's ClientToken is made from (ec2_fleet.replacement_token)."""
-    mine = [n for n in fleet if n["node"] == str(index) or n["id"] in assigned]
-    if mine:
-        epoch = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
-        return max(mine, key=lambda n: n["launched"] or epoch)["id"]
-    newest = max(assigned.values(), key=lambda a: a.get("replacement") or 0, default=None)
-    return newest["instance_id"] if newest else None
+    """The instance node `index` lost: the newest launched of those tagged with it or assigned
+    to it, in any state (terminated ones too, as long as EC2 lists them), a replacement EC2
+    does not list any more by its assignment's `launched_at`; None when nothing ever served it
+    as far as EC2 and the assignments say. What a replacement's ClientToken is made from
+    (ec2_fleet.replacement_token): a replacement is always newer than the instance it replaced,
+    so a token is never asked for again once its launch was lost in turn."""
+    epoch = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    launched = {n["id"]: n["launched"] or epoch for n in fleet if n["node"] == str(index)}
+    listed = {n["id"]: n["launched"] or epoch for n in fleet}
+    for instance_id, launch in assigned.items():
+        at = launch.get("launched_at")
+        launched[instance_id] = listed.get(instance_id) or (parse_stamp(at) if at else epoch)
+    return max(launched, key=lambda i: (launched[i], i)) if launched else None
 
 
 def held(hold: dict | None, stack: dict) -> bool:
