@@ -13,8 +13,8 @@ when no guard owns the tick, the run as its records say (this module):
                                                     and starts are never faults)
     otherwise the attempt under way                 booting / training, until its DONE.json (the
                                                     nodes', or the controller's when EC2 ended
-                                                    nodes or the whole fleet went silent), the
-                                                    idle guard or the cap
+                                                    nodes or the whole fleet went silent), or a
+                                                    guard
 
 While an operator holds the run (decide_guards.py), none of this is decided: no replacement, no
 relaunch, no DONE.json of the controller's, no idle delete, no orphan of the run's stack swept,
