@@ -22,8 +22,10 @@ FORMAT = "horovod-fleet/hold/1"
 # stacks/config.py's rule for a run name: the S3 prefix runs/<run>/ (docs/contracts.md).
 RUN_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 RUN_RULE = "1-40 lowercase letters, digits and inner hyphens, like resnet50-1"
-# A stack in these is gone or going: there is no fleet to hold.
-NOT_HOLDABLE = ("DELETE_IN_PROGRESS", "DELETE_FAILED", "DELETE_COMPLETE", "ROLLBACK_COMPLETE")
+# A stack in these is gone or going (a create rolled back, or left over: its instances are
+# orphans the controller ends): there is no fleet to hold.
+NOT_HOLDABLE = ("DELETE_IN_PROGRESS", "DELETE_FAILED", "DELETE_COMPLETE", "ROLLBACK_IN_PROGRESS",
+                "ROLLBACK_COMPLETE", "ROLLBACK_FAILED")  # fmt: skip
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 

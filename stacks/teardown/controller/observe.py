@@ -16,7 +16,7 @@ The two reads of S3 among them are the guards' only ones, and a failing one is t
 answer: it is kept in `failed` (the tick raises it once the guards have acted) and the guards
 decide without it (decide_guards.py says how).
 
-`records`: the run's records in S3, read once no guard owns the tick: attempts.json, DONE.json
+`run_records`: the run's records in S3, read once no guard owns the tick: attempts.json, DONE.json
 (and its ETag), controller.json, status.json, the nodes' heartbeats (their registrations'
 LastModified), the launch assignments; for an elastic fleet (one with a head) the head's
 heartbeat (head.json's LastModified) and every launch assignment's content. A refused read
