@@ -15,6 +15,11 @@
     horovod-fleet dataset index s3://BUCKET/PREFIX/ the manifest.json of your own TFRecords,
                                                     read and checked shard by shard
                                                     (watch/dataset.py)
+    horovod-fleet hold [--run NAME] [--reason TEXT] the run controller takes no action on the
+                                                    deployed run but the hard cap and cdk
+                                                    destroy, so a node can be looked at
+                                                    (watch/hold.py)
+    horovod-fleet release [--run NAME]              hands the run back to the run controller
 
 The run is --run, else TrainStack's; the bucket --bucket, else TrainStack's, else
 horovod-fleet-<account>-<region>. AWS_ENDPOINT_URL points every call at a local endpoint (the
@@ -34,6 +39,9 @@ from botocore.config import Config
 from watch import dataset
 from watch.aws import Fleet, RunStore, WatchError, explain
 from watch.bucket import enable_eventbridge
+from watch.hold import hold as hold_run
+from watch.hold import key as hold_key
+from watch.hold import release as release_run
 from watch.leftovers import Account, report
 from watch.screen import RunFacts, parse_time, runs_table, status_screen, with_controller
 
@@ -94,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         "other notifications",
     )
     add_dataset_parser(sub)
+    held = sub.add_parser(
+        "hold",
+        parents=[common],
+        help="the run controller takes no action on the deployed run but the hard cap and cdk "
+        "destroy (no replacement, relaunch or idle delete) until `release`",
+    )
+    held.add_argument("--reason", help="why, on the record and the status screen")
+    sub.add_parser("release", parents=[common], help="hand a held run back to the run controller")
     return parser
 
 
@@ -138,6 +154,10 @@ class Watcher:
     def deployed_run(self) -> str | None:
         return self.fleet.outputs.get(RUN_OUTPUT)
 
+    def caller(self) -> str:
+        """Who runs the command, for the record: the caller's ARN."""
+        return self.fleet.client("sts").get_caller_identity()["Arn"]
+
     def run_name(self) -> str:
         run = self.args.run or self.deployed_run()
         if not run:
@@ -159,11 +179,13 @@ class Watcher:
             ),
             done=self.store.read_json(f"{prefix}DONE.json"),
             attempts=(self.store.read_json(f"{prefix}attempts.json") or {}).get("attempts"),
+            hold=self.store.read_json(hold_key(run)),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():
             facts.stack_created = self.fleet.stack_created
             facts.hard_cap_at = parse_time(self.fleet.outputs.get("HorovodFleetDeadline"))
+            facts.stack_id = self.fleet.stack_id
             if self.fleet.stack_status == "CREATE_IN_PROGRESS":
                 facts.stack_phase = "booting"
         nothing_yet = facts.status is None and facts.stack_phase is None and facts.done is None
@@ -288,7 +310,18 @@ def dataset_index(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"status": status, "runs": runs, "logs": logs}
+def hold(watcher: Watcher) -> int:
+    args = watcher.args
+    print(hold_run(watcher.fleet, watcher.store, args.run, args.reason, watcher.caller()))
+    return 0
+
+
+def release(watcher: Watcher) -> int:
+    print(release_run(watcher.fleet, watcher.store, watcher.args.run, watcher.caller()))
+    return 0
+
+
+COMMANDS = {"status": status, "runs": runs, "logs": logs, "hold": hold, "release": release}
 
 
 def main(argv: list[str] | None = None) -> int:
