@@ -278,20 +278,25 @@ class RetryingS3:
         return call
 
 
-def list_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
-    """{key relative to prefix: size} of every object under prefix, all pages (each page a call
-    of its own, retried through a RetryingS3)."""
-    sizes: dict[str, int] = {}
+def list_objects(s3, bucket: str, prefix: str) -> dict[str, dict]:
+    """{key relative to prefix: its listing entry (Size, ETag, ...)} of every object under
+    prefix, all pages (each page a call of its own, retried through a RetryingS3)."""
+    found: dict[str, dict] = {}
     token = None
     while True:
         kwargs = {"Bucket": bucket, "Prefix": prefix}
         if token:
             kwargs["ContinuationToken"] = token
         page = s3.list_objects_v2(**kwargs)
-        sizes.update({o["Key"][len(prefix) :]: o["Size"] for o in page.get("Contents", [])})
+        found.update({o["Key"][len(prefix) :]: o for o in page.get("Contents", [])})
         token = page.get("NextContinuationToken")
         if not page.get("IsTruncated") or not token:
-            return sizes
+            return found
+
+
+def list_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
+    """{key relative to prefix: size} of every object under prefix."""
+    return {name: entry["Size"] for name, entry in list_objects(s3, bucket, prefix).items()}
 
 
 def poll_until(

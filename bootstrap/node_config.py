@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.cli import OneLineErrorParser, usage_error
-from contract import causes
+from contract import causes, runs
 
 DEFAULT_PATH = "/etc/horovod-fleet/node.json"
 
@@ -325,8 +325,8 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         _check_index(r, index, nodes)
     run = r.text("run")
     runs_prefix = r.prefix("runs_prefix")
-    if runs_prefix != f"runs/{run}/":
-        raise r.fail("runs_prefix", f"must be 'runs/{run}/', got {runs_prefix!r}")
+    if runs_prefix != runs.prefix(run):
+        raise r.fail("runs_prefix", f"must be {runs.prefix(run)!r}, got {runs_prefix!r}")
     trainer = r.child("trainer")
     # The trainer's own limits, so a typo fails at boot, not after the rendezvous.
     if trainer.doc.get("epochs") is not None:  # null: the recipe's epochs

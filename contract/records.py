@@ -8,6 +8,7 @@ from typing import Any, Literal, TypedDict
 
 STATUS_FORMAT = "horovod-fleet/status/1"
 ATTEMPTS_FORMAT = "horovod-fleet/attempts/1"
+HOLD_FORMAT = "horovod-fleet/hold/1"
 
 Outcome = Literal["succeeded", "failed", "interrupted"]
 Decision = Literal["relaunch", "teardown", "stop"]
@@ -183,3 +184,18 @@ class Controller(TypedDict, total=False):
     noticed: Noticed | None
     replacements: list[Replacement]
     unreplaced: Unreplaced
+
+
+class Hold(TypedDict, total=False):
+    """hold.json: an operator's hold (`horovod-fleet hold`, watch/hold.py writes it); the run
+    controller only reads it, and honours it for `stack_id` alone."""
+
+    format: str  # HOLD_FORMAT
+    run: str
+    stack_id: str
+    held: bool
+    held_at: str
+    held_by: str
+    reason: str | None
+    released_at: str
+    released_by: str

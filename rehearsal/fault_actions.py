@@ -164,7 +164,7 @@ def fill_model_dirs(rehearsal: Rehearsal) -> None:
     """Every node's model dir becomes a tmpfs the size of what the restore brings, plus less
     than one checkpoint: the first checkpoint of the attempt finds the disk full, wherever
     rank 0 is (a node's disk is every node's: one launch template)."""
-    listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/model/")
+    listing = rehearsal.s3.list_objects_v2(Bucket=BUCKET, Prefix=runs.key(RUN, "model/"))
     objects = listing["Contents"]
     restored = sum(o["Size"] for o in objects if not o["Key"].endswith(".sha256"))
     checkpoint = max(o["Size"] for o in objects if ".data-" in o["Key"])

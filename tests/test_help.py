@@ -27,6 +27,8 @@ COMMANDS = [
     ("horovod-fleet runs", "watch.cli", ["runs"]),
     ("horovod-fleet leftovers", "watch.cli", ["leftovers"]),
     ("horovod-fleet enable-events", "watch.cli", ["enable-events"]),
+    ("horovod-fleet hold", "watch.cli", ["hold"]),
+    ("horovod-fleet release", "watch.cli", ["release"]),
     ("python3 -m bootstrap", "bootstrap.__main__", []),
     ("python3 -m bootstrap.node_config", "bootstrap.node_config", []),
     ("python3 -m bootstrap.preprocess.ready_signal", "bootstrap.preprocess.ready_signal", []),

@@ -76,6 +76,8 @@ class Fleet:
     outputs: dict = field(default_factory=dict)
     stack_status: str | None = None
     stack_created: datetime | None = None
+    stack_id: str | None = None
+    tags: dict = field(default_factory=dict)  # TrainStack's stack-level tags
 
     @classmethod
     def connect(cls, region: str | None) -> Fleet:
@@ -95,7 +97,9 @@ class Fleet:
         stack = stacks["Stacks"][0]
         self.stack_status = stack["StackStatus"]
         self.stack_created = stack.get("CreationTime")
+        self.stack_id = stack.get("StackId")
         self.outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+        self.tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
 
     def image_stack_status(self) -> str | None:
         try:
@@ -122,18 +126,42 @@ class RunStore:
         self.s3, self.bucket = s3, bucket
 
     def read_json(self, key: str) -> dict | None:
+        return self.read_with_etag(key)[0]
+
+    def read_with_etag(self, key: str) -> tuple[dict | None, str | None]:
+        """The JSON document at `key` and its ETag; (None, None) when there is none."""
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            got = self.s3.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
+                return None, None
             if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
                 raise WatchError(
                     f"bucket {self.bucket} does not exist: pass --bucket, or --region where "
                     "DatasetStack is"
                 ) from None
             raise
-        return json.loads(body)
+        return json.loads(got["Body"].read()), got["ETag"]
+
+    def put_json(self, key: str, document: dict, etag: str | None) -> bool:
+        """Write `document` only where the record is as read (its `etag`; None: where there is
+        none, https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html);
+        False when it changed since."""
+        condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        try:
+            self.s3.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=json.dumps(document, indent=1).encode(),
+                ContentType="application/json",
+                **condition,
+            )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise
+        return True
 
     def runs(self) -> list[str]:
         found, token = [], None

@@ -12,6 +12,14 @@
     horovod-fleet enable-events --bucket NAME       your own bucket (-c datasetBucket=) sends its
                                                     events to EventBridge, its other
                                                     notifications kept (watch/bucket.py)
+    horovod-fleet dataset index s3://BUCKET/PREFIX/ the manifest.json of your own TFRecords,
+                                                    read and checked shard by shard
+                                                    (watch/dataset.py)
+    horovod-fleet hold [--run NAME] [--reason TEXT] the run controller takes no action on the
+                                                    deployed run but the hard cap and cdk
+                                                    destroy, so a node can be looked at
+                                                    (watch/hold.py)
+    horovod-fleet release [--run NAME]              hands the run back to the run controller
 
 The run is --run, else TrainStack's; the bucket --bucket, else TrainStack's, else
 horovod-fleet-<account>-<region>. AWS_ENDPOINT_URL points every call at a local endpoint (the
@@ -26,10 +34,16 @@ import time
 from datetime import datetime, timezone
 from typing import NoReturn
 
+from botocore.config import Config
+
 from contract import names
 from contract.runs import ATTEMPTS, CONTROLLER, DONE, STATUS, key
+from watch import dataset
 from watch.aws import Fleet, RunStore, WatchError, explain
 from watch.bucket import enable_eventbridge
+from watch.hold import hold as hold_run
+from watch.hold import key as hold_key
+from watch.hold import release as release_run
 from watch.leftovers import Account, report
 from watch.screen import RunFacts, parse_time, runs_table, status_screen, with_controller
 
@@ -88,7 +102,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn on EventBridge notifications for your own bucket (--bucket), keeping its "
         "other notifications",
     )
+    add_dataset_parser(sub)
+    held = sub.add_parser(
+        "hold",
+        parents=[common],
+        help="the run controller takes no action on the deployed run but the hard cap and cdk "
+        "destroy (no replacement, relaunch or idle delete) until `release`",
+    )
+    held.add_argument("--reason", help="why, on the record and the status screen")
+    sub.add_parser("release", parents=[common], help="hand a held run back to the run controller")
     return parser
+
+
+def add_dataset_parser(sub) -> None:
+    regional = argparse.ArgumentParser(add_help=False)
+    regional.add_argument("--region", help="AWS region (default: AWS_REGION, else us-east-1)")
+    group = sub.add_parser("dataset", help="your own TFRecords: index them for the fleet")
+    commands = group.add_subparsers(
+        dest="dataset_command", required=True, parser_class=OneLineParser
+    )
+    index = commands.add_parser(
+        "index",
+        parents=[regional],
+        help="read the TFRecords under s3://BUCKET/PREFIX/ and write its manifest.json",
+        description="Read every shard directly under the prefix (framing, CRCs, the standard "
+        "schema's image/encoded and image/class/label, labels) and write the manifest.json "
+        "TrainStack and the nodes take. Nothing is written when a shard is refused.",
+    )
+    index.add_argument("url", metavar="s3://BUCKET/PREFIX/", help="where the shards are")
+    for split, pattern in dataset.DEFAULT_PATTERNS.items():
+        index.add_argument(f"--{split}", metavar="GLOB", default=pattern,
+                           help=f"file names of the {split} split")  # fmt: skip
+    index.add_argument("--num-classes", type=int, metavar="K",
+                       help="classes (default: the highest label less the base, plus one)")  # fmt: skip
+    index.add_argument("--label-base", type=int, choices=(0, 1),
+                       help="the first class's label (default: 0 when a label 0 is there, else "
+                       "1, as build_imagenet_data.py writes)")  # fmt: skip
+    index.add_argument("--workers", type=int, default=16, metavar="N", help="shards read at once")
+    index.add_argument("--replace", action="store_true",
+                       help="replace a manifest.json the converter wrote")  # fmt: skip
 
 
 class Watcher:
@@ -102,6 +154,10 @@ class Watcher:
 
     def deployed_run(self) -> str | None:
         return self.fleet.outputs.get(names.RUN_OUTPUT_KEY)
+
+    def caller(self) -> str:
+        """Who runs the command, for the record: the caller's ARN."""
+        return self.fleet.client("sts").get_caller_identity()["Arn"]
 
     def run_name(self) -> str:
         run = self.args.run or self.deployed_run()
@@ -123,11 +179,13 @@ class Watcher:
             ),
             done=self.store.read_json(key(run, DONE)),
             attempts=(self.store.read_json(key(run, ATTEMPTS)) or {}).get("attempts"),
+            hold=self.store.read_json(hold_key(run)),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():
             facts.stack_created = self.fleet.stack_created
             facts.hard_cap_at = parse_time(self.fleet.outputs.get(names.DEADLINE_OUTPUT_KEY))
+            facts.stack_id = self.fleet.stack_id
             if self.fleet.stack_status == "CREATE_IN_PROGRESS":
                 facts.stack_phase = "booting"
         nothing_yet = facts.status is None and facts.stack_phase is None and facts.done is None
@@ -232,7 +290,38 @@ def enable_events(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"status": status, "runs": runs, "logs": logs}
+def dataset_index(args: argparse.Namespace) -> int:
+    bucket, prefix = dataset.parse_url(args.url)
+    if args.num_classes is not None and args.num_classes < 2:
+        raise WatchError(f"--num-classes must be 2 or more, got {args.num_classes}")
+    if not 1 <= args.workers <= 256:
+        raise WatchError(f"--workers must be between 1 and 256, got {args.workers}")
+    request = dataset.Request(
+        bucket, prefix, {"train": args.train, "validation": args.validation},
+        args.num_classes, args.label_base, args.workers, args.replace,
+    )  # fmt: skip
+    config = dataset.INDEX_CLIENT.merge(Config(max_pool_connections=args.workers + 2))
+    s3 = Fleet.connect(args.region).session.client("s3", config=config)
+    try:
+        manifest = dataset.index(s3, request, sys.stderr, lambda line: print(line, file=sys.stderr))
+    except KeyboardInterrupt:
+        raise WatchError(f"interrupted: no manifest written to {request.url}") from None
+    print(dataset.summary(request, manifest))
+    return 0
+
+
+def hold(watcher: Watcher) -> int:
+    args = watcher.args
+    print(hold_run(watcher.fleet, watcher.store, args.run, args.reason, watcher.caller()))
+    return 0
+
+
+def release(watcher: Watcher) -> int:
+    print(release_run(watcher.fleet, watcher.store, watcher.args.run, watcher.caller()))
+    return 0
+
+
+COMMANDS = {"status": status, "runs": runs, "logs": logs, "hold": hold, "release": release}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                 return enable_events(args)
             if args.command == "leftovers":
                 return leftovers(args)
+            if args.command == "dataset":
+                return dataset_index(args)
             return COMMANDS[args.command](Watcher(args))
         except WatchError:
             raise

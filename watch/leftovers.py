@@ -31,7 +31,7 @@ from datetime import datetime
 
 from botocore.exceptions import ClientError
 
-from contract import names
+from contract import names, runs
 
 GIB = 2**30
 # List prices in USD per GB-month, us-east-1, as of PRICES_AS_OF, applied per GiB (EBS sizes are
@@ -302,8 +302,8 @@ class Account:
 def prefix_of(key: str) -> str:
     """The prefix a key is counted under: its first folder, or `runs/<run>/`."""
     parts = key.split("/")
-    if parts[0] == "runs" and len(parts) > 2:
-        return f"runs/{parts[1]}/"
+    if key.startswith(runs.RUNS) and len(parts) > 2:
+        return runs.prefix(parts[1])
     return f"{parts[0]}/" if len(parts) > 1 else key
 
 
@@ -315,8 +315,8 @@ def why_kept(prefix: str, dataset: bool) -> str:
         )
     if dataset:
         return "the dataset every run trains on: without it the next run preprocesses again"
-    if prefix.startswith("runs/"):
-        return f"run {prefix[5:-1]}'s model, checkpoints, logs and DONE.json: the only copy"
+    if prefix.startswith(runs.RUNS):
+        return f"run {prefix[len(runs.RUNS) : -1]}'s model, checkpoints, logs and DONE.json: the only copy"
     return "objects of the bucket"
 
 

@@ -49,6 +49,8 @@ class RunFacts:
     stack_phase: str | None = None  # from CloudFormation, before the head writes anything
     stack_created: datetime | None = None  # TrainStack's creation: the bill's start
     hard_cap_at: datetime | None = None  # TrainStack's DEADLINE_OUTPUT_KEY output
+    hold: dict | None = None  # runs/<run>/hold.json: an operator's hold (watch/hold.py)
+    stack_id: str | None = None  # TrainStack's id, when it deploys this run
 
     @property
     def phase(self) -> str:
@@ -124,6 +126,8 @@ def status_screen(facts: RunFacts) -> str:
     age = f", updated {clock((facts.now - updated).total_seconds())} ago" if updated else ""
     attempt = f", attempt {status['attempt']}" if status.get("attempt") else ""
     lines.append(f"  phase       {LABELS.get(phase, phase)}{attempt}{age}")
+    if held := hold_line(facts.hold, facts.stack_id):
+        lines.append(held)
     if status:
         up = "?" if facts.nodes_up is None else facts.nodes_up
         gpus = status.get("gpus_per_node") or 0
@@ -194,6 +198,22 @@ def status_screen(facts: RunFacts) -> str:
     elif status.get("reason"):
         lines.append(f"  reason      {status['reason']}")
     return "\n".join(lines) + "\n\n"
+
+
+def hold_line(hold: dict | None, stack_id: str | None) -> str | None:
+    """The line for an operator's hold on record (`horovod-fleet hold`); None when the run is
+    not held. A hold names the TrainStack it holds: one left from an earlier stack holds
+    nothing."""
+    if not hold or hold.get("held") is not True:
+        return None
+    reason = f" ({hold['reason']})" if hold.get("reason") else ""
+    line = f"  hold        held since {hold.get('held_at')} by {hold.get('held_by')}{reason}"
+    if stack_id and hold.get("stack_id") != stack_id:
+        return line + ": for an earlier TrainStack, not in force"
+    return (
+        line + ": the run controller takes no action but the hard cap and cdk destroy "
+        "(horovod-fleet release hands it back)"
+    )
 
 
 def percent(value: float | None) -> str:

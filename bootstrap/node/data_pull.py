@@ -270,21 +270,31 @@ def manifest_problems(manifest: dict) -> list[str]:
 
 def verify_s3_dataset(s3, bucket: str, prefix: str) -> dict:
     """Preprocessing's check, without downloading: manifest present, every shard in S3 with its
-    size and the sha256 it was uploaded with (trainer.preprocess records it as the object's
-    `sha256` metadata; an object replaced by anything else loses or changes it), split totals
-    consistent."""
+    size, split totals consistent, and each shard the one the manifest describes. A shard
+    trainer.preprocess uploaded carries its sha256 as the object's `sha256` metadata (an object
+    replaced by anything else loses or changes it); a shard `horovod-fleet dataset index` read
+    has its ETag in the manifest, which the listing gives: "The ETag reflects changes only to
+    the contents of an object" (https://docs.aws.amazon.com/AmazonS3/latest/API/API_Object.html).
+    Either way the nodes check the sha256 of what they download (check_shard)."""
     raw = s3.get_object(Bucket=bucket, Key=f"{prefix}manifest.json")["Body"].read()
     manifest = json.loads(raw)
-    sizes = aws.list_sizes(s3, bucket, prefix)
+    listed = aws.list_objects(s3, bucket, prefix)
     problems = []
     hashed = []
     for shard in manifest.get("shards", []):
-        if shard["file"] not in sizes:
+        entry = listed.get(shard["file"])
+        if entry is None:
             problems.append(f"{shard['file']}: missing")
-        elif sizes[shard["file"]] != shard.get("bytes", sizes[shard["file"]]):
+        elif entry["Size"] != shard.get("bytes", entry["Size"]):
             problems.append(
-                f"{shard['file']}: {sizes[shard['file']]} bytes in S3, manifest says {shard['bytes']}"
+                f"{shard['file']}: {entry['Size']} bytes in S3, manifest says {shard['bytes']}"
             )
+        elif shard.get("etag"):
+            if entry.get("ETag", "").strip('"') != shard["etag"]:
+                problems.append(
+                    f"{shard['file']}: changed in S3 since it was indexed (its ETag differs "
+                    "from the manifest's): run horovod-fleet dataset index again"
+                )
         elif shard.get("sha256"):
             hashed.append(shard)
 
@@ -311,29 +321,37 @@ def wait_for_objects(
     s3,
     bucket: str,
     prefix: str,
-    names: list[str],
+    names: list[str | tuple[str, ...]],
     timeout_s: float,
     interval_s: float,
     log,
     clock=time.time,
     sleep=time.sleep,
-) -> None:
-    """Wait until s3://bucket/prefix holds every name, saying what is missing now and then.
+) -> dict[str, int]:
+    """Wait until s3://bucket/prefix holds every name (a tuple: any one of its names), saying
+    what is missing now and then; {name: size} of what is there then.
 
     `cdk deploy PreprocessStack` creates the bucket and the node in one go, so the archives are
     usually uploaded after the node boots. Listing, not HEAD: the node may list only its
     prefixes, and a HEAD of a missing key without bucket-wide ListBucket answers 403, not 404.
     """
     last_note = -math.inf
+    present: dict[str, int] = {}
 
     def all_present() -> bool:
-        nonlocal last_note
+        nonlocal last_note, present
         present = aws.list_sizes(s3, bucket, prefix)
-        missing = [name for name in names if name not in present]
+        missing = [
+            name
+            for name in names
+            if not (name in present if isinstance(name, str) else set(name) & set(present))
+        ]
         if missing and clock() - last_note >= WAIT_NOTE_EVERY_S:
+            shown = [n if isinstance(n, str) else " (or ".join(n) + ")" for n in missing]
+            uploads = [n if isinstance(n, str) else n[0] for n in missing]
             log(
-                f"waiting for {', '.join(missing)} in s3://{bucket}/{prefix} (upload them with: "
-                f"s5cmd cp {' '.join(missing)} s3://{bucket}/{prefix})"
+                f"waiting for {', '.join(shown)} in s3://{bucket}/{prefix} (upload them with: "
+                f"s5cmd cp {' '.join(uploads)} s3://{bucket}/{prefix})"
             )
             last_note = clock()
         return not missing
@@ -342,3 +360,4 @@ def wait_for_objects(
         raise VerificationError(
             f"s3://{bucket}/{prefix} still lacks raw archives after {timeout_s / 3600:g} h"
         )
+    return present

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.error
 import urllib.request
 from base64 import b64encode
 from pathlib import Path
@@ -25,6 +26,20 @@ RAW_FILES = {
     "val": "ILSVRC2012_img_val.tar",
     "labels": "ILSVRC2012_validation_ground_truth.txt",
 }
+# The validation labels: the devkit as image-net.org ships it (trainer/preprocess/devkit.py reads
+# its meta.mat and ground truth), or in its place a file of one synset per line. The devkit
+# first, when both are there: its class numbers cannot be taken for synsets.
+DEVKIT = "ILSVRC2012_devkit_t12.tar.gz"
+LABEL_FILES = (DEVKIT, RAW_FILES["labels"])
+
+
+def raw_inputs(present) -> dict[str, str]:
+    """The name of each raw input in `present` (names in raw/ or on disk): the archives, and
+    the first of LABEL_FILES there."""
+    labels = next((name for name in LABEL_FILES if name in present), None)
+    if labels is None:
+        raise FileNotFoundError(f"neither of {', '.join(LABEL_FILES)} is in raw/")
+    return {"train": RAW_FILES["train"], "val": RAW_FILES["val"], "labels": labels}
 
 
 class PreprocessingNode:
@@ -55,14 +70,16 @@ class PreprocessingNode:
             if cfg.download_secret_arn:
                 raw = step("download raw archives", lambda: download_raw(cfg))
             else:
-                step(
+                present = step(
                     "wait for raw archives",
                     lambda: data_pull.wait_for_objects(
-                        s3, cfg.bucket, cfg.raw_prefix, list(RAW_FILES.values()),
+                        s3, cfg.bucket, cfg.raw_prefix,
+                        [RAW_FILES["train"], RAW_FILES["val"], LABEL_FILES],
                         cfg.raw_wait_s, max(cfg.poll_interval_s, 30), aws.log,
                     ),
                 )  # fmt: skip
-                raw = {k: f"s3://{cfg.bucket}/{cfg.raw_prefix}{n}" for k, n in RAW_FILES.items()}
+                names = raw_inputs(present)
+                raw = {k: f"s3://{cfg.bucket}/{cfg.raw_prefix}{n}" for k, n in names.items()}
             command = [
                 "python3", "-m", "trainer.preprocess",
                 "--train-tar", raw["train"], "--val-tar", raw["val"], "--val-labels", raw["labels"],
@@ -110,7 +127,8 @@ def stop_instance_soon(cfg: PreprocessConfig) -> None:
 
 def download_raw(cfg: PreprocessConfig) -> dict[str, str]:
     """Fetch the archives from the URL in the Secrets Manager secret: JSON {"url": base URL,
-    optional "username"/"password" for HTTP basic auth}. Finished downloads are kept."""
+    optional "username"/"password" for HTTP basic auth}; for the labels the devkit, or where the
+    URL has none (404) the synset-per-line file. Finished downloads are kept."""
     secret = aws.client("secretsmanager", cfg.region).get_secret_value(
         SecretId=cfg.download_secret_arn
     )
@@ -121,18 +139,28 @@ def download_raw(cfg: PreprocessConfig) -> dict[str, str]:
     if doc.get("username"):
         token = b64encode(f"{doc['username']}:{doc.get('password', '')}".encode()).decode()
         headers["Authorization"] = f"Basic {token}"
-    paths = {}
-    for kind, name in RAW_FILES.items():
+    for name in (RAW_FILES["train"], RAW_FILES["val"], *LABEL_FILES):
         path = target / name
-        paths[kind] = str(path)
         if path.exists():
             aws.log(f"{name} already downloaded")
-            continue
-        request = urllib.request.Request(f"{doc['url'].rstrip('/')}/{name}", headers=headers)
-        partial = path.with_suffix(".part")
-        with urllib.request.urlopen(request, timeout=60) as response, partial.open("wb") as out:
-            while chunk := response.read(1 << 22):
-                out.write(chunk)
-        partial.replace(path)
-        aws.log(f"downloaded {name}: {path.stat().st_size} bytes")
-    return paths
+        elif name in LABEL_FILES and any((target / n).exists() for n in LABEL_FILES):
+            continue  # the labels are here in their other form
+        else:
+            try:
+                fetch(f"{doc['url'].rstrip('/')}/{name}", headers, path)
+            except urllib.error.HTTPError as error:
+                if error.code != 404 or name != DEVKIT:
+                    raise
+                aws.log(f"{name}: not at the download URL (404); trying {RAW_FILES['labels']}")
+    names = raw_inputs({p.name for p in target.iterdir()})
+    return {kind: str(target / name) for kind, name in names.items()}
+
+
+def fetch(url: str, headers: dict, path: Path) -> None:
+    request = urllib.request.Request(url, headers=headers)
+    partial = path.with_suffix(".part")
+    with urllib.request.urlopen(request, timeout=60) as response, partial.open("wb") as out:
+        while chunk := response.read(1 << 22):
+            out.write(chunk)
+    partial.replace(path)
+    aws.log(f"downloaded {path.name}: {path.stat().st_size} bytes")

@@ -72,6 +72,8 @@ class ControllerArns:
         self.status = bucket.arn_for_objects(runs.key("*", runs.STATUS))
         self.controller = bucket.arn_for_objects(runs.key("*", runs.CONTROLLER))
         self.launches = bucket.arn_for_objects(runs.key("*", f"{runs.LAUNCHES}*"))
+        # An operator's hold (`horovod-fleet hold`), which the controller only reads.
+        self.hold = bucket.arn_for_objects(runs.key("*", runs.HOLD))
 
     def wildcards(self) -> list[str]:
         return [
@@ -90,6 +92,7 @@ class ControllerArns:
             self.status,
             self.controller,
             self.launches,
+            self.hold,
             "*",
         ]
 
@@ -153,7 +156,10 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
     return [
         # launches/: the controller's own assignments, read back to replace a lost node of an
         # elastic fleet once per number (controller/replace.py).
-        *reads(arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches),
+        # hold.json: an operator's hold, read, never written (controller/observe.py).
+        *reads(
+            arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches, arns.hold
+        ),
         # Checkpoints and logs are listed (results), never read.
         iam.PolicyStatement(
             actions=["s3:PutObject"],

@@ -46,11 +46,13 @@ def python_function(
     environment: dict[str, str] | None = None,
     timeout_minutes: int = 1,
     dead_letters: sqs.IQueue | None = None,
+    reserved_concurrency: int | None = None,
 ) -> aws_lambda.Function:
     """A function whose role may write only to its own log group; `dead_letters` for one that
     is invoked asynchronously (EventBridge, Scheduler, an alarm): Lambda retries it twice, and
     an event still failing lands there, where an alarm sees it.
-    https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html"""
+    https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html
+    `reserved_concurrency`: at most that many invocations at once (the run controller's tick)."""
     log_group = logs.LogGroup(
         scope,
         f"{construct_id}Logs",
@@ -74,6 +76,7 @@ def python_function(
         memory_size=256,
         description=description,
         environment=environment or {},
+        reserved_concurrent_executions=reserved_concurrency,
         **asynchronous,
     )
     role.add_to_principal_policy(
@@ -85,19 +88,22 @@ def python_function(
     # Function adds a DependsOn on its role that the role's GetAtt already implies (cfn-lint
     # W3005 on every synth); dropping it keeps the templates warning-free.
     function.node.default_child.add_deletion_override("DependsOn")
-    checkov_function_reasons(function.node.default_child)
+    checkov_function_reasons(function.node.default_child, reserved=reserved_concurrency)
     return function
 
 
-def checkov_function_reasons(function: aws_lambda.CfnFunction) -> None:
-    for check_id, reason in (
+def checkov_function_reasons(function: aws_lambda.CfnFunction, reserved: int | None = None) -> None:
+    """Why checkov's Lambda checks do not apply; CKV_AWS_115 only to a function without
+    `reserved` concurrency."""
+    reasons = (
         (
             "CKV_AWS_115",
-            "No reserved concurrency on purpose: an account whose Lambda concurrency limit is "
-            "still the new-account 10 cannot reserve any (Lambda keeps 100 unreserved, "
-            "https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html) and "
-            "TeardownStack would fail to deploy. A throttled invocation is retried by its "
-            "caller (Step Functions, CloudFormation, or Lambda's own queue for 6 hours).",
+            "No reserved concurrency: only the run controller's tick reserves some (one, so that "
+            "one tick runs at a time); each reservation takes from the account's unreserved "
+            "pool, of which Lambda keeps 100 "
+            "(https://docs.aws.amazon.com/lambda/latest/api/API_PutFunctionConcurrency.html), and "
+            "these functions are called a few times per run. A throttled invocation is retried by "
+            "its caller (Step Functions, CloudFormation, or Lambda's own queue).",
         ),
         (
             "CKV_AWS_116",
@@ -116,5 +122,7 @@ def checkov_function_reasons(function: aws_lambda.CfnFunction) -> None:
             "The environment holds resource names, ARNs and minutes, no secrets; Lambda "
             "encrypts it at rest with an AWS managed key.",
         ),
-    ):
-        checkov_reason(function, check_id, reason)
+    )
+    for check_id, reason in reasons:
+        if check_id != "CKV_AWS_115" or reserved is None:
+            checkov_reason(function, check_id, reason)

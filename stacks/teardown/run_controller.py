@@ -37,7 +37,10 @@ from stacks.teardown.workflow import STEPS, RunWorkflow
 STATE_MACHINE_NAME = "horovod-fleet-run-controller"
 # The tick's schedule: every minute, as clustermgtd's loop.
 TICK_RATE = "rate(1 minute)"
-# An event only brings the tick forward; one lost costs a minute, the next tick's.
+# An event only brings the tick forward; one lost costs a minute, the next tick's. EventBridge
+# invokes a Lambda target asynchronously (its list of targets,
+# https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-targets.html): these retries are
+# for an event Lambda did not accept, a throttled tick waits in Lambda's queue.
 TICK_EVENT_RETRIES = 2
 TICK_EVENT_AGE = Duration.minutes(5)
 # The states of EC2's state-change events that bring the tick forward: a node stopping or going.
@@ -47,6 +50,20 @@ NODE_GONE_STATES = ["stopping", "stopped", "shutting-down", "terminated"]
 STEP_TIMEOUT_MINUTES = {"launch": 5}
 # The tick reads a few dozen things and starts at most a few; a minute, the schedule's rate.
 TICK_TIMEOUT_MINUTES = 1
+# One tick at a time: two at once could each judge the same loss before either's launch shows.
+# Every invoker (Scheduler, the rules, the idle alarm, the cap) invokes it asynchronously, and
+# Lambda answers an event its reserved concurrency throttles by putting it back in the queue
+# and trying again ("For throttling errors (429) ... Lambda returns the event to the queue and
+# attempts to run the function again", backing off from 1 s,
+# https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html), for at
+# most TICK_EVENT_QUEUE_AGE, after which it is discarded ("The maximum amount of time Lambda
+# retains an event in the asynchronous event queue",
+# https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-configuring.html): by then the
+# next minute's tick has run. Lambda keeps 100 of the account's concurrency unreserved
+# (https://docs.aws.amazon.com/lambda/latest/api/API_PutFunctionConcurrency.html): an account
+# whose Lambda concurrency quota is 100 or less cannot deploy TeardownStack until it is raised.
+TICK_CONCURRENCY = 1
+TICK_EVENT_QUEUE_AGE = Duration.minutes(1)
 # The tick's errors that mean the run may not be handled: a few minutes of them in a row.
 TICK_ERROR_MINUTES = 5
 
@@ -101,10 +118,13 @@ class RunController(Construct):
             description="The horovod-fleet run controller's tick: reads the run, takes its next step",
             environment=environment,
             timeout_minutes=TICK_TIMEOUT_MINUTES,
+            reserved_concurrency=TICK_CONCURRENCY,
         )
-        # Invoked asynchronously by the schedule, the rules, the alarm and the cap: a failed
-        # tick is not retried, the next minute's is.
-        self.tick.configure_async_invoke(retry_attempts=0, max_event_age=Duration.minutes(1))
+        # Invoked asynchronously by the schedule, the rules, the alarm and the cap: a tick that
+        # failed is not retried (retries count only the function's errors, "The maximum number
+        # of times that Lambda retries events when the function returns an error"), the next
+        # minute's tick is; one throttled while another runs waits in the queue for a minute.
+        self.tick.configure_async_invoke(retry_attempts=0, max_event_age=TICK_EVENT_QUEUE_AGE)
         self.schedule()
         self.rules(bucket)
         self.cleanup_token = self.cleanup(arns, environment)
@@ -119,7 +139,8 @@ class RunController(Construct):
             policy,
             arns.wildcards(),
             "The wildcards are TrainStack's stack-id suffix, the run name in runs/<run>/ "
-            "(DONE.json, attempts.json, controller.json, launches/: the controller's record), the "
+            "(DONE.json, attempts.json, controller.json, launches/: the controller's record; "
+            "status.json and an operator's hold.json, read only), the "
             "controller's "
             "own executions, TrainStack's instances (stopped, started or terminated only with "
             "CloudFormation's stack-name tag TrainStack or the fleet's tag holding TrainStack's "
@@ -135,8 +156,12 @@ class RunController(Construct):
 
     def schedule(self) -> None:
         """The tick every minute, whatever happens (a stack being created or deleted, a fleet
-        gone, instances left over): Scheduler invokes it without retries, as the next minute's
-        tick retries it."""
+        gone, instances left over). Scheduler invokes Lambda asynchronously ("EventBridge
+        Scheduler invokes your Lambda function asynchronously",
+        https://docs.aws.amazon.com/lambda/latest/dg/with-eventbridge-scheduler.html): its own
+        retries are for an invocation Lambda did not accept, and there are none, as the next
+        minute's tick retries it; a tick throttled by the reserved concurrency waits in Lambda's
+        queue instead (TICK_CONCURRENCY)."""
         invoke = iam.Role(
             self,
             "TickScheduleRole",

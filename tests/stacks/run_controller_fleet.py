@@ -12,6 +12,7 @@ import boto3
 import clients
 import pytest
 import tick
+from botocore.exceptions import ClientError
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
@@ -389,6 +390,39 @@ class Ec2Answers:
         instance = backend_instance(instance_id)
         instance._state.name, instance._state.code = "pending", 0
         self.pending[instance_id] = refusals
+
+
+class RefusedReads:
+    """S3 refuses every read of the run's records (runs/<run>/: GetObject, HeadObject, a listing
+    under it) with 403 AccessDenied, as a permission or a KMS key the controller's role lost
+    would: every AWS call of the tick and the steps goes through clients.client("s3")."""
+
+    READS = ("GetObject", "HeadObject", "ListObjectsV2", "ListObjects")
+
+    def __init__(self, run: str = RUN) -> None:
+        self.prefix = f"runs/{run}/"
+        self.refused: list[str] = []
+
+    def refuse(self, params, model, **_) -> None:
+        where = params.get("Key") or params.get("Prefix") or ""
+        if where.startswith(self.prefix):
+            self.refused.append(f"{model.name} {where}")
+            raise ClientError(
+                {"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, model.name
+            )
+
+    def __enter__(self) -> "RefusedReads":
+        for operation in self.READS:
+            clients.client("s3").meta.events.register(
+                f"provide-client-params.s3.{operation}", self.refuse
+            )
+        return self
+
+    def __exit__(self, *_) -> None:
+        for operation in self.READS:
+            clients.client("s3").meta.events.unregister(
+                f"provide-client-params.s3.{operation}", self.refuse
+            )
 
 
 # --- the triggers' events ----------------------------------------------------------------------

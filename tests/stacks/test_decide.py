@@ -5,6 +5,7 @@ state of the world; no AWS is involved."""
 import datetime
 
 import decide
+import decide_guards
 import judge
 import pytest
 from executions import name
@@ -61,7 +62,9 @@ DEPLOYED = object()  # the default stack
 
 
 def snapshot(*, stack_=DEPLOYED, instances=None, attempts=(), done=None, executions=(), beats=None,
-             controller=None, alarm=None, failures=(), assigned=(), checkpoint=None) -> dict:  # fmt: skip
+             controller=None, alarm=None, failures=(), assigned=(), checkpoint=None,
+             hold=None) -> dict:  # fmt: skip
+    """What the tick reads: the world first (observe.world: the guards'), then the records."""
     return {
         "stack": stack() if stack_ is DEPLOYED else stack_,
         "instances": fleet() if instances is None else instances,
@@ -69,10 +72,12 @@ def snapshot(*, stack_=DEPLOYED, instances=None, attempts=(), done=None, executi
             "attempts": list(attempts), "controller_failures": list(failures), "done": done,
             "done_etag": '"e1"' if done else None, "controller": controller or {},
             "status": None, "heartbeats": beats if beats is not None else {"0": at(59), "1": at(59)},
-            "assigned": set(assigned), "checkpoint_at": checkpoint,
+            "assigned": set(assigned),
         },
         "executions": list(executions),
         "alarm": alarm,
+        "checkpoint_at": checkpoint,
+        "hold": hold,
         "settings": {"idle_minutes": 30},
     }  # fmt: skip
 
@@ -401,7 +406,10 @@ def test_a_node_ec2_ended_is_replaced_in_the_fleet_s_zone_and_the_attempt_goes_o
         "replace", 1, 1, 1,
     )  # fmt: skip
     assert replace["zone"] == {"zone": "us-east-1a", "subnet": "s-a", "group": "g-a"}
-    assert replace["replaces"] is None and "no instance serves it" in replace["why"]
+    # The loss is named by the instance lost (terminated, as EC2 still lists it): its token's.
+    assert (
+        replace["replaces"] == "i-1-terminated-aaaa" and "no instance serves it" in replace["why"]
+    )
 
 
 def test_a_silent_node_whose_instance_runs_is_terminated_then_replaced():
@@ -485,3 +493,137 @@ def test_the_head_ec2_ended_is_the_attempt_s_end_and_cannot_be_relaunched():
         "the head (i-head-terminated-aaaa) is terminated and cannot come back"
         in (record["entry"]["why"])
     )
+
+
+# --- issue 47: the guards first, the notice by attempt, a node past its budget, the hold --------
+
+
+def test_the_guards_are_decided_without_the_run_s_records():
+    """What the tick decides before it reads S3 (decide_guards.py): the cap, a delete under way,
+    the idle fleet; anything else is left to the records (phase None)."""
+    world = {"alarm": {"state": "ALARM", "since": at(0)}}
+    for now, changes, expected in (
+        (361, {}, name(RUN, "cap", STACK)),
+        (60, {"stack_": stack(status="DELETE_IN_PROGRESS")}, name(RUN, "destroy", STACK)),
+        (75, world, name(RUN, "idle", STACK)),
+    ):
+        shot = {**snapshot(**changes), "records": None}
+        decision = decide_guards.guards(shot, at(now))
+        assert started(decision) == [expected], decision
+    assert decide_guards.guards({**snapshot(), "records": None}, at(60))["phase"] is None
+
+
+def test_an_idle_fleet_whose_checkpoint_time_could_not_be_read_goes_on_the_alarm_alone():
+    """observe.world could not list the checkpoints (checkpoint_at None): the alarm is judged
+    alone, as if no checkpoint came after its onset (decide_guards.idle_since says why)."""
+    alarm = {"state": "ALARM", "since": at(45)}
+    assert started(verdict(71, alarm=alarm, checkpoint=None)) == [name(RUN, "idle", STACK)]
+    assert started(verdict(71, alarm=alarm, checkpoint=at(60))) == []
+
+
+def test_the_idle_guard_waits_while_an_attempt_s_end_is_acted_on():
+    """A relaunch running (or to be resumed) is not idleness; its end starts the launch grace."""
+    alarm = {"state": "ALARM", "since": at(0)}
+    for status in ("RUNNING", "FAILED"):
+        decision = verdict(90, alarm=alarm, attempts=[entry(1, decided=5)],
+                           executions=[execution("a1", status, stopped=None if status == "RUNNING" else 80)])  # fmt: skip
+        assert name(RUN, "idle", STACK) not in started(decision), decision
+    relaunched = [execution("a1", "SUCCEEDED", stopped=60)]
+    assert (
+        started(verdict(99, alarm=alarm, attempts=[entry(1, decided=5)], executions=relaunched))
+        == []
+    )
+    assert started(verdict(101, alarm=alarm, attempts=[entry(1, decided=5)],
+                           executions=relaunched)) == [name(RUN, "idle", STACK)]  # fmt: skip
+
+
+def test_the_node_loss_notice_is_matched_by_stack_and_attempt():
+    """Bug 5's risk: attempt 1's notice, left in controller.json because attempt 1 ended by its
+    DONE.json, is not attempt 2's: EC2 ending a node of attempt 2 is noticed anew, and the
+    head's record awaited, not written up at once for the old notice's age."""
+    gone = fleet("running", "terminated")
+    old = {"noticed": {"stack_id": STACK, "attempt": 1, "at": stamp(20), "nodes": ["node 1"]}}
+    world = {"instances": gone, "controller": old, "attempts": [entry(1, decided=25)],
+             "executions": [execution("a1", "SUCCEEDED", stopped=30)]}  # fmt: skip
+    decision = verdict(60, **world)
+    assert dos(decision) == ["tell"], decision
+    assert decision["actions"][0]["fields"]["noticed"]["attempt"] == 2
+    other = {"noticed": {**old["noticed"], "attempt": 2, "stack_id": OLD_STACK}}
+    assert dos(verdict(60, **{**world, "controller": other})) == ["tell"]
+    mine = {"noticed": {**old["noticed"], "attempt": 2, "at": stamp(57)}}
+    assert dos(verdict(59, **{**world, "controller": mine})) == []
+    assert dos(verdict(60, **{**world, "controller": mine})) == ["write_done"]
+
+
+def test_a_silent_node_past_its_budget_is_terminated_and_not_replaced():
+    """Bug 5: the budget spent (two replacements of node 2 in attempt 1), node 2's instance
+    runs silent: terminated all the same, said once in controller.json."""
+    used = [{"node_index": 2, "instance_id": f"i-r{k}", "attempt": 1, "replacement": k}
+            for k in (1, 2)]  # fmt: skip
+    world = elastic(silent=["2"], assignments=used)
+    world["beats"]["2"] = at(57)
+    terminate, tell = elastic_verdict(60, **world)["actions"]
+    assert (terminate["do"], terminate["ids"]) == ("terminate", ["i-2-running-aaaa"])
+    assert "past its replacements" in terminate["why"]
+    assert "not replaced again" in tell["fields"]["unreplaced"]["nodes"]["2"]
+
+
+def test_a_replacement_assigned_but_not_listed_yet_is_launching_not_lost():
+    """EC2 does not list a replacement the tick launched a minute ago (eventual consistency):
+    nothing is launched again; past the listing lag it is gone, and replaced as a new loss."""
+    launched = {"node_index": 1, "instance_id": "i-new", "attempt": 1, "replacement": 1,
+                "launched_at": stamp(59)}  # fmt: skip
+    world = elastic("running", "terminated", "running", assignments=[launched])
+    assert elastic_verdict(60, **world)["actions"] == []
+    [replace] = elastic_verdict(65, **{**world, "head_beat": at(64),
+                                       "beats": {"0": at(64), "2": at(64)}})["actions"]  # fmt: skip
+    assert (replace["number"], replace["replaces"]) == (2, "i-new")
+
+
+HELD = {"held": True, "stack_id": STACK, "held_at": stamp(50), "held_by": "arn:aws:iam::1:user/o"}
+ON_HOLD = [
+    # (case, minutes, world): each would act were the run not held
+    ("a lost node is not replaced", 60, {"instances": [*fleet("running", "terminated", "running"), instance("head")], "stack_": stack(nodes=3, min_nodes=2)}),
+    ("an attempt's end is not recorded, nor relaunched", 60, {"done": {"attempt": 1, "status": "failed", "cause": "node_lost", "reason": "r"}}),
+    ("a recorded relaunch is not started", 61, {"attempts": [entry(1)]}),
+    ("a silent fleet gets no DONE.json", 60, {"beats": {"0": at(50), "1": at(50)}}),
+    ("nodes EC2 ended get no notice", 60, {"instances": fleet("running", "terminated")}),
+    ("an idle fleet is not deleted", 75, {"alarm": {"state": "ALARM", "since": at(0)}}),
+    ("the run's unclaimed instance is not swept", 10, {"instances": [*fleet(), instance(None, cloudformation=False)]}),
+    ("a given-up run is not stopped", 60, {"failures": [{"final": True, "stack_id": STACK}]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "now", "world"), ON_HOLD, ids=[r[0] for r in ON_HOLD])
+def test_a_held_run_gets_no_action(case, now, world):
+    """An operator's hold (clustermgtd's disable_all_cluster_management): no replacement, no
+    relaunch, no DONE.json of the controller's, no idle delete, no sweep of the run's own
+    instances, nothing stopped."""
+    world = {"beats": {"0": at(now - 1), "1": at(now - 1)}, **world}
+    assert verdict(now, **world)["actions"], "the case must act when not held"
+    held = verdict(now, hold=HELD, **world)
+    assert (held["phase"], held["actions"]) == ("held", []), held
+
+
+def test_a_hold_stops_neither_the_cap_nor_a_delete_nor_the_sweep_of_other_stacks():
+    assert started(verdict(361, hold=HELD)) == [name(RUN, "cap", STACK)]
+    deleting = verdict(60, hold=HELD, stack_=stack(status="DELETE_FAILED"))
+    assert started(deleting) == [name(RUN, "destroy", STACK)]
+    left = verdict(10, hold=HELD, instances=[*fleet(), instance("0", of=OLD_STACK)])
+    assert dos(left) == ["terminate"] and left["phase"] == "held"
+
+
+def test_a_hold_of_an_earlier_stack_or_a_released_one_holds_nothing():
+    gone = fleet("running", "terminated")
+    for hold in ({**HELD, "stack_id": OLD_STACK}, {**HELD, "held": False}, {}):
+        assert verdict(60, hold=hold, instances=gone)["phase"] != "held"
+
+
+def test_the_idle_clock_runs_through_a_hold():
+    """Idle since minute 0 and held at 20: nothing while held; released at 90, the fleet goes at
+    that first tick, its clock never reset by the hold."""
+    alarm = {"state": "ALARM", "since": at(0)}
+    held = verdict(60, hold=HELD, alarm=alarm)
+    assert held["actions"] == [] and "goes at the first tick after release" in held["why"]
+    released = {**HELD, "held": False, "released_at": stamp(90)}
+    assert started(verdict(90, hold=released, alarm=alarm)) == [name(RUN, "idle", STACK)]

@@ -167,6 +167,7 @@ def test_a_missing_manifest_fails_the_deploy_in_one_line(aws):
     reason = refused(dataset_request("Create"))
     assert reason.startswith(f"no s3://{BUCKET}/tfrecords/manifest.json: the fleet has")
     assert "Deploy PreprocessStack" in reason and "\n" not in reason
+    assert f"indexed first by horovod-fleet dataset index s3://{BUCKET}/tfrecords/;" in reason
 
 
 def test_a_missing_manifest_s3_answers_with_403_is_missing_too(aws, monkeypatch):

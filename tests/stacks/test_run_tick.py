@@ -8,12 +8,14 @@ import re
 import clients
 import executions
 import pytest
+from botocore.exceptions import ClientError
 from run_controller_fleet import (
     CAP_EVENT,
     RUN,
     ZONES,
     Ec2Answers,
     Fleet,
+    RefusedReads,
     alarm_event,
     done_event,
     put_json,
@@ -82,6 +84,48 @@ def test_the_hard_cap_that_fires_during_a_slow_create_deletes_the_stack(ticks):
     ticks(CAP_EVENT)
     ticks.until_quiet()
     assert fleet.stack_status() == "DELETE_COMPLETE"
+
+
+# --- the guards act whatever else fails (issue 47) ----------------------------------------------
+
+
+def past_the_cap(fleet: Fleet, ticks) -> dict:
+    ticks.advance(hours=1, minutes=1)
+    return CAP_EVENT
+
+
+def idle_past_its_window(fleet: Fleet, ticks) -> dict:
+    """The alarm in ALARM since the deploy; 45 minutes on, past the launch grace (40) and the
+    idle window (30). The newest checkpoint's time is unreadable: the alarm is judged alone."""
+    set_idle_alarm(RUN, "ALARM")
+    ticks.advance(minutes=45)
+    return alarm_event()
+
+
+def cdk_destroy_failed(fleet: Fleet, ticks) -> dict:
+    """cdk destroy ended DELETE_FAILED (an interface held it up): the tick follows it."""
+    fleet.set_stack_status("DELETE_FAILED")
+    return {"trigger": "schedule"}
+
+
+@pytest.mark.parametrize("guard", [past_the_cap, idle_past_its_window, cdk_destroy_failed])
+def test_the_guards_delete_train_stack_while_s3_refuses_every_read_of_the_run(ticks, guard):
+    """Bug 5's "one unreadable record disables the hard cap": with every read of runs/<run>/
+    refused (403), each guard is decided and acted on from CloudFormation, EC2, Step Functions
+    and CloudWatch, before any record is read; the tick still fails with the refusal (its
+    error alarm), and once the stack is gone nothing of the fleet bills (its orphans go)."""
+    fleet = Fleet(zones=ZONES[:1], hours=1)
+    ticks.minutes(2, fleet)
+    event = guard(fleet, ticks)
+    with RefusedReads() as refused:
+        with pytest.raises(ClientError, match="AccessDenied"):
+            ticks(event)
+        ticks.workflow.settle()
+        assert refused.refused  # the tick did read the records, and was refused
+        assert fleet.stack_status() == "DELETE_COMPLETE"
+        ticks.advance(minutes=6)  # past the orphan timeout: no stack, so nothing of S3 is read
+        assert ticks()["actions"] in ([], ["terminate"])
+    assert fleet.billing() == []
 
 
 # --- bug 3: a stale DONE.json during an EC2 event -----------------------------------------------

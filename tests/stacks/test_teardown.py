@@ -19,7 +19,7 @@ from cfnlint.api import lint
 
 from contract.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, REPLACEMENTS_PER_NODE
 from stacks.teardown.preprocess_guard import PreprocessGuard
-from stacks.teardown.run_controller import TICK_EVENT_RETRIES, TICK_RATE
+from stacks.teardown.run_controller import TICK_CONCURRENCY, TICK_EVENT_RETRIES, TICK_RATE
 from stacks.teardown.run_guard import IDLE_PERIOD, RunGuard
 from stacks.teardown.stack import TeardownStack
 from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S, STARTUP_GRACE_S
@@ -449,6 +449,33 @@ def test_the_tick_runs_every_minute_whatever_happens(templates):
     assert tick["Properties"]["Timeout"] <= 60
 
 
+def test_one_tick_runs_at_a_time_and_a_throttled_one_waits_a_minute_in_lambdas_queue(templates):
+    """Issue 47: two ticks at once could each judge one loss before either's launch shows. The
+    tick reserves a concurrency of one; every invoker calls it asynchronously, so one throttled
+    meanwhile goes back to Lambda's queue, kept a minute (MaximumEventAgeInSeconds), by when the
+    next minute's tick has run; its own failures are not retried. No other function reserves
+    any (each reservation takes from the account's pool, of which Lambda keeps 100)."""
+    teardown = templates["TeardownStack"]
+    tick_id, tick = function(teardown, "RunControllerTick")
+    assert TICK_CONCURRENCY == 1
+    assert tick["Properties"]["ReservedConcurrentExecutions"] == 1
+    [config] = [
+        c["Properties"] for c in teardown.find_resources("AWS::Lambda::EventInvokeConfig").values()
+        if c["Properties"]["FunctionName"] == {"Ref": tick_id}
+    ]  # fmt: skip
+    assert (config["MaximumRetryAttempts"], config["MaximumEventAgeInSeconds"]) == (0, 60)
+    reserving = [
+        logical_id
+        for template in templates.values()
+        for logical_id, resource in template.find_resources("AWS::Lambda::Function").items()
+        if "ReservedConcurrentExecutions" in resource["Properties"]
+    ]
+    assert reserving == [tick_id]
+    # checkov's "no reserved concurrency" is acknowledged on every function but the tick.
+    skipped = json.dumps(tick.get("Metadata", {}))
+    assert "CKV_AWS_115" not in skipped and "CKV_AWS_116" in skipped
+
+
 def test_hard_cap_schedule_retries_then_dead_letters(templates):
     [schedule] = templates["TrainStack"].find_resources("AWS::Scheduler::Schedule").values()
     target = schedule["Properties"]["Target"]
@@ -669,6 +696,21 @@ def test_the_controller_tells_a_launched_node_its_index_and_nothing_else(templat
     [(key, value)] = tagging["Condition"]["StringLike"].items()
     assert key == "aws:ResourceTag/horovod-fleet:stack" and render(value) == TRAIN_STACKS
     assert render(tagging["Resource"]).endswith(":instance/*")
+
+
+def test_the_controller_reads_an_operators_hold_and_never_writes_it(templates):
+    """`horovod-fleet hold` writes runs/<run>/hold.json with the operator's own credentials;
+    the controller's role may read it, and neither write nor delete it."""
+    steps = role_statements(templates["TeardownStack"], "RunControllerStepsRole")
+    gets = [
+        r for s in steps if "s3:GetObject" in as_list(s["Action"]) for r in as_list(s["Resource"])
+    ]
+    assert any(render(r).endswith("/runs/*/hold.json") for r in gets)
+    for action in ("s3:PutObject", "s3:DeleteObject"):
+        written = [
+            render(r) for s in statements_for(templates, action) for r in as_list(s["Resource"])
+        ]
+        assert not any("hold.json" in r for r in written), written
 
 
 def test_only_the_controller_starts_or_stops_its_executions(templates):

@@ -11,6 +11,8 @@ This file imports nothing, so `import trainer.preprocess.sample` stays light.
 __main__.py   the command line: flags, their checks, one `error:` line per failure
 convert.py    the pipeline: blocks to a worker pool, shards written in order, resume, manifest last
 archives.py   the ILSVRC tars read in place, local or s3://, by byte range
+devkit.py     the validation labels from the devkit's archive (meta.mat, the ground truth)
+matfile.py    MATLAB Level 5 MAT-files (the devkit's meta.mat) in plain Python
 blocks.py     the inputs cut into units, and units into blocks that each own a range of shards
 images.py     a worker's work: decode, resize, re-encode one image into a record
 jpeg.py       the fast path for sequential YCbCr JPEGs (libjpeg-turbo scaling, OpenCV resize)

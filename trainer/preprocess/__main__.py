@@ -1,7 +1,7 @@
 """ILSVRC archives (or an extracted tree) to sharded TFRecords, streamed, parallel, resumable.
 
     python -m trainer.preprocess --train-tar ILSVRC2012_img_train.tar \
-        --val-tar ILSVRC2012_img_val.tar --val-labels ILSVRC2012_validation_ground_truth.txt \
+        --val-tar ILSVRC2012_img_val.tar --val-labels ILSVRC2012_devkit_t12.tar.gz \
         --output /data/tfrecords            # or s3://BUCKET/tfrecords; inputs may be s3:// too
 
 The command line: its flags and their checks; each failure it expects is one `error:` line and
@@ -47,7 +47,8 @@ def parse_config(argv: list[str] | None) -> Config:
     add(
         "--val-labels",
         metavar="PATH_OR_S3",
-        help="validation ground truth: one synset per line, in file-name order",
+        help="validation ground truth: the devkit as image-net.org ships it "
+        "(ILSVRC2012_devkit_t12.tar.gz), or one synset per line in file-name order",
     )
     add(
         "--output",

@@ -27,6 +27,7 @@ from trainer.preprocess.archives import (
     read_small,
     tar_images,
 )
+from trainer.preprocess.devkit import DEVKIT_NAME, GROUND_TRUTH, devkit_synsets, is_archive
 
 VAL_RUN_MEMBERS = 256  # validation-tar members read with one ranged read
 CARVE_SEED = "horovod-fleet/val-per-class"
@@ -227,26 +228,32 @@ def tree_units(
 
 
 def val_tar_units(val_tar: str, val_labels: str, label_map: dict[str, int], client) -> list[TarRun]:
-    """Runs of validation-tar members labelled from the ground truth (file-name order)."""
+    """Runs of validation-tar members labelled from the ground truth (file-name order): one
+    synset per line, or the devkit's archive (devkit.py)."""
     members = _listed("--val-tar", val_tar, client)
-    try:
-        synsets = read_small(val_labels, client).decode().split()
-    except UnicodeDecodeError:
-        raise InputError(f"--val-labels: {val_labels} is not a text file") from None
+    raw = read_small(val_labels, client)
+    if is_archive(raw):
+        synsets = devkit_synsets(raw, os.path.basename(val_labels))
+        what = f"the devkit's {GROUND_TRUTH}"
+    else:
+        try:
+            synsets = raw.decode().split()
+        except UnicodeDecodeError:
+            raise InputError(f"--val-labels: {val_labels} is not a text file") from None
+        what = "--val-labels"
     if len(synsets) != len(members):
-        raise InputError(
-            f"--val-labels has {len(synsets)} lines but --val-tar has {len(members)} images"
-        )
+        raise InputError(f"{what} has {len(synsets)} lines but --val-tar has {len(members)} images")
     unknown = sorted(set(synsets) - set(label_map))
     if unknown and all(label.isdigit() for label in synsets):
         # The devkit's ILSVRC2012_validation_ground_truth.txt numbers the classes 1 to 1000
         # (its meta.mat names each number's synset): the same file name, not the same labels.
         raise InputError(
             f"--val-labels holds class numbers ({synsets[0]}, ...), as the devkit's ground truth "
-            "does; give one synset per line (n01440764, ...), in file-name order"
+            f"does; give the devkit itself ({DEVKIT_NAME}), whose meta.mat names each number's "
+            "synset, or one synset per line (n01440764, ...), in file-name order"
         )
     if unknown:
-        raise InputError(f"--val-labels names synsets not in the train input, e.g. {unknown[0]}")
+        raise InputError(f"{what} names synsets not in the train input, e.g. {unknown[0]}")
     synset_of = dict(zip(sorted(member.name for member in members), synsets, strict=True))
     runs = [members[i : i + VAL_RUN_MEMBERS] for i in range(0, len(members), VAL_RUN_MEMBERS)]
     return [TarRun(val_tar, tuple(run), tuple(synset_of[m.name] for m in run)) for run in runs]

@@ -150,7 +150,9 @@ def answer_dataset(event: Mapping) -> dict:
         raise Refused(
             f"no {url}: the fleet has no dataset to train on. Deploy PreprocessStack and wait "
             "until its node writes the manifest (it does so last), or point -c datasetBucket= "
-            "and -c datasetPrefix= at your TFRecords; -c benchmark=true needs no dataset"
+            "and -c datasetPrefix= at your TFRecords, indexed first by horovod-fleet dataset "
+            f"index s3://{bucket}/{key.removesuffix('manifest.json')}; -c benchmark=true needs "
+            "no dataset"
         ) from error
     return {"PhysicalResourceId": url}
 

@@ -10,7 +10,6 @@ import datetime
 
 import ec2_fleet
 import executions
-import judge
 import records
 from botocore.exceptions import ClientError
 from clients import client, error_code, error_message, log, setting, throttled
@@ -34,24 +33,26 @@ def terminate(action: dict, snapshot: dict, now) -> None:
 
 
 def replace(action: dict, snapshot: dict, now) -> None:
-    """One new instance for a lost node of the elastic fleet (decide.py replace_lost): launched
-    from the replacement template in the fleet's zone with a ClientToken of the attempt, the
-    node and the replacement's number (an earlier tick's launch of it is found by that token
-    and not made again), then its launch assignment, which the node waits for at boot, and its
-    node tag. A refusal (no capacity, say) is a spent try, in controller.json; a throttled call
-    fails the tick, and the next one asks again."""
+    """One new instance for a lost node of the elastic fleet (replace.replace_lost), launched
+    from the replacement template in the fleet's zone under the loss's own ClientToken
+    (ec2_fleet.replacement_token: the run, the attempt, the node, the instance lost). An
+    instance that token launched already, by this tick or another that overlapped it or died
+    after its launch, is found by the token first and not launched again; were EC2's answer to
+    that lag too, RunInstances with the same token answers with the same instance. Then its
+    launch assignment, which the node waits for at boot, written only where none is (so the
+    first tick's number stands and the node's budget is spent once), and its node tag. A
+    refusal (no capacity, say) is a spent try, in controller.json; a throttled call fails the
+    tick, and the next one asks again."""
     stack = snapshot["stack"]
     s3, bucket, run = context(snapshot)
     index, attempt, number = action["node"], action["attempt"], action["number"]
-    token = f"{stack['id']}/{run}/a{attempt}/n{index}/r{number}"
+    token = ec2_fleet.replacement_token(run, attempt, index, action["replaces"])
     zone = action["zone"]
-    earlier = sorted(
-        ec2_fleet.launched_by(token, judge.of_stack(snapshot["instances"], stack["id"]))
-    )
     entry = {"stack_id": stack["id"], "attempt": attempt, "node": index, "number": number,
              "replaces": action["replaces"], "why": action["why"], "at": stamp(now)}  # fmt: skip
     try:
-        [instance_id] = earlier[:1] or ec2_fleet.launch(stack["template"], [index], zone, token)
+        earlier = ec2_fleet.launched_with(token)
+        [instance_id] = earlier[:1] or ec2_fleet.run_instances(stack["template"], 1, zone, token)
     except ClientError as error:
         if (retry := throttled(error)) is not None:
             raise retry from error
@@ -62,13 +63,17 @@ def replace(action: dict, snapshot: dict, now) -> None:
         )
         return
     assignment = {"node_index": index, "instance_id": instance_id, "run": run, "attempt": attempt,
-                  "zone": zone["zone"], "replacement": number}  # fmt: skip
-    records.write_launch(s3, bucket, run, instance_id, assignment)
+                  "zone": zone["zone"], "replacement": number, "replaces": action["replaces"],
+                  "launched_at": stamp(now)}  # fmt: skip
+    number = records.claim_launch(s3, bucket, run, instance_id, assignment).get("replacement")
     ec2_fleet.tag_node(instance_id, index)
-    records.note_replacement(s3, bucket, run, {**entry, "instance_id": instance_id}, stamp(now))
-    log("replaced", run=run, node=index, instance=instance_id, number=number)
-    notify(stack, run, f"node {index} was lost ({action['why']}): the fleet trains on without it, "
-           f"and {instance_id} replaces it")  # fmt: skip
+    records.note_replacement(
+        s3, bucket, run, {**entry, "number": number, "instance_id": instance_id}, stamp(now)
+    )
+    log("replaced", run=run, node=index, instance=instance_id, number=number, found=bool(earlier))
+    if not earlier:
+        notify(stack, run, f"node {index} was lost ({action['why']}): the fleet trains on "
+               f"without it, and {instance_id} replaces it")  # fmt: skip
 
 
 def tag(action: dict, snapshot: dict, now) -> None:
@@ -118,12 +123,14 @@ def start(action: dict, snapshot: dict, now) -> None:
     if arn is None:
         return
     s3, bucket, run = context(snapshot)
+    # The mail first: it never raises (notify.py), and a guard's mail must not wait on a
+    # record that cannot be written (the tick acts on the guards before any record is read).
+    if action.get("mail"):
+        notify(snapshot["stack"], run, action["mail"])
     fields = {"execution": arn, "controller_state": "Started", **action["tell"]}
     records.update_controller(
         s3, bucket, run, at=stamp(now), stack_id=snapshot["stack"]["id"], **fields
     )
-    if action.get("mail"):
-        notify(snapshot["stack"], run, action["mail"])
 
 
 def stop_executions(action: dict, snapshot: dict, now) -> None:

@@ -3,21 +3,22 @@ the next idempotent actions (act.py does them). Pure: every rule is a function o
 so a missed, early, duplicate or self-made event costs at most one tick, and the tests drive it
 case by case (tests/stacks/test_decide.py).
 
-The phase is derived from the world, never from the last event:
+It is made in two halves. The guards first (decide_guards.py: a delete under way, the hard cap,
+a stack being created or updated, an operator's hold, the idle fleet), from CloudFormation's,
+EC2's, Step Functions' and CloudWatch's view alone, acted on before any record is read. Then,
+when no guard owns the tick, the run as its records say (this module):
 
-    no TrainStack                                   none (orphans only)
-    being deleted                                   deleting: the delete is followed
-    being created or updated                        creating / updating: a live run; only the
-                                                    hard cap acts
-    past the hard cap                               capped: every other action stopped, deleted
     an action given up for good                     controller_failed: nothing bills
     an attempt's end recorded, its action running   relaunching / tearing_down (its own stops
                                                     and starts are never faults)
     otherwise the attempt under way                 booting / training, until its DONE.json (the
                                                     nodes', or the controller's when EC2 ended
-                                                    nodes or the whole fleet went silent), the
-                                                    idle guard or the cap
+                                                    nodes or the whole fleet went silent), or a
+                                                    guard
 
+While an operator holds the run (decide_guards.py), none of this is decided: no replacement, no
+relaunch, no DONE.json of the controller's, no idle delete, no orphan of the run's stack swept,
+nothing stopped.
 A run is live until its final record (an attempts.json entry that is not `relaunch`), whatever
 its instances are doing.
 Only the standard library and contract/: part of the run controller's Lambda asset.
@@ -28,88 +29,40 @@ import datetime
 import judge
 import recovery
 import replace
-import train_stack
 import zones
+from decide_guards import guards
 from ec2_fleet import LIVE_STATES, UP_STATES
-from executions import attempt_kind, name
+from executions import attempt_kind
+from long_actions import Decider
 
 from contract import causes
 from contract.runs import parse_stamp, stamp
 
-# Stack statuses in which CloudFormation owns every change: nothing of the run is judged.
-ROLLING_BACK = ("ROLLBACK_IN_PROGRESS",)
-# A create that failed and could not be rolled back: its instances are left over (orphans).
-LEFT_OVER = ("ROLLBACK_FAILED",)
-
 
 def decide(snapshot: dict, now: datetime.datetime) -> dict:
-    """{"phase", "why", "actions"} for the run as `snapshot` shows it at `now`."""
+    """{"phase", "why", "actions"} for the run as `snapshot` shows it at `now`: the guards'
+    verdict when one owns the tick, else the records' after the guards' actions."""
+    first = guards(snapshot, now)
+    if first["phase"] is not None:
+        return first
+    then = rest(snapshot, now)
+    return {**then, "actions": first["actions"] + then["actions"]}
+
+
+def rest(snapshot: dict, now: datetime.datetime) -> dict:
+    """The run as its records say, once no guard owns the tick (`snapshot["records"]` read)."""
     return Decision(snapshot, now).verdict()
 
 
-class Decision:
-    def __init__(self, snapshot: dict, now: datetime.datetime) -> None:
-        self.now = now
-        self.stack = snapshot["stack"]
-        self.instances = snapshot["instances"]
-        self.records = snapshot.get("records") or {}
-        self.executions = snapshot.get("executions") or []
-        self.alarm = snapshot.get("alarm")
-        self.settings = snapshot.get("settings") or {}
-        self.actions: list[dict] = []
-
-    # --- the phases ---------------------------------------------------------------------------
-
+class Decision(Decider):
     def verdict(self) -> dict:
-        stack = self.stack
-        live = not train_stack.gone(stack) and stack["status"] not in LEFT_OVER
-        self.sweep(stack if live else None)
-        if not live:
-            return self.phase("none", "no TrainStack" if stack is None else stack["status"])
-        if not stack["run"]:
-            return self.phase("unknown", "TrainStack names no run (a stack from before the tags)")
-        if train_stack.deleting(stack):
-            return self.deleting()
-        if stack["status"] in ROLLING_BACK:
-            return self.phase("rolling_back", "CloudFormation rolls the create back")
-        if stack["deadline"] is not None and self.now >= stack["deadline"]:
-            return self.capped()
-        if train_stack.busy(stack):
-            kind = "creating" if train_stack.creating(stack) else "updating"
-            return self.phase(kind, f"TrainStack is {stack['status']}: judged once it is over")
+        self.sweep(self.stack, of_live=True, known=self.records.get("assigned") or set())
         if self.failed_for_good():
             return self.controller_failed()
         idle = judge.chain(self.executions, "idle")
-        if idle["state"] != "none":
+        if idle["state"] != "none":  # given up: decide_guards leaves it here
             return self.follow_chain("idle", idle, self.delete_input("idle"), "idle")
         return self.attempts()
-
-    def deleting(self) -> dict:
-        """A delete under way is followed: by the execution that asked for it, else by one of
-        its own (cdk destroy), which terminates what holds a DELETE_FAILED up and deletes again."""
-        if any(e["status"] == "RUNNING" for e in self.executions):
-            return self.phase("deleting", "an execution follows the delete")
-        chain = judge.chain(self.executions, "destroy")
-        document = {**self.base_input(), "action": "follow", "reason": "destroy"}
-        return self.follow_chain("destroy", chain, document, "deleting")
-
-    def capped(self) -> dict:
-        """The hard cap defers to nothing: every other long action stops, and the fleet goes."""
-        others = [
-            e["arn"] for e in self.executions if e["status"] == "RUNNING" and e["kind"] != "cap"
-        ]
-        if others:
-            self.actions.append(
-                {"do": "stop_executions", "arns": others, "why": "the hard cap ends the run"}
-            )
-        chain = judge.chain(self.executions, "cap")
-        return self.follow_chain(
-            "cap",
-            chain,
-            self.delete_input("hard-cap"),
-            "capped",
-            mail="reached its hard cap: the run controller is deleting its fleet",
-        )
 
     def controller_failed(self) -> dict:
         up = [i for i in self.fleet() if i["state"] in UP_STATES]
@@ -146,8 +99,6 @@ class Decision:
         if done is not None:
             return self.record(done, done.get("attempt") or attempt)
         started = self.attempt_started(last)
-        if (idle := self.idle(last)) is not None:
-            return idle
         fleet = self.fleet()
         head = judge.head_of(fleet)
         if head is not None and head["state"] not in UP_STATES:
@@ -230,7 +181,7 @@ class Decision:
         """EC2 ended nodes (a Spot reclaim, a retired host, a stop), or the head, and no node
         wrote DONE.json: after NOTICE for the head's (or, the head gone, a node's) own record,
         the controller writes the attempt's (interrupted on a Spot fleet unless `spot` says)."""
-        notice = self.notice()
+        notice = self.notice(attempt)
         if notice is None:
             noticed = {"stack_id": self.stack["id"], "attempt": attempt, "at": stamp(self.now),
                        "nodes": gone}  # fmt: skip
@@ -246,85 +197,7 @@ class Decision:
         self.write_done(attempt, status, cause, reason)
         return self.phase("ending", reason)
 
-    def idle(self, last: dict | None) -> dict | None:
-        """The idle alarm, read as it is now: a fleet quiet for the idle window since its last
-        progress, and past its launch grace since it was deployed or relaunched, goes."""
-        alarm = self.alarm
-        if alarm is None or alarm.get("state") != "ALARM":
-            return None
-        relaunched = [parse_stamp(e["decided_at"]) for e in self.entries()
-                      if self.ours(e) and e.get("decision") == "relaunch" and e.get("decided_at")]  # fmt: skip
-        deployed = max([self.stack.get("deployed_at") or self.stack["created_at"], *relaunched])
-        due = judge.idle_due(
-            alarm["since"],
-            self.records.get("checkpoint_at"),
-            deployed,
-            datetime.timedelta(minutes=self.settings.get("idle_minutes", 30)),
-            datetime.timedelta(seconds=self.stack["startup_grace_s"]),
-        )
-        if self.now < due:
-            return None
-        mail = f"sat idle since {stamp(alarm['since'])}: the run controller is deleting its fleet"
-        return self.follow_chain(
-            "idle",
-            judge.chain(self.executions, "idle"),
-            self.delete_input("idle"),
-            "idle",
-            mail=mail,
-        )
-
     # --- long actions ---------------------------------------------------------------------------
-
-    def follow_chain(
-        self, kind: str, chain: dict, document: dict, phase: str, mail=None, tell=None
-    ) -> dict:
-        """A long action as its executions say: started when it never was, resumed under a new
-        name when its execution failed, given up (the billing stopped, the controller's failure
-        recorded) once it failed RESUMES + 1 times."""
-        state, tell = chain["state"], {"phase": phase, **(tell or {})}
-        if state == "none":
-            self.start(kind, 0, document, mail=mail, tell=tell)
-        elif state == "failed":
-            newest = chain["newest"]
-            why = f"resumed after its execution {newest['name']} ended {newest['status']}"
-            self.start(kind, chain["resume"], document, tell={**tell, "reason": why})
-        elif state == "exhausted":
-            self.give_up(kind, chain["newest"])
-            return self.phase("controller_failed", f"{kind} failed {chain['resume']} times")
-        return self.phase(phase, f"{kind}: {state}")
-
-    def give_up(self, kind: str, newest: dict) -> None:
-        up = [i for i in self.fleet() if i["state"] in UP_STATES]
-        if up:
-            self.actions.append({"do": "stop_billing", "fleet": up})
-        why = (
-            f"the run controller gave {kind} up after {newest['resume'] + 1} executions, the last "
-            f"of which ended {newest['status']} ({newest['name']}); nothing bills now, and the "
-            "hard cap deletes the fleet"
-        )
-        failure = {"execution": newest["arn"], "stack_id": self.stack["id"], "error": "GaveUp",
-                   "cause": why, "at": stamp(self.now), "final": True,
-                   "stopped": [i["id"] for i in up]}  # fmt: skip
-        self.actions.append({"do": "record_failure", "failure": failure})
-        self.actions.append({"do": "tell", "fields": {"phase": "controller_failed",
-                                                      "controller_state": "Failed", "reason": why}})  # fmt: skip
-
-    def start(self, kind: str, resume: int, document: dict, mail=None, tell=None) -> None:
-        self.actions.append(
-            {
-                "do": "start",
-                "name": name(self.stack["run"], kind, self.stack["id"], resume),
-                "input": document,
-                "mail": mail,
-                "tell": tell or {},
-            }
-        )
-
-    def base_input(self) -> dict:
-        return {"run": self.stack["run"], "stack_id": self.stack["id"]}
-
-    def delete_input(self, reason: str) -> dict:
-        return {**self.base_input(), "action": "delete", "reason": reason}
 
     def teardown_input(self, entry: dict) -> dict:
         return {**self.base_input(), "action": "teardown", "attempt": entry["attempt"],
@@ -367,9 +240,12 @@ class Decision:
             return max(decided, stopped) if stopped is not None else decided
         return self.stack["created_at"]
 
-    def notice(self) -> dict | None:
+    def notice(self, attempt: int) -> dict | None:
+        """controller.json's notice that EC2 ended nodes of this stack's attempt `attempt` (one
+        of an earlier attempt, never forgotten because its DONE.json came first, is not this
+        attempt's: its age would end this attempt without awaiting the head's record)."""
         noticed = (self.records.get("controller") or {}).get("noticed") or {}
-        mine = noticed.get("stack_id") == self.stack["id"]
+        mine = noticed.get("stack_id") == self.stack["id"] and noticed.get("attempt") == attempt
         return noticed if mine and noticed.get("at") else None
 
     def forget_notice(self) -> None:
@@ -386,15 +262,3 @@ class Decision:
     def write_done(self, attempt: int, status: str, cause: str, reason: str) -> None:
         self.actions.append({"do": "write_done", "attempt": attempt, "status": status,
                              "cause": cause, "reason": reason})  # fmt: skip
-
-    def fleet(self) -> list[dict]:
-        return judge.of_stack(self.instances, self.stack["id"])
-
-    def sweep(self, live: dict | None) -> None:
-        known = self.records.get("assigned") or set()
-        if ids := judge.orphans(self.instances, live, known, self.now):
-            why = "no live TrainStack or record claims them after the orphan timeout"
-            self.actions.append({"do": "terminate", "ids": ids, "why": why})
-
-    def phase(self, phase: str, why: str) -> dict:
-        return {"phase": phase, "why": why, "actions": self.actions}

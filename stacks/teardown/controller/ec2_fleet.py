@@ -201,6 +201,34 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def replacement_token(run: str, attempt: int, index: int, lost: str | None) -> str:
+    """The ClientToken of the one replacement for one loss: the run, the attempt, the node and
+    the instance it lost (the newest that served it; None when EC2 lists none), so every tick
+    that sees the same loss asks EC2 for the same launch and gets the same instance back, and a
+    new loss of the node (its replacement lost in turn) gets a new one. A SHA-256 digest in hex,
+    64 characters: a token is "a unique, case-sensitive string of up to 64 ASCII characters"
+    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html), and
+    a run's name alone may take 40."""
+    return digest(f"replacement/{run}/a{attempt}/n{index}/{lost or 'none'}")
+
+
+def launched_with(token: str) -> list[str]:
+    """The instances a RunInstances with this ClientToken launched, in any state, found by
+    DescribeInstances' `client-token` filter ("The idempotency token you provided when you
+    launched the instance", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html):
+    a launch an earlier or concurrent tick made that the fleet's listing does not show yet
+    (EC2's API is eventually consistent: "if you run a command to create a resource, it will
+    eventually be visible to other commands",
+    https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html). When this lags
+    too, the RunInstances with the same token still answers with that launch."""
+    pages = (
+        client("ec2")
+        .get_paginator("describe_instances")
+        .paginate(Filters=[{"Name": "client-token", "Values": [token]}])
+    )
+    return sorted(i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"])
+
+
 def launch(template: str, indexes: list[int], zone: dict, try_token: str) -> list[str]:
     """Launch the missing nodes `indexes` in one request from the replacement template, in
     `zone` (its subnet on every interface, its placement group), all or none: MinCount =
@@ -213,11 +241,17 @@ def launch(template: str, indexes: list[int], zone: dict, try_token: str) -> lis
     indexes[k]."""
     if not indexes:
         return []
+    return run_instances(template, len(indexes), zone, client_token(try_token, indexes))
+
+
+def run_instances(template: str, count: int, zone: dict, token: str) -> list[str]:
+    """`count` instances of `template` in `zone`, all or none, under ClientToken `token`; their
+    ids in launch order (AmiLaunchIndex)."""
     reservation = client("ec2").run_instances(
         LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
-        MinCount=len(indexes),
-        MaxCount=len(indexes),
-        ClientToken=client_token(try_token, indexes),
+        MinCount=count,
+        MaxCount=count,
+        ClientToken=token,
         **overrides(template, zone),
     )
     ordered = sorted(reservation["Instances"], key=lambda i: i["AmiLaunchIndex"])

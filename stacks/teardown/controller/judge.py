@@ -16,6 +16,7 @@ from ec2_fleet import LIVE_STATES, UP_STATES, missing
 from executions import DONE, LIVE, RESUMES
 
 from contract.names import HEAD_NODE
+from contract.runs import parse_stamp
 
 # An instance of a fleet that no record knows, and no live stack owns, is terminated once it is
 # this old (clustermgtd's orphaned_instance_timeout).
@@ -24,6 +25,12 @@ ORPHAN_AGE = datetime.timedelta(seconds=300)
 # long (a Spot notice comes two minutes ahead of the reclaim, and the leader writes DONE.json in
 # it: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
 NOTICE = datetime.timedelta(minutes=3)
+# A replacement the tick launched and assigned that EC2 does not list yet is taken as launching
+# for this long: EC2's API is eventually consistent, and AWS's advice is to look again "starting
+# with a couple of seconds of wait time, and increasing gradually up to a few minutes"
+# (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html). Past it, an
+# assigned instance EC2 does not list is gone (EC2 lists a terminated one for about an hour).
+LISTING_LAG = datetime.timedelta(minutes=5)
 
 
 def chain(executions: list[dict], kind: str) -> dict:
@@ -142,6 +149,42 @@ def serving(fleet: list[dict], index: int, assigned_ids: set[str]) -> dict | Non
     ]
     epoch = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
     return max(mine, key=lambda n: n["launched"] or epoch) if mine else None
+
+
+def launching(fleet: list[dict], assigned: dict[str, dict], now: datetime.datetime) -> list[str]:
+    """The replacements of a node (`assigned`: instance id -> its launch assignment) that a tick
+    launched and assigned within LISTING_LAG but EC2 does not list yet: the node is being
+    replaced, not lost again."""
+    listed = {n["id"] for n in fleet}
+    return sorted(
+        instance_id
+        for instance_id, launch in assigned.items()
+        if instance_id not in listed
+        and launch.get("launched_at")
+        and now - parse_stamp(launch["launched_at"]) <= LISTING_LAG
+    )
+
+
+def last_served(fleet: list[dict], index: int, assigned: dict[str, dict]) -> str | None:
+    """The instance node `index` lost: the newest launched of those tagged with it or assigned
+    to it, in any state (terminated ones too, as long as EC2 lists them), a replacement EC2
+    does not list any more by its assignment's `launched_at`; None when nothing ever served it
+    as far as EC2 and the assignments say. What a replacement's ClientToken is made from
+    (ec2_fleet.replacement_token): a replacement is always newer than the instance it replaced,
+    so a token is never asked for again once its launch was lost in turn."""
+    epoch = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    launched = {n["id"]: n["launched"] or epoch for n in fleet if n["node"] == str(index)}
+    listed = {n["id"]: n["launched"] or epoch for n in fleet}
+    for instance_id, launch in assigned.items():
+        at = launch.get("launched_at")
+        launched[instance_id] = listed.get(instance_id) or (parse_stamp(at) if at else epoch)
+    return max(launched, key=lambda i: (launched[i], i)) if launched else None
+
+
+def held(hold: dict | None, stack: dict) -> bool:
+    """Whether an operator holds the run (`horovod-fleet hold`, runs/<run>/hold.json): a hold
+    on record for this TrainStack (one left from an earlier stack of the run holds nothing)."""
+    return bool(hold and hold.get("held") is True and hold.get("stack_id") == stack["id"])
 
 
 def lost_why(

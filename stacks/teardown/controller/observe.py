@@ -1,18 +1,26 @@
-"""What the tick reads of the run, every time, into one plain snapshot (decide.py judges it):
+"""What the tick reads of the run, every time, into one plain snapshot (decide.py judges it), in
+two parts: first the world the guards are decided on, then the run's records in S3.
 
+`world`: what CloudFormation, EC2, Scheduler, Step Functions and CloudWatch say:
 - TrainStack: its status and stack-level tags (a stack being created has no outputs), and the
-  outputs it has (the replacement template, the zones, the cap's exact time);
+  outputs it has (the replacement template, the zones, the cap's exact time); while it is
+  created, the hard cap's time from its one-time schedule's `at()` (named after the run,
+  contract/names.py CAP_SCHEDULE_PREFIX);
 - every instance carrying the fleet's tag, whatever stack it names: state, launch time, launch
   token, node tag (orphans included);
-- the run's records in S3: attempts.json, DONE.json (and its ETag), controller.json,
-  status.json, the nodes' heartbeats (their registrations' LastModified), the launch
-  assignments; for an elastic fleet (one with a head) the head's heartbeat (head.json's
-  LastModified) and every launch assignment's content;
 - the run's executions of the state machine (its long actions);
-- the idle alarm's state, read, not waited for; when it is in ALARM, the newest checkpoint's
-  time and when the stack last finished deploying;
-- the hard cap's time: TrainStack's output, or while it is created (no outputs yet) its
-  one-time schedule's `at()` (the cap's schedule is named after the run: CAP_SCHEDULE_PREFIX).
+- the idle alarm's state, read, not waited for; when it is in ALARM, when the stack last
+  finished deploying, and the newest checkpoint's time (S3);
+- an operator's hold (runs/<run>/hold.json, S3).
+The two reads of S3 among them are the guards' only ones, and a failing one is taken as no
+answer: it is kept in `failed` (the tick raises it once the guards have acted) and the guards
+decide without it (decide_guards.py says how).
+
+`run_records`: the run's records in S3, read once no guard owns the tick: attempts.json, DONE.json
+(and its ETag), controller.json, status.json, the nodes' heartbeats (their registrations'
+LastModified), the launch assignments; for an elastic fleet (one with a head) the head's
+heartbeat (head.json's LastModified) and every launch assignment's content. A refused read
+fails the tick (records.py).
 
 With no TrainStack it reads only the stack and the instances (orphans).
 Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
@@ -24,13 +32,15 @@ import ec2_fleet
 import executions
 import records
 import train_stack
-from clients import client, setting
+from clients import client, log, setting
 
 from contract import runs
 from contract.names import CAP_SCHEDULE_PREFIX, HEAD_NODE
 
 
-def observe(now: datetime.datetime) -> dict:
+def world(now: datetime.datetime, failed: list[Exception]) -> dict:
+    """The snapshot the guards are decided on, `records` None; each failed read of S3 in
+    `failed`."""
     stack = train_stack.describe()
     snapshot = {
         "stack": stack,
@@ -38,6 +48,8 @@ def observe(now: datetime.datetime) -> dict:
         "records": None,
         "executions": [],
         "alarm": None,
+        "checkpoint_at": None,
+        "hold": None,
         "settings": {
             "idle_minutes": int(setting("IDLE_MINUTES")),
             "replacements_per_node": int(setting("REPLACEMENTS_PER_NODE")),
@@ -48,6 +60,31 @@ def observe(now: datetime.datetime) -> dict:
     run, s3, bucket = stack["run"], client("s3"), setting("BUCKET")
     if stack["deadline"] is None:
         stack["deadline"] = cap_schedule(run)
+    snapshot["executions"] = executions.of_run(run, stack["id"])
+    snapshot["alarm"] = idle_alarm(run)
+    if (snapshot["alarm"] or {}).get("state") == "ALARM":
+        stack["deployed_at"] = train_stack.deployed_at(stack["id"], stack["created_at"])
+        snapshot["checkpoint_at"] = unless_failed(
+            lambda: records.newest_checkpoint(s3, bucket, run), failed
+        )
+    snapshot["hold"] = unless_failed(lambda: records.hold(s3, bucket, run), failed)
+    return snapshot
+
+
+def unless_failed(read, failed: list[Exception]):
+    """`read()`, or None with its error kept in `failed`."""
+    try:
+        return read()
+    except Exception as error:  # any failure: the guards go on without this read
+        log("read-failed", error=f"{type(error).__name__}: {error}"[:300])
+        failed.append(error)
+        return None
+
+
+def run_records(snapshot: dict) -> dict:
+    """The run's records in S3 (a refused read raises)."""
+    stack = snapshot["stack"]
+    run, s3, bucket = stack["run"], client("s3"), setting("BUCKET")
     history = records.read_json(s3, bucket, runs.key(run, runs.ATTEMPTS)) or {}
     done, done_etag = records.read(s3, bucket, runs.key(run, runs.DONE))
     unclaimed = [
@@ -55,7 +92,7 @@ def observe(now: datetime.datetime) -> dict:
         for i in snapshot["instances"]
         if i["stack"] == stack["id"] and not i["cloudformation"] and not i["node"]
     ]
-    snapshot["records"] = {
+    found = {
         "attempts": records.entries(history),
         "controller_failures": history.get("controller_failures") or [],
         "done": done,
@@ -67,17 +104,10 @@ def observe(now: datetime.datetime) -> dict:
         "assigned": records.assigned(s3, bucket, run) if unclaimed else set(),
     }
     if any(i["stack"] == stack["id"] and i["node"] == HEAD_NODE for i in snapshot["instances"]):
-        # An elastic fleet: what replace_lost judges a node by (decide.py).
-        snapshot["records"]["head_beat"] = records.last_modified(
-            s3, bucket, runs.key(run, runs.HEAD)
-        )
-        snapshot["records"]["assignments"] = records.assignments(s3, bucket, run)
-    snapshot["executions"] = executions.of_run(run, stack["id"])
-    snapshot["alarm"] = idle_alarm(run)
-    if (snapshot["alarm"] or {}).get("state") == "ALARM":
-        snapshot["records"]["checkpoint_at"] = records.newest_checkpoint(s3, bucket, run)
-        stack["deployed_at"] = train_stack.deployed_at(stack["id"], stack["created_at"])
-    return snapshot
+        # An elastic fleet: what replace_lost judges a node by (replace.py).
+        found["head_beat"] = records.last_modified(s3, bucket, runs.key(run, runs.HEAD))
+        found["assignments"] = records.assignments(s3, bucket, run)
+    return found
 
 
 def idle_alarm(run: str) -> dict | None:

@@ -212,6 +212,22 @@ def write_launch(s3, bucket: str, run: str, instance_id: str, assignment: dict) 
     )
 
 
+def claim_launch(s3, bucket: str, run: str, instance_id: str, assignment: dict) -> dict:
+    """A replacement's launch assignment, written only where there is none (If-None-Match: *):
+    a tick that found an earlier tick's instance by its token keeps that tick's assignment, its
+    replacement number with it. The assignment as it stands."""
+    name = runs.key(run, f"{runs.LAUNCHES}{instance_id}.json")
+    if put(s3, bucket, name, assignment, None):
+        return assignment
+    return read_json(s3, bucket, name) or assignment
+
+
+def hold(s3, bucket: str, run: str) -> dict | None:
+    """An operator's hold on the run (runs/<run>/hold.json, `horovod-fleet hold`); None when
+    there is none. The controller only reads it (watch/hold.py writes it)."""
+    return read_json(s3, bucket, runs.key(run, runs.HOLD))
+
+
 def listed(s3, bucket: str, prefix: str) -> list[dict]:
     """Every object under `prefix`: its Key and LastModified."""
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)

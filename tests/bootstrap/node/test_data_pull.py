@@ -154,6 +154,34 @@ def test_waits_for_raw_archives_uploaded_after_boot(s3):
     assert f"s5cmd cp {' '.join(RAW)} s3://{bucket}/raw/" in lines[0]
 
 
+def test_either_form_of_the_labels_will_do_and_the_wait_says_so(s3):
+    """The devkit as image-net.org ships it, or a synset-per-line file in its place."""
+    bucket = s3.list_buckets()["Buckets"][0]["Name"]
+    labels = ("ILSVRC2012_devkit_t12.tar.gz", "ILSVRC2012_validation_ground_truth.txt")
+    wanted = [RAW[0], RAW[1], labels]
+    for name in RAW[:2]:
+        s3.put_object(Bucket=bucket, Key=f"raw/{name}", Body=b"x")
+
+    def upload_devkit(naps):
+        if naps == 2:
+            s3.put_object(Bucket=bucket, Key=f"raw/{labels[0]}", Body=b"kit")
+
+    clock, lines = FakeClock(upload_devkit), []
+    present = data_pull.wait_for_objects(
+        s3, bucket, "raw/", wanted, 86400, 60, lines.append, clock=clock, sleep=clock.sleep
+    )
+    assert clock.naps == 2 and present[labels[0]] == 3
+    assert lines[0].startswith(f"waiting for {labels[0]} (or {labels[1]}) in s3://{bucket}/raw/")
+    assert f"s5cmd cp {labels[0]} s3://{bucket}/raw/" in lines[0]
+    s3.delete_object(Bucket=bucket, Key=f"raw/{labels[0]}")
+    s3.put_object(Bucket=bucket, Key=f"raw/{labels[1]}", Body=b"n01440764\n")
+    clock = FakeClock()
+    assert labels[1] in data_pull.wait_for_objects(
+        s3, bucket, "raw/", wanted, 86400, 60, lines.append, clock=clock, sleep=clock.sleep
+    )
+    assert clock.naps == 0
+
+
 def test_gives_up_on_raw_archives_naming_what_is_missing(s3):
     bucket = s3.list_buckets()["Buckets"][0]["Name"]
     s3.put_object(Bucket=bucket, Key=f"raw/{RAW[0]}", Body=b"x")
