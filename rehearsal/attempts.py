@@ -101,7 +101,7 @@ class Attempts:
 
     def relaunch(self, relaunch: Relaunch) -> None:
         """What the run controller's StopFleet and Launch states did to each node's instance
-        (stacks/teardown/controller/steps_fleet.py), done to the node. Every process of every node
+        (controller/steps_fleet.py), done to the node. Every process of every node
         ends (the instances were stopped or terminated). A node whose instance was stopped and
         started comes back with an empty instance store (/data) but its own address and
         instance id; one whose instance was replaced (a Spot node: it cannot be stopped) is a

@@ -31,8 +31,9 @@ from moto.ec2.models.instances import InstanceBackend
 
 from contract import names, runs
 from contract.names import FLEET_TAG, HEAD_NODE, NODE_TAG
+from controller import clients, tick
 from rehearsal.common import BUCKET, MAX_HOURS, REGION, RUN, say
-from rehearsal.state_machine import Workflow, clients
+from rehearsal.state_machine import Workflow
 
 ZONE = f"{REGION}a"
 IMAGE = "ami-12c6146b"  # any image moto knows
@@ -136,7 +137,6 @@ class Cloud:
 
     def start_ticking(self) -> None:
         """The tick every TICK_S in a thread of its own, as EventBridge Scheduler runs it."""
-        import tick  # the controller's Lambda asset (rehearsal/state_machine.py's path)
 
         def every_tick() -> None:
             last = None
@@ -258,7 +258,7 @@ class Cloud:
 
     def joined(self, attempt: int) -> dict[int, str]:
         """The nodes the tick replaced while `attempt` goes on (an elastic fleet's lost node:
-        stacks/teardown/controller/decide.py replace_lost), each with its new instance, once;
+        controller/decide.py replace_lost), each with its new instance, once;
         nothing once the attempt is recorded (a relaunch's instances are `decided`'s)."""
         if any(e.get("attempt") == attempt for e in self.attempts()) or self.workflow_busy():
             return {}

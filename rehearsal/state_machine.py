@@ -22,13 +22,11 @@ How (notes of the research that found it, /work/notes/run-engine-research.md §1
 import importlib
 import json
 import os
-import sys
 import threading
 import time
 import types
 import typing
 from contextlib import ExitStack
-from pathlib import Path
 from unittest import mock
 
 import boto3
@@ -38,10 +36,7 @@ from moto.ec2 import utils as ec2_utils
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
 
-# The functions' Lambda assets import their sibling modules as Lambda loads them: top-level.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/answers"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks/teardown/controller"))
-import clients  # the asset's module, found through the path above
+from controller import clients
 
 REGION = "us-east-1"
 SCALE = 0.0002  # a 600 s wait takes 0.12 s
@@ -108,10 +103,12 @@ class Workflow:
                 Handler=props["Handler"],
                 Code={"ZipFile": b"PK\x05\x06" + b"\x00" * 18},
             )["FunctionArn"]
+            # The asset's top-level module <module> is controller.<module>'s functions
+            # (stacks/teardown/functions.py ENTRY).
             module, name = props["Handler"].split(".")
             self.handlers[logical_id] = (
                 props["Handler"],
-                getattr(importlib.import_module(module), name),
+                getattr(importlib.import_module(f"controller.{module}"), name),
             )
             for key, value in (props.get("Environment") or {}).get("Variables", {}).items():
                 environment[key] = resolve(value, arns)

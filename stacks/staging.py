@@ -31,6 +31,7 @@ def staged(scope: Construct, name: str, parts: Mapping[str, Path], modules=None)
                 source, root / target, ignore=shutil.ignore_patterns(*EXCLUDE), dirs_exist_ok=True
             )
         else:
+            (root / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, root / target)
     for target, text in (modules or {}).items():
         (root / target).write_text(text)

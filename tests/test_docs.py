@@ -100,7 +100,7 @@ def test_every_link_leads_to_a_file_and_heading_that_exist(page):
     assert not broken, broken
 
 
-CODE_FOLDERS = ("contract", "bootstrap", "stacks", "trainer", "watch", "rehearsal")
+CODE_FOLDERS = ("contract", "controller", "bootstrap", "stacks", "trainer", "watch", "rehearsal")
 
 
 def layout_rows() -> dict[str, str]:

@@ -12,7 +12,7 @@ from stacks.teardown.guards import FleetGuards
 class Pinned(Construct):
     """The AMI id `image_parameter` names and the code URLs, as on the stack's first deploy.
 
-    A deploy-time answer (stacks/teardown/answers/answers.py) gives the values and every later
+    A deploy-time answer (controller/answers.py) gives the values and every later
     deploy gets the same values, so the instance's properties never change under it: a new Ubuntu
     image or a code change reaches the node only when the stack is deployed anew (`cdk destroy
     PreprocessStack`, then deploy).

@@ -7,7 +7,7 @@
                          functions, the cleanup that answers TrainStack's Replacements resource
     controller_policy.py what each of the controller's roles may do, and on what
     workflow.py          RunWorkflow: the run controller's Step Functions state machine
-    deploy_answers.py    the deploy-time answers' function (answers/answers.py), read-only
+    deploy_answers.py    the deploy-time answers' function (controller/answers.py), read-only
     run_guard.py         RunGuard (inside TrainStack): the run's hard cap and idle alarm
     preprocess_guard.py  PreprocessGuard (inside PreprocessStack): registers the preprocessing
                          instance and grants its stop exactly that instance and volume

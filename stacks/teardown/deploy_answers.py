@@ -1,5 +1,5 @@
 """DeployAnswers: the read-mostly function that answers the deploy-time custom resources
-(answers/answers.py), behind CDK's custom-resource Provider framework, in TeardownStack."""
+(controller/answers.py), behind CDK's custom-resource Provider framework, in TeardownStack."""
 
 from aws_cdk import (
     Acknowledgment,

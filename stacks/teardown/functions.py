@@ -1,8 +1,8 @@
 """The Lambda functions of TeardownStack, all made alike: Python, their own role and log group,
-code from a directory asset whose modules import each other by file name, with contract/ beside
-them (stacks/staging.py)."""
+code from one of two directory assets of the controller package (controller/), each with
+contract/ beside it (stacks/staging.py)."""
 
-from pathlib import Path
+from dataclasses import dataclass
 
 from aws_cdk import Duration, RemovalPolicy, aws_lambda
 from aws_cdk import aws_iam as iam
@@ -11,19 +11,48 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from stacks.nag import checkov_reason
-from stacks.staging import CONTRACT, staged
+from stacks.staging import CONTRACT, ROOT, staged
 
-HERE = Path(__file__).parent
-CONTROLLER_CODE = HERE / "controller"  # the run controller's tick, its steps, the cleanup
-ANSWERS_CODE = HERE / "answers"  # the deploy-time answers
+PACKAGE = ROOT / "controller"
+# Lambda names a handler `<module>.<function>` of the asset's top level. So each asset holds, for
+# each module of the package whose functions are handlers, a top-level module of that name that
+# imports them from the package: handler `tick.handler` runs controller.tick.handler, and the
+# handlers read as they did when the package's modules were the asset's top level.
+ENTRY = (
+    "# Lambda's handler module `{module}`: controller.{module}'s functions.\n"
+    "from controller.{module} import *  # noqa: F403\n"
+)
 
 
-def lambda_code(scope: Construct, code: Path) -> aws_lambda.Code:
-    """`code`'s modules with contract/ beside them, as one asset."""
-    return aws_lambda.Code.from_asset(
-        str(staged(scope, f"lambda-{code.name}", {".": code, "contract": CONTRACT})),
-        exclude=["__pycache__", "*.pyc"],
-    )
+@dataclass(frozen=True)
+class LambdaCode:
+    """One asset of the functions: `modules` of the package, contract/, and an entry module for
+    each of `entries`."""
+
+    name: str
+    modules: tuple[str, ...]
+    entries: tuple[str, ...]
+
+    def asset(self, scope: Construct) -> aws_lambda.Code:
+        parts = {
+            "contract": CONTRACT,
+            **{f"controller/{m}.py": PACKAGE / f"{m}.py" for m in ("__init__", *self.modules)},
+        }
+        entries = {f"{m}.py": ENTRY.format(module=m) for m in self.entries}
+        return aws_lambda.Code.from_asset(
+            str(staged(scope, f"lambda-{self.name}", parts, entries)),
+            exclude=["__pycache__", "*.pyc"],
+        )
+
+
+# The deploy-time answers: a read-only function's code, in an asset of its own.
+ANSWERS_CODE = LambdaCode("answers", ("answers",), ("answers",))
+# The run controller's tick, its steps and cleanup, and the preprocessing stop: the rest.
+CONTROLLER_CODE = LambdaCode(
+    "controller",
+    tuple(sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "answers"))),
+    ("tick", "steps", "steps_fleet", "steps_teardown", "cleanup", "preprocess"),
+)
 
 
 def function_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
@@ -39,7 +68,7 @@ def python_function(
     scope: Construct,
     construct_id: str,
     *,
-    code: Path,
+    code: LambdaCode,
     handler: str,
     role: iam.Role,
     description: str,
@@ -69,7 +98,7 @@ def python_function(
         construct_id,
         runtime=aws_lambda.Runtime.PYTHON_3_14,
         handler=handler,
-        code=lambda_code(scope, code),
+        code=code.asset(scope),
         role=role,
         log_group=log_group,
         timeout=Duration.minutes(timeout_minutes),

@@ -14,7 +14,7 @@ from stacks.teardown.guards import FleetGuards
 
 class PreprocessGuard(Construct):
     """Registers the preprocessing instance and volume, and lets the preprocessing stop
-    (stacks/teardown/controller/preprocess.py) stop and snapshot exactly them."""
+    (controller/preprocess.py) stop and snapshot exactly them."""
 
     def __init__(
         self,

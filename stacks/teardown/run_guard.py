@@ -39,7 +39,7 @@ SCHEDULE_MAX_AGE_S = 86400
 
 class RunGuard(Construct):
     """Per-run hard cap (one-time schedule) and idle alarm, both invoking the run controller's
-    tick (stacks/teardown/controller/tick.py) at once; the tick reads the cap's time and the
+    tick (controller/tick.py) at once; the tick reads the cap's time and the
     alarm's state every minute anyway.
 
     Also outputs the run as TrainStack's `HorovodFleetRun`, and `maxRestarts` and the cap's

@@ -1,5 +1,5 @@
 """The code guard: a deploy-time answer that refuses, in one line, a `cdk deploy` that would
-change what TrainStack's nodes run while its fleet has a live node (answers/answers.py
+change what TrainStack's nodes run while its fleet has a live node (controller/answers.py
 `answer_code_guard`).
 
 CloudFormation applies a changed UserData by stopping and starting the instance, and user data

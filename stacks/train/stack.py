@@ -163,7 +163,7 @@ class TrainStack(Stack):
 
     def _controller_tags(self, config: FleetConfig) -> None:
         """What the run controller's tick reads from the stack while it is still being created,
-        when it has no outputs (stacks/teardown/controller/train_stack.py): stack-level tags,
+        when it has no outputs (controller/train_stack.py): stack-level tags,
         which the CDK CLI passes to CreateStack (with @aws-cdk/core:explicitStackTags, only
         tags set on the stack itself are). Only values that cannot change while a fleet lives
         (each is in node.json, which the code guard keeps): CloudFormation applies stack tags to

@@ -12,36 +12,26 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("contract", "stacks", "bootstrap", "trainer", "rehearsal", "watch")
+PACKAGES = ("contract", "controller", "stacks", "bootstrap", "trainer", "rehearsal", "watch")
 SCRIPTS = ("app.py",)
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every .py of the packages and the top-level scripts.
-    A directory without __init__.py (a Lambda asset) is a root of its own: its modules are
-    named as that runtime imports them, by file name."""
+    """Dotted module name -> file, for every .py of the packages and the top-level scripts."""
     files = {Path(name).stem: REPO / name for name in SCRIPTS}
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
             if "__pycache__" in path.parts:
                 continue
             parts = path.relative_to(REPO).with_suffix("").parts
-            if not all(
-                (REPO / Path(*parts[:i]) / "__init__.py").exists() for i in range(1, len(parts))
-            ):
-                parts = (f"{path.parent.relative_to(REPO)}:{path.stem}",)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             files[".".join(parts)] = path
     return files
 
 
-def resolve(name: str, modules: set[str], importer: str) -> str | None:
+def resolve(name: str, modules: set[str]) -> str | None:
     """The most specific project module that importing `name` runs, or None (not ours)."""
-    if ":" in importer:  # a Lambda asset's sibling, imported by file name
-        sibling = f"{importer.split(':')[0]}:{name.split('.')[0]}"
-        if sibling in modules:
-            return sibling
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
         if ".".join(parts[:end]) in modules:
@@ -66,7 +56,7 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
             targets = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
             targets.append(base)
         for target in targets:
-            module = resolve(target, modules, name) if target else None
+            module = resolve(target, modules) if target else None
             if module and module != name:
                 found.add(module)
     return found
@@ -112,15 +102,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_every_folder_of_code_is_a_package():
+    """No folder of modules that import each other by file name (as a Lambda asset's top level
+    once did): each is imported as its package, from tests and the rehearsal alike."""
+    folders = {path.parent for path in module_files().values() if path.parent != REPO}
+    assert (
+        sorted(str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").exists()) == []
+    )
+
+
 def test_the_graph_sees_the_project():
     graph = import_graph()
     for name in ("app", "rehearsal.__main__", "rehearsal.core", "rehearsal.faults",
                  "bootstrap.__main__", "stacks.benchmark", "watch.cli",
-                 "stacks/teardown/controller:steps"):  # fmt: skip
+                 "controller.steps", "contract.names"):  # fmt: skip
         assert name in graph, name
     assert "rehearsal.core" in graph["rehearsal.faults"]
     assert "rehearsal.core" in graph["rehearsal.benchmark"]
-    assert "stacks/teardown/controller:recovery" in graph["stacks/teardown/controller:decide"]
+    assert "controller.recovery" in graph["controller.decide"]
+    assert "contract.causes" in graph["controller.recovery"]
 
 
 def test_no_module_imports_a_main():

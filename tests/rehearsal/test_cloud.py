@@ -93,7 +93,7 @@ def cloud(teardown, s3, moto_endpoint, spot: bool, restarts: int = 2) -> Cloud:
 
 def decided(running: Cloud, attempt: int):
     """The controller's ticks, as its schedule runs them, until it is done with `attempt`."""
-    import tick
+    from controller import tick
 
     for _ in range(20):
         tick.handler({"trigger": "schedule"})

@@ -1,7 +1,6 @@
 """Synthesize each configuration once per session; tests read the templates."""
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,10 +8,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-# The run controller's Lambda asset imports its sibling modules as Lambda loads them: top-level.
-sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "controller"))
-sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "answers"))
 
 Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
 

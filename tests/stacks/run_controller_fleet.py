@@ -9,15 +9,14 @@ import functools
 import json
 
 import boto3
-import clients
 import pytest
-import tick
 from botocore.exceptions import ClientError
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import InstanceBackend
 
+from controller import clients, tick
 from rehearsal import cloud
 
 REGION = "us-east-1"
@@ -253,7 +252,7 @@ class Ticks:
     def __init__(self, workflow, monkeypatch) -> None:
         self.workflow, self.offset = workflow, datetime.timedelta(0)
         for module in ("tick", "steps", "steps_fleet", "steps_teardown"):
-            monkeypatch.setattr(f"{module}.now", self.now)
+            monkeypatch.setattr(f"controller.{module}.now", self.now)
         # What S3 and CloudFormation stamp (a heartbeat's LastModified, a stack event) is on the
         # same clock.
         for stamps in ("moto.s3.models.utcnow", "moto.cloudformation.models.utcnow"):

@@ -14,6 +14,7 @@ import pytest
 from aws_cdk import App, Stack
 
 from stacks.node_code import NodeCode
+from stacks.teardown.functions import ANSWERS_CODE, CONTROLLER_CODE
 
 # boto3 and botocore, as an instance's venv and Lambda's runtime have them; not the checkout,
 # which the editable install (site's .pth) would put on the path: Python runs with -S.
@@ -67,3 +68,36 @@ def test_lib_sh_links_contract_where_every_process_started_from_the_app_finds_it
     again = subprocess.run(["bash", "-c", f"source {instance}/bootstrap/lib.sh && trap - ERR"])
     assert again.returncode == 0
     assert sorted(p.name for p in instance.iterdir()) == ["bootstrap", "contract", "trainer"]
+
+
+@pytest.fixture(scope="module")
+def lambda_assets(tmp_path_factory) -> dict[str, Path]:
+    """Each function asset's directory, as Lambda unzips it into /var/task."""
+    work = tmp_path_factory.mktemp("lambda")
+    stack = Stack(App(outdir=str(work / "cdk.out")), "Stack")
+    return {code.name: Path(code.asset(stack).path) for code in (CONTROLLER_CODE, ANSWERS_CODE)}
+
+
+def test_each_function_s_handler_imports_from_its_asset_alone(default, lambda_assets):
+    """Lambda imports `<module>` of handler `<module>.<function>` from /var/task, and with it
+    the controller package and contract/, which the asset must hold."""
+    functions = default["TeardownStack"].find_resources("AWS::Lambda::Function").values()
+    handlers = [f["Properties"]["Handler"] for f in functions
+                if f["Properties"]["Runtime"].startswith("python")]  # fmt: skip
+    assert len(handlers) == 11
+    for handler in handlers:
+        module, function = handler.split(".")
+        task = lambda_assets["answers" if module == "answers" else "controller"]
+        check = (
+            f"import {module}, controller.{module} as package; "
+            f"assert {module}.{function} is package.{function} and callable(package.{function})"
+        )
+        imported = fresh_python(check, cwd=task, path=[task])
+        assert imported.returncode == 0, (handler, imported.stderr)
+
+
+def test_the_answers_asset_holds_the_answers_alone(lambda_assets):
+    """A read-only function's code: none of the controller's modules that act."""
+    package = sorted(p.name for p in (lambda_assets["answers"] / "controller").glob("*.py"))
+    assert package == ["__init__.py", "answers.py"]
+    assert (lambda_assets["answers"] / "contract" / "names.py").is_file()

@@ -4,12 +4,12 @@ and lets every other deploy through."""
 
 import json
 
-import answers
 import boto3
 import pytest
 from moto import mock_aws
 
 from contract import names
+from controller import answers
 
 OLD = {
     "Run": "r1",

@@ -1,14 +1,13 @@
-"""The tick's decision (stacks/teardown/controller/decide.py), in process: a snapshot of the run
+"""The tick's decision (controller/decide.py), in process: a snapshot of the run
 as observe.py reads it, the time, and the phase and actions that must follow. Each row is one
 state of the world; no AWS is involved."""
 
 import datetime
 
-import decide
-import decide_guards
-import judge
 import pytest
-from executions import name
+
+from controller import decide, decide_guards, judge
+from controller.executions import name
 
 T0 = datetime.datetime(2026, 11, 22, 2, 0, tzinfo=datetime.timezone.utc)
 STACK = "arn:aws:cloudformation:us-east-1:123456789012:stack/TrainStack/aaaa"

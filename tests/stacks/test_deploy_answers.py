@@ -1,9 +1,8 @@
-"""The deploy-time answers (stacks/teardown/answers/answers.py) against moto, as the Provider
+"""The deploy-time answers (controller/answers.py) against moto, as the Provider
 framework invokes them, and the read-only role they run under."""
 
 import datetime
 
-import answers
 import boto3
 import pytest
 from botocore.exceptions import ClientError
@@ -11,6 +10,7 @@ from moto import mock_aws
 from test_teardown import as_list, render
 
 from contract import names
+from controller import answers
 
 REGION = "us-east-1"
 BUCKET = "horovod-fleet-dataset"

@@ -1,5 +1,6 @@
-"""stacks/ keeps one construct per module, its Lambda runtime beside the construct that deploys
-it, and no import of trainer/, bootstrap/, TensorFlow or Horovod (synth stays light)."""
+"""stacks/ keeps one construct per module, its functions' code in the controller package of its
+own (controller/), and no import of trainer/, bootstrap/, the controller, TensorFlow or Horovod
+(synth stays light)."""
 
 import ast
 from pathlib import Path
@@ -10,7 +11,13 @@ from conftest import ROOT
 STACKS = ROOT / "stacks"
 MODULES = sorted(path for path in STACKS.rglob("*.py") if "__pycache__" not in path.parts)
 CONSTRUCT_BASES = {"Construct", "Stack"}
-FORBIDDEN_IMPORTS = {"trainer", "bootstrap", "rehearsal", "tensorflow", "horovod", "keras"}
+CONTROLLER = ROOT / "controller"
+CONTROLLER_MODULES = sorted(p for p in CONTROLLER.glob("*.py") if p.name != "__init__.py")
+# The controller package is the functions' code: the CDK side ships it (functions.py), never
+# imports it.
+FORBIDDEN_IMPORTS = {
+    "trainer", "bootstrap", "controller", "rehearsal", "tensorflow", "horovod", "keras"
+}  # fmt: skip
 
 
 def constructs_in(path: Path) -> list[str]:
@@ -50,34 +57,15 @@ def test_the_count_sees_every_construct():
 CONTROLLER_LIMIT = 400  # lines: one module per role, none holding two
 
 
-def test_the_lambda_runtimes_sit_beside_the_constructs_that_deploy_them():
-    runtime = STACKS / "teardown" / "controller"
-    assert sorted(p.name for p in runtime.iterdir() if p.suffix == ".py") == [
-        "act.py",
-        "cleanup.py",
-        "clients.py",
-        "decide.py",
-        "decide_guards.py",
-        "ec2_fleet.py",
-        "executions.py",
-        "judge.py",
-        "long_actions.py",
-        "notify.py",
-        "observe.py",
-        "preprocess.py",
-        "records.py",
-        "recovery.py",
-        "replace.py",
-        "steps.py",
-        "steps_fleet.py",
-        "steps_teardown.py",
-        "tick.py",
-        "train_stack.py",
-        "zones.py",
-    ]
-    assert not (runtime / "__init__.py").exists()  # modules import each other by file name
-    functions = (STACKS / "teardown" / "functions.py").read_text()
-    assert 'HERE / "controller"' in functions and 'HERE / "answers"' in functions
+def test_the_controller_is_a_package_of_its_own_outside_the_cdk_folder():
+    """The functions' code is the controller package (controller/), which the CDK side ships
+    and never imports; no folder under stacks/ is a Lambda asset of modules without a package."""
+    assert (CONTROLLER / "__init__.py").is_file()
+    runtimes = [path.parent for path in MODULES if not (path.parent / "__init__.py").exists()]
+    assert runtimes == []
+    described = (CONTROLLER / "__init__.py").read_text()
+    undescribed = [p.name for p in CONTROLLER_MODULES if p.name not in described]
+    assert undescribed == [], "controller/__init__.py's map does not name them"
 
 
 def test_nothing_under_stacks_is_named_for_the_reaper_it_no_longer_is():
@@ -88,11 +76,7 @@ def test_nothing_under_stacks_is_named_for_the_reaper_it_no_longer_is():
     assert named == []
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted((STACKS / "teardown").glob("*/*.py")),
-    ids=lambda path: str(path.relative_to(ROOT)),
-)
+@pytest.mark.parametrize("path", CONTROLLER_MODULES, ids=lambda path: str(path.relative_to(ROOT)))
 def test_no_module_of_the_controllers_functions_is_over_the_limit(path):
     assert len(path.read_text().splitlines()) <= CONTROLLER_LIMIT
 

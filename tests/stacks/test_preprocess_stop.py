@@ -1,13 +1,13 @@
-"""The preprocessing node's stop (stacks/teardown/controller/preprocess.py) against moto: once the
+"""The preprocessing node's stop (controller/preprocess.py) against moto: once the
 manifest is written the registered node stops, and its volume is snapshotted once."""
 
 import json
 
 import boto3
-import clients
-import preprocess
 import pytest
 from moto import mock_aws
+
+from controller import clients, preprocess
 
 REGION = "us-east-1"
 PARAMETER = "/horovod-fleet/preprocess"

@@ -1,12 +1,12 @@
-"""TrainStack's Replacements resource (stacks/teardown/controller/cleanup.py) under the requests
+"""TrainStack's Replacements resource (controller/cleanup.py) under the requests
 CloudFormation sends it: an update that renames the run and a rolled-back update end no live
 node; `cdk destroy` ends every instance CloudFormation does not know, and its Delete always
 answers."""
 
-import cleanup
-import clients
 import pytest
 from run_controller_fleet import NODE_TAG, RUN, Ec2Answers, Fleet, ticks  # noqa: F401
+
+from controller import cleanup, clients
 
 # ruff: noqa: F811  (ticks is a fixture)
 

@@ -6,12 +6,11 @@ import re
 
 import boto3
 import pytest
-import records
-import recovery
 from conftest import ROOT
 from moto import mock_aws
 
 from contract import causes
+from controller import records, recovery
 
 REGION = "us-east-1"
 BUCKET = "horovod-fleet-dataset"

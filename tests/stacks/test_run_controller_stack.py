@@ -4,11 +4,11 @@ roles that create nothing at run time."""
 
 import json
 
-import cleanup
 import pytest
 from test_teardown import as_list
 
 from contract import names
+from controller import cleanup
 from stacks.teardown.run_controller import STATE_MACHINE_NAME, STEP_TIMEOUT_MINUTES
 from stacks.teardown.workflow import STOP_BILLING_RETRY_S, retry_span
 

@@ -3,7 +3,6 @@ against moto with the synthesized workflow: the record the command writes holds 
 the controller's own role (its S3 calls judged by the synthesized policy, as the rehearsal's IAM
 judge does, rehearsal/iam_s3.py), and the release hands it back."""
 
-import clients
 from run_controller_fleet import (
     BUCKET,
     RUN,
@@ -16,6 +15,7 @@ from run_controller_fleet import (
     ticks,  # noqa: F401  (a fixture)
 )
 
+from controller import clients
 from rehearsal import iam_s3
 from watch.aws import Fleet as Watched
 from watch.aws import RunStore

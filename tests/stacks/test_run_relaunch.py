@@ -2,11 +2,11 @@
 replace, launch the missing nodes in one all-or-nothing request and tell each its index, zone
 by zone and round by round, give up in one line."""
 
-import clients
-import ec2_fleet
 import pytest
 from run_controller_fleet import RUN, ZONES, Ec2Answers, Fleet, read_json, ticks  # noqa: F401
 from test_run_workflow import ATTEMPTS, CONTROLLER, DONE, launches  # noqa: F401  (a fixture)
+
+from controller import clients, ec2_fleet
 
 # ruff: noqa: F811  (launches and ticks are fixtures)
 

@@ -1,16 +1,12 @@
 """An elastic fleet's lost node, replaced by the run controller's tick while its head trains on
-(stacks/teardown/controller/decide.py replace_lost, act.py replace), against moto with the
+(controller/decide.py replace_lost, act.py replace), against moto with the
 synthesized workflow: one instance from the replacement template in the fleet's zone, its
 launch assignment and its tag; never twice for one loss, also when a tick dies midway; at most
 REPLACEMENTS_PER_NODE times per node in an attempt."""
 
 import contextlib
 
-import clients
-import ec2_fleet
 import pytest
-import records
-import tick
 from run_controller_fleet import (
     RUN,
     ZONES,
@@ -21,6 +17,8 @@ from run_controller_fleet import (
     read_json,
     ticks,  # noqa: F401  (a fixture)
 )
+
+from controller import clients, ec2_fleet, records, tick
 
 # ruff: noqa: F811  (ticks is a fixture)
 

@@ -5,10 +5,7 @@ where every failure ends."""
 import json
 import time
 
-import clients
 import pytest
-import tick
-import train_stack
 from moto.cloudformation.exceptions import ValidationError
 from moto.cloudformation.models import CloudFormationBackend
 from run_controller_fleet import (
@@ -24,6 +21,8 @@ from run_controller_fleet import (
     ticks,  # noqa: F401  (a fixture)
 )
 from test_run_workflow import ATTEMPTS, CONTROLLER, DONE
+
+from controller import clients, tick, train_stack
 
 # ruff: noqa: F811  (ticks is a fixture)
 

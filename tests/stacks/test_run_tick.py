@@ -5,8 +5,6 @@ only brings a tick forward (`ticks(event)`); the schedule's ticks are `ticks()`.
 import datetime
 import re
 
-import clients
-import executions
 import pytest
 from botocore.exceptions import ClientError
 from run_controller_fleet import (
@@ -25,6 +23,8 @@ from run_controller_fleet import (
     state_change_event,
     ticks,  # noqa: F401  (a fixture)
 )
+
+from controller import clients, executions
 
 # ruff: noqa: F811  (ticks is a fixture)
 

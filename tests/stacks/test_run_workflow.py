@@ -4,10 +4,7 @@ in, and the failures of AWS's ordinary behaviour it must survive."""
 
 import copy
 
-import act
-import clients
 import pytest
-import tick
 from run_controller_fleet import (
     CAP_EVENT,
     RUN,
@@ -22,6 +19,8 @@ from run_controller_fleet import (
     state_change_event,
     ticks,  # noqa: F401  (a fixture)
 )
+
+from controller import act, clients, tick
 
 # ruff: noqa: F811  (ticks is a fixture)
 

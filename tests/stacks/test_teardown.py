@@ -10,7 +10,6 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from answers import deadline
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
@@ -18,6 +17,8 @@ from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint
 
 from contract.names import IDLE_EVALUATION_PERIODS, IDLE_MINUTES, REPLACEMENTS_PER_NODE
+from controller.answers import deadline
+from stacks.teardown.functions import ANSWERS_CODE, CONTROLLER_CODE
 from stacks.teardown.preprocess_guard import PreprocessGuard
 from stacks.teardown.run_controller import TICK_CONCURRENCY, TICK_EVENT_RETRIES, TICK_RATE
 from stacks.teardown.run_guard import IDLE_PERIOD, RunGuard
@@ -27,8 +28,8 @@ from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S, STARTUP_GRACE_S
 RUN = "resnet50-r1"
 MAX_HOURS = 3.5
 EMAIL = "ops@example.com"
-TEARDOWN = Path(__file__).parents[2] / "stacks" / "teardown"
-LAMBDA_MODULES = sorted([*TEARDOWN.glob("controller/*.py"), *TEARDOWN.glob("answers/*.py")])
+CONTROLLER = Path(__file__).parents[2] / "controller"
+LAMBDA_MODULES = sorted(CONTROLLER.glob("*.py"))
 
 
 def acknowledge(construct, reason: str, *rule_ids: str) -> None:
@@ -788,9 +789,9 @@ def test_teardown_stack_depends_on_nothing_it_guards(app_stacks):
 
 
 @pytest.mark.parametrize("module", LAMBDA_MODULES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_function_code_imports_only_boto3_the_standard_library_its_siblings_and_contract(module):
-    """What the Lambda runtime has, the asset's own files (imported top-level, as Lambda loads
-    them) and contract/, which the asset carries beside them."""
+def test_function_code_imports_only_boto3_the_standard_library_its_package_and_contract(module):
+    """What the Lambda runtime has, the package (never a module of it by bare name, as a Lambda
+    asset's top-level modules once were) and contract/, which the assets carry beside it."""
     tree = ast.parse(module.read_text())
     modules = {
         alias.name
@@ -800,18 +801,22 @@ def test_function_code_imports_only_boto3_the_standard_library_its_siblings_and_
     }
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     roots = {module.split(".")[0] for module in modules}
-    siblings = {path.stem for path in module.parent.glob("*.py")}
-    assert roots - set(sys.stdlib_module_names) - siblings <= {"boto3", "botocore", "contract"}
+    assert roots - set(sys.stdlib_module_names) <= {"boto3", "botocore", "contract", "controller"}
+    assert not roots & {path.stem for path in LAMBDA_MODULES}
 
 
 def test_every_python_function_runs_a_handler_its_asset_has(templates):
+    """Each handler `<module>.<function>` names an entry of its asset, and the package's module
+    of that name defines the function (tests/stacks/test_code_assets.py imports each from the
+    asset itself)."""
     functions = templates["TeardownStack"].find_resources("AWS::Lambda::Function").values()
     python = [f["Properties"] for f in functions if f["Properties"]["Runtime"].startswith("python")]
     assert len(python) == 11  # 7 steps, the tick, the cleanup, the answers, the stop
     for props in python:
         module, name = props["Handler"].split(".")
-        [path] = [p for p in LAMBDA_MODULES if p.stem == module]
-        assert f"def {name}(" in path.read_text(), props["Handler"]
+        code = ANSWERS_CODE if module == "answers" else CONTROLLER_CODE
+        assert module in code.entries, props["Handler"]
+        assert f"def {name}(" in (CONTROLLER / f"{module}.py").read_text(), props["Handler"]
         assert props["Runtime"] == "python3.14"
 
 

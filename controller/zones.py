@@ -12,13 +12,15 @@ Only the standard library and contract/: part of the run controller's Lambda ass
 import datetime
 import json
 
+from controller.snapshot import Zone
+
 # Every zone is tried this many times, waiting longer after each round, before the run gives up.
 CAPACITY_ROUNDS = 4
 CAPACITY_WAIT = datetime.timedelta(minutes=10)  # after the first round; doubled after each
 MAX_CAPACITY_WAIT = datetime.timedelta(hours=1)
 
 
-def parse_zones(text: str) -> list[dict]:
+def parse_zones(text: str) -> list[Zone]:
     """The output's zones in try order, the deployed one first, each zone once (the output may
     repeat one to fill its length): [{"zone", "subnet", "group"}]. [] when there is no usable
     output: the fleet stays in its zone, launched as its templates say."""
@@ -31,7 +33,7 @@ def parse_zones(text: str) -> list[dict]:
     return [z for z in zones if not (z["zone"] in seen or seen.add(z["zone"]))]
 
 
-def try_order(zones: list[dict], current: str | None) -> list[dict]:
+def try_order(zones: list[Zone], current: str | None) -> list[Zone]:
     """The zones a relaunch tries in turn, the fleet's current zone first; for a fleet without
     zones, its current zone alone, launched without overrides."""
     if not zones:
@@ -41,7 +43,7 @@ def try_order(zones: list[dict], current: str | None) -> list[dict]:
     return zones[start:] + zones[:start]
 
 
-def zone_of_try(order: list[dict], number: int) -> dict:
+def zone_of_try(order: list[Zone], number: int) -> Zone:
     """The zone try `number` (from 1) launches in."""
     return order[(number - 1) % len(order)]
 

@@ -8,31 +8,44 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 
 import datetime
 
-import ec2_fleet
-import executions
-import records
 from botocore.exceptions import ClientError
-from clients import client, error_code, error_message, log, setting, throttled
-from notify import notify
 
 from contract.runs import stamp
+from controller import ec2_fleet, executions, records
+from controller.actions import (
+    Action,
+    DeleteDone,
+    Record,
+    RecordFailure,
+    Replace,
+    Start,
+    StopBilling,
+    StopExecutions,
+    Tag,
+    Tell,
+    Terminate,
+    WriteDone,
+)
+from controller.clients import client, error_code, error_message, log, setting, throttled
+from controller.notify import notify
+from controller.snapshot import Snapshot
 
 
-def act(actions: list[dict], snapshot: dict, now: datetime.datetime) -> None:
+def act(actions: list[Action], snapshot: Snapshot, now: datetime.datetime) -> None:
     for action in actions:
         log("act", **{k: v for k, v in action.items() if k not in ("input", "fleet")})
         DO[action["do"]](action, snapshot, now)
 
 
-def context(snapshot: dict) -> tuple:
+def context(snapshot: Snapshot) -> tuple:
     return client("s3"), setting("BUCKET"), snapshot["stack"]["run"]
 
 
-def terminate(action: dict, snapshot: dict, now) -> None:
+def terminate(action: Terminate, snapshot: Snapshot, now) -> None:
     ec2_fleet.terminate(action["ids"])
 
 
-def replace(action: dict, snapshot: dict, now) -> None:
+def replace(action: Replace, snapshot: Snapshot, now) -> None:
     """One new instance for a lost node of the elastic fleet (replace.replace_lost), launched
     from the replacement template in the fleet's zone under the loss's own ClientToken
     (ec2_fleet.replacement_token: the run, the attempt, the node, the instance lost). An
@@ -76,7 +89,7 @@ def replace(action: dict, snapshot: dict, now) -> None:
                f"without it, and {instance_id} replaces it")  # fmt: skip
 
 
-def tag(action: dict, snapshot: dict, now) -> None:
+def tag(action: Tag, snapshot: Snapshot, now) -> None:
     """The node tag of a replacement an earlier tick launched and assigned, then died."""
     s3, bucket, run = context(snapshot)
     ec2_fleet.tag_node(action["id"], action["node"])
@@ -86,22 +99,22 @@ def tag(action: dict, snapshot: dict, now) -> None:
     records.note_replacement(s3, bucket, run, entry, stamp(now))
 
 
-def stop_billing(action: dict, snapshot: dict, now) -> None:
+def stop_billing(action: StopBilling, snapshot: Snapshot, now) -> None:
     ec2_fleet.stop_billing(action["fleet"])
 
 
-def record(action: dict, snapshot: dict, now) -> None:
+def record(action: Record, snapshot: Snapshot, now) -> None:
     s3, bucket, run = context(snapshot)
     records.append_attempt(s3, bucket, run, action["entry"], snapshot["stack"]["max_restarts"])
 
 
-def delete_done(action: dict, snapshot: dict, now) -> None:
+def delete_done(action: DeleteDone, snapshot: Snapshot, now) -> None:
     s3, bucket, run = context(snapshot)
     if action["etag"]:
         records.delete_done(s3, bucket, run, action["etag"])
 
 
-def write_done(action: dict, snapshot: dict, now) -> None:
+def write_done(action: WriteDone, snapshot: Snapshot, now) -> None:
     s3, bucket, run = context(snapshot)
     written = records.write_done(
         s3,
@@ -117,7 +130,7 @@ def write_done(action: dict, snapshot: dict, now) -> None:
     log("done-written" if written else "done-was-there", run=run, attempt=action["attempt"])
 
 
-def start(action: dict, snapshot: dict, now) -> None:
+def start(action: Start, snapshot: Snapshot, now) -> None:
     """The long action's execution; only a start that started it says so and mails."""
     arn = executions.start(action["name"], action["input"])
     if arn is None:
@@ -133,16 +146,16 @@ def start(action: dict, snapshot: dict, now) -> None:
     )
 
 
-def stop_executions(action: dict, snapshot: dict, now) -> None:
+def stop_executions(action: StopExecutions, snapshot: Snapshot, now) -> None:
     executions.stop(action["arns"], action["why"])
 
 
-def record_failure(action: dict, snapshot: dict, now) -> None:
+def record_failure(action: RecordFailure, snapshot: Snapshot, now) -> None:
     s3, bucket, run = context(snapshot)
     records.record_failure(s3, bucket, run, action["failure"])
 
 
-def tell(action: dict, snapshot: dict, now) -> None:
+def tell(action: Tell, snapshot: Snapshot, now) -> None:
     s3, bucket, run = context(snapshot)
     records.update_controller(s3, bucket, run, at=stamp(now), **action["fields"])
 

@@ -18,8 +18,6 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 import datetime
 
 from botocore.exceptions import ClientError
-from clients import client, log
-from zones import parse_zones
 
 from contract.names import (
     DEADLINE_OUTPUT_KEY,
@@ -37,6 +35,9 @@ from contract.names import (
     ZONES_OUTPUT_KEY,
 )
 from contract.runs import parse_stamp
+from controller.clients import client, log
+from controller.snapshot import Stack
+from controller.zones import parse_zones
 
 # A stack from before the tags: bootstrap/node_config.py's default heartbeat timeout, and the
 # rendezvous timeout plus ten minutes for the start.
@@ -52,7 +53,7 @@ class RefusedStack(Exception):
     """Raised instead of deleting a stack that is not this app's TrainStack."""
 
 
-def describe(name_or_id: str = TRAIN_STACK) -> dict | None:
+def describe(name_or_id: str = TRAIN_STACK) -> Stack | None:
     """TrainStack as the controller reads it (`of`); None when there is no such stack."""
     try:
         stacks = client("cloudformation").describe_stacks(StackName=name_or_id)["Stacks"]
@@ -63,7 +64,7 @@ def describe(name_or_id: str = TRAIN_STACK) -> dict | None:
     return of(stacks[0])
 
 
-def of(stack: dict) -> dict:
+def of(stack: dict) -> Stack:
     """A DescribeStacks answer's stack: id, name, status, when it was created, and what its
     tags and outputs say ("" or 0 for what neither holds: a stack being created has no outputs,
     a stack from before the tags none of them)."""
@@ -95,29 +96,29 @@ def of(stack: dict) -> dict:
     }
 
 
-def deadline_of(stack: dict) -> datetime.datetime | None:
+def deadline_of(stack: Stack) -> datetime.datetime | None:
     return stack.get("deadline")
 
 
-def busy(stack: dict) -> bool:
+def busy(stack: Stack) -> bool:
     """A create, update or rollback under way: the outputs may be absent or about to change."""
     status = stack["status"]
     return status.endswith("_IN_PROGRESS") and status != "DELETE_IN_PROGRESS"
 
 
-def creating(stack: dict) -> bool:
+def creating(stack: Stack) -> bool:
     return stack["status"] in ("CREATE_IN_PROGRESS", "REVIEW_IN_PROGRESS")
 
 
-def gone(stack: dict | None) -> bool:
+def gone(stack: Stack | None) -> bool:
     return stack is None or stack["status"] in GONE_STATES
 
 
-def deleting(stack: dict | None) -> bool:
+def deleting(stack: Stack | None) -> bool:
     return stack is not None and stack["status"] in ("DELETE_IN_PROGRESS", "DELETE_FAILED")
 
 
-def delete(stack: dict, **fields) -> None:
+def delete(stack: Stack, **fields) -> None:
     """DeleteStack, by id, refusing every stack but TrainStack; CloudFormation uses the stack's
     own role."""
     if stack["name"] != TRAIN_STACK:
@@ -127,7 +128,7 @@ def delete(stack: dict, **fields) -> None:
     log("delete-stack", stack=stack["name"], **fields)
 
 
-def node_count(stack: dict) -> int:
+def node_count(stack: Stack) -> int:
     """How many nodes the fleet has; for a stack from before its output, as many as the
     instances CloudFormation made, one per node."""
     return stack["nodes"] or len(instances(stack["id"]))

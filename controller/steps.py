@@ -11,12 +11,9 @@ import datetime
 import json
 import math
 
-import ec2_fleet
-import records
-import train_stack
-from clients import client, log, now, setting, step
-
 from contract.runs import stamp
+from controller import ec2_fleet, records, train_stack
+from controller.clients import client, log, now, setting, step
 
 # How long a state waits before it looks again at what it waits for.
 RECHECK = datetime.timedelta(minutes=10)

@@ -9,9 +9,9 @@ Only boto3, the standard library and contract/: part of TeardownStack's Lambda a
 import json
 
 from botocore.exceptions import ClientError
-from clients import client, log, setting
 
 from contract.names import MANIFEST_TAG, PROJECT, PROJECT_TAG
+from controller.clients import client, log, setting
 
 
 def handler(event: dict, _context=None) -> dict:

@@ -7,15 +7,16 @@ Only the standard library and contract/: part of the run controller's Lambda ass
 
 import datetime
 
-import judge
-from ec2_fleet import UP_STATES
-from executions import name
-
 from contract.runs import stamp
+from controller import judge
+from controller.actions import Action, Verdict
+from controller.ec2_fleet import UP_STATES
+from controller.executions import name
+from controller.snapshot import Instance, Snapshot
 
 
 class Decider:
-    def __init__(self, snapshot: dict, now: datetime.datetime) -> None:
+    def __init__(self, snapshot: Snapshot, now: datetime.datetime) -> None:
         self.now = now
         self.stack = snapshot["stack"]
         self.instances = snapshot["instances"]
@@ -25,12 +26,12 @@ class Decider:
         self.checkpoint_at = snapshot.get("checkpoint_at")
         self.hold = snapshot.get("hold")
         self.settings = snapshot.get("settings") or {}
-        self.actions: list[dict] = []
+        self.actions: list[Action] = []
 
-    def phase(self, phase: str | None, why: str) -> dict:
+    def phase(self, phase: str | None, why: str) -> Verdict:
         return {"phase": phase, "why": why, "actions": self.actions}
 
-    def fleet(self) -> list[dict]:
+    def fleet(self) -> list[Instance]:
         return judge.of_stack(self.instances, self.stack["id"])
 
     # --- long actions ---------------------------------------------------------------------------

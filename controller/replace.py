@@ -5,23 +5,23 @@ Only the standard library and contract/: part of the run controller's Lambda ass
 
 import datetime
 
-import judge
-import zones
-from ec2_fleet import LIVE_STATES
-
 from contract.names import HEAD_NODE
 from contract.runs import parse_stamp
+from controller import judge, zones
+from controller.actions import Action
+from controller.ec2_fleet import LIVE_STATES
+from controller.snapshot import Instance, Records, Settings, Stack
 
 
 def replace_lost(
-    stack: dict,
-    records: dict,
-    settings: dict,
+    stack: Stack,
+    records: Records,
+    settings: Settings,
     now: datetime.datetime,
     attempt: int,
-    fleet: list[dict],
+    fleet: list[Instance],
     started: datetime.datetime,
-) -> list[dict]:
+) -> list[Action]:
     """Each node of the elastic fleet lost while its head trains (judge.lost_why) gets ONE
     new instance from the replacement template, in the fleet's zone and placement group:
     its instance terminated first, whatever its state (a stopped one would come back with

@@ -18,6 +18,7 @@ Only the standard library and contract/: this file is part of the run controller
 import datetime
 
 from contract.causes import final_cause
+from contract.records import AttemptEntry, Done
 from contract.runs import stamp
 
 # A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
@@ -26,8 +27,8 @@ MIN_ATTEMPT = datetime.timedelta(minutes=30)
 
 
 def decide(
-    done: dict,
-    earlier: list[dict],
+    done: Done,
+    earlier: list[AttemptEntry],
     *,
     max_restarts: int,
     now: datetime.datetime,
@@ -59,8 +60,8 @@ STEPS_FIELDS = ("start_step", "end_step", "step_s", "steps_redone")
 
 
 def attempt_entry(
-    done: dict,
-    earlier: list[dict],
+    done: Done,
+    earlier: list[AttemptEntry],
     *,
     max_restarts: int,
     now: datetime.datetime,
@@ -68,7 +69,7 @@ def attempt_entry(
     started_at: str | None,
     stack_id: str,
     deleting: bool = False,
-) -> dict:
+) -> AttemptEntry:
     """attempts.json's entry for the attempt whose DONE.json is `done` (docs/contracts.md):
     what ended it and the decision, made on its cause alone (`decide`). `earlier`: the entries
     recorded before it; `started_at`: status.json's `attempt_started_at`; `stack_id`: the

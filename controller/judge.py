@@ -12,11 +12,12 @@ Only the standard library and contract/: part of the run controller's Lambda ass
 
 import datetime
 
-from ec2_fleet import LIVE_STATES, UP_STATES, missing
-from executions import DONE, LIVE, RESUMES
-
 from contract.names import HEAD_NODE
+from contract.records import Hold
 from contract.runs import parse_stamp
+from controller.ec2_fleet import LIVE_STATES, UP_STATES, missing
+from controller.executions import DONE, LIVE, RESUMES
+from controller.snapshot import Execution, Instance, Stack
 
 # An instance of a fleet that no record knows, and no live stack owns, is terminated once it is
 # this old (clustermgtd's orphaned_instance_timeout).
@@ -33,7 +34,7 @@ NOTICE = datetime.timedelta(minutes=3)
 LISTING_LAG = datetime.timedelta(minutes=5)
 
 
-def chain(executions: list[dict], kind: str) -> dict:
+def chain(executions: list[Execution], kind: str) -> dict:
     """Where the long action `kind` stands: `none` (never started), `running`, `succeeded`,
     `failed` (the newest execution failed, timed out or was stopped, and a resume is left:
     `resume` is its number) or `exhausted` (failed, and resumed RESUMES times). `newest` is its
@@ -71,11 +72,11 @@ def orphans(
     return found
 
 
-def of_stack(instances: list[dict], stack_id: str) -> list[dict]:
+def of_stack(instances: list[Instance], stack_id: str) -> list[Instance]:
     return [i for i in instances if i["stack"] == stack_id]
 
 
-def gone_nodes(count: int, fleet: list[dict]) -> list[str]:
+def gone_nodes(count: int, fleet: list[Instance]) -> list[str]:
     """What keeps the fleet from being whole: each node index no instance up serves, as
     "node <i>", naming the instance that served it when it is still there (stopping, stopped,
     shutting down). [] for a whole fleet."""
@@ -130,14 +131,14 @@ def idle_due(
 # --- the elastic fleet: a lost node replaced while the attempt goes on ------------------------
 
 
-def head_of(fleet: list[dict]) -> dict | None:
+def head_of(fleet: list[Instance]) -> Instance | None:
     """The fleet's head instance (the newest launched with the head's tag); None for a fleet
     without one (a stack from before the elastic fleet)."""
     heads = [n for n in fleet if n["node"] == HEAD_NODE]
     return max(heads, key=lambda n: n["launched"] or datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)) if heads else None  # fmt: skip
 
 
-def serving(fleet: list[dict], index: int, assigned_ids: set[str]) -> dict | None:
+def serving(fleet: list[Instance], index: int, assigned_ids: set[str]) -> Instance | None:
     """The instance that serves node `index` now: the newest launched of those, not yet
     terminated, tagged with it or assigned to it (a replacement the tick launched but did not
     tag yet)."""
@@ -181,7 +182,7 @@ def last_served(fleet: list[dict], index: int, assigned: dict[str, dict]) -> str
     return max(launched, key=lambda i: (launched[i], i)) if launched else None
 
 
-def held(hold: dict | None, stack: dict) -> bool:
+def held(hold: Hold | None, stack: Stack) -> bool:
     """Whether an operator holds the run (`horovod-fleet hold`, runs/<run>/hold.json): a hold
     on record for this TrainStack (one left from an earlier stack of the run holds nothing)."""
     return bool(hold and hold.get("held") is True and hold.get("stack_id") == stack["id"])
@@ -243,7 +244,7 @@ def replacement_numbers(
     }
 
 
-def unreturnable(stack: dict, fleet: list[dict]) -> str | None:
+def unreturnable(stack: Stack, fleet: list[Instance]) -> str | None:
     """Why a relaunch cannot bring the fleet back, if it cannot: a node gone from a stack
     without the replacement template, or the head terminated (it has no launch template)."""
     lost = missing(stack["nodes"], fleet)

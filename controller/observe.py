@@ -28,21 +28,18 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 
 import datetime
 
-import ec2_fleet
-import executions
-import records
-import train_stack
-from clients import client, log, setting
-
 from contract import runs
 from contract.names import CAP_SCHEDULE_PREFIX, HEAD_NODE
+from controller import ec2_fleet, executions, records, train_stack
+from controller.clients import client, log, setting
+from controller.snapshot import Alarm, Records, Snapshot
 
 
-def world(now: datetime.datetime, failed: list[Exception]) -> dict:
+def world(now: datetime.datetime, failed: list[Exception]) -> Snapshot:
     """The snapshot the guards are decided on, `records` None; each failed read of S3 in
     `failed`."""
     stack = train_stack.describe()
-    snapshot = {
+    snapshot: Snapshot = {
         "stack": stack,
         "instances": ec2_fleet.every_fleet_instance(),
         "records": None,
@@ -81,7 +78,7 @@ def unless_failed(read, failed: list[Exception]):
         return None
 
 
-def run_records(snapshot: dict) -> dict:
+def run_records(snapshot: Snapshot) -> Records:
     """The run's records in S3 (a refused read raises)."""
     stack = snapshot["stack"]
     run, s3, bucket = stack["run"], client("s3"), setting("BUCKET")
@@ -110,7 +107,7 @@ def run_records(snapshot: dict) -> dict:
     return found
 
 
-def idle_alarm(run: str) -> dict | None:
+def idle_alarm(run: str) -> Alarm | None:
     """The run's idle alarm as CloudWatch holds it now: {"state", "since"}; None without one."""
     alarm_name = f"{setting('IDLE_ALARM_PREFIX')}{run}"
     alarms = client("cloudwatch").describe_alarms(AlarmNames=[alarm_name])["MetricAlarms"]

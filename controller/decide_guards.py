@@ -23,11 +23,11 @@ Pure, as decide.py. Only the standard library and contract/: part of the run con
 
 import datetime
 
-import judge
-import train_stack
-from long_actions import Decider
-
 from contract.runs import stamp
+from controller import judge, train_stack
+from controller.actions import Verdict
+from controller.long_actions import Decider
+from controller.snapshot import Snapshot
 
 # Stack statuses in which CloudFormation owns every change: nothing of the run is judged.
 ROLLING_BACK = ("ROLLBACK_IN_PROGRESS",)
@@ -35,13 +35,13 @@ ROLLING_BACK = ("ROLLBACK_IN_PROGRESS",)
 LEFT_OVER = ("ROLLBACK_FAILED",)
 
 
-def guards(snapshot: dict, now: datetime.datetime) -> dict:
+def guards(snapshot: Snapshot, now: datetime.datetime) -> Verdict:
     """{"phase", "why", "actions"}; phase None when no guard owns the tick."""
     return Guards(snapshot, now).verdict()
 
 
 class Guards(Decider):
-    def verdict(self) -> dict:
+    def verdict(self) -> Verdict:
         stack = self.stack
         live = not train_stack.gone(stack) and stack["status"] not in LEFT_OVER
         self.sweep(stack if live else None, of_live=False, known=set())
@@ -70,7 +70,7 @@ class Guards(Decider):
             return self.follow_chain("idle", idle, self.delete_input("idle"), "idle", mail=mail)
         return self.phase(None, "no guard acts")
 
-    def deleting(self) -> dict:
+    def deleting(self) -> Verdict:
         """A delete under way is followed: by the execution that asked for it, else by one of
         its own (cdk destroy), which terminates what holds a DELETE_FAILED up and deletes again."""
         if any(e["status"] == "RUNNING" for e in self.executions):
@@ -79,7 +79,7 @@ class Guards(Decider):
         document = {**self.base_input(), "action": "follow", "reason": "destroy"}
         return self.follow_chain("destroy", chain, document, "deleting")
 
-    def capped(self) -> dict:
+    def capped(self) -> Verdict:
         """The hard cap defers to nothing: every other long action stops, and the fleet goes."""
         others = [
             e["arn"] for e in self.executions if e["status"] == "RUNNING" and e["kind"] != "cap"
@@ -97,7 +97,7 @@ class Guards(Decider):
             mail="reached its hard cap: the run controller is deleting its fleet",
         )
 
-    def held(self) -> dict:
+    def held(self) -> Verdict:
         """An operator holds the run: no action. An idle fleet says when it will go."""
         hold = self.hold
         why = (

@@ -23,7 +23,8 @@ import hashlib
 import json
 import re
 
-from clients import client, log, setting
+from controller.clients import client, log, setting
+from controller.snapshot import Execution
 
 # How many times a failed long action is started again before the tick gives it up (and stops
 # the run's billing, recording the controller's failure).
@@ -56,7 +57,7 @@ def arn_of(execution_name: str) -> str:
     return machine.replace(":stateMachine:", ":execution:", 1) + f":{execution_name}"
 
 
-def of_run(run: str, stack_id: str) -> list[dict]:
+def of_run(run: str, stack_id: str) -> list[Execution]:
     """This run's executions in this stack, each {"name", "kind", "resume", "status", "arn",
     "started", "stopped"}, as Step Functions lists them (newest first)."""
     pages = (

@@ -18,19 +18,15 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 
 import datetime
 
-import ec2_fleet
-import records
-import recovery
-import train_stack
-import zones
 from botocore.exceptions import ClientError
-from clients import client, error_code, error_message, log, now, setting, step, throttled
-from notify import notify
-from steps import RECHECK, fleet_stack, seconds, tell, wait
 
 from contract import causes
 from contract.names import HEAD_NODE
 from contract.runs import stamp
+from controller import ec2_fleet, records, recovery, train_stack, zones
+from controller.clients import client, error_code, error_message, log, now, setting, step, throttled
+from controller.notify import notify
+from controller.steps import RECHECK, fleet_stack, seconds, tell, wait
 
 SETTLE_CHECK = datetime.timedelta(seconds=15)
 # Stopping a p4d takes minutes; one that is still stopping after this is stuck.

@@ -25,7 +25,16 @@ from collections.abc import Callable
 from botocore.exceptions import ClientError
 
 from contract import runs
-from contract.records import ATTEMPTS_FORMAT
+from contract.records import (
+    ATTEMPTS_FORMAT,
+    AttemptEntry,
+    Attempts,
+    Controller,
+    ControllerFailure,
+    Done,
+    Hold,
+    Replacement,
+)
 
 ABSENT_KEY_CODES = ("NoSuchKey", "404")
 CHANGED_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
@@ -97,20 +106,22 @@ def update(s3, bucket: str, name: str, change: Callable[[dict | None], dict | No
     raise RecordChanged(f"s3://{bucket}/{name} changed under {WRITE_TRIES} conditional writes")
 
 
-def attempts_document(s3, bucket: str, run: str) -> dict:
+def attempts_document(s3, bucket: str, run: str) -> Attempts:
     return read_json(s3, bucket, runs.key(run, runs.ATTEMPTS)) or {}
 
 
-def entries(document: dict) -> list[dict]:
+def entries(document: Attempts) -> list[AttemptEntry]:
     return [e for e in document.get("attempts", []) if isinstance(e, dict)]
 
 
-def attempts(s3, bucket: str, run: str) -> list[dict]:
+def attempts(s3, bucket: str, run: str) -> list[AttemptEntry]:
     """The run controller's record of the run's ended attempts (attempts.json)."""
     return entries(attempts_document(s3, bucket, run))
 
 
-def append_attempt(s3, bucket: str, run: str, entry: dict, max_restarts: int) -> dict:
+def append_attempt(
+    s3, bucket: str, run: str, entry: AttemptEntry, max_restarts: int
+) -> AttemptEntry:
     """Add the ended attempt's entry, unless the attempt is recorded already (by another tick:
     its entry stands). Returns the attempt's entry as recorded."""
 
@@ -130,7 +141,7 @@ def append_attempt(s3, bucket: str, run: str, entry: dict, max_restarts: int) ->
     return next(e for e in entries(written) if e.get("attempt") == entry["attempt"])
 
 
-def record_failure(s3, bucket: str, run: str, failure: dict) -> None:
+def record_failure(s3, bucket: str, run: str, failure: ControllerFailure) -> None:
     """Add the controller's own failure to attempts.json's `controller_failures`, once per
     execution (and per `final` verdict)."""
 
@@ -145,7 +156,7 @@ def record_failure(s3, bucket: str, run: str, failure: dict) -> None:
     update(s3, bucket, runs.key(run, runs.ATTEMPTS), add)
 
 
-def update_controller(s3, bucket: str, run: str, *, at: str, **fields) -> dict:
+def update_controller(s3, bucket: str, run: str, *, at: str, **fields) -> Controller:
     """Merge `fields` into controller.json, whose only writer is the run controller."""
 
     def merge(document: dict | None) -> dict:
@@ -171,7 +182,7 @@ def write_done(
     late one is never overwritten by this, and this one is the attempt's record when it comes
     first. False when one was there. `earlier`: attempts.json's entries."""
     before = [e for e in earlier if (e.get("attempt") or 0) < attempt]
-    done = {
+    done: Done = {
         "run": run,
         "status": status,
         "cause": cause,
@@ -222,7 +233,7 @@ def claim_launch(s3, bucket: str, run: str, instance_id: str, assignment: dict) 
     return read_json(s3, bucket, name) or assignment
 
 
-def hold(s3, bucket: str, run: str) -> dict | None:
+def hold(s3, bucket: str, run: str) -> Hold | None:
     """An operator's hold on the run (runs/<run>/hold.json, `horovod-fleet hold`); None when
     there is none. The controller only reads it (watch/hold.py writes it)."""
     return read_json(s3, bucket, runs.key(run, runs.HOLD))
@@ -259,7 +270,7 @@ def assignments(s3, bucket: str, run: str) -> list[dict]:
     return [a for a in found if a is not None]
 
 
-def note_replacement(s3, bucket: str, run: str, entry: dict, at: str) -> dict:
+def note_replacement(s3, bucket: str, run: str, entry: Replacement, at: str) -> Controller:
     """Add one per-node replacement try to controller.json's `replacements` (its number once)."""
 
     def add(document: dict | None) -> dict | None:

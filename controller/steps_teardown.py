@@ -11,14 +11,12 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 
 import datetime
 
-import ec2_fleet
-import records
-import train_stack
 from botocore.exceptions import ClientError
-from clients import client, error_code, log, now, setting, step
-from steps import RECHECK, fleet_stack, tell, wait
 
 from contract.runs import stamp
+from controller import ec2_fleet, records, train_stack
+from controller.clients import client, error_code, log, now, setting, step
+from controller.steps import RECHECK, fleet_stack, tell, wait
 
 FOLLOW_DELETE_FOR = datetime.timedelta(hours=3)
 # A stack CloudFormation will not delete yet (an update under way) is asked again this often.

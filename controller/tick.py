@@ -16,11 +16,8 @@ With no TrainStack and no orphan instance it reads the stack and the instances a
 Only boto3, the standard library and contract/: part of the run controller's Lambda asset.
 """
 
-import act
-import decide
-import decide_guards
-import observe
-from clients import log, now
+from controller import act, decide, decide_guards, observe
+from controller.clients import log, now
 
 
 def handler(event: dict, _context=None) -> dict:

@@ -26,20 +26,19 @@ Only the standard library and contract/: part of the run controller's Lambda ass
 
 import datetime
 
-import judge
-import recovery
-import replace
-import zones
-from decide_guards import guards
-from ec2_fleet import LIVE_STATES, UP_STATES
-from executions import attempt_kind
-from long_actions import Decider
-
 from contract import causes
+from contract.records import AttemptEntry, Done
 from contract.runs import parse_stamp, stamp
+from controller import judge, recovery, replace, zones
+from controller.actions import Verdict
+from controller.decide_guards import guards
+from controller.ec2_fleet import LIVE_STATES, UP_STATES
+from controller.executions import attempt_kind
+from controller.long_actions import Decider
+from controller.snapshot import Snapshot
 
 
-def decide(snapshot: dict, now: datetime.datetime) -> dict:
+def decide(snapshot: Snapshot, now: datetime.datetime) -> Verdict:
     """{"phase", "why", "actions"} for the run as `snapshot` shows it at `now`: the guards'
     verdict when one owns the tick, else the records' after the guards' actions."""
     first = guards(snapshot, now)
@@ -49,13 +48,13 @@ def decide(snapshot: dict, now: datetime.datetime) -> dict:
     return {**then, "actions": first["actions"] + then["actions"]}
 
 
-def rest(snapshot: dict, now: datetime.datetime) -> dict:
+def rest(snapshot: Snapshot, now: datetime.datetime) -> Verdict:
     """The run as its records say, once no guard owns the tick (`snapshot["records"]` read)."""
     return Decision(snapshot, now).verdict()
 
 
 class Decision(Decider):
-    def verdict(self) -> dict:
+    def verdict(self) -> Verdict:
         self.sweep(self.stack, of_live=True, known=self.records.get("assigned") or set())
         if self.failed_for_good():
             return self.controller_failed()
@@ -64,7 +63,7 @@ class Decision(Decider):
             return self.follow_chain("idle", idle, self.delete_input("idle"), "idle")
         return self.attempts()
 
-    def controller_failed(self) -> dict:
+    def controller_failed(self) -> Verdict:
         up = [i for i in self.fleet() if i["state"] in UP_STATES]
         if up:
             self.actions.append({"do": "stop_billing", "fleet": up})
@@ -74,7 +73,7 @@ class Decision(Decider):
             "fleet at the cap",
         )
 
-    def attempts(self) -> dict:
+    def attempts(self) -> Verdict:
         """The newest attempt of this stack: its end's action, then the attempt under way."""
         entries = self.entries()
         current = max((e.get("attempt") or 0 for e in entries), default=0) + 1
@@ -91,7 +90,7 @@ class Decision(Decider):
                 return self.follow_chain(kind, chain, document, phase, tell=self.told(last))
         return self.under_way(current, last)
 
-    def under_way(self, attempt: int, last: dict | None) -> dict:
+    def under_way(self, attempt: int, last: AttemptEntry | None) -> Verdict:
         done = self.records.get("done")
         if done is not None and (done.get("attempt") or attempt) < attempt:
             self.drop_stale_done(attempt)
@@ -130,7 +129,7 @@ class Decision(Decider):
 
     # --- an attempt's end -----------------------------------------------------------------------
 
-    def record(self, done: dict, attempt: int) -> dict:
+    def record(self, done: Done, attempt: int) -> Verdict:
         """The attempt's DONE.json, recorded once with its decision, and the action it decides
         started under the attempt's name."""
         stack = self.stack
@@ -165,7 +164,7 @@ class Decision(Decider):
         self.start(attempt_kind(attempt), 0, document, mail=mail, tell=tell)
         return self.phase(phase, f"attempt {attempt}: {entry['why']}")
 
-    def told(self, entry: dict) -> dict:
+    def told(self, entry: AttemptEntry) -> dict:
         """What controller.json says of an attempt's end: the next attempt and why, on a
         relaunch; why the run ends, otherwise."""
         if entry["decision"] == "relaunch":
@@ -199,11 +198,11 @@ class Decision(Decider):
 
     # --- long actions ---------------------------------------------------------------------------
 
-    def teardown_input(self, entry: dict) -> dict:
+    def teardown_input(self, entry: AttemptEntry) -> dict:
         return {**self.base_input(), "action": "teardown", "attempt": entry["attempt"],
                 "reason": entry["decision"]}  # fmt: skip
 
-    def relaunch_input(self, entry: dict) -> dict:
+    def relaunch_input(self, entry: AttemptEntry) -> dict:
         """Where the relaunch goes: the fleet's zones in try order, its current zone first."""
         here = next((n["zone"] for n in self.fleet() if n["state"] in LIVE_STATES), None)
         plan = {"zones": zones.try_order(self.stack["zones"], here), "nodes": self.stack["nodes"]}
@@ -216,10 +215,10 @@ class Decision(Decider):
 
     # --- what the records say ---------------------------------------------------------------------
 
-    def entries(self) -> list[dict]:
+    def entries(self) -> list[AttemptEntry]:
         return [e for e in self.records.get("attempts") or [] if isinstance(e, dict)]
 
-    def ours(self, entry: dict) -> bool:
+    def ours(self, entry: AttemptEntry) -> bool:
         """Whether an attempts.json entry is this stack's (a run deployed again continues its
         attempts in a new stack; entries from before this field are an older controller's)."""
         return entry.get("stack_id") == self.stack["id"]
@@ -230,7 +229,7 @@ class Decision(Decider):
             for f in self.records.get("controller_failures") or []
         )
 
-    def attempt_started(self, last: dict | None) -> datetime.datetime:
+    def attempt_started(self, last: AttemptEntry | None) -> datetime.datetime:
         """When the attempt under way began: its relaunch's end (and never before the decision
         that ended the attempt before it), or the stack's creation."""
         if last is not None:

@@ -20,10 +20,8 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 
 import time
 
-import ec2_fleet
-import executions
-import train_stack
-from clients import client, log
+from controller import ec2_fleet, executions, train_stack
+from controller.clients import client, log
 
 # A stack being deleted: by the user or the controller, or a create being rolled back.
 STACK_DELETED = ("DELETE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS")

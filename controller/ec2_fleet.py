@@ -11,9 +11,10 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 import hashlib
 
 from botocore.exceptions import ClientError
-from clients import NodePending, client, log
 
 from contract.names import FLEET_TAG, NODE_TAG
+from controller.clients import NodePending, client, log
+from controller.snapshot import Instance
 
 # The instance states a node can come back from; "shutting-down" is on its way to terminated.
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
@@ -76,7 +77,7 @@ def every_fleet_instance() -> list[dict]:
     return sorted(found, key=lambda n: n["id"])
 
 
-def node_of(instance: dict) -> dict:
+def node_of(instance: dict) -> Instance:
     tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
     return {
         "id": instance["InstanceId"],

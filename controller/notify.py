@@ -3,7 +3,8 @@ Only boto3, the standard library and contract/: part of the run controller's Lam
 """
 
 from botocore.exceptions import ClientError
-from clients import client, log
+
+from controller.clients import client, log
 
 
 def notify(stack: dict, run: str, what: str) -> None:
