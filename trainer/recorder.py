@@ -14,7 +14,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainer.config import TrainConfig
-from trainer.progress import ProgressFile, utc_stamp
+from trainer.progress import ProgressFile, utc_stamp, write_node_steps
 
 HEADER = f"{'Step':>8} {'Epoch':>6} {'Speed':>9} {'Loss':>7} {'FinLoss':>7} {'LR':>9}"
 # bootstrap/spot.py mirrors this name: the node reads the marker after the trainer exits.
@@ -229,6 +229,13 @@ class Recorder:
                 steady_images_per_s=self.timings.steady_rate(),
             )
         self.interval_began = time.perf_counter()
+
+    def steps_seen(self, global_step: int) -> None:
+        """The node's local rank 0 says its ranks step (node-steps.json): its bootstrap waits
+        for a silent head while they do (docs/contracts.md)."""
+        if self.local_rank == 0:
+            self.model_dir.mkdir(parents=True, exist_ok=True)
+            write_node_steps(self.model_dir, global_step)
 
     def evaluating(self) -> None:
         self.evaluation_began = time.perf_counter()

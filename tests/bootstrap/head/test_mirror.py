@@ -222,3 +222,11 @@ def test_the_mirror_and_the_push_over_real_ssh(tmp_path, sshd):
     write_checkpoint(local, 8)
     push(sshd, "127.0.0.1", local, remote)
     assert state_names((remote / STATE).read_text()) == {"ckpt-8"}
+
+
+def test_the_nodes_own_step_file_is_not_copied(tmp_path, stub_ssh):
+    b = host_model(tmp_path, "10.0.0.11")
+    progress(b, 20, time.time())
+    (b / "node-steps.json").write_text('{"global_step": 20}')
+    mirror(tmp_path, stub_ssh, ["10.0.0.11"]).sync()
+    assert not (tmp_path / "head" / "model" / "node-steps.json").exists()
