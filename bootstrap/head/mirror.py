@@ -284,6 +284,26 @@ def push_all(ssh: Ssh, hosts: list[str], local_dir: Path, remote_dir: Path) -> N
             done.result()
 
 
+def push_newer(ssh: Ssh, hosts: list[str], local_dir: Path, remote_dir: Path) -> list[str]:
+    """push() the head's checkpoints to each host whose newest is older than the head's (or that
+    did not answer the listing: push says why it fails); returns the hosts pushed to. Before a
+    horovodrun started again: its trainer resumes from the newest checkpoint on any rank's disk
+    (trainer/resume.py restore_newest_anywhere), and the head may hold the newest (the mirror
+    copied it from a rank 0 whose node is lost since). A node holding one at least as new keeps
+    its own."""
+    here = newest_step(read_text(local_dir / STATE))
+    if here < 0:
+        return []
+    listings = Mirror(ssh, lambda: hosts, local_dir, remote_dir, log=lambda line: None).list_all(
+        hosts
+    )
+    behind = [h for h in hosts if h not in listings or newest_step(listings[h]["state"]) < here]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done in [pool.submit(push, ssh, host, local_dir, remote_dir) for host in behind]:
+            done.result()
+    return behind
+
+
 def push(ssh: Ssh, host: str, local_dir: Path, remote_dir: Path, timeout_s: float = 600) -> None:
     """Put the head's checkpoints (the restored ones, or none) into a node's model dir,
     replacing its own."""
