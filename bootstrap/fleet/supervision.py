@@ -302,6 +302,24 @@ def lost_nodes(
     return lost
 
 
+def beaten_since(
+    s3, cfg: TrainConfig, indexes: list[int], since: float, clock=time.time, sleep=time.sleep
+) -> set[int]:
+    """The nodes among `indexes` whose heartbeat was rewritten at or after `since`, waiting a
+    heartbeat interval and a poll for each to show (a node beats every poll_interval_s at
+    most): the nodes alive after a failure, where a dead host's heartbeat is not stale yet."""
+    alive: set[int] = set()
+    deadline = clock() + heartbeat_interval(cfg) + cfg.poll_interval_s
+    while True:
+        for index in sorted(set(indexes) - alive):
+            entry = read_entry(s3, cfg, index)
+            if entry and parse_stamp(entry["registered_at"]) >= math.floor(since):
+                alive.add(index)
+        if alive >= set(indexes) or clock() >= deadline:
+            return alive
+        sleep(min(cfg.poll_interval_s, heartbeat_interval(cfg)))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
         print(

@@ -296,7 +296,7 @@ class Head(TrainingNode):
                     gave_up = driver_gave_up(str(exc), cfg.min_nodes)
                     if gave_up and getattr(exc, "cause", None) != causes.NODE_LOST:
                         failure = launch.TrainingFailed(f"{gave_up}; {exc}", causes.NODE_LOST)
-                    nodes = self.start_again(failure, hosts)
+                    nodes = self.start_again(failure, hosts, failed_at=time.time())
                     if nodes is None:
                         if failure is exc:
                             raise
@@ -338,14 +338,15 @@ class Head(TrainingNode):
             on_start=on_start,
         )  # fmt: skip
 
-    def start_again(self, failure: BaseException, hosts: Discovery) -> int | None:
+    def start_again(self, failure: BaseException, hosts: Discovery, failed_at: float) -> int | None:
         """After horovodrun's elastic driver gave up (a node lost in a join or a reset: its
         peers abort in Gloo's rendezvous, every worker records FAILURE and the driver stops,
         horovod/runner/elastic/registration.py v0.28.1 `_on_workers_recorded`), start it again
         on the nodes the discovery still lists, from the newest checkpoint they or the head
-        hold: a restart of the processes in place, not a relaunch of the fleet. Returns how
-        many nodes it starts on, or None when the attempt ends instead: a cause a restart
-        cannot get past, TRAINING_RESTARTS used, fewer than minNodes listed."""
+        hold: a restart of the processes in place, not a relaunch of the fleet. Only nodes
+        whose heartbeat beat since the failure count (a dead host's is not stale yet). Returns
+        how many nodes it starts on, or None when the attempt ends instead: a cause a restart
+        cannot get past, TRAINING_RESTARTS used, fewer than minNodes left."""
         cfg = self.cfg
         cause = getattr(failure, "cause", None)
         if cause not in RESTARTED_CAUSES:
@@ -357,10 +358,14 @@ class Head(TrainingNode):
             )
             return None
         try:
-            live = hosts.refresh().live
+            listed = hosts.refresh().live
+            alive = supervision.beaten_since(
+                self.s3, cfg, [index for index, _, _ in listed], failed_at
+            )
         except Exception as exc:  # the fleet's record unreadable: the attempt ends as it would
             self.log(f"cannot read the fleet to start horovodrun again: {one_line(exc)}")
             return None
+        live = [node for node in listed if node[0] in alive]
         if len(live) < cfg.min_nodes:
             return None
         addresses = list(dict.fromkeys(ip for _, ip, _ in live))

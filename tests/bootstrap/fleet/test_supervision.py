@@ -340,3 +340,22 @@ def test_the_first_boot_hands_over_to_the_unit_without_waiting_for_cloud_final(t
         tmp_path, "hand_over_to_boot_service || echo runs-here", HOROVOD_FLEET_SERVICE="1"
     )
     assert again.stdout.strip().endswith("runs-here")
+
+
+def test_the_nodes_alive_after_a_failure_are_those_that_beat_since(s3, train_config):
+    cfg = train_config(nodes=3, heartbeat_timeout_s=20)
+    put = lambda i, at: s3.put_object(  # noqa: E731 - a two-line helper
+        Bucket=BUCKET, Key=f"runs/r1/nodes/{i}.json", Body=json.dumps(entry(i, at))
+    )
+    put(0, 1001)  # beat since the failure at 1000
+    put(1, 995)  # its host died at about 995: fresh still, but silent since
+    put(2, 999)  # beats again below
+    now = [1000.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        put(2, now[0])
+
+    alive = supervision.beaten_since(s3, cfg, [0, 1, 2], 1000.0, lambda: now[0], sleep)
+    assert alive == {0, 2}
+    assert now[0] - 1000 <= supervision.heartbeat_interval(cfg) + cfg.poll_interval_s + 1

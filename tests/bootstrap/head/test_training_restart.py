@@ -50,7 +50,8 @@ def registration(s3, cfg, index: int, at: float) -> None:
 @pytest.fixture
 def fleet_of_three(head_up_to_the_check, s3, monkeypatch):  # noqa: F811 - the fixture
     """The head of 3 nodes (minNodes 2): nodes 0 and 1 beat every 0.2 s once `beating` is set;
-    node 2 beats until `node_2_lost` is set, its heartbeat then 100 s old."""
+    node 2 beats until `node_2_lost` is set, its heartbeat then 100 s old (or, with
+    `node_2_silent` set, as old as its last beat)."""
     cfg, events, _, attempt = head_up_to_the_check
     cfg = cfg.__class__(**{**cfg.__dict__, "nodes": 3, "min_nodes": 2, "instance_id": "i-head"})
     monkeypatch.setattr(rendezvous, "wait_for_nodes", lambda *a, **k: [dict(n) for n in NODES])
@@ -60,17 +61,19 @@ def fleet_of_three(head_up_to_the_check, s3, monkeypatch):  # noqa: F811 - the f
     )
     monkeypatch.setattr(checkpoints.ModelStore, "restore", lambda store: False)
     beating, node_2_lost, stopped = threading.Event(), threading.Event(), threading.Event()
+    node_2_silent = threading.Event()  # set: node 2 stops beating instead of going stale
 
     def beat() -> None:
         while not stopped.wait(0.2):
             if beating.is_set():
                 for index in (0, 1, 2):
                     lost = index == 2 and node_2_lost.is_set()
-                    registration(s3, cfg, index, time.time() - (100 if lost else 0))
+                    if not (lost and node_2_silent.is_set()):  # silent: its last beat stays
+                        registration(s3, cfg, index, time.time() - (100 if lost else 0))
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
-    yield cfg, events, attempt, beating, node_2_lost
+    yield cfg, events, attempt, beating, node_2_lost, node_2_silent
     stopped.set()
     thread.join(5)
 
@@ -82,7 +85,7 @@ def done(s3, cfg) -> dict:
 def test_a_node_lost_mid_join_costs_a_restart_in_place_naming_it(fleet_of_three, s3, monkeypatch):
     """Before: horovodrun exited 1, the attempt was recorded collective_timeout "rank 1 on node
     1 and rank 2 on node 2 stopped answering rank 0", and the whole fleet was relaunched."""
-    cfg, events, attempt, beating, node_2_lost = fleet_of_three
+    cfg, events, attempt, beating, node_2_lost, _ = fleet_of_three
     runs = []
 
     def horovodrun(command, env, log_path, keep, on_start=None):
@@ -113,7 +116,7 @@ def test_a_node_lost_mid_join_costs_a_restart_in_place_naming_it(fleet_of_three,
 def test_the_restarts_are_bounded_and_the_attempt_then_ends_naming_the_lost_node(
     fleet_of_three, s3, monkeypatch
 ):
-    cfg, _events, attempt, beating, node_2_lost = fleet_of_three
+    cfg, _events, attempt, beating, node_2_lost, _ = fleet_of_three
     monkeypatch.setattr(head, "TRAINING_RESTARTS", 2)
     runs = []
 
@@ -138,3 +141,34 @@ def test_the_restarts_are_bounded_and_the_attempt_then_ends_naming_the_lost_node
     record = done(s3, cfg)
     assert (record["status"], record["cause"]) == ("failed", "node_lost")
     assert [r["nodes"] for r in record["training_restarts"]] == [["0", "1"], ["0", "1"]]
+
+
+def test_a_dead_host_whose_heartbeat_is_not_stale_yet_is_not_started_on(
+    fleet_of_three, s3, monkeypatch
+):
+    """Node 2's host died and its heartbeat is still younger than heartbeat_timeout_s (the
+    driver's own word on too few slots named the loss, and nothing waited for the heartbeat to
+    go stale): the discovery still lists it, but it has not beaten since the failure, so
+    horovodrun starts again on nodes 0 and 1 only."""
+    cfg, _events, attempt, beating, node_2_lost, node_2_silent = fleet_of_three
+    cfg = cfg.__class__(**{**cfg.__dict__, "heartbeat_timeout_s": 8})
+    monkeypatch.setattr(Head, "lost_nodes", lambda self, failed_at: [])
+    node_2_silent.set()
+    runs = []
+
+    def horovodrun(command, env, log_path, keep, on_start=None):
+        if "bootstrap.fleet.allreduce_check" in command:
+            beating.set()
+            time.sleep(0.5)
+            return 0, OFI
+        runs.append(command[command.index("-np") + 1])
+        if len(runs) == 1:
+            node_2_lost.set()  # it stops beating; its last beat stays fresh for 8 s
+            time.sleep(1.2)
+            return 1, ABORTED
+        return 0, "training done\n"
+
+    monkeypatch.setattr(launch, "stream", horovodrun)
+    Head(cfg, attempt).run()
+    assert runs == ["24", "16"]
+    assert done(s3, cfg)["training_restarts"][0]["nodes"] == ["0", "1"]
