@@ -373,7 +373,9 @@ def pause_host(node: int | str, seconds: float) -> Action:
         namespace = host(rehearsal, node).namespace
         pids = rehearsal.fleet.signal_host(namespace, signal.SIGSTOP)
         rehearsal.noted["paused_at"] = time.time()
-        say(f"FAULT: every process of {named(node)}'s host paused for {seconds:.0f} s ({len(pids)})")
+        say(
+            f"FAULT: every process of {named(node)}'s host paused for {seconds:.0f} s ({len(pids)})"
+        )
 
         def resume() -> None:
             time.sleep(seconds)

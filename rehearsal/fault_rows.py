@@ -417,9 +417,7 @@ ROWS = [
         "never node 1; succeeded with 4 epochs, attempt 1",
         DATASET,
         4,
-        Fault(
-            kill_host_then_its_replacement(2, REPLACEMENT_LOST_AFTER_S), when=FIRST_OF_FOUR_DONE
-        ),
+        Fault(kill_host_then_its_replacement(2, REPLACEMENT_LOST_AFTER_S), when=FIRST_OF_FOUR_DONE),
         Expect(
             "succeeded",
             4,

@@ -54,7 +54,10 @@ class Checkpoints:
         # Horovod: rank 0 alone writes, so ranks never write the same files.
         if self.manager is not None:
             number = self.step.global_step()
-            print(f"Saved checkpoint {self.manager.save(checkpoint_number=number)}", flush=True)
+            path = self.manager.save(checkpoint_number=number)
+            # The pause every rank waits out at the next step's allreduce: what the checkpoint
+            # interval's cost is measured by (docs/trainer.md, "The checkpoint interval").
+            print(f"Saved checkpoint {path} in {self.clock() - began:.2f} s", flush=True)
         self.last_saved = self.clock()
         self.timings.checkpoint_s += self.last_saved - began
 
@@ -142,33 +145,12 @@ class StopAtTarget(Action):
         }
 
 
-class StepsSeen(Action):
-    """At every check step (its steps are done: the loop read their sums) and epoch end, the
-    node's local rank 0 rewrites node-steps.json (recorder.steps_seen): what tells the node's
-    bootstrap that its ranks are alive and stepping."""
-
-    def __init__(self, recorder, step):
-        self.recorder = recorder
-        self.step = step
-
-    def at_check(self, check: Check) -> None:
-        self.recorder.steps_seen(check.global_step)
-
-    def at_epoch_end(self, epoch: int, evaluation: dict | None, last: bool) -> bool:
-        self.recorder.steps_seen(self.step.global_step())
-        return False
-
-
 def checkpoint_and_target(
     checkpoints: Checkpoints, every_s: float, target_top1: float | None, recorder
 ) -> tuple[list[Action], StopAtTarget | None]:
-    """The node's steps seen, the periodic checkpoint and, with --target-top1, the stop at the
-    target (also returned, for train.json's fields), in the order the loop runs them after a
-    run's stop action."""
-    actions: list[Action] = [
-        StepsSeen(recorder, checkpoints.step),
-        PeriodicCheckpoint(checkpoints, every_s),
-    ]
+    """The periodic checkpoint and, with --target-top1, the stop at the target (also returned,
+    for train.json's fields), in the order the loop runs them after a run's stop action."""
+    actions: list[Action] = [PeriodicCheckpoint(checkpoints, every_s)]
     target = None
     if target_top1 is not None:
         target = StopAtTarget(target_top1, checkpoints, recorder)

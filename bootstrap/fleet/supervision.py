@@ -159,6 +159,9 @@ NODE_STEPS_FILE = "node-steps.json"
 # The start-up phases a relaunch that keeps every node's data does not run again (issue 47: the
 # nodes come back in place with their instance stores; stacks/startup_estimate.py's codes).
 PULL_PHASES = ("own_shards", "data_pull")
+# The ranks step while their last write of node-steps.json is younger than this many times the
+# longest gap seen between two (a step of 30 s on a loaded CPU, a reset), or heartbeat_timeout_s.
+STEP_GAPS = 3
 
 
 def ranks_stepped_at(model_dir: Path) -> float | None:
@@ -196,9 +199,10 @@ class HeadWatch:
     (horovod/runner/elastic/driver.py v0.28.1: the driver notifies rank 0 of host changes and
     runs the rendezvous of a new world; a world's collectives run between the ranks), so the
     ranks train on through a head paused by a slow disk or a stuck thread. While this node's
-    ranks step (`ranks_stepped_at()` within heartbeat_timeout_s) a stale head heartbeat ends
-    nothing; the head is lost once they stop, or once it has been silent for
-    head_silence_bound_s."""
+    ranks step (`ranks_stepped_at()` within stepping_window_s: heartbeat_timeout_s, or
+    STEP_GAPS times the longest gap this watch saw between two of their writes when that is
+    longer, as on a loaded CPU) a stale head heartbeat ends nothing; the head is lost once
+    they stop, or once it has been silent for head_silence_bound_s."""
 
     def __init__(
         self,
@@ -213,11 +217,30 @@ class HeadWatch:
         self.seen_alive = False
         self.bound_s = head_silence_bound_s(cfg)
         self.waiting_since: float | None = None  # the beat of the silence this node waits out
+        # This attempt's writes of node-steps.json as this watch saw them, and the longest gap.
+        self.last_stepped: float | None = None
+        self.longest_gap_s = 0.0
+
+    def stepping_window_s(self) -> float:
+        """How recent the ranks' last step must be for them to count as stepping."""
+        return max(float(self.cfg.heartbeat_timeout_s), STEP_GAPS * self.longest_gap_s)
+
+    def stepped(self) -> float | None:
+        """When this attempt's ranks last stepped (a file left by an earlier attempt on a node
+        kept in place does not count), learning the gaps between their writes."""
+        stepped = self.ranks_stepped_at()
+        if stepped is None or stepped < self.started:
+            return None
+        if self.last_stepped is not None and stepped > self.last_stepped:
+            self.longest_gap_s = max(self.longest_gap_s, stepped - self.last_stepped)
+        self.last_stepped = max(stepped, self.last_stepped or stepped)
+        return stepped
 
     def lost(self, entry: dict | None, now: float) -> str | None:
         key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}{HEAD_ENTRY}"
         timeout = self.cfg.heartbeat_timeout_s
         beat = parse_stamp(entry["registered_at"]) if entry else None
+        stepped = self.stepped()
         if beat is not None and now - beat <= timeout:
             if self.waiting_since is not None:
                 self.log(f"{name_head(entry)} beats again after {now - self.waiting_since:.0f} s")
@@ -231,10 +254,7 @@ class HeadWatch:
         who = name_head(entry)
         counted = since_s3_returned(beat, now, back)
         if self.seen_alive:
-            stepped = self.ranks_stepped_at()
-            # This attempt's steps (a node kept in place may hold an earlier attempt's file).
-            stepping = stepped is not None and stepped >= self.started
-            stepping = stepping and now - stepped <= timeout
+            stepping = stepped is not None and now - stepped <= self.stepping_window_s()
             if stepping and silent <= self.bound_s:
                 if self.waiting_since != beat:
                     self.waiting_since = beat

@@ -45,33 +45,17 @@ def test_other_ranks_write_nothing(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_every_nodes_local_rank_0_says_its_ranks_step(tmp_path):
-    """node-steps.json: the node's bootstrap waits for a silent head while its ranks step
-    (bootstrap/fleet/supervision.py HeadWatch, which mirrors the name)."""
+def test_node_steps_json_says_the_global_step_and_when():
+    """What bootstrap/fleet/supervision.py HeadWatch reads (it mirrors the name)."""
+    import tempfile
+    from pathlib import Path
+
     from bootstrap.fleet.supervision import NODE_STEPS_FILE as NODE_SIDE
-    from trainer.actions import StepsSeen
-    from trainer.loop import Check
-    from trainer.progress import NODE_STEPS_FILE
-
-    class Recorder:
-        def __init__(self, local_rank):
-            self.local_rank, self.model_dir = local_rank, tmp_path / f"node{local_rank}"
-
-        def steps_seen(self, global_step):
-            from trainer.recorder import Recorder as Real
-
-            Real.steps_seen(self, global_step)
-
-    class Step:
-        def global_step(self):
-            return 40
+    from trainer.progress import NODE_STEPS_FILE, write_node_steps
 
     assert NODE_STEPS_FILE == NODE_SIDE
-    for local_rank in (0, 1):
-        seen = StepsSeen(Recorder(local_rank), Step())
-        seen.at_check(Check(epoch=2, step=3, steps_per_epoch=10, global_step=13, stop=False))
-    doc = json.loads((tmp_path / "node0" / NODE_STEPS_FILE).read_text())
-    assert doc["global_step"] == 13 and doc["at"].endswith("Z")
-    assert not (tmp_path / "node1").exists()  # one writer per node: its local rank 0
-    assert StepsSeen(Recorder(0), Step()).at_epoch_end(2, None, False) is False
-    assert json.loads((tmp_path / "node0" / NODE_STEPS_FILE).read_text())["global_step"] == 40
+    with tempfile.TemporaryDirectory() as directory:
+        write_node_steps(Path(directory), 13)
+        doc = json.loads((Path(directory) / NODE_STEPS_FILE).read_text())
+        assert doc["global_step"] == 13 and doc["at"].endswith("Z")
+        assert [p.name for p in Path(directory).iterdir()] == [NODE_STEPS_FILE]

@@ -141,11 +141,27 @@ def test_a_stalled_head_ends_nothing_while_the_nodes_ranks_step(train_config):
     assert watch.lost(head(1100), 1195) is None and len(lines) == 1  # said once
     assert watch.lost(head(1195), 1200) is None  # it beats again: nothing was lost
     assert "beats again after" in lines[-1]
-    # The ranks stop (the head's host gone took their ssh sessions): lost, as before.
+    # The ranks stop (the head's host gone took their ssh sessions): lost, once their last
+    # step is older than 3 times the longest gap seen between two (30 s here) or
+    # heartbeat_timeout_s.
     stepped[0] = 1210
-    why = watch.lost(head(1195), 1271)
+    assert watch.lost(head(1195), 1300) is None
+    why = watch.lost(head(1195), 1301)
     assert why.startswith("the head (i-0head, 10.0.0.1) is lost: its heartbeat ")
-    assert "this node's ranks are not stepping (their last step 61 s ago)" in why
+    assert "this node's ranks are not stepping (their last step 91 s ago)" in why
+
+
+def test_ranks_whose_steps_come_seldom_still_count_as_stepping(train_config):
+    """The rehearsal's loaded CPU: a step of 30 s, longer than a heartbeat_timeout_s of 20 s."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=20, rendezvous_timeout_s=300)
+    stepped = [1000.0]
+    watch = supervision.HeadWatch(cfg, started=900, ranks_stepped_at=lambda: stepped[0])
+    for at in range(1000, 1091, 5):  # a step every 30 s, the head beating
+        stepped[0] = 1000 + (at - 1000) // 30 * 30
+        assert watch.lost(head(at), at) is None
+    assert watch.stepping_window_s() == 90
+    assert watch.lost(head(1090), 1170) is None  # silent 80 s; the last step 80 s ago
+    assert "is lost" in watch.lost(head(1090), 1181)
 
 
 def test_a_silent_head_is_lost_past_what_a_relaunch_takes_even_while_the_ranks_step(
