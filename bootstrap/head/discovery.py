@@ -16,16 +16,18 @@ the first world, every shard (`all`) to join a running job, whose reset re-shard
 
 A node that joins a running job (a replacement) is listed only once it is ready: its heartbeat
 has advanced JOIN_BEATS times over at least join_steady_s, and the head reached it over ssh
-(`reach`). A join is the fragile moment of elastic training: the driver starts the joiner's
-ranks over ssh and every rank meets in Gloo's rendezvous for the new world (horovod/runner/
-elastic/driver.py v0.28.1 `_activate_workers`, `_start_worker_processes`); a joiner that dies
-there leaves the others waiting in horovod/common/gloo/http_store.cc until "Wait timeout", which
-GlooContext::Initialize throws from Horovod's background thread: std::terminate, SIGABRT on
-every rank (horovod/common/gloo/gloo_context.cc), so every worker of the world records FAILURE
-and the driver stops ("failure count == N -> stop running", elastic/registration.py
-`_on_workers_recorded`). A new instance that dies minutes after boot (a bad GPU, a Spot reclaim,
-a full disk) is thus kept out until it has shown it lives; the head's restart of horovodrun
-(bootstrap/head/head.py) covers one that dies in the join all the same.
+(`reach`). A join is the fragile moment of elastic training (horovod v0.28.1): the driver
+starts the joiner's ranks over ssh and every rank meets in Gloo's rendezvous for the new world
+(horovod/runner/elastic/driver.py lines 181-186 `_activate_workers`, 284-302
+`_start_worker_processes`). A joiner that dies there leaves the others waiting in the
+rendezvous until horovod/common/gloo/http_store.cc line 54 throws "Wait timeout"; it is thrown
+in Horovod's background thread (horovod/common/operations.cc line 444 BackgroundThreadLoop ->
+GlooContext::Initialize, gloo_context.cc line 75 HTTPStore), so std::terminate aborts every
+rank (SIGABRT), every worker of the world records FAILURE and the driver stops
+(horovod/runner/elastic/registration.py lines 151-155: "failure count == N -> stop running").
+A new instance that dies minutes after boot (a bad GPU, a Spot reclaim, a full disk) is thus
+kept out until it has shown it lives; the head's restart of horovodrun (bootstrap/head/head.py
+`Head.start_again`) covers one that dies in the join all the same.
 
 Rank order: Horovod assigns ranks in the order it first saw the hosts, keeping the order of
 those it knew (discovery.py `HostManager.order_available_hosts`), but hosts that arrive in one

@@ -341,7 +341,8 @@ class Head(TrainingNode):
     def start_again(self, failure: BaseException, hosts: Discovery, failed_at: float) -> int | None:
         """After horovodrun's elastic driver gave up (a node lost in a join or a reset: its
         peers abort in Gloo's rendezvous, every worker records FAILURE and the driver stops,
-        horovod/runner/elastic/registration.py v0.28.1 `_on_workers_recorded`), start it again
+        horovod/runner/elastic/registration.py v0.28.1 lines 151-155, and horovodrun exits 1:
+        bootstrap/head/discovery.py says why), start it again
         on the nodes the discovery still lists, from the newest checkpoint they or the head
         hold: a restart of the processes in place, not a relaunch of the fleet. Only nodes
         whose heartbeat beat since the failure count (a dead host's is not stale yet). Returns
