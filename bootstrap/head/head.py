@@ -342,12 +342,12 @@ class Head(TrainingNode):
         """After horovodrun's elastic driver gave up (a node lost in a join or a reset: its
         peers abort in Gloo's rendezvous, every worker records FAILURE and the driver stops,
         horovod/runner/elastic/registration.py v0.28.1 lines 151-155, and horovodrun exits 1:
-        bootstrap/head/discovery.py says why), start it again
-        on the nodes the discovery still lists, from the newest checkpoint they or the head
-        hold: a restart of the processes in place, not a relaunch of the fleet. Only nodes
-        whose heartbeat beat since the failure count (a dead host's is not stale yet). Returns
-        how many nodes it starts on, or None when the attempt ends instead: a cause a restart
-        cannot get past, TRAINING_RESTARTS used, fewer than minNodes left."""
+        bootstrap/head/discovery.py says why), start it again on the nodes the discovery still
+        lists, from the newest checkpoint they or the head hold: a restart of the processes in
+        place, not a relaunch of the fleet. Only nodes whose heartbeat beat since the failure
+        count (a dead host's is not stale yet). Returns how many nodes it starts on, or None
+        when the attempt ends instead: a cause a restart cannot get past, TRAINING_RESTARTS
+        used, fewer than minNodes left. A SIGTERM meanwhile (Interrupted) ends it as any step."""
         cfg = self.cfg
         cause = getattr(failure, "cause", None)
         if cause not in RESTARTED_CAUSES:
@@ -363,6 +363,8 @@ class Head(TrainingNode):
             alive = supervision.beaten_since(
                 self.s3, cfg, [index for index, _, _ in listed], failed_at
             )
+        except Interrupted:  # a shutdown: the step ends interrupted, as it would
+            raise
         except Exception as exc:  # the fleet's record unreadable: the attempt ends as it would
             self.log(f"cannot read the fleet to start horovodrun again: {one_line(exc)}")
             return None
