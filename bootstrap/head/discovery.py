@@ -193,6 +193,9 @@ class Discovery(threading.Thread):
         # A joiner's heartbeat as this discovery saw it: {instance id: (first fresh, beats)}.
         self.joiners: dict[str, tuple[float, set[str]]] = {}
         self.reached: set[str] = set()  # joiners the head reached over ssh
+        # One refresh at a time: the thread's and the head's own (before it starts horovodrun
+        # again) write the same hosts file through the same temporary name.
+        self.refreshing = threading.Lock()
         self.head_key, self.since, self.s3_back_at = head_key, since, s3_back_at
         self.state_dir = Path(cfg.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +222,10 @@ class Discovery(threading.Thread):
 
     def refresh(self) -> Verdict:
         """Read the record, write the hosts file, log what changed; returns the verdict."""
+        with self.refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> Verdict:
         registrations = self.registrations()
         self.remember(registrations)
         instances = [e.get("instance_id") for e in registrations if e.get("instance_id")]

@@ -267,3 +267,32 @@ def test_the_first_world_waits_for_no_steady_heartbeat():
     # A node already running ranks keeps its place whatever the readiness says.
     kept = judge(nodes, unready=unready, started=True, admitted={"10.0.0.12"})
     assert "10.0.0.12:8" in kept.lines()
+
+
+def test_two_refreshes_at_once_both_write_the_hosts_file(fleet, tmp_path):
+    """The discovery's thread and the head's own refresh (before it starts horovodrun again)
+    write the hosts file through one temporary name: one at a time."""
+    import threading
+
+    cfg, s3 = fleet
+    register(s3, entry(0, age=0) | {"registered_at": utc_stamp(NOW)})
+    found = Discovery(
+        cfg, s3, head_key=KEY, since=NOW - 600, log=lambda line: None, clock=lambda: NOW,
+        s3_back_at=lambda: None,
+    )  # fmt: skip
+    failures = []
+
+    def refresh_often() -> None:
+        for _ in range(30):
+            try:
+                found.refresh()
+            except Exception as exc:  # the race this test looks for
+                failures.append(exc)
+
+    threads = [threading.Thread(target=refresh_often) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert (tmp_path / "state0" / "hosts").read_text() == "10.0.0.10:8\n"
