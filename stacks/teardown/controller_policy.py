@@ -71,6 +71,11 @@ class ControllerArns:
         self.status = bucket.arn_for_objects("runs/*/status.json")
         self.controller = bucket.arn_for_objects("runs/*/controller.json")
         self.launches = bucket.arn_for_objects("runs/*/launches/*")
+        # The nodes' own records a relaunch weighs each node by (steps_fleet.py): a node's
+        # failure, its Spot notice.
+        self.said = [
+            bucket.arn_for_objects(f"runs/*/{kind}/*") for kind in ("failures", "interruptions")
+        ]
 
     def wildcards(self) -> list[str]:
         return [
@@ -89,6 +94,7 @@ class ControllerArns:
             self.status,
             self.controller,
             self.launches,
+            *self.said,
             "*",
         ]
 
@@ -101,7 +107,12 @@ TRAIN_STACK_TAGGED = {
         "aws:ResourceTag/Project": PROJECT,
     }
 }
-FLEET_ACTIONS = ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances"]
+FLEET_ACTIONS = [
+    "ec2:TerminateInstances",
+    "ec2:StopInstances",
+    "ec2:StartInstances",
+    "ec2:RebootInstances",
+]
 
 
 def fleet_tagged(arns: ControllerArns) -> dict:
@@ -146,13 +157,15 @@ def cleanup_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
 
 
 def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
-    """The tick and the workflow's steps: read and record the run, stop, start, launch and
+    """The tick and the workflow's steps: read and record the run, reboot, stop, start, launch and
     terminate its fleet (and the fleet instances no stack claims: orphans), delete TrainStack,
     start, watch and stop the controller's own executions."""
     return [
         # launches/: the controller's own assignments, read back to replace a lost node of an
         # elastic fleet once per number (controller/replace.py).
-        *reads(arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches),
+        *reads(
+            arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches, *arns.said
+        ),
         # Checkpoints and logs are listed (results), never read.
         iam.PolicyStatement(
             actions=["s3:PutObject"],
@@ -174,7 +187,11 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
         iam.PolicyStatement(actions=["cloudwatch:DescribeAlarms"], resources=[arns.alarms]),
         iam.PolicyStatement(actions=["sns:Publish"], resources=[arns.notify_topics]),
         iam.PolicyStatement(actions=["scheduler:GetSchedule"], resources=[arns.cap_schedules]),
-        describes("ec2:DescribeInstances", "ec2:DescribeLaunchTemplateVersions"),
+        describes(
+            "ec2:DescribeInstances",
+            "ec2:DescribeInstanceStatus",
+            "ec2:DescribeLaunchTemplateVersions",
+        ),
         iam.PolicyStatement(
             actions=FLEET_ACTIONS, resources=[arns.instances], conditions=TRAIN_STACK_TAGGED
         ),
