@@ -26,7 +26,7 @@ def data(template: dict) -> dict:
 def test_the_heads_root_volume_is_initialized_at_boot_as_the_nodes_are(train):
     """HeadLaunchTemplate, the head instance's, sets VolumeInitializationRate like the nodes'
     two templates: a head is not slowed by a lazily loaded image."""
-    logical_id, template = head_template(train, "LaunchTemplate")
+    logical_id, _ = head_template(train, "LaunchTemplate")
     assert head_instance(train)[1]["Properties"]["LaunchTemplate"]["LaunchTemplateId"] == {
         "Ref": logical_id
     }

@@ -130,7 +130,9 @@ def named_instances(event: dict, stack: dict, live: list[dict]) -> dict[str, str
         beats = records.heartbeats(s3, bucket, run)
         for node in live:
             beat, launched = beats.get(node["node"] or ""), node["launched"] or since
-            if node["node"] != ec2_fleet.HEAD_NODE and (beat is None or beat < max(since, launched)):
+            if node["node"] != ec2_fleet.HEAD_NODE and (
+                beat is None or beat < max(since, launched)
+            ):
                 named[node["id"]] = "it never registered in the attempt (nodes_missing)"
     return named
 
