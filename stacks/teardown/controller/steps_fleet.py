@@ -102,9 +102,12 @@ def assess(event: dict, stack: dict, fleet: list[dict]) -> dict:
     for node in live:
         way, why = recovery.way_back(node, checks.get(node["id"]), named.get(node["id"]))
         ways[node["node"] or node["id"]] = {"instance_id": node["id"], "way": way, "why": why}
-    for index in ec2_fleet.missing(event["plan"]["nodes"], live):
+    gone = [str(i) for i in ec2_fleet.missing(event["plan"]["nodes"], live)]
+    if stack["head_template"] and not any(n["node"] == ec2_fleet.HEAD_NODE for n in live):
+        gone.append(ec2_fleet.HEAD_NODE)
+    for node in gone:
         way, why = recovery.way_back(None, None, None)
-        ways[str(index)] = {"instance_id": None, "way": way, "why": why}
+        ways[node] = {"instance_id": None, "way": way, "why": why}
     return ways
 
 
@@ -138,11 +141,12 @@ def named_instances(event: dict, stack: dict, live: list[dict]) -> dict[str, str
 
 
 def attempt_began(entries: list[dict], attempt: int, created: datetime.datetime):
-    """When `attempt` began: the decision that relaunched the one before it, or the stack's
-    creation (a run deployed again continues its attempts in a new stack)."""
+    """When `attempt` began, to the second (S3's LastModified has no finer one): the decision
+    that relaunched the one before it, or the stack's creation (a run deployed again continues
+    its attempts in a new stack)."""
     before = [e for e in entries if (e.get("attempt") or 0) < attempt and e.get("decided_at")]
     decided = [parse_stamp(e["decided_at"]) for e in before]
-    return max([created, *decided])
+    return max([created.replace(microsecond=0), *decided])
 
 
 @step
