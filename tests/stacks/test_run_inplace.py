@@ -5,6 +5,8 @@ replaced) when something is, replaced when EC2 ended it; the head launched again
 template. Executed from the synthesized workflow in moto, and each AWS call of it followed by the
 death of its step's process."""
 
+import datetime
+
 import clients
 import ec2_fleet
 import pytest
@@ -268,3 +270,21 @@ def test_a_relaunch_whose_step_dies_after_any_aws_call_still_brings_each_node_ba
     assert set(rebooted) == set(fleet.nodes[:2])
     assert all(rebooted.count(i) <= (2 if name == "reboot" else 1) for i in fleet.nodes[:2])
     assert came_back() == {"0": "rebooted", "1": "rebooted", "2": "started", "head": "replaced"}
+
+
+def test_attempts_json_keeps_how_each_node_came_back_for_later_done_jsons():
+    """The ended attempt's own `attempts` entry of DONE.json (its nodes' ways and pulls) goes
+    into its attempts.json entry, which later attempts' DONE.json list; an attempt whose
+    DONE.json the controller wrote has none."""
+    nodes = {"0": {"instance_id": "i-0", "came_back": "rebooted", "pull_bytes": 0}}
+    done = {"attempt": 2, "status": "failed", "cause": "stalled",
+            "attempts": [{"attempt": 1, "status": "failed"}, {"attempt": 2, "nodes": nodes}]}  # fmt: skip
+    now = datetime.datetime(2026, 11, 29, tzinfo=datetime.timezone.utc)
+
+    def entry(document):
+        return recovery.attempt_entry(document, [{"attempt": 1, "decision": "relaunch"}],
+                                      max_restarts=3, now=now, deadline=None, started_at=None,
+                                      stack_id="s")  # fmt: skip
+
+    assert entry(done)["nodes"] == nodes
+    assert "nodes" not in entry({**done, "attempts": []})

@@ -142,8 +142,15 @@ def attempt_entry(
     timeline = done.get("timeline") or {}
     steps = timeline.get("steps") or {}
     kept = {k: timeline.get(k) for k in TIMELINE_FIELDS} | {k: steps.get(k) for k in STEPS_FIELDS}
+    number = done.get("attempt") or len(earlier) + 1
+    # How each node came back for the attempt and what its pull fetched: its own entry of
+    # DONE.json's `attempts`, which later attempts' DONE.json list from here.
+    own = [
+        a for a in done.get("attempts") or [] if isinstance(a, dict) and a.get("attempt") == number
+    ]
+    kept["nodes"] = own[-1].get("nodes") if own else None
     return {
-        "attempt": done.get("attempt") or len(earlier) + 1,
+        "attempt": number,
         "started_at": started_at,
         "ended_at": done.get("finished_at") or stamp(now),
         "status": done.get("status"),
