@@ -3,8 +3,9 @@ their status checks, reboot, stop or terminate them, start them, launch the miss
 
 Every instance of a fleet, CloudFormation's and the ones the controller launched, carries the
 tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its node: an index, or a
-name such as `head`; a launched one gets it from the controller right after its launch); the
-controller's role may stop, start, terminate, launch and tag only instances so tagged.
+name such as `head`; a launched node gets it from the controller right after its launch, the head
+from its own template); the controller's role may reboot, stop, start, terminate, launch and tag
+only instances so tagged.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
