@@ -358,6 +358,13 @@ class Ec2Answers:
                 if first_count != count:
                     raise EC2ClientError("IdempotentParameterMismatch", f"token {token}")
                 return reservation
+            template = (kwargs.get("launch_template") or {}).get("LaunchTemplateId")
+            if template and not backend.describe_launch_templates(template_ids=[template]):
+                # moto fails with an IndexError on a template deleted since; EC2 answers so.
+                raise EC2ClientError(
+                    "InvalidLaunchTemplateId.NotFound",
+                    f"The specified launch template, with template ID {template}, does not exist.",
+                )
             subnet = answers.subnet_of(backend, kwargs)
             zone = backend.get_subnet(subnet).availability_zone
             answers.refuse(zone, "RunInstances")

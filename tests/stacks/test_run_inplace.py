@@ -288,3 +288,23 @@ def test_attempts_json_keeps_how_each_node_came_back_for_later_done_jsons():
 
     assert entry(done)["nodes"] == nodes
     assert "nodes" not in entry({**done, "attempts": []})
+
+
+def test_a_head_whose_template_was_deleted_by_hand_stops_the_run_in_one_line(
+    workflow, relaunch, monkeypatch
+):
+    """The template itself is gone: EC2 refuses the head's launch, the relaunch gives up in one
+    line naming EC2's answer (relaunch_refused), and nothing it launched bills."""
+    fleet = Fleet(nodes=2, zones=ZONES[:1], head=True)
+    answers = Ec2Answers(monkeypatch, fleet)
+    clients.client("ec2").terminate_instances(InstanceIds=[fleet.head])
+    clients.client("ec2").delete_launch_template(LaunchTemplateId=fleet.head_template)
+    execution = relaunch(fleet)
+    assert workflow.states(execution)[-1] == "GaveUp"
+    done = read_json(f"runs/{RUN}/DONE.json")
+    assert (done["cause"], done["attempt"]) == ("relaunch_refused", 2)
+    assert (
+        done["reason"].startswith("the relaunch failed: EC2 answered ")
+        and "\n" not in done["reason"]
+    )
+    assert answers.reboots == [] and fleet.billing() == []
