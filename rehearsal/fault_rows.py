@@ -355,13 +355,17 @@ ROWS = [
     ),
     Row(
         "nodes",
-        "the head's host lost and its instance terminated in EC2 right after epoch 1 of 4",
+        "the head's host lost and its instance terminated in EC2 after epoch 1 of 4 (once its "
+        "checkpoint is committed)",
         "the nodes find the head lost and write the attempt's DONE.json (node_lost); the run "
         "controller launches a new head from its template and reboots the nodes in place; the "
-        "new head takes the run over from S3 and it succeeds with 4 epochs, no deploy",
+        "new head resumes from S3 at epoch 2 and the run succeeds with 4 epochs, no deploy",
         DATASET,
         4,
-        Fault(kill_head_and_its_instance, when=FIRST_OF_FOUR_DONE),
+        Fault(
+            kill_head_and_its_instance,
+            when=Request("PUT", re.compile(r"/runs/[^/]+/model/checkpoints/checkpoint$")),
+        ),
         Expect(
             "succeeded",
             4,
@@ -369,6 +373,7 @@ ROWS = [
                 "a_node_recorded_the_lost_head": first_attempt_ended("node_lost", "the head"),
                 "relaunched_once": decisions("relaunch", "teardown"),
                 "a_new_head_took_over": a_new_head_took_over,
+                "resumed_at_epoch_2": no_epoch_retrained(2),
             },
         ),
         {"heartbeat_timeout_s": 20, "trainer": {"image_size": 64, "checkpoint_every_s": 1}},
