@@ -169,7 +169,13 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
         # hold.json: an operator's hold, read, never written (controller/observe.py); failures/
         # and interruptions/: the nodes' own records a relaunch weighs each node by.
         *reads(
-            arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches, arns.hold,
+            arns,
+            arns.done,
+            arns.attempts,
+            arns.status,
+            arns.controller,
+            arns.launches,
+            arns.hold,
             *arns.said,
         ),
         # Checkpoints and logs are listed (results), never read.
