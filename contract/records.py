@@ -12,6 +12,12 @@ HOLD_FORMAT = "horovod-fleet/hold/1"
 
 Outcome = Literal["succeeded", "failed", "interrupted"]
 Decision = Literal["relaunch", "teardown", "stop"]
+# How a node's instance came back for the next attempt (the run controller's relaunch decides
+# it; the node's phases record and DONE.json's `attempts` entries say it as `came_back`):
+# rebooted in place (its instance store, addresses and billing period kept; no capacity asked
+# for), stopped and started (EC2 puts it on a healthy host, with empty instance stores), or
+# replaced by a new instance from its launch template.
+REBOOTED, STARTED, REPLACED = "rebooted", "started", "replaced"
 
 
 class Checkpoint(TypedDict):

@@ -13,6 +13,8 @@ HEAD = "head.json"  # the head's registration; its LastModified is the head's he
 HOLD = "hold.json"  # an operator's hold (`horovod-fleet hold`): the controller only reads it
 NODES = "nodes/"  # nodes/<index>.json: each node's registration and heartbeat
 LAUNCHES = "launches/"  # launches/<instance-id>.json: which node a launched instance is
+FAILURES = "failures/"  # failures/<index>.json: a node's own failure, told to the head
+INTERRUPTIONS = "interruptions/"  # interruptions/<index>.json: a node's Spot notice
 LOGS = "logs/"
 CHECKPOINTS = "model/checkpoints/"
 

@@ -263,6 +263,16 @@ def last_modified(s3, bucket: str, name: str):
     return next((o["LastModified"] for o in listed(s3, bucket, name) if o["Key"] == name), None)
 
 
+def said_since(s3, bucket: str, run: str, kind: str, since) -> list[dict]:
+    """The nodes' own records under `kind` (runs.FAILURES: a node's failure; runs.INTERRUPTIONS:
+    its Spot notice; docs/contracts.md) that S3 took at or after `since` (this attempt's: an
+    earlier attempt's are history), each as written."""
+    prefix = runs.key(run, kind)
+    newer = [o for o in listed(s3, bucket, prefix) if since is None or o["LastModified"] >= since]
+    found = [read_json(s3, bucket, o["Key"]) for o in newer if o["Key"].endswith(".json")]
+    return [doc for doc in found if doc is not None]
+
+
 def assignments(s3, bucket: str, run: str) -> list[dict]:
     """Every launch assignment of the run (runs/<run>/launches/*.json), as written."""
     prefix = runs.key(run, runs.LAUNCHES)

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 
 from contract import runs
+from contract.records import REBOOTED, REPLACED
 from rehearsal.common import RUN
 from rehearsal.core import Rehearsal
 from rehearsal.fault_actions import s3_object
@@ -51,19 +52,63 @@ def interruption_named(index: int) -> Check:
     )
 
 
-def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
-    """The last attempt ran on new instances: each node registered with its replacement's id and
-    address, and the leader resumed from S3."""
-    for index in range(rehearsal.args.nodes):
+# How a node came back in place (DONE.json's `attempts` entries, docs/contracts.md).
+IN_PLACE = ("kept", REBOOTED, "restarted")
+
+
+def came_back(done: dict) -> dict[str, dict]:
+    """The last attempt's entry of DONE.json's `attempts`: each node's way back and pull."""
+    return ((done.get("attempts") or [{}])[-1]).get("nodes") or {}
+
+
+def every_node_back_in_place_with_nothing_fetched(rehearsal: Rehearsal, done: dict) -> bool:
+    """The relaunched attempt says every node and the head came back in place (kept, rebooted
+    or restarted: their disks kept), and each node's pull fetched 0 bytes (it verified the
+    dataset it kept)."""
+    nodes = came_back(done)
+    indexes = [str(i) for i in range(rehearsal.args.nodes)]
+    return (
+        (done.get("attempt") or 0) >= 2
+        and all(nodes.get(i, {}).get("came_back") in IN_PLACE for i in [*indexes, "head"])
+        and all(nodes[i].get("pull_bytes") == 0 for i in indexes)
+    )
+
+
+def only_node_replaced(index: int) -> Check:
+    """The last attempt ran node `index` on a new instance (registered with its replacement's id
+    and address) and every other node on its own, rebooted in place."""
+
+    def check(rehearsal: Rehearsal, done: dict) -> bool:
+        nodes = came_back(done)
         entry = json.loads(
             s3_object(rehearsal, runs.key(RUN, f"{runs.NODES}{index}.json")) or b"{}"
         )
-        if (entry.get("instance_id"), entry.get("ip")) != (
-            rehearsal.instance_id(index),
-            rehearsal.node_ip(index),
-        ) or index not in rehearsal.launched:
-            return False
-    return head_said(rehearsal, "Resuming from")
+        others = [str(i) for i in range(rehearsal.args.nodes) if i != index]
+        return (
+            index in rehearsal.launched
+            and (entry.get("instance_id"), entry.get("ip"))
+            == (rehearsal.instance_id(index), rehearsal.node_ip(index))
+            and nodes.get(str(index), {}).get("came_back") == REPLACED
+            and all(nodes.get(i, {}).get("came_back") == REBOOTED for i in others)
+        )
+
+    return check
+
+
+def a_new_head_took_over(rehearsal: Rehearsal, done: dict) -> bool:
+    """The head EC2 terminated was launched again from its template: the last attempt's head is
+    a new instance, its DONE.json written by it, with every node back in place under it."""
+    head = came_back(done).get("head") or {}
+    gone = rehearsal.noted.get("head_terminated")
+    indexes = [str(i) for i in range(rehearsal.args.nodes)]
+    return (
+        head.get("came_back") == REPLACED
+        and head.get("instance_id") == rehearsal.head_instance
+        and gone is not None
+        and head.get("instance_id") != gone
+        and done.get("written_by") == "head"
+        and all(came_back(done).get(i, {}).get("came_back") in IN_PLACE for i in indexes)
+    )
 
 
 def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:
@@ -180,3 +225,40 @@ def left_with_no_step_redone(index: int) -> Check:
 
 def head_said(rehearsal: Rehearsal, text: str) -> bool:
     return any(text in line for line in rehearsal.output.get("head", []))
+
+
+def lost_joiner_named(index: int) -> Check:
+    """Node `index`'s replacement was killed early (rehearsal.noted["replacement_killed"]), and
+    the record names node `index` alone: every horovodrun restart of the attempt (DONE.json
+    `training_restarts`) names it and no other node, and the head blamed no other node (issue
+    47: its healthy peer, node 1, was). Killed before it registered (a loaded machine), or
+    before its heartbeat was steady, it never reached the driver and nothing failed."""
+
+    def check(rehearsal: Rehearsal, done: dict) -> bool:
+        killed = rehearsal.noted.get("replacement_killed")
+        others = [i for i in range(rehearsal.args.nodes) if i != index]
+        restarts = done.get("training_restarts") or []
+        return (
+            killed is not None
+            and all(
+                f"node {index} (" in r["reason"]
+                and not any(f"node {i} (" in r["reason"] for i in others)
+                for r in restarts
+            )
+            and not any(
+                f"node {i} (" in line and (" lost: " in line or "stopped answering" in line)
+                for i in others
+                for line in rehearsal.output.get("head", [])
+            )
+        )
+
+    return check
+
+
+def waited_for_the_head(rehearsal: Rehearsal, done: dict) -> bool:
+    """Every node saw the head silent while its ranks stepped and waited (supervision.py
+    HeadWatch's line), and none found it lost."""
+    nodes = range(rehearsal.args.nodes)
+    return all(node_said(rehearsal, i, "a stalled head, waited for up to") for i in nodes) and (
+        not any(node_said(rehearsal, i, "is lost") for i in nodes)
+    )

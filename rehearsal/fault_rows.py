@@ -25,10 +25,13 @@ from rehearsal.fault_actions import (
     forget_node,
     freeze_s3,
     kill_fleet_for,
+    kill_head_and_its_instance,
     kill_head_bootstrap,
     kill_host,
     kill_host_for,
+    kill_host_then_its_replacement,
     kill_rank,
+    pause_host,
     pause_rank,
     spot_notice,
     stop_node,
@@ -36,23 +39,27 @@ from rehearsal.fault_actions import (
 )
 from rehearsal.fault_checks import (
     Check,
+    a_new_head_took_over,
     decisions,
     every_attempt_counted,
-    every_node_replaced,
+    every_node_back_in_place_with_nothing_fetched,
     first_attempt_ended,
     head_said,
     interruption_named,
     left_with_no_step_redone,
     lost_in_a_reset,
+    lost_joiner_named,
     names_the_full_disk,
     no_epoch_retrained,
     no_node_blamed,
     node_said,
     one_attempt,
+    only_node_replaced,
     replacement_joined,
     the_controller_wrote_the_silence,
     trainer_kept_its_pid,
     training_again_within,
+    waited_for_the_head,
 )
 
 DATASET = "dataset converted"
@@ -84,6 +91,9 @@ ELASTIC_NODES = 3
 ELASTIC = {"heartbeat_timeout_s": 20, "trainer": {"image_size": 64}}
 # Fewer than minNodes left: the head's elastic driver waits this long for minNodes' slots.
 ELASTIC_TIMEOUT_S = 30
+# Issue 47's: a replacement lost this long after its launch, and a head stalled this long.
+REPLACEMENT_LOST_AFTER_S = 6
+HEAD_PAUSE_S = 90
 
 
 @dataclass(frozen=True)
@@ -333,15 +343,50 @@ ROWS = [
         f"every node's host and the head's dead for {DEAD_FOR_S} s right after epoch 2 of 4 "
         "(the whole fleet silent)",
         "no node can write DONE.json; the run controller finds every heartbeat stale, writes the "
-        "attempt's record (node_lost, naming every node) and relaunches; succeeded with every "
-        "epoch",
+        "attempt's record (node_lost, naming every node) and relaunches, every node and the head "
+        "rebooted in place (each pull fetches 0 bytes); succeeded with every epoch",
         DATASET,
         4,
         Fault(kill_fleet_for(DEAD_FOR_S), when=SECOND_OF_FOUR_DONE),
-        Expect("succeeded", 4, {"the_controller_wrote_it": the_controller_wrote_the_silence}),
+        Expect(
+            "succeeded",
+            4,
+            {
+                "the_controller_wrote_it": the_controller_wrote_the_silence,
+                "back_in_place_fetching_nothing": every_node_back_in_place_with_nothing_fetched,
+            },
+        ),
         max_restarts=2,
         before_relaunch=wait_for_fault_threads,
         needs_hosts=True,
+    ),
+    Row(
+        "nodes",
+        "the head's host lost and its instance terminated in EC2 after epoch 1 of 4 (once its "
+        "checkpoint is committed)",
+        "the nodes find the head lost and write the attempt's DONE.json (node_lost); the run "
+        "controller launches a new head from its template and reboots the nodes in place; the "
+        "new head resumes from S3 at epoch 2 and the run succeeds with 4 epochs, no deploy",
+        DATASET,
+        4,
+        Fault(
+            kill_head_and_its_instance,
+            when=Request("PUT", re.compile(r"/runs/[^/]+/model/checkpoints/checkpoint$")),
+        ),
+        Expect(
+            "succeeded",
+            4,
+            {
+                "a_node_recorded_the_lost_head": first_attempt_ended("node_lost", "the head"),
+                "relaunched_once": decisions("relaunch", "teardown"),
+                "a_new_head_took_over": a_new_head_took_over,
+                "resumed_at_epoch_2": no_epoch_retrained(2),
+            },
+        ),
+        {"heartbeat_timeout_s": 20, "trainer": {"image_size": 64, "checkpoint_every_s": 1}},
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
     ),
     Row(
         "elastic",
@@ -395,6 +440,43 @@ ROWS = [
             "succeeded",
             4,
             {"one_attempt": one_attempt, "within_120_s": training_again_within(1, 120)},
+        ),
+        ELASTIC,
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
+    ),
+    Row(
+        "elastic",
+        f"node 2's host lost right after epoch 1 of 4, then its replacement's processes killed "
+        f"{REPLACEMENT_LOST_AFTER_S} s after its launch",
+        "the replacement is listed only once its heartbeat is steady and the head reaches it "
+        "(lost in its join, horovodrun starts again on nodes 0 and 1); the record names node 2, "
+        "never node 1; succeeded with 4 epochs, attempt 1",
+        DATASET,
+        4,
+        Fault(kill_host_then_its_replacement(2, REPLACEMENT_LOST_AFTER_S), when=FIRST_OF_FOUR_DONE),
+        Expect(
+            "succeeded",
+            4,
+            {"one_attempt": one_attempt, "names_node_2_only": lost_joiner_named(2)},
+        ),
+        ELASTIC,
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
+    ),
+    Row(
+        "elastic",
+        f"every process of the head's host paused (SIGSTOP) for {HEAD_PAUSE_S} s right after "
+        "epoch 1 of 4 (a stalled head)",
+        "the nodes see its heartbeat stale but their ranks step: they wait, none writes "
+        "DONE.json; the head runs again and the run succeeds with 4 epochs, attempt 1",
+        DATASET,
+        4,
+        Fault(pause_host("head", HEAD_PAUSE_S), when=FIRST_OF_FOUR_DONE),
+        Expect(
+            "succeeded", 4, {"one_attempt": one_attempt, "waited_for_the_head": waited_for_the_head}
         ),
         ELASTIC,
         max_restarts=2,
@@ -473,8 +555,8 @@ ROWS = [
         "Spot",
         "Spot interruption of node 1 with minNodes 2 of 2 (fewer would be left)",
         "attempt 1 interrupted: Spot interruption of node 1 (...): every rank stopped at one "
-        "step with its checkpoint; relaunched as new instances, resumed, succeeded with every "
-        "epoch",
+        "step with its checkpoint; relaunched, node 1 (its notice on record) on a new instance "
+        "and node 0 rebooted in place; resumed, succeeded with every epoch",
         DATASET,
         3,
         Fault(spot_notice(1), when=EPOCH_DONE),
@@ -485,7 +567,7 @@ ROWS = [
                 "attempt_1_names_node_1": interruption_named(1),
                 "relaunched_once": decisions("relaunch", "teardown"),
                 "counted": every_attempt_counted,
-                "on_new_instances": every_node_replaced,
+                "node_1_replaced_node_0_in_place": only_node_replaced(1),
             },
         ),
         {**EVERY_EPOCH, "market": "spot", "min_nodes": 2},

@@ -20,9 +20,9 @@ from bootstrap import aws
 from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
-from contract import causes
+from contract import causes, runs
 
-PREFIX = "failures/"
+PREFIX = runs.FAILURES
 WATCH_S = 5.0
 
 

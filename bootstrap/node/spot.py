@@ -30,6 +30,7 @@ from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
 from bootstrap.lines import one_line
 from bootstrap.node.attempt import this_attempts
 from bootstrap.node_config import TrainConfig
+from contract import runs
 
 POLL_S = 5
 NOTICE_PATH = "meta-data/spot/instance-action"
@@ -93,7 +94,7 @@ def rank_processes(proc: Path = Path("/proc")) -> list[int]:
 
 
 def record_key(cfg: TrainConfig) -> str:
-    return f"{cfg.runs_prefix}interruptions/{cfg.node_index}.json"
+    return f"{cfg.runs_prefix}{runs.INTERRUPTIONS}{cfg.node_index}.json"
 
 
 class SpotWatch(threading.Thread):
@@ -202,7 +203,7 @@ def watching(cfg: TrainConfig, s3=None, **injected) -> Iterator[SpotWatch | None
 def interruptions_since(s3, cfg: TrainConfig, started: float) -> list[dict]:
     """The interruption records noticed since `started` (a previous attempt's are history), by
     node index."""
-    prefix = f"{cfg.runs_prefix}interruptions/"
+    prefix = f"{cfg.runs_prefix}{runs.INTERRUPTIONS}"
     found = []
     for name in aws.list_sizes(s3, cfg.bucket, prefix):
         body = read_object(s3, cfg.bucket, prefix + name)

@@ -9,6 +9,7 @@ from constructs import Construct
 
 from contract.names import (
     DATASET_TYPE,
+    HEAD_TEMPLATE_OUTPUT_KEY,
     HEARTBEAT_TAG,
     MIN_NODES_OUTPUT_KEY,
     NODES_OUTPUT_KEY,
@@ -25,6 +26,7 @@ from contract.names import (
     ZONE_TYPE,
     ZONES_OUTPUT_KEY,
 )
+from stacks import root_volume
 from stacks.config import FleetConfig
 from stacks.instance_types import HEAD_TYPE
 from stacks.network import SingleZoneNetwork, move_slots
@@ -127,6 +129,7 @@ class TrainStack(Stack):
             run=config.run,
             fleet_document=fleet.fleet_document,
             signal_timeout=SIGNAL_TIMEOUT,
+            init_rate=root_volume.head_init_rate(config.nodes),
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))
@@ -139,6 +142,7 @@ class TrainStack(Stack):
             self, guards=guards, run=config.run, bucket=bucket.bucket_name, fleet=fleet
         )
         head.instance.add_resource_dependency(code.node.default_child)
+        head.replacement.add_resource_dependency(code.node.default_child)
         guard = RunGuard(
             self,
             "Guard",
@@ -149,6 +153,12 @@ class TrainStack(Stack):
             instances=[*fleet.instances, head.instance],
         )
         self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
+        CfnOutput(
+            self,
+            "HeadTemplate",
+            description="The launch template the run controller launches the head from again",
+            value=head.replacement.ref,
+        ).override_logical_id(HEAD_TEMPLATE_OUTPUT_KEY)
         dashboard = RunDashboard(
             self,
             "Watch",

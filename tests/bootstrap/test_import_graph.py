@@ -148,3 +148,21 @@ def test_the_cycle_check_finds_a_loop():
     assert cycles(graph) == [["rehearsal.__main__", "rehearsal.benchmark", "rehearsal.faults"]]
     graph["rehearsal.benchmark"] = graph["rehearsal.faults"] = {"rehearsal.hosts"}
     assert cycles(graph) == []
+
+
+def test_no_test_or_rehearsal_edits_sys_path():
+    """The project's packages import from the checkout's root (pyproject.toml's pytest
+    `pythonpath`, `python -m rehearsal`): no file reaches one by editing sys.path."""
+    edits = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for folder in ("tests", "rehearsal")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("insert", "append", "extend")
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "path"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "sys"
+    ]
+    assert edits == []

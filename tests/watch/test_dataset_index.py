@@ -18,13 +18,13 @@ from moto import mock_aws
 from tfrecord_samples import encode, imagenet_record, imagenet_shards, shard_bytes, synset
 
 from bootstrap.node import data_pull
+from contract.names import DATASET_TYPE
+from controller import answers
 from trainer.preprocess.records import frame_record
 from watch import cli, dataset
 from watch.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "stacks" / "teardown" / "answers"))
-import answers  # noqa: E402 - the Lambda asset, imported as the Provider framework runs it
 
 REGION = "us-east-1"
 BUCKET = "my-imagenet"
@@ -123,7 +123,7 @@ def test_trainstack_the_s3_check_and_the_nodes_accept_the_indexed_prefix(s3, sha
     assert index()[0] == 0
     event = {
         "RequestType": "Create",
-        "ResourceType": answers.DATASET_TYPE,
+        "ResourceType": DATASET_TYPE,
         "StackId": f"arn:aws:cloudformation:{REGION}:123456789012:stack/TrainStack/guid",
         "ResourceProperties": {"Bucket": BUCKET, "Key": PREFIX + "manifest.json"},
     }
