@@ -325,10 +325,7 @@ class ModelStore:
             self.cfg.bucket, self.prefix, {n: s for n, s in remote.items() if n not in kept},
             self.model_dir, f"restoring {model_prefix(self.cfg)}", note=self.log,
         )  # fmt: skip
-        newest_committed, committed = (
-            read_state(self.model_dir / STATE) if STATE in remote else (None, set())
-        )
-        self.committed_step = step_of(newest_committed) if newest_committed else -1
+        committed = read_state(self.model_dir / STATE)[1] if STATE in remote else set()
         chosen = choose_intact(
             self.model_dir, remote.keys() | kept.keys(), recorded.get, committed,
             f"{model_prefix(self.cfg)}checkpoints/", self.cfg.run, self.log,
@@ -340,6 +337,9 @@ class ModelStore:
                 "the sha256 recorded in S3, not downloaded again; they go up to S3 again"
             )
         self.drop_newer_than(chosen)
+        # The commit point's floor is what this attempt resumes from: a newer checkpoint S3's
+        # state file names is not whole, and must not keep the trainer's next ones uncommitted.
+        self.committed_step = step_of(chosen) if chosen else -1
         check_resumable(self.cfg, self.model_dir, committed)
         self.uploaded = self.in_s3_after_restore(remote, kept, chosen)
         self.restored = True

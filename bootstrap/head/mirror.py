@@ -241,8 +241,10 @@ class Mirror(threading.Thread):
             (self.local_dir / n).exists() for n in files_named
         )
         newest_there = newest_step(found["state"])
-        behind = newest_there < newest_step(read_text(self.local_dir / STATE))
-        if found["state"] is not None and whole and not behind:
+        here = read_text(self.local_dir / STATE)
+        behind = newest_there < newest_step(here)
+        # The same state file is not written again: its stamp is what the uploads watch.
+        if found["state"] not in (None, here) and whole and not behind:
             write_whole(self.local_dir / STATE, io.BytesIO(found["state"].encode()))
         for path in list((self.local_dir / "checkpoints").glob("*")):
             name = path.relative_to(self.local_dir).as_posix()

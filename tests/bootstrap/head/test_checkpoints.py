@@ -143,6 +143,32 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(
     assert {"ckpt-10.index", "ckpt-20.index", "ckpt-20.data-00000-of-00001"} <= set(names)
 
 
+def test_after_a_corrupt_newest_checkpoint_the_trainer_s_next_one_is_committed(
+    endpoint, train_config, tmp_path
+):
+    """Before: S3's state file still named the corrupt ckpt-20, so the commit point refused to
+    move 'back' to ckpt-15 and every checkpoint until step 20 stayed uncommitted (the fault row
+    "newest checkpoint corrupt in S3" logged 'not committing' every round)."""
+    first = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "a")
+    first.restore()
+    for step in (10, 20):
+        uploaded_checkpoint(first, tmp_path / "a", step)
+    key = "runs/r1/model/checkpoints/ckpt-20.data-00000-of-00001"
+    endpoint.put_object(Bucket=BUCKET, Key=key, Body=b"not the weights")
+    lines = []
+    store = checkpoints.ModelStore(
+        aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "b", lines.append
+    )
+    assert store.restore() == "ckpt-10"
+    write_checkpoint(tmp_path / "b", 15, earlier=(10,))
+    store.upload()
+    assert not [line for line in lines if "not committing" in line]
+    state = endpoint.get_object(Bucket=BUCKET, Key="runs/r1/model/checkpoints/checkpoint")
+    assert state["Body"].read().decode().startswith('model_checkpoint_path: "ckpt-15"\n')
+    again = checkpoints.ModelStore(aws.RetryingS3(endpoint, QUICK), train_config(), tmp_path / "c")
+    assert again.restore() == "ckpt-15"
+
+
 @pytest.mark.parametrize("corrupt", ["ckpt-10.index", "ckpt-10.data-00000-of-00001"])
 def test_a_committed_only_checkpoint_corrupt_with_nothing_whole_anywhere_stops_the_run(
     endpoint, train_config, tmp_path, corrupt

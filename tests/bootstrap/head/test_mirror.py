@@ -138,6 +138,23 @@ def test_only_what_changed_is_copied_and_what_the_trainer_dropped_is_dropped(tmp
     ]  # fmt: skip
 
 
+def test_an_unchanged_state_file_is_not_written_again(tmp_path, stub_ssh):
+    """Before: every round renamed the same state file into place, its new stamp read as a new
+    checkpoint by the uploads, which logged 'checkpoint ckpt-N is in s3://...' every round."""
+    b = host_model(tmp_path, "10.0.0.11")
+    write_checkpoint(b, 20)
+    progress(b, 20, time.time())
+    copy = mirror(tmp_path, stub_ssh, ["10.0.0.11"])
+    copy.sync()
+    state = tmp_path / "head" / "model" / STATE
+    os.utime(state, ns=(1, 1))
+    copy.sync()
+    assert state.stat().st_mtime_ns == 1
+    write_checkpoint(b, 30)
+    copy.sync()
+    assert state.stat().st_mtime_ns != 1 and '"ckpt-30"' in state.read_text()
+
+
 def test_after_horovodrun_the_last_copy_comes_from_the_node_that_held_rank_0(tmp_path, stub_ssh):
     b = host_model(tmp_path, "10.0.0.11")
     progress(b, 1, time.time())
