@@ -24,7 +24,8 @@ from contract import runs
 from rehearsal.common import RUN, StepFailed, say
 from rehearsal.core import Rehearsal
 from rehearsal.fault_actions import wait_for_fault_threads
-from rehearsal.fault_rows import CHECKPOINTED, DATASET, EVERY_EPOCH, ROWS, Request, Row
+from rehearsal.fault_row import CHECKPOINTED, DATASET, EVERY_EPOCH, Request, Row
+from rehearsal.fault_rows import ROWS
 
 CHECKPOINTED_EPOCHS = 2  # the run of that snapshot: a checkpoint after each of its epochs
 

@@ -10,7 +10,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from rehearsal import common, core, fault_rows, faults, snapshots
+from rehearsal import common, core, fault_row, fault_rows, faults, snapshots
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,10 +75,10 @@ def test_a_restored_snapshot_is_exactly_what_was_saved(bucket, tmp_path):
     assert (shard["Body"].read(), shard["Metadata"]) == (b"shard", {"sha256": "abc"})
 
 
-def row_expecting(status: str, epochs: int | None, **checks) -> fault_rows.Row:
-    fault = fault_rows.Fault(lambda r: None)
-    expect = fault_rows.Expect(status, epochs, checks)
-    return fault_rows.Row("S3", "r", "e", fault_rows.DATASET, 2, fault, expect)
+def row_expecting(status: str, epochs: int | None, **checks) -> fault_row.Row:
+    fault = fault_row.Fault(lambda r: None)
+    expect = fault_row.Expect(status, epochs, checks)
+    return fault_row.Row("S3", "r", "e", fault_row.DATASET, 2, fault, expect)
 
 
 def test_the_judge_reads_status_epochs_and_every_named_check():
