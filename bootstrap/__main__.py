@@ -21,9 +21,9 @@ from pathlib import Path
 
 from bootstrap import aws
 from bootstrap.cli import OneLineErrorParser, usage_error
-from bootstrap.fleet.member import Member
 from bootstrap.head.head import Head
 from bootstrap.lines import REASON_LIMIT, one_line
+from bootstrap.member import Member
 from bootstrap.node import assignment, health, spot
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import DEFAULT_PATH, ConfigError, PreprocessConfig, TrainConfig, load

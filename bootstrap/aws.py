@@ -38,6 +38,12 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from bootstrap.lines import one_line
 from contract import causes, runs
 
+# How S3 answers a GET of a missing key: 404 to a caller that may list the bucket, 403 to one
+# that may not. The node role may list only its prefixes (an s3:prefix condition), which does
+# not count, so inside runs/<run>/, where it may read every key, 403 means "not there yet".
+# https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html ("Permissions")
+ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
+
 IMDS = "http://169.254.169.254/latest"
 
 

@@ -32,7 +32,7 @@ class Goodput(TypedDict):
 
 
 class Status(TypedDict, total=False):
-    """status.json: the head's view of the run as it goes; bootstrap/head/status.py is its one
+    """status.json: the head's view of the run as it goes; bootstrap/records/status.py is its one
     writer, the run controller and `horovod-fleet status` read it."""
 
     format: str  # STATUS_FORMAT

@@ -86,7 +86,7 @@ def decide(
 
 
 # What the attempt's DONE.json says of its time (docs/contracts.md, "Start-up, resets and
-# goodput"), kept in its attempts.json entry, where bootstrap/head/goodput.py reads the earlier
+# goodput"), kept in its attempts.json entry, where bootstrap/records/goodput.py reads the earlier
 # attempts: a relaunch deletes the DONE.json. Its timeline's fields, and its steps' four.
 TIMELINE_FIELDS = ("launched_at", "first_step_at", "lost_s")
 STEPS_FIELDS = ("start_step", "end_step", "step_s", "steps_redone")

@@ -8,15 +8,16 @@ the instance type (HOROVOD_FLEET_ALLREDUCE_FLOOR_GBPS, from stacks/instance_type
 node.json) every rank ends with one `error: ...` line. The head runs it with NCCL_DEBUG=INFO and
 then reads which network NCCL used for the collective (bootstrap.node.health.check_transport).
 
-parse_summary() reads the line back (the head's log, DONE.json); it needs no TensorFlow.
+bootstrap/records/allreduce_summary.py writes its summary line and reads it back (the head's log, DONE.json); it needs no TensorFlow.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
+
+from bootstrap.records.allreduce_summary import summary_line
 
 FLOOR_ENV = "HOROVOD_FLEET_ALLREDUCE_FLOOR_GBPS"
 # The buffer in MiB: 256 on a fleet; the CPU rehearsal's benchmark makes it small (Gloo on a
@@ -25,10 +26,6 @@ SIZE_ENV = "HOROVOD_FLEET_ALLREDUCE_CHECK_MIB"
 SIZE_BYTES = int(os.environ.get(SIZE_ENV) or 256) * 1024 * 1024
 ROUNDS = 10
 TYPE_ENV = "HOROVOD_FLEET_INSTANCE_TYPE"
-_SUMMARY = re.compile(
-    r"allreduce check: (?P<ranks>\d+) ranks on (?P<nodes>\d+) nodes?, .*?"
-    r"bus bandwidth (?P<bus>[\d.]+) GB/s"
-)
 
 
 def bus_bandwidth_gbps(ranks: int, size_bytes: int, seconds_per_round: float) -> float:
@@ -37,26 +34,6 @@ def bus_bandwidth_gbps(ranks: int, size_bytes: int, seconds_per_round: float) ->
     comparable across rank counts and with the published figures."""
     algorithm = size_bytes / seconds_per_round / 1e9
     return algorithm * 2 * (ranks - 1) / ranks if ranks > 1 else algorithm
-
-
-def summary_line(ranks: int, nodes: int, bus: float) -> str:
-    return (
-        f"allreduce check: {ranks} ranks on {nodes} node{'s' if nodes != 1 else ''}, "
-        f"{SIZE_BYTES >> 20} MiB x {ROUNDS}: bus bandwidth {bus:.2f} GB/s"
-    )
-
-
-def parse_summary(log: str) -> dict | None:
-    """{"ranks", "nodes", "busbw_gbps"} from the check's output, None if it has no summary."""
-    matches = list(_SUMMARY.finditer(log))
-    if not matches:
-        return None
-    last = matches[-1]
-    return {
-        "ranks": int(last["ranks"]),
-        "nodes": int(last["nodes"]),
-        "busbw_gbps": float(last["bus"]),
-    }
 
 
 def floor_error(bus: float, floor: float, nodes: int, instance_type: str) -> str | None:
@@ -87,7 +64,7 @@ def main() -> int:
     bus = float(hvd.broadcast(tf.constant(bus_bandwidth_gbps(hvd.size(), SIZE_BYTES, seconds)), 0))
     nodes = hvd.cross_size()
     if hvd.rank() == 0:
-        print(summary_line(hvd.size(), nodes, bus), flush=True)
+        print(summary_line(hvd.size(), nodes, bus, SIZE_BYTES >> 20, ROUNDS), flush=True)
     error = floor_error(bus, float(os.environ.get(FLOOR_ENV) or 0), nodes, os.environ.get(TYPE_ENV))
     if error:
         print(f"error: {error}", file=sys.stderr, flush=True)

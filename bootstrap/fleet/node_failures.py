@@ -17,9 +17,10 @@ import threading
 from collections.abc import Callable
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
+from bootstrap.fleet.rendezvous import read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import causes, runs
 
 PREFIX = runs.FAILURES

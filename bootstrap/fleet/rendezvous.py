@@ -29,6 +29,7 @@ from botocore.exceptions import ClientError
 from bootstrap import aws
 from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import causes, runs
 
 
@@ -44,29 +45,12 @@ class HeadLost(RendezvousError):
     cause = causes.NODE_LOST
 
 
-def utc_stamp(now: float) -> str:
-    """A wall time (time.time()) as the run's records write it."""
-    return runs.stamp_at(now)
-
-
-def parse_stamp(text: str) -> float:
-    """A record's time as a wall time."""
-    return runs.parse_stamp(text).timestamp()
-
-
-# How S3 answers a GET of a missing key: 404 to a caller that may list the bucket, 403 to one
-# that may not. The node role may list only its prefixes (an s3:prefix condition), which does
-# not count, so inside runs/<run>/, where it may read every key, 403 means "not there yet".
-# https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html ("Permissions")
-ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
-
-
 def read_object(s3, bucket: str, key: str) -> bytes | None:
     """The object's bytes, or None while it does not exist."""
     try:
         return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
-        if exc.response["Error"]["Code"] in ABSENT_KEY_CODES:
+        if exc.response["Error"]["Code"] in aws.ABSENT_KEY_CODES:
             return None
         raise
 

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, read_object
+from bootstrap.fleet.rendezvous import read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.stamps import parse_stamp
 from contract import runs
 
 JOB_ENV = "HOROVOD_FLEET_JOB"

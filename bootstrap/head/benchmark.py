@@ -19,10 +19,11 @@ from pathlib import Path
 
 from bootstrap import aws
 from bootstrap.fleet import allreduce_check, rendezvous
-from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head import launch, results
+from bootstrap.head import launch
 from bootstrap.node.logs import upload_logs
 from bootstrap.node_config import Benchmark, BenchmarkSize, TrainConfig
+from bootstrap.records import allreduce_summary, results
+from bootstrap.records.stamps import utc_stamp
 
 FORMAT = "horovod-fleet/benchmark/1"
 # trainer/benchmark.py's RESULT_PREFIX (bootstrap never imports trainer/; a test keeps them equal).
@@ -270,7 +271,7 @@ def run_schedule(
             raise BenchmarkError(f"trainer.benchmark on {size.ranks} rank(s) printed no result")
         busbw = None
         if size.ranks > 1:
-            summary = allreduce_check.parse_summary(check(size, hostfile))
+            summary = allreduce_summary.parse_summary(check(size, hostfile))
             busbw = summary["busbw_gbps"] if summary else None
         rows.append(make_row(size, result, busbw, floor))
         with_efficiency(rows)

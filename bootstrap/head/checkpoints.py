@@ -34,17 +34,19 @@ from bootstrap import aws, transfer
 from bootstrap.fleet.supervision import NODE_STEPS_FILE
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.checkpoint_names import (
+    STATE,
+    newest_named,
+    parse_state,
+    read_state,
+    step_of,
+)
 from contract import causes
 
 SIDECAR = ".sha256"
-STATE = "checkpoints/checkpoint"
 # TensorFlow's file names for a checkpoint prefix (tensorflow/core/util/tensor_bundle: the
 # .index file and the .data-<shard>-of-<shards> files).
 CHECKPOINT_FILE = re.compile(r"^checkpoints/(?P<name>[^/]+?)\.(?:index|data-(\d{5})-of-(\d{5}))$")
-# The entries of a checkpoints/checkpoint file: model_checkpoint_path (the newest) and
-# all_model_checkpoint_paths (CheckpointState, written by update_checkpoint_state_internal in
-# tensorflow/python/checkpoint/checkpoint_management.py, TF 2.15.1).
-STATE_ENTRY = re.compile(r'^(all_)?model_checkpoint_paths?:\s*"([^"]+)"', re.MULTILINE)
 
 
 class NoIntactCheckpoint(RuntimeError):
@@ -69,12 +71,6 @@ def is_sidecar(name: str) -> bool:
     return name.endswith(SIDECAR)
 
 
-def step_of(name: str) -> int:
-    """The number TensorFlow's CheckpointManager puts after the prefix (ckpt-<step>)."""
-    found = re.search(r"(\d+)$", name)
-    return int(found.group(1)) if found else -1
-
-
 def group(names: Iterable[str]) -> dict[str, list[str]]:
     """{checkpoint name: its files} for every checkpoint file among names."""
     groups: dict[str, list[str]] = {}
@@ -82,26 +78,6 @@ def group(names: Iterable[str]) -> dict[str, list[str]]:
         if found := CHECKPOINT_FILE.match(name):
             groups.setdefault(found.group("name"), []).append(name)
     return groups
-
-
-def parse_state(text: str) -> tuple[str | None, set[str]]:
-    """(the newest checkpoint, every checkpoint) a checkpoints/checkpoint file's text names."""
-    entries = STATE_ENTRY.findall(text)
-    newest = next((Path(p).name for every, p in entries if not every), None)
-    return newest, {Path(p).name for _, p in entries}
-
-
-def read_state(path: Path) -> tuple[str | None, set[str]]:
-    """(the newest checkpoint, every checkpoint) a checkpoints/checkpoint file names."""
-    try:
-        return parse_state(path.read_text())
-    except FileNotFoundError:
-        return None, set()
-
-
-def newest_named(model_dir: Path) -> str | None:
-    """The checkpoint checkpoints/checkpoint names as the newest (what the trainer resumes)."""
-    return read_state(model_dir / STATE)[0]
 
 
 def record_digests(

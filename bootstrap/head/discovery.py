@@ -50,11 +50,12 @@ from pathlib import Path
 
 from bootstrap import aws
 from bootstrap.fleet import node_failures
-from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
+from bootstrap.fleet.rendezvous import read_object
 from bootstrap.fleet.supervision import name_node, stale_for
 from bootstrap.head.hosts_file import ADMITTED_FILE, HOSTS_FILE, read_lines, write_atomically
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
 
 REFRESH_S = 2.0  # how often the head reads the fleet's record: S3 lists and reads, one EC2 call

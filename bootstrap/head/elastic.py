@@ -13,9 +13,9 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
+from bootstrap.fleet.interfaces import Run, addresses
 from bootstrap.head.discovery import REFRESH_S, Verdict
 from bootstrap.node_config import TrainConfig
 
@@ -143,25 +143,6 @@ def elastic_env(env: dict[str, str], ssh_bin: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- the driver's network name
-
-Run = Callable[..., subprocess.CompletedProcess]
-
-
-def addresses(run: Run = subprocess.run) -> list[tuple[str, str]]:
-    """(interface name, IPv4 address) of this host (`ip -o -4 addr show`: one line per address,
-    `2: ens5    inet 10.0.0.7/24 ...`)."""
-    listing = run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True)
-    found = []
-    for line in listing.stdout.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == "inet":
-            found.append((fields[1].rstrip(":"), fields[3].split("/")[0]))
-    return found
-
-
-def interface_of(ip: str, run: Run = subprocess.run) -> str | None:
-    """The name of this host's interface that holds `ip`, or None."""
-    return next((name for name, address in addresses(run) if address == ip), None)
 
 
 def alias_interface(name: str, ip: str, run: Run = subprocess.run) -> str | None:

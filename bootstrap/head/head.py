@@ -14,9 +14,7 @@ from pathlib import Path
 from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous, supervision
 from bootstrap.fleet.rank import NODE_ENV
-from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
-from bootstrap.head import benchmark, checkpoints, goodput, launch, mirror, results
-from bootstrap.head import timeline as fleet_view
+from bootstrap.head import benchmark, checkpoints, launch, mirror
 from bootstrap.head.discovery import REACH_TIMEOUT_S, Discovery, Verdict
 from bootstrap.head.elastic import (
     alias_interface,
@@ -29,9 +27,12 @@ from bootstrap.head.elastic import (
 from bootstrap.head.hosts_file import script_command
 from bootstrap.lines import one_line, trim_reason
 from bootstrap.node import dataset, health, spot
-from bootstrap.node.attempt import read_json, read_list
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
+from bootstrap.records import goodput, results
+from bootstrap.records import timeline as fleet_view
+from bootstrap.records.files import read_json, read_list
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
 from contract import causes
 

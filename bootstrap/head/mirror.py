@@ -34,8 +34,8 @@ from typing import BinaryIO
 
 from bootstrap import aws
 from bootstrap.fleet.supervision import NODE_STEPS_FILE
-from bootstrap.head.checkpoints import parse_state, step_of
 from bootstrap.lines import one_line
+from bootstrap.records.checkpoint_names import parse_state, step_of
 
 STATE = "checkpoints/checkpoint"  # TensorFlow's state file: the commit point
 PROGRESS = "progress.json"  # rank 0 rewrites it at each log step (docs/contracts.md)

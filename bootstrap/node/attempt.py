@@ -4,48 +4,27 @@ node reads back of the trainer's outputs: only what this attempt wrote counts.""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import shutil
 import time
 from pathlib import Path
+from typing import Protocol
 
 from bootstrap import aws
 from bootstrap.fleet import supervision
-from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
-from bootstrap.head import checkpoints
-from bootstrap.head.status import RunStatus
 from bootstrap.node_config import TrainConfig
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def read_list(path: Path) -> list:
-    """A JSON list from path; [] when it is absent, unreadable or not a list."""
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return []
-    return found if isinstance(found, list) else []
-
-
-def this_attempts(path: Path, started: float) -> dict:
-    """A trainer output written by this attempt ({} for one a previous attempt left, restored
-    from S3 with the checkpoints)."""
-    try:
-        if path.stat().st_mtime < started:
-            return {}
-    except OSError:
-        return {}
-    return read_json(path)
-
+from bootstrap.records import checkpoint_names
+from bootstrap.records.files import read_json, save_json, this_attempts
+from bootstrap.records.stamps import parse_stamp, utc_stamp
+from bootstrap.records.status import RunStatus
 
 ATTEMPT_RECORD = "attempt.json"
+
+
+class CheckpointUploads(Protocol):
+    """The head's model store (bootstrap/head/checkpoints.py ModelStore), as the attempt's end
+    uses it: one last upload of the checkpoints."""
+
+    def upload(self, policy: aws.RetryPolicy | None = None) -> int: ...
 
 
 class Attempt:
@@ -69,7 +48,7 @@ class Attempt:
 
     def __init__(self) -> None:
         self.started = time.time()
-        self.store: checkpoints.ModelStore | None = None
+        self.store: CheckpointUploads | None = None
         self.outputs_since: float | None = None
         self.heartbeat: supervision.Heartbeat | None = None  # the instance's, once registered
         self.status: RunStatus | None = None  # status.json (published by the head only)
@@ -115,8 +94,8 @@ class Attempt:
         record = read_json(self.record) if self.record else {}
         restarts = record.get("restarts", [])
         if restarts and restarts[-1].get("resumed_from_step") is None:
-            name = checkpoints.newest_named(model_dir)
-            restarts[-1]["resumed_from_step"] = checkpoints.step_of(name) if name else None
+            name = checkpoint_names.newest_named(model_dir)
+            restarts[-1]["resumed_from_step"] = checkpoint_names.step_of(name) if name else None
             save_json(self.record, record)
             self.restarts = restarts
 
@@ -138,10 +117,3 @@ def forget_outputs(model_dir: Path) -> str:
     shutil.rmtree(model_dir, ignore_errors=True)
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
     return shown
-
-
-def save_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(doc, indent=1))
-    os.replace(partial, path)

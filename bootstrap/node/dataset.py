@@ -19,8 +19,8 @@ from bootstrap import aws
 from bootstrap.fleet import rendezvous, supervision
 from bootstrap.lines import REASON_LIMIT, one_line
 from bootstrap.node import data_pull
-from bootstrap.node.phases import PhaseRecord
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.phases import PhaseRecord
 from bootstrap.steps import StepFailed, cause_of
 from contract import causes
 

@@ -9,15 +9,15 @@ import subprocess
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.fleet import allreduce_check
 from bootstrap.image.manifest import ImageError, load
 from bootstrap.node_config import Common, TrainConfig
+from bootstrap.records import allreduce_summary
 from contract import causes
 
 # What the node writes under log_dir (the agent skips the ones a role does not have).
 LOG_FILES = (
     "bootstrap.log", "preprocess.log", "allreduce-check.log", "train.log",
-    "metrics.log",  # the head's EMF lines (bootstrap/head/status.py): CloudWatch Logs makes them metrics
+    "metrics.log",  # the head's EMF lines (bootstrap/records/status.py): CloudWatch Logs makes them metrics
 )  # fmt: skip
 
 
@@ -129,7 +129,7 @@ def check_transport(nccl_debug_log: str, efa_expected: bool, gpudirect_expected:
     EFA is expected and the collective did not cross the nodes through aws-ofi-nccl, or when
     GPUDirect RDMA is expected (p4d, p5) and any network connection went through host memory."""
     transport = nccl_transport(nccl_debug_log)
-    summary = allreduce_check.parse_summary(nccl_debug_log)
+    summary = allreduce_summary.parse_summary(nccl_debug_log)
     if efa_expected and transport != "ofi":
         raise HealthError(
             f"EFA expected but NCCL used transport '{transport}' for the allreduce (no "

@@ -26,10 +26,11 @@ from pathlib import Path
 
 from bootstrap import aws
 from bootstrap.fleet import supervision
-from bootstrap.fleet.rendezvous import parse_stamp, read_object, utc_stamp
+from bootstrap.fleet.rendezvous import read_object
 from bootstrap.lines import one_line
-from bootstrap.node.attempt import this_attempts
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.files import this_attempts
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
 
 POLL_S = 5

@@ -1,6 +1,6 @@
 """What every instance of the fleet runs first (the attempt's record, its identity, its phases
 record), what every node runs besides (health, the data) and how each reports a failure. Member
-(bootstrap/fleet/member.py, every node) and Head (bootstrap/head/head.py) take it from there
+(bootstrap/member.py, every node) and Head (bootstrap/head/head.py) take it from there
 and say what differs."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.head import results
-from bootstrap.head.status import RunStatus
-from bootstrap.node import data_pull, dataset, health, phases
+from bootstrap.node import data_pull, dataset, health
 from bootstrap.node.attempt import Attempt
 from bootstrap.node.logs import upload_logs
 from bootstrap.node_config import TrainConfig
+from bootstrap.records import phases, results
+from bootstrap.records.status import RunStatus
 from bootstrap.steps import STEP_SECONDS, StepFailed, announce_failure, attempt_to, step
 
 

@@ -35,7 +35,7 @@ class RunDashboard(Construct):
         name = f"horovod-fleet-{run}"
 
         def run_metric(metric_name: str, label: str) -> cloudwatch.Metric:
-            # The leader's EMF metrics (bootstrap/head/status.py): one series per run.
+            # The leader's EMF metrics (bootstrap/records/status.py): one series per run.
             return cloudwatch.Metric(
                 namespace=METRIC_NAMESPACE,
                 metric_name=metric_name,

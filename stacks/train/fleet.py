@@ -91,7 +91,7 @@ class GpuFleet(Construct):
             code, bucket, dataset_prefix=dataset_prefix, runs_prefix=runs_prefix, run=run
         )
         if notify_topic is not None:
-            # The leader's two e-mails: training started, the run ended (bootstrap/head/status.py).
+            # The leader's two e-mails: training started, the run ended (bootstrap/records/status.py).
             self.policy.add_statements(
                 iam.PolicyStatement(actions=["sns:Publish"], resources=[notify_topic.topic_arn])
             )
@@ -262,7 +262,7 @@ class GpuFleet(Construct):
                     actions=["cloudformation:SignalResource"],
                     resources=[Stack.of(self).stack_id],
                 ),
-                # The node's launch time for its start-up record (bootstrap/node/phases.py), and
+                # The node's launch time for its start-up record (bootstrap/records/phases.py), and
                 # the head's discovery, which lists a node only while EC2 runs it: "Amazon EC2
                 # ec2:Describe* API actions do not support resource-level permissions"
                 # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html).

@@ -17,9 +17,10 @@ from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
 from bootstrap import __main__ as bootstrap_main
 from bootstrap import aws
-from bootstrap.head import checkpoints, results
+from bootstrap.head import checkpoints
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import parse
+from bootstrap.records import results
 from bootstrap.steps import StepFailed
 
 

@@ -136,6 +136,48 @@ def test_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
+ROOMS = ("bootstrap.node", "bootstrap.fleet", "bootstrap.head", "bootstrap.records")
+
+
+def room_of(module: str) -> str | None:
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def room_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(room, room) for each import from a module of one of bootstrap's rooms into another's."""
+    return {
+        (room_of(name), room_of(target))
+        for name, targets in graph.items()
+        for target in targets
+        if room_of(name) and room_of(target) and room_of(name) != room_of(target)
+    }
+
+
+def test_bootstrap_s_rooms_import_one_way_and_the_head_last():
+    """The run's records are below the roles that write them (bootstrap/records/, which imports
+    none of the rooms), so nothing a node or a member runs imports the head's room, and no two
+    rooms import each other (the member, which runs a training node, is bootstrap/member.py)."""
+    edges = room_edges(import_graph())
+    assert sorted(e for e in edges if e[1] == "bootstrap.head") == []
+    assert (
+        sorted(e for e in edges if e[0] == "bootstrap.records" and e[1] != "bootstrap.fleet") == []
+    )
+    assert sorted(e for e in edges if (e[1], e[0]) in edges) == []
+
+
+def test_the_rooms_check_finds_a_two_way_import():
+    graph = {
+        "bootstrap.node.attempt": {"bootstrap.head.status"},
+        "bootstrap.head.head": {"bootstrap.node.attempt"},
+    }
+    edges = room_edges(graph)
+    assert ("bootstrap.node", "bootstrap.head") in edges
+    assert sorted(e for e in edges if (e[1], e[0]) in edges) == [
+        ("bootstrap.head", "bootstrap.node"),
+        ("bootstrap.node", "bootstrap.head"),
+    ]
+
+
 def test_the_cycle_check_finds_a_loop():
     """The check itself: the old rehearsal layout (a command line and the modules it imports,
     each importing it back) is a cycle; a tree is not."""

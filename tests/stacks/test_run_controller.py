@@ -202,8 +202,8 @@ def test_an_attempts_entry_says_what_ended_it_and_the_decision_with_its_stack():
 
 def test_an_attempts_entry_keeps_what_its_done_json_says_of_its_time():
     """docs/contracts.md, "Start-up, resets and goodput": a relaunch deletes the DONE.json, and
-    bootstrap/head/goodput.py reads the earlier attempts' figures here."""
-    from bootstrap.head import goodput
+    bootstrap/records/goodput.py reads the earlier attempts' figures here."""
+    from bootstrap.records import goodput
 
     steps = {"start_step": 0, "end_step": 900, "step_s": 0.4, "steps_redone": 0}
     timeline = {"launched_at": "2026-11-25T10:00:00Z", "first_step_at": "2026-11-25T10:20:00Z",

@@ -10,11 +10,11 @@ import pytest
 from bootstrap_helpers import BUCKET, train_doc
 from moto import mock_aws
 
-from bootstrap.fleet.rendezvous import utc_stamp
 from bootstrap.head import hosts_file
 from bootstrap.head.discovery import Discovery, live_hosts
 from bootstrap.head.hosts_file import admit, print_hosts
 from bootstrap.node_config import parse
+from bootstrap.records.stamps import utc_stamp
 
 NOW = 1_800_000_000.0
 KEY = "k" * 64

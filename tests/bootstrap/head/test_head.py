@@ -20,11 +20,11 @@ from bootstrap_helpers import head_doc, train_doc
 
 from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous
-from bootstrap.fleet.rendezvous import utc_stamp
 from bootstrap.head import checkpoints, discovery, launch, mirror
 from bootstrap.head.head import Head, InterfacesDiffer
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import parse
+from bootstrap.records.stamps import utc_stamp
 from bootstrap.steps import StepFailed
 
 NODE = {"index": 0, "ip": "10.0.0.6", "gpus": 8, "instance_id": "i-n0", "interface": None}

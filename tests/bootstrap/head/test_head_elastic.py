@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from bootstrap_helpers import train_doc
 
+from bootstrap.fleet.interfaces import interface_of
 from bootstrap.head import elastic
 from bootstrap.head.elastic import (
     alias_interface,
@@ -16,7 +17,6 @@ from bootstrap.head.elastic import (
     elastic_command,
     elastic_env,
     install_ssh_wrapper,
-    interface_of,
 )
 from bootstrap.node_config import parse
 

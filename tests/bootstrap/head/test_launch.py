@@ -12,11 +12,12 @@ import pytest
 from bootstrap_helpers import train_doc
 
 from bootstrap.fleet import allreduce_check
-from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head import checkpoints, failures, launch, results
+from bootstrap.head import checkpoints, failures, launch
 from bootstrap.node import spot
-from bootstrap.node.phases import PHASES
 from bootstrap.node_config import parse
+from bootstrap.records import results
+from bootstrap.records.phases import PHASES
+from bootstrap.records.stamps import utc_stamp
 from stacks.instance_types import GPU_TYPES, GpuType
 
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from bootstrap_helpers import train_doc
 
-from bootstrap.fleet import allreduce_check
 from bootstrap.head import benchmark
 from bootstrap.node_config import Benchmark, BenchmarkSize, ConfigError, parse
+from bootstrap.records import allreduce_summary
 
 PLAN = {
     "mode": "synthetic",
@@ -100,7 +100,10 @@ def run_fake_schedule(tmp_path, step_rates: dict[int, list[float]], busbw: dict[
 
     def check(size, hostfile):
         checked.append(size.ranks)
-        return allreduce_check.summary_line(size.ranks, size.nodes, busbw[size.ranks]) + "\n"
+        return (
+            allreduce_summary.summary_line(size.ranks, size.nodes, busbw[size.ranks], 256, 10)
+            + "\n"
+        )
 
     cfg = parse(train_doc(benchmark=PLAN))
     hosts = ["10.0.0.5", "10.0.0.6"]

@@ -20,9 +20,9 @@ from test_head import (
 )
 
 from bootstrap.fleet import rendezvous
-from bootstrap.fleet.rendezvous import utc_stamp
 from bootstrap.head import checkpoints, discovery, head, launch, mirror
 from bootstrap.head.head import Head
+from bootstrap.records.stamps import utc_stamp
 from bootstrap.steps import StepFailed
 
 OFI = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"

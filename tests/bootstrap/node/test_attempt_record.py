@@ -17,11 +17,11 @@ from bootstrap_helpers import BUCKET
 
 from bootstrap import aws
 from bootstrap.fleet import rendezvous
-from bootstrap.fleet.member import Member
-from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head import results
-from bootstrap.head.status import RunStatus
+from bootstrap.member import Member
 from bootstrap.node.attempt import Attempt
+from bootstrap.records import results
+from bootstrap.records.stamps import utc_stamp
+from bootstrap.records.status import RunStatus
 from bootstrap.steps import StepFailed, step
 
 KEY = "runs/r1/DONE.json"

@@ -14,9 +14,9 @@ from bootstrap_helpers import BUCKET
 from test_node_dataset import dataset_in_s3  # noqa: F401  (a fixture)
 
 from bootstrap import aws
-from bootstrap.head import results
-from bootstrap.node import data_pull, phases
+from bootstrap.node import data_pull
 from bootstrap.node.attempt import Attempt
+from bootstrap.records import phases, results
 
 # ruff: noqa: F811  (dataset_in_s3 is a fixture)
 

@@ -12,7 +12,7 @@ from bootstrap_helpers import BUCKET, train_doc
 
 from bootstrap import __main__ as bootstrap_main
 from bootstrap import aws
-from bootstrap.fleet.member import Member
+from bootstrap.member import Member
 from bootstrap.node import assignment
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import ConfigError, parse

@@ -11,6 +11,7 @@ from bootstrap_helpers import train_doc
 from bootstrap.fleet import allreduce_check
 from bootstrap.node import health
 from bootstrap.node_config import parse
+from bootstrap.records import allreduce_summary
 
 OFI_LOG = """\
 ip-10-0-0-5:1234:1300 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to ^lo,docker
@@ -104,11 +105,11 @@ def test_check_reports_the_bandwidth_and_needs_network_connections_across_nodes(
 
 
 def test_allreduce_summary_and_floor():
-    assert allreduce_check.parse_summary("nothing here") is None
-    summary = allreduce_check.parse_summary(OFI_COLLECTIVE + CHECK_SUMMARY)
+    assert allreduce_summary.parse_summary("nothing here") is None
+    summary = allreduce_summary.parse_summary(OFI_COLLECTIVE + CHECK_SUMMARY)
     assert summary == {"ranks": 16, "nodes": 2, "busbw_gbps": 8.4}
-    line = allreduce_check.summary_line(16, 2, 8.4)
-    assert allreduce_check.parse_summary(line) == summary
+    line = allreduce_summary.summary_line(16, 2, 8.4, 256, 10)
+    assert allreduce_summary.parse_summary(line) == summary
     # 256 MiB in 0.1 s on 16 ranks: 2.68 GB/s algorithm bandwidth, x 2 x 15/16 on the bus.
     bus = allreduce_check.bus_bandwidth_gbps(16, 256 << 20, 0.1)
     assert bus == pytest.approx(2.684 * 2 * 15 / 16, rel=1e-3)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bootstrap.fleet.rendezvous import parse_stamp
+from bootstrap.records.stamps import parse_stamp
 
 # Where the time that was not productive went (DONE.json goodput_s.lost), in this order.
 BUCKETS = (

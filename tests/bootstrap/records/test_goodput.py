@@ -7,10 +7,10 @@ named.
 
 import pytest
 
-from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head import goodput, timeline
-from bootstrap.head.goodput import Attempt
-from bootstrap.node.phases import PHASES
+from bootstrap.records import goodput, timeline
+from bootstrap.records.goodput import Attempt
+from bootstrap.records.phases import PHASES
+from bootstrap.records.stamps import utc_stamp
 
 T0 = 1_800_000_000.0
 

@@ -5,8 +5,8 @@ train.json, so whichever instance writes DONE.json (the head, or a node that fou
 
 from __future__ import annotations
 
-from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
-from bootstrap.node.phases import PHASES
+from bootstrap.records.phases import PHASES
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 
 
 def who(record: dict) -> str:

@@ -15,8 +15,8 @@ import boto3
 from bootstrap_helpers import BUCKET
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
-from bootstrap.node import phases
+from bootstrap.records import phases
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 
 REPO = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
 from contract.records import STATUS_FORMAT
 

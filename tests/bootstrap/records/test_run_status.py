@@ -1,4 +1,4 @@
-"""bootstrap/head/status.py: the leader's status.json, its EMF metrics line and its e-mails."""
+"""bootstrap/records/status.py: the leader's status.json, its EMF metrics line and its e-mails."""
 
 import json
 import time
@@ -8,8 +8,8 @@ from bootstrap_helpers import BUCKET
 from botocore.exceptions import EndpointConnectionError
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import utc_stamp
-from bootstrap.head.status import RunStatus, emf_line
+from bootstrap.records.stamps import utc_stamp
+from bootstrap.records.status import RunStatus, emf_line
 from contract.records import STATUS_FORMAT as FORMAT
 
 COST = {"usd_per_hour": 31.212, "prices_as_of": "2025-06", "max_hours": 4}

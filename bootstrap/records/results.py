@@ -17,13 +17,12 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from bootstrap import aws
-from bootstrap.fleet import allreduce_check
-from bootstrap.fleet.rendezvous import ABSENT_KEY_CODES, parse_stamp, utc_stamp
-from bootstrap.head import goodput
-from bootstrap.head import timeline as fleet_view
 from bootstrap.lines import REASON_LIMIT, one_line, trim_reason
-from bootstrap.node.attempt import this_attempts
 from bootstrap.node_config import TrainConfig
+from bootstrap.records import allreduce_summary, goodput
+from bootstrap.records import timeline as fleet_view
+from bootstrap.records.files import this_attempts
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
 
 
@@ -185,7 +184,7 @@ def run_goodput(
 def allreduce_busbw_gbps(check_log: Path) -> float | None:
     """The bus bandwidth the pre-training allreduce check measured (None: it did not run)."""
     try:
-        summary = allreduce_check.parse_summary(check_log.read_text(errors="replace"))
+        summary = allreduce_summary.parse_summary(check_log.read_text(errors="replace"))
     except OSError:
         return None
     return summary["busbw_gbps"] if summary else None
@@ -200,7 +199,7 @@ def read_done(s3, cfg: TrainConfig) -> dict | None:
     try:
         found = s3.get_object(Bucket=cfg.bucket, Key=done_key(cfg))
     except ClientError as exc:
-        if exc.response["Error"]["Code"] in ABSENT_KEY_CODES:
+        if exc.response["Error"]["Code"] in aws.ABSENT_KEY_CODES:
             return None
         raise
     body = found["Body"].read()

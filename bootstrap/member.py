@@ -8,11 +8,11 @@ import time
 
 from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous, supervision
-from bootstrap.head import results
-from bootstrap.head.elastic import interface_of
+from bootstrap.fleet.interfaces import interface_of
 from bootstrap.lines import one_line
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
+from bootstrap.records import results
 from bootstrap.steps import StepFailed, step
 
 

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap import aws
-from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
 from bootstrap.lines import one_line
-from bootstrap.node.attempt import read_json, save_json
 from bootstrap.node_config import TrainConfig
+from bootstrap.records.files import read_json, save_json
+from bootstrap.records.stamps import parse_stamp, utc_stamp
 
 FORMAT = "horovod-fleet/phases/1"
 # The closed list, in start-up order (docs/contracts.md).
