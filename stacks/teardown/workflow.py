@@ -30,6 +30,8 @@ LAMBDA_RETRY_S at least (StopBilling, which stops the bill after everything else
 STOP_BILLING_RETRY_S): a new account's Lambda concurrency can be 10.
 """
 
+from collections.abc import Callable
+
 from aws_cdk import Acknowledgment, Duration, Validations, aws_lambda
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
@@ -37,6 +39,8 @@ from constructs import Construct
 
 from stacks.nag import allow_implied_role_dependency, nag_text
 
+# A state over one step function, caught by StopBilling (RunWorkflow.__init__'s `task`).
+Task = Callable[..., tasks.LambdaInvoke]
 # An execution lasts at most this long; the results wait and the capacity wait end far sooner,
 # and the hard cap ends any execution of its run.
 EXECUTION_TIMEOUT = Duration.days(14)
@@ -97,6 +101,43 @@ class RunWorkflow(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.timeouts = timeouts
+        stop_billing = self.failure_path(steps)
+
+        def task(state_id: str, step: str, result_path: str, **kwargs) -> tasks.LambdaInvoke:
+            return self.task(state_id, step, steps, result_path, catch=stop_billing, **kwargs)
+
+        nothing = sfn.Succeed(self, "NothingToDo")
+        follow, delete, results = self.teardown_path(task, nothing)
+        settled = self.relaunch_path(task, follow, nothing)
+        stop = task("StopFleet", "stop_fleet", "$.stop", pending=True).next(settled)
+        route = choice_on(
+            self,
+            "Route",
+            "$.action",
+            {"relaunch": stop, "teardown": results, "delete": delete, "follow": follow},
+            nothing,
+        )
+        identify = sfn.Pass(
+            self,
+            "Identify",
+            comment="The execution's ARN, which controller.json and attempts.json name",
+            parameters={"arn.$": "$$.Execution.Id"},
+            result_path="$.execution",
+        )
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=name,
+            comment="horovod-fleet run controller: the long actions the tick starts and watches",
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_chainable(identify.next(route)),
+            timeout=EXECUTION_TIMEOUT,
+        )
+        allow_implied_role_dependency(self.state_machine.node.default_child)
+        self.acknowledge(steps)
+
+    def failure_path(self, steps: dict[str, aws_lambda.IFunction]) -> sfn.IChainable:
+        """StopBilling -> ControllerFailed: where any state goes after its retries."""
         failed = sfn.Fail(
             self,
             "ControllerFailed",
@@ -115,10 +156,13 @@ class RunWorkflow(Construct):
         stop_billing.add_catch(failed, errors=["States.ALL"], result_path="$.failure_error")
         stop_billing.next(failed)
 
-        def task(state_id: str, step: str, result_path: str, **kwargs) -> tasks.LambdaInvoke:
-            return self.task(state_id, step, steps, result_path, catch=stop_billing, **kwargs)
+        return stop_billing
 
-        nothing = sfn.Succeed(self, "NothingToDo")
+    def teardown_path(
+        self, task: Task, nothing: sfn.IChainable
+    ) -> tuple[tasks.LambdaInvoke, tasks.LambdaInvoke, tasks.LambdaInvoke]:
+        """ResultsReady -> DeleteStack -> FollowDelete, with their waits: (follow, delete,
+        results)."""
         follow = task("FollowDelete", "follow_delete", "$.follow")
         follow.next(
             choice_on(
@@ -166,6 +210,12 @@ class RunWorkflow(Construct):
                 nothing,
             )
         )
+        return follow, delete, results
+
+    def relaunch_path(
+        self, task: Task, follow: sfn.IChainable, nothing: sfn.IChainable
+    ) -> tasks.LambdaInvoke:
+        """CheckSettled -> Launch, with the capacity wait and the giving up: CheckSettled."""
         settled = task("CheckSettled", "settled", "$.settle")
         launch = task("Launch", "launch", "$.launch")
         settled.next(
@@ -201,32 +251,7 @@ class RunWorkflow(Construct):
                 nothing,
             )
         )
-        stop = task("StopFleet", "stop_fleet", "$.stop", pending=True).next(settled)
-        route = choice_on(
-            self,
-            "Route",
-            "$.action",
-            {"relaunch": stop, "teardown": results, "delete": delete, "follow": follow},
-            nothing,
-        )
-        identify = sfn.Pass(
-            self,
-            "Identify",
-            comment="The execution's ARN, which controller.json and attempts.json name",
-            parameters={"arn.$": "$$.Execution.Id"},
-            result_path="$.execution",
-        )
-        self.state_machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            state_machine_name=name,
-            comment="horovod-fleet run controller: the long actions the tick starts and watches",
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_chainable(identify.next(route)),
-            timeout=EXECUTION_TIMEOUT,
-        )
-        allow_implied_role_dependency(self.state_machine.node.default_child)
-        self.acknowledge(steps)
+        return settled
 
     def acknowledge(self, steps: dict[str, aws_lambda.IFunction]) -> None:
         """cdk-nag's findings on the state machine and the role CDK makes for it."""
