@@ -42,6 +42,7 @@ from typing import Any
 
 from bootstrap.cli import OneLineErrorParser, usage_error
 from contract import causes, runs
+from contract.fleet import default_min_nodes
 
 DEFAULT_PATH = "/etc/horovod-fleet/node.json"
 
@@ -373,7 +374,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         market=r.choice("market", MARKETS, "on-demand"),
         spot_notice_file=r.text("spot_notice_file", None, nullable=True),
         collective_timeout_s=r.integer("collective_timeout_s", COLLECTIVE_TIMEOUT_S, minimum=1),
-        min_nodes=r.integer("min_nodes", max(1, nodes - 1), minimum=1, maximum=nodes),
+        min_nodes=r.integer("min_nodes", default_min_nodes(nodes), minimum=1, maximum=nodes),
         reset_limit=None if doc.get("reset_limit") is None else r.integer("reset_limit", minimum=1),
         elastic_timeout_s=r.number("elastic_timeout_s", ELASTIC_TIMEOUT_S, minimum=1),
         launched_at=r.matching("launched_at", STAMP, "a time like '2026-01-31T12:00:00Z'")

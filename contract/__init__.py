@@ -7,6 +7,7 @@ rehearsal all import it, and meet at these names only (docs/contracts.md says wh
     causes.py   why an attempt ended, as a code, and what the run controller does on each
     runs.py     the keys under runs/<run>/ and the time stamps of their documents
     records.py  the shapes of status.json, DONE.json, attempts.json, controller.json, hold.json
+    fleet.py    minNodes' default and the four guards that hold it
     drill.py    the drill's experiments: one list, played by AWS FIS and by the rehearsal
 
 The standard library only, and nothing of the project: a leaf every room may import. It ships

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contract import runs
+from contract.fleet import default_min_nodes
 from stacks import benchmark
 from stacks.instance_types import (
     BURSTABLE_TYPES,
@@ -266,7 +267,7 @@ class FleetConfig:
         nodes = config.nodes
         config = replace(
             config,
-            min_nodes=get("minNodes", _optional(_integer(1, nodes))) or max(1, nodes - 1),
+            min_nodes=get("minNodes", _optional(_integer(1, nodes))) or default_min_nodes(nodes),
         )
         if config.image_jit is not None and config.ami is not None:
             raise ConfigError(

@@ -7,7 +7,7 @@ A volume made from an AMI's snapshot loads its blocks from S3 on first read at a
 instead, so the image's TensorFlow and CUDA files are on the volume within snapshot size / rate
 (https://docs.aws.amazon.com/ebs/latest/userguide/initalize-volume.html). The time and the
 charge count the snapshot's data, not the volume's size; the image bakes a 60 GiB root
-(stacks/image/recipe.py ROOT_GIB), so its snapshot holds at most that.
+(stacks/image_root.py IMAGE_ROOT_GIB), so its snapshot holds at most that.
 
 gp3's throughput beyond its free 125 MiB/s serves those files once they are there: 500 MiB/s,
 above the initialization's 300.
@@ -15,7 +15,7 @@ above the initialization's 300.
 
 from __future__ import annotations
 
-from stacks.image.recipe import ROOT_GIB as IMAGE_GIB
+from stacks.image_root import IMAGE_ROOT_GIB as IMAGE_GIB
 
 ROOT_VOLUME_GIB = 200  # environment, checkpoints and logs; the dataset is on the NVMe drives
 THROUGHPUT_MIB_S = 500  # gp3: 125 to 2,000 (AWS::EC2::LaunchTemplate Ebs, Throughput)

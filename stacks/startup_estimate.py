@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stacks.image.recipe import ROOT_GIB
+from stacks.image_root import IMAGE_ROOT_GIB
 from stacks.instance_types import GpuType
 
 # The official archives' sizes (ILSVRC2012_img_train.tar 147,897,477,120 bytes,
@@ -52,8 +52,8 @@ def startup_phases(
     rate = rate or UNMEASURED_S3_MB_PER_S
     own_mb, all_mb = DATASET_BYTES / nodes / 1e6, DATASET_BYTES / 1e6
     volume = (
-        f"; the root volume initializes at {init_rate} MiB/s: its image (at most {ROOT_GIB} "
-        f"GiB) within {ROOT_GIB * 1024 / init_rate:.0f} s"
+        f"; the root volume initializes at {init_rate} MiB/s: its image (at most {IMAGE_ROOT_GIB} "
+        f"GiB) within {IMAGE_ROOT_GIB * 1024 / init_rate:.0f} s"
         if init_rate
         else ""
     )

@@ -28,7 +28,6 @@ BASE_NAME = f"{PROJECT}-training-base"
 PROVEN_NAME = f"{PROJECT}-training"
 # The optional third stage (-c imageJitInstanceType): the proven image with a warmed CUDA JIT cache.
 JIT_NAME = f"{PROJECT}-training-jit"
-ROOT_GIB = 60  # CUDA, the NCCL build, ~10 GB of TensorFlow and CUDA wheels; nodes' roots are bigger
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from stacks.image.recipe import (
     PROVEN_NAME,
     RECIPE,
     RECIPE_DIR,
-    ROOT_GIB,
     SOURCE_DIR,
     TRAINER_DIR,
     UBUNTU_PARENT,
@@ -38,6 +37,7 @@ from stacks.image.recipe import (
     semantic_version,
     tree_sha256,
 )
+from stacks.image_root import IMAGE_ROOT_GIB
 from stacks.instance_types import GpuType, JitProofType
 from stacks.nag import acknowledge_managed_policy
 from stacks.node_code import CODE_EXCLUDE
@@ -250,7 +250,7 @@ class TrainingImage(Construct):
                 imagebuilder.CfnImageRecipe.InstanceBlockDeviceMappingProperty(
                     device_name="/dev/sda1",
                     ebs=imagebuilder.CfnImageRecipe.EbsInstanceBlockDeviceSpecificationProperty(
-                        volume_size=ROOT_GIB,
+                        volume_size=IMAGE_ROOT_GIB,
                         volume_type="gp3",
                         encrypted=True,
                         delete_on_termination=True,

@@ -18,7 +18,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from contract.names import FLEET_TAG, HEAD_NODE, NODE_TAG, PROJECT, PROJECT_TAG, RUN_TAG
-from stacks.image.recipe import ROOT_GIB as IMAGE_ROOT_GIB
+from stacks.image_root import IMAGE_ROOT_GIB
 from stacks.instance_types import HEAD_TYPE
 from stacks.nag import acknowledge_no_termination_protection
 from stacks.node_code import NodeCode, common_document

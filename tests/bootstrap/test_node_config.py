@@ -6,6 +6,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from bootstrap_helpers import BUCKET, train_doc
@@ -244,3 +245,17 @@ def test_a_bad_head_document_is_one_line_naming_the_key(doc, message):
     with pytest.raises(ConfigError) as raised:
         parse(doc)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [(1, 1), (2, 1), (3, 2), (8, 7)])
+def test_min_nodes_has_one_default_on_both_sides(nodes, expected):
+    """contract/fleet.py default_min_nodes, as the configuration and the node's reading of a
+    node.json without min_nodes take it."""
+    from contract.fleet import default_min_nodes
+    from stacks.config import FleetConfig
+
+    context = json.loads((Path(__file__).parents[2] / "cdk.json").read_text())["context"]
+    assert default_min_nodes(nodes) == expected
+    assert FleetConfig.from_context({**context, "nodes": str(nodes)}).min_nodes == expected
+    doc = {k: v for k, v in train_doc(nodes=nodes).items() if k != "min_nodes"}
+    assert parse(doc).min_nodes == expected
