@@ -32,6 +32,10 @@ ZONES_OUTPUT_KEY = "HorovodFleetZones"
 FLEET_TAG = "horovod-fleet:stack"
 NODE_TAG = "horovod-fleet:node"
 HEAD_NODE = "head"  # the head's NODE_TAG value: a fleet instance with no node index
+# A drill's training nodes also carry this, so that its FIS experiments can aim at a node of the
+# fleet and never its head (stacks/train/drill.py): NODE_TAG's values are the nodes' indexes.
+ROLE_TAG = "horovod-fleet:role"
+TRAIN_ROLE = "train"
 # The controller's cleanup answers this one: on the stack's delete it terminates the instances
 # it launched, which CloudFormation does not know, before their interfaces hold up the delete.
 REPLACEMENTS_TYPE = "Custom::HorovodFleetReplacements"

@@ -26,7 +26,7 @@ from stacks.nag import (
     acknowledge_wildcard_resources,
 )
 from stacks.node_code import PROJECT, NodeCode, common_document, log_statements
-from stacks.teardown.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG
+from stacks.teardown.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG, ROLE_TAG, TRAIN_ROLE
 
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
@@ -69,9 +69,14 @@ class GpuFleet(Construct):
         notify_topic: sns.ITopic | None = None,
         move_slots: int = 0,
         elastic: dict | None = None,
+        init_rate: int | None = None,
+        drill: dict | None = None,
     ) -> None:
+        """`init_rate`: the roots' (root_volume.py; None: lazily). `drill`: node.json's, and the
+        role tag on every replacement node, which its experiments aim at (train/drill.py)."""
         super().__init__(scope, construct_id)
         self.market = market
+        self._role_tags = [CfnTag(key=ROLE_TAG, value=TRAIN_ROLE)] if drill else []
         runs_prefix = f"runs/{run}/"
         self.code = code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
@@ -98,7 +103,7 @@ class GpuFleet(Construct):
             self, "Profile", roles=[self.role.role_name]
         )
         self.launch_fields = self._launch_fields(
-            gpu, subnet, capacity_reservation, market, root_volume.init_rate(nodes)
+            gpu, subnet, capacity_reservation, market, init_rate
         )
         launch_template = ec2.CfnLaunchTemplate(
             self,
@@ -143,13 +148,14 @@ class GpuFleet(Construct):
                 startup_estimate.startup_phases(
                     gpu,
                     nodes,
-                    pulls_data=not benchmark or benchmark["mode"] == "data",
-                    init_rate=root_volume.init_rate(nodes),
+                    pulls_data=(not benchmark or benchmark["mode"] == "data") and not drill,
+                    init_rate=init_rate,
                 )
             ),
             # The head's elastic horovodrun (stacks/train/head.py); every node carries them so
             # that the code guard, which holds node 0's user data, sees them change.
             **(elastic or {}),
+            **({"drill": drill} if drill else {}),  # the plan the head plays (contracts.md)
         }
         self.instances = [
             self._node(
@@ -387,6 +393,7 @@ class GpuFleet(Construct):
             CfnTag(key="Project", value=PROJECT),
             CfnTag(key=f"{PROJECT}:run", value=run),
             CfnTag(key=FLEET_TAG, value=stack.stack_id),
+            *self._role_tags,
         ]
         return ec2.CfnLaunchTemplate(
             self,
