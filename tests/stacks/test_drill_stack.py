@@ -7,10 +7,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from aws_cdk import App, Environment, Stack
+from aws_cdk.assertions import Template
 from conftest import fleet_nodes, head_instance, node_document, replacement_template, statements
 from test_app import cfn_lint, offline_env
+from test_config import DEFAULTS, config
 
 from contract import drill
+from stacks.composition import compose
+from stacks.config import FleetConfig
+from stacks.train.drill import DrillExperiments, DrillTargets
 
 DRILL_TAG = "horovod-fleet-drill-"
 RUN_TAG = {"horovod-fleet:stack": {"Ref": "AWS::StackId"}}
@@ -278,3 +284,44 @@ def test_cfn_lint_finds_no_errors_in_the_drill_s_templates(drill_cli):
     _, outdir = drill_cli
     findings = cfn_lint(sorted(outdir.glob("*.template.json")))
     assert not [f for f in findings if f["Level"] == "Error"], findings
+
+
+def drill_templates(**overrides) -> dict:
+    """DrillExperiments alone in a stack, for the configuration `overrides` make."""
+    stack = Stack(App(), "TrainStack", env=Environment(region="us-east-1"))
+    targets = DrillTargets(
+        fleet_tag=stack.stack_id, vpc_id="vpc-0123abcd", subnet_id="subnet-0123abcd",
+        zone="us-east-1a", controller_role_arn="arn:aws:iam::123456789012:role/controller",
+        stop_alarm_arn="arn:aws:cloudwatch:us-east-1:123456789012:alarm:ticks",
+    )  # fmt: skip
+    plan = config(drill="true", **overrides).drill
+    DrillExperiments(stack, "Drill", plan=plan, targets=targets)
+    return Template.from_stack(stack).to_json()["Resources"]
+
+
+def test_a_spot_drill_sends_the_notice_to_one_of_its_spot_nodes():
+    resources = drill_templates(market="spot")
+    notice = experiment_templates(resources)["spot-notice"]
+    target = notice["Targets"][drill.SPOT_NODE]
+    assert target["ResourceType"] == "aws:ec2:spot-instance"
+    assert target["ResourceTags"] == {**RUN_TAG, "horovod-fleet:role": "train"}
+    assert target["SelectionMode"] == "COUNT(1)"
+    [spot] = [s for s in fis_role_statements(resources)
+              if s["Action"] == "ec2:SendSpotInstanceInterruptions"]  # fmt: skip
+    assert spot["Condition"]["StringEquals"]["aws:ResourceTag/horovod-fleet:role"] == "train"
+
+
+def test_fis_may_do_nothing_for_an_experiment_the_drill_does_not_play():
+    resources = drill_templates(drillExperiments="s3-cut")
+    assert sorted(experiment_templates(resources)) == ["s3-cut"]
+    granted = json.dumps(fis_role_statements(resources))
+    assert "ec2:ReplaceNetworkAclAssociation" in granted
+    for action in ("Terminate", "Stop", "InjectApi", "Spot"):
+        assert action not in granted, action
+
+
+def test_a_drill_converted_off_aws_has_no_preprocess_stack():
+    app = App(context={**DEFAULTS, "drill": "true", "drillPreprocess": "false"})
+    stacks = compose(app, FleetConfig.from_context(app.node.get_all_context()))
+    assert stacks.preprocess is None
+    assert "PreprocessStack" not in [c.node.id for c in app.node.children]
