@@ -314,12 +314,18 @@ def synthesis_lines(
     minutes = drill.fis_minutes(plan.experiments)
     played_s = spent.seconds - boot_s - FIRST_EPOCHS_S - TEARDOWN_S
     before = f" after ~{PREPROCESS_S / 60:.0f} min of preprocessing" if plan.preprocess else ""
+    budget = (
+        f"within the ${BUDGET_USD:.0f} budget"
+        if spent.usd <= BUDGET_USD
+        else f"over the ${BUDGET_USD:.0f} budget of a drill on {DEFAULT_NODES} x {DEFAULT_TYPE}"
+    )
+    spot = "; its Spot nodes at the on-demand price, the most they cost" if market == "spot" else ""
     lines.append(
         f"Drill estimate: the fleet lives ~{spent.seconds / 60:.0f} min{before} (start-up "
         f"~{boot_s / 60:.1f} min, epoch {drill.START_AFTER_EPOCH} ~{FIRST_EPOCHS_S / 60:.0f} "
         f"min, the experiments ~{played_s / 60:.0f} min, the stop and teardown "
-        f"~{TEARDOWN_S / 60:.0f} min); cost ~${spent.usd:.2f} at list price (budget "
-        f"${BUDGET_USD:.0f}, the image bake aside): fleet and head ${spent.fleet_usd:.2f}, FIS "
+        f"~{TEARDOWN_S / 60:.0f} min); cost ~${spent.usd:.2f} at list price ({budget}, the "
+        f"image bake aside{spot}): fleet and head ${spent.fleet_usd:.2f}, FIS "
         f"${spent.fis_usd:.2f} ({minutes} action-minutes at ${drill.USD_PER_ACTION_MINUTE:.2f}), "
         f"root volumes' gp3 throughput ${spent.volumes_usd:.2f}, preprocessing "
         f"${spent.preprocess_usd:.2f}, the controller's ticks ${spent.controller_usd:.2f}"

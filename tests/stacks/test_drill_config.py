@@ -106,7 +106,9 @@ def test_the_drill_costs_at_most_its_budget_with_fis_and_says_what_it_adds_up_to
         preprocess=c.preprocess, volume_gib=c.data_volume_gib,
     )  # fmt: skip
     estimate = next(line for line in lines if line.startswith("Drill estimate:"))
-    assert f"~${spent.usd:.2f} at list price" in estimate and f"FIS ${spent.fis_usd:.2f}" in estimate
+    assert (
+        f"~${spent.usd:.2f} at list price" in estimate and f"FIS ${spent.fis_usd:.2f}" in estimate
+    )
     for experiment in c.drill.experiments:
         [line] = [line for line in lines if f". {experiment.name} [" in line]
         assert all(a in line for a in experiment.action_ids)
