@@ -325,3 +325,64 @@ def spot_notice(index: int) -> Action:
         say(f"FAULT: EC2 will interrupt node {index} ({rehearsal.instance_id(index)}) at {at}")
 
     return notify
+
+
+def kill_host_then_its_replacement(node: int, after_s: float) -> Action:
+    """Node `node`'s host killed (kill_host), then its replacement's: every process of the
+    instance the run controller launched for it killed `after_s` after the launch (a new
+    instance lost early: a bad GPU, a Spot reclaim, a full disk). Its systemd restarts nothing;
+    the controller may replace it again."""
+    first = kill_host(node)
+
+    def kill(rehearsal: Rehearsal) -> None:
+        lost = rehearsal.launched.get(node)
+        first(rehearsal)
+
+        def kill_the_replacement() -> None:
+            deadline = time.monotonic() + REPLACEMENT_WAIT_S
+            while (instance := rehearsal.launched.get(node)) in (None, lost):
+                if time.monotonic() > deadline:
+                    say(f"FAULT: no replacement of node {node} within {REPLACEMENT_WAIT_S} s")
+                    return
+                time.sleep(0.2)
+            time.sleep(after_s)
+            rehearsal.services.pop(f"node{node}", None)
+            rehearsal.noted["replacement_killed"] = instance
+            pids = rehearsal.fleet.kill_host(rehearsal.fleet.nodes[node].namespace)
+            say(
+                f"FAULT: node {node}'s replacement {instance} is gone {after_s:.0f} s after its "
+                f"launch (SIGKILL to its {len(pids)} processes)"
+            )
+
+        rehearsal.fault_threads.append(threading.Thread(target=kill_the_replacement, daemon=True))
+        rehearsal.fault_threads[-1].start()
+
+    return kill
+
+
+# How long kill_host_then_its_replacement waits for the run controller's replacement: its tick
+# finds the node silent after heartbeat_timeout_s and launches one at its next look.
+REPLACEMENT_WAIT_S = 300
+
+
+def pause_host(node: int | str, seconds: float) -> Action:
+    """Every process of node `node`'s host (or the head's) paused (SIGSTOP), and continued
+    (SIGCONT) `seconds` later: a host stalled by a slow disk, a blocked call, a stuck thread."""
+
+    def pause(rehearsal: Rehearsal) -> None:
+        namespace = host(rehearsal, node).namespace
+        pids = rehearsal.fleet.signal_host(namespace, signal.SIGSTOP)
+        rehearsal.noted["paused_at"] = time.time()
+        say(
+            f"FAULT: every process of {named(node)}'s host paused for {seconds:.0f} s ({len(pids)})"
+        )
+
+        def resume() -> None:
+            time.sleep(seconds)
+            rehearsal.fleet.signal_host(namespace, signal.SIGCONT)
+            say(f"FAULT over: {named(node)}'s host runs again")
+
+        rehearsal.fault_threads.append(threading.Thread(target=resume, daemon=True))
+        rehearsal.fault_threads[-1].start()
+
+    return pause

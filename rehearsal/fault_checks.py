@@ -177,3 +177,40 @@ def left_with_no_step_redone(index: int) -> Check:
 
 def head_said(rehearsal: Rehearsal, text: str) -> bool:
     return any(text in line for line in rehearsal.output.get("head", []))
+
+
+def lost_joiner_named(index: int) -> Check:
+    """Node `index`'s replacement was killed early (rehearsal.noted["replacement_killed"]), and
+    the record names node `index` alone: every horovodrun restart of the attempt (DONE.json
+    `training_restarts`) names it and no other node, and the head blamed no other node (issue
+    47: its healthy peer, node 1, was). Killed before it registered (a loaded machine), or
+    before its heartbeat was steady, it never reached the driver and nothing failed."""
+
+    def check(rehearsal: Rehearsal, done: dict) -> bool:
+        killed = rehearsal.noted.get("replacement_killed")
+        others = [i for i in range(rehearsal.args.nodes) if i != index]
+        restarts = done.get("training_restarts") or []
+        return (
+            killed is not None
+            and all(
+                f"node {index} (" in r["reason"]
+                and not any(f"node {i} (" in r["reason"] for i in others)
+                for r in restarts
+            )
+            and not any(
+                f"node {i} (" in line and (" lost: " in line or "stopped answering" in line)
+                for i in others
+                for line in rehearsal.output.get("head", [])
+            )
+        )
+
+    return check
+
+
+def waited_for_the_head(rehearsal: Rehearsal, done: dict) -> bool:
+    """Every node saw the head silent while its ranks stepped and waited (supervision.py
+    HeadWatch's line), and none found it lost."""
+    nodes = range(rehearsal.args.nodes)
+    return all(node_said(rehearsal, i, "a stalled head, waited for up to") for i in nodes) and (
+        not any(node_said(rehearsal, i, "is lost") for i in nodes)
+    )

@@ -28,7 +28,9 @@ from rehearsal.fault_actions import (
     kill_head_bootstrap,
     kill_host,
     kill_host_for,
+    kill_host_then_its_replacement,
     kill_rank,
+    pause_host,
     pause_rank,
     spot_notice,
     stop_node,
@@ -44,6 +46,7 @@ from rehearsal.fault_checks import (
     interruption_named,
     left_with_no_step_redone,
     lost_in_a_reset,
+    lost_joiner_named,
     names_the_full_disk,
     no_epoch_retrained,
     no_node_blamed,
@@ -53,6 +56,7 @@ from rehearsal.fault_checks import (
     the_controller_wrote_the_silence,
     trainer_kept_its_pid,
     training_again_within,
+    waited_for_the_head,
 )
 
 DATASET = "dataset converted"
@@ -84,6 +88,9 @@ ELASTIC_NODES = 3
 ELASTIC = {"heartbeat_timeout_s": 20, "trainer": {"image_size": 64}}
 # Fewer than minNodes left: the head's elastic driver waits this long for minNodes' slots.
 ELASTIC_TIMEOUT_S = 30
+# Issue 47's: a replacement lost this long after its launch, and a head stalled this long.
+REPLACEMENT_LOST_AFTER_S = 6
+HEAD_PAUSE_S = 90
 
 
 @dataclass(frozen=True)
@@ -395,6 +402,43 @@ ROWS = [
             "succeeded",
             4,
             {"one_attempt": one_attempt, "within_120_s": training_again_within(1, 120)},
+        ),
+        ELASTIC,
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
+    ),
+    Row(
+        "elastic",
+        f"node 2's host lost right after epoch 1 of 4, then its replacement's processes killed "
+        f"{REPLACEMENT_LOST_AFTER_S} s after its launch",
+        "the replacement is listed only once its heartbeat is steady and the head reaches it "
+        "(lost in its join, horovodrun starts again on nodes 0 and 1); the record names node 2, "
+        "never node 1; succeeded with 4 epochs, attempt 1",
+        DATASET,
+        4,
+        Fault(kill_host_then_its_replacement(2, REPLACEMENT_LOST_AFTER_S), when=FIRST_OF_FOUR_DONE),
+        Expect(
+            "succeeded",
+            4,
+            {"one_attempt": one_attempt, "names_node_2_only": lost_joiner_named(2)},
+        ),
+        ELASTIC,
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
+    ),
+    Row(
+        "elastic",
+        f"every process of the head's host paused (SIGSTOP) for {HEAD_PAUSE_S} s right after "
+        "epoch 1 of 4 (a stalled head)",
+        "the nodes see its heartbeat stale but their ranks step: they wait, none writes "
+        "DONE.json; the head runs again and the run succeeds with 4 epochs, attempt 1",
+        DATASET,
+        4,
+        Fault(pause_host("head", HEAD_PAUSE_S), when=FIRST_OF_FOUR_DONE),
+        Expect(
+            "succeeded", 4, {"one_attempt": one_attempt, "waited_for_the_head": waited_for_the_head}
         ),
         ELASTIC,
         max_restarts=2,

@@ -31,6 +31,7 @@ REPORT_GRACE_S = 100
 CLEAN_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE}
 RESTART_SEC = 5
 RESTART_LIMIT = 5
+STATUS_TIMEOUT_S = 60  # the status screen after each epoch: shown only, never the verdict
 
 
 def matches(pattern: str | re.Pattern, line: str) -> bool:
@@ -141,7 +142,13 @@ class NodeProcesses:
     def show_status(self) -> None:
         """The real command against the local endpoint, as a user would run it."""
         watch = [sys.executable, "-m", "watch.cli", "status", "--run", RUN, "--bucket", BUCKET]
-        result = subprocess.run(watch, env=self.env(), capture_output=True, text=True, timeout=60)
+        try:
+            result = subprocess.run(
+                watch, env=self.env(), capture_output=True, text=True, timeout=STATUS_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:  # a loaded machine: the screen only shows the run
+            say(f"horovod-fleet status did not answer within {STATUS_TIMEOUT_S} s: not shown")
+            return
         print(result.stdout + result.stderr, end="", flush=True)
 
     def restartable(self, name: str, code: int | None) -> bool:

@@ -50,7 +50,7 @@ KEYS: dict[str, str] = {
     "maxHours": "hard cap: the fleet is deleted this many hours after deploy",
     "maxRestarts": "relaunches of the fleet after a retryable failure (0: none)",
     "minNodes": "fewest nodes an elastic reset trains on before the attempt ends (empty: nodes - 1)",
-    "checkpointEveryS": "seconds between S3 checkpoints (empty: a tenth of the estimate, <= 600)",
+    "checkpointEveryS": "seconds between S3 checkpoints (empty: a tenth of the estimate, 100-600)",
     "market": "on-demand, or spot: one-time Spot Instances, replaced when interrupted",
     "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
     "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",

@@ -206,6 +206,7 @@ class ElasticSession:
             stop_request=self.stop_request,
             agree=agree,
             hosts_updated=lambda: self.state.hosts_update_pending,
+            on_step=recorder.steps_seen,
         )
         return loop, target
 

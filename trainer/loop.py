@@ -80,7 +80,8 @@ class Loop:
     """Epochs of steps for one run. `step`, `batches`, `recorder`: trainer/step.py's Trainer,
     trainer/inputs.py's batches, trainer/recorder.py's Recorder (or fakes with their methods);
     `stop_request.requested` is this rank's SIGTERM; `agree` the collective of trainer/ranks.py;
-    `hosts_updated()` whether Horovod's elastic driver told this rank the hosts changed."""
+    `hosts_updated()` whether Horovod's elastic driver told this rank the hosts changed;
+    `on_step(global_step)` runs after each step."""
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class Loop:
         stop_request,
         agree: Callable[[str | None], None],
         hosts_updated: Callable[[], bool] = lambda: False,
+        on_step: Callable[[int], None] = lambda global_step: None,
     ):
         self.step = step
         self.batches = batches
@@ -102,6 +104,7 @@ class Loop:
         self.stop_request = stop_request
         self.agree = agree
         self.hosts_updated = hosts_updated
+        self.on_step = on_step  # after each step this rank ran (recorder.steps_seen)
         self.global_step = 0
         self.unread_steps = 0  # steps since the sums were last read
         self.interval_steps = 0  # steps since the last log row
@@ -168,6 +171,7 @@ class Loop:
             self.interval_steps += 1
             self.unread_steps += 1
             self.global_step += 1
+            self.on_step(self.global_step)
             log_step = self.global_step % self.schedule.log_every == 0
             log_step = log_step or index == steps_per_epoch - 1
             if log_step or self.global_step % STOP_CHECK_STEPS == 0:

@@ -13,6 +13,10 @@ import time
 from pathlib import Path
 
 PROGRESS_FILE = "progress.json"
+# <model-dir>/node-steps.json: every node's local rank 0 rewrites it at each check step, so the
+# node's bootstrap knows its ranks step while the head is silent (bootstrap/fleet/supervision.py
+# HeadWatch mirrors the name; docs/contracts.md).
+NODE_STEPS_FILE = "node-steps.json"
 
 
 def utc_now() -> str:
@@ -110,3 +114,11 @@ class ProgressFile:
         partial = self.path.with_name(f".{PROGRESS_FILE}.{os.getpid()}")
         partial.write_text(json.dumps(self.document) + "\n")
         partial.replace(self.path)
+
+
+def write_node_steps(model_dir: Path, global_step: int) -> None:
+    """node-steps.json: the global step this node's ranks have seen done, and when."""
+    path = Path(model_dir) / NODE_STEPS_FILE
+    partial = path.with_name(f".{NODE_STEPS_FILE}.{os.getpid()}")
+    partial.write_text(json.dumps({"global_step": global_step, "at": utc_now()}) + "\n")
+    partial.replace(path)

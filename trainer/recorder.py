@@ -14,12 +14,13 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainer.config import TrainConfig
-from trainer.progress import ProgressFile, utc_stamp
+from trainer.progress import ProgressFile, utc_stamp, write_node_steps
 
 HEADER = f"{'Step':>8} {'Epoch':>6} {'Speed':>9} {'Loss':>7} {'FinLoss':>7} {'LR':>9}"
 # bootstrap/spot.py mirrors this name: the node reads the marker after the trainer exits.
 INTERRUPTED_FILE = "interrupted.json"
 STARTUP_FILE = "startup.json"
+NODE_STEPS_EVERY_S = 1.0  # node-steps.json is rewritten at most this often
 RESETS_FILE = "resets.json"
 # Test hook: when set, every rank writes rank-<r>.sha256 of every variable of its checkpoint
 # (weights, optimizer slots, loss scale state, counters) at the end into this directory, and
@@ -160,6 +161,7 @@ class Recorder:
         )
         self.set_world(rank, ranks, steps_per_epoch, local_rank)
         self.epoch_began = self.interval_began = self.evaluation_began = 0.0
+        self.steps_written_at = -NODE_STEPS_EVERY_S  # node-steps.json's last write (monotonic)
 
     def set_world(self, rank: int, ranks: int, steps_per_epoch: int, local_rank: int) -> None:
         """This rank's place in the world; an elastic run calls it again after every reset,
@@ -229,6 +231,19 @@ class Recorder:
                 steady_images_per_s=self.timings.steady_rate(),
             )
         self.interval_began = time.perf_counter()
+
+    def steps_seen(self, global_step: int) -> None:
+        """After each step: the node's local rank 0 says its ranks step (node-steps.json, at
+        most once a second: a rename, beside a GPU step of a tenth of a second), and its
+        bootstrap waits for a silent head while they do (docs/contracts.md). A step's ops may
+        still run (no device sync here), but a rank hung in a collective stops stepping within
+        the loop's next sync, at most STOP_CHECK_STEPS steps on."""
+        now = time.monotonic()
+        if self.local_rank != 0 or now - self.steps_written_at < NODE_STEPS_EVERY_S:
+            return
+        self.steps_written_at = now
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        write_node_steps(self.model_dir, global_step)
 
     def evaluating(self) -> None:
         self.evaluation_began = time.perf_counter()

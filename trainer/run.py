@@ -129,7 +129,14 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int, timings: Timin
     )
     actions = [CheckpointOnStop(trainer, checkpoints, recorder, stop, agree), *more]
     loop = Loop(
-        trainer, batches, recorder, schedule, actions=actions, stop_request=stop, agree=agree
+        trainer,
+        batches,
+        recorder,
+        schedule,
+        actions=actions,
+        stop_request=stop,
+        agree=agree,
+        on_step=recorder.steps_seen,
     )
     if config.eval_only:
         if not begin.checkpoint:

@@ -21,7 +21,11 @@ class Member(TrainingNode):
         ip, instance_id = self.boot()
         cfg, s3 = self.cfg, self.s3
         started = time.time()
-        watch = supervision.HeadWatch(cfg, started)
+        # A stalled head is not a lost one while this node's ranks step (their node-steps.json).
+        watch = supervision.HeadWatch(
+            cfg, started, ranks_stepped_at=lambda: supervision.ranks_stepped_at(self.model_dir),
+            log=self.log,
+        )  # fmt: skip
         met: list[float] = []
         interface = step("network interface", lambda: interface_of(ip))
 

@@ -10,7 +10,9 @@ failure (docs/contracts.md, "A run as it goes").
   rendezvouses again and resumes from the newest checkpoint in S3.
 - Heartbeats: the head rewrites runs/<run>/head.json every heartbeat_timeout_s / 4 until
   DONE.json is written, as every node rewrites its registration. A node whose head's heartbeat
-  goes stale fails in one line naming it instead of waiting for DONE.json forever.
+  goes stale fails in one line naming it instead of waiting for DONE.json forever; but a stalled
+  head is not a lost one: while the node's own ranks step (node-steps.json, which its local
+  rank 0 rewrites at each check step), it waits for the head up to head_silence_bound_s.
 - A failed training names a node whose heartbeat went stale (its network or its instance died)
   as `node <index> (<instance_id>, <ip>)`, before any rank on a surviving node is blamed.
 - A heartbeat is only as fresh as S3 lets it be: while S3 did not answer, no node could rewrite
@@ -151,37 +153,129 @@ def name_head(entry: dict | None) -> str:
     return f"the head ({entry.get('instance_id')}, {entry.get('ip')})"
 
 
+# The trainer's node-steps.json (trainer/progress.py NODE_STEPS_FILE, mirrored: bootstrap starts
+# the trainer as a process and never imports it): in the node's model dir.
+NODE_STEPS_FILE = "node-steps.json"
+# The start-up phases a relaunch that keeps every node's data does not run again (issue 47: the
+# nodes come back in place with their instance stores; stacks/startup_estimate.py's codes).
+PULL_PHASES = ("own_shards", "data_pull")
+# The ranks step while their last write of node-steps.json is younger than this many times the
+# longest gap seen between two (a step of 30 s on a loaded CPU, a reset), or heartbeat_timeout_s.
+STEP_GAPS = 3
+
+
+def ranks_stepped_at(model_dir: Path) -> float | None:
+    """When this node's ranks last had steps done (node-steps.json's modification, this node's
+    clock), or None when they never wrote it."""
+    try:
+        return (Path(model_dir) / NODE_STEPS_FILE).stat().st_mtime
+    except OSError:
+        return None
+
+
+def head_silence_bound_s(cfg: TrainConfig) -> float:
+    """How long a node whose ranks still step waits for a silent head before it ends the
+    attempt: what a relaunch takes to have the fleet stepping again, node.json's start-up budget
+    without the data pull (the relaunch keeps every node's data; launch and boot count, as a
+    lost head's instance is launched again). Past it a relaunch started when the head went
+    silent would be training already, and the steps the ranks take without the head reach no
+    S3 (the head is the only uploader): waiting longer only loses more. Without a budget (the
+    rehearsal's node.json), rendezvous_timeout_s: the longest a start-up may take. Never less
+    than heartbeat_timeout_s."""
+    budget = cfg.startup_budget_s
+    if budget:
+        relaunch = sum(s for phase, s in budget.items() if phase not in PULL_PHASES)
+    else:
+        relaunch = cfg.rendezvous_timeout_s
+    return max(float(cfg.heartbeat_timeout_s), float(relaunch))
+
+
 class HeadWatch:
     """A node's view of the head's heartbeat: lost once it was seen alive and then went stale,
     or never seen alive within rendezvous_timeout_s of this node's start; never while S3
-    answered this node again less than heartbeat_timeout_s ago."""
+    answered this node again less than heartbeat_timeout_s ago.
+
+    A stalled head is not a lost one: horovodrun's workers need its driver only at a reset
+    (horovod/runner/elastic/driver.py v0.28.1: the driver notifies rank 0 of host changes and
+    runs the rendezvous of a new world; a world's collectives run between the ranks), so the
+    ranks train on through a head paused by a slow disk or a stuck thread. While this node's
+    ranks step (`ranks_stepped_at()` within stepping_window_s: heartbeat_timeout_s, or
+    STEP_GAPS times the longest gap this watch saw between two of their writes when that is
+    longer, as on a loaded CPU) a stale head heartbeat ends nothing; the head is lost once
+    they stop, or once it has been silent for head_silence_bound_s."""
 
     def __init__(
         self,
         cfg: TrainConfig,
         started: float,
         s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
+        ranks_stepped_at: Callable[[], float | None] = lambda: None,
+        log: Callable[[str], None] = aws.log,
     ):
         self.cfg, self.started, self.s3_back_at = cfg, started, s3_back_at
+        self.ranks_stepped_at, self.log = ranks_stepped_at, log
         self.seen_alive = False
+        self.bound_s = head_silence_bound_s(cfg)
+        self.waiting_since: float | None = None  # the beat of the silence this node waits out
+        # This attempt's writes of node-steps.json as this watch saw them, and the longest gap.
+        self.last_stepped: float | None = None
+        self.longest_gap_s = 0.0
+
+    def stepping_window_s(self) -> float:
+        """How recent the ranks' last step must be for them to count as stepping."""
+        return max(float(self.cfg.heartbeat_timeout_s), STEP_GAPS * self.longest_gap_s)
+
+    def stepped(self) -> float | None:
+        """When this attempt's ranks last stepped (a file left by an earlier attempt on a node
+        kept in place does not count), learning the gaps between their writes."""
+        stepped = self.ranks_stepped_at()
+        if stepped is None or stepped < self.started:
+            return None
+        if self.last_stepped is not None and stepped > self.last_stepped:
+            self.longest_gap_s = max(self.longest_gap_s, stepped - self.last_stepped)
+        self.last_stepped = max(stepped, self.last_stepped or stepped)
+        return stepped
 
     def lost(self, entry: dict | None, now: float) -> str | None:
         key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}{HEAD_ENTRY}"
         timeout = self.cfg.heartbeat_timeout_s
         beat = parse_stamp(entry["registered_at"]) if entry else None
+        stepped = self.stepped()
         if beat is not None and now - beat <= timeout:
+            if self.waiting_since is not None:
+                self.log(f"{name_head(entry)} beats again after {now - self.waiting_since:.0f} s")
+                self.waiting_since = None
             self.seen_alive = True
             return None
         back = self.s3_back_at()
-        if stale_for(beat, now, back) <= timeout:
+        silent = stale_for(beat, now, back)
+        if silent <= timeout:
             return None  # S3 answered again too recently for the head to have beaten since
         who = name_head(entry)
         counted = since_s3_returned(beat, now, back)
         if self.seen_alive:
+            stepping = stepped is not None and now - stepped <= self.stepping_window_s()
+            if stepping and silent <= self.bound_s:
+                if self.waiting_since != beat:
+                    self.waiting_since = beat
+                    self.log(
+                        f"{who} is silent: its heartbeat {key} is {now - beat:.0f} s old, but "
+                        f"this node's ranks stepped {now - stepped:.0f} s ago: a stalled head, "
+                        f"waited for up to {self.bound_s:.0f} s of silence (a relaunch's "
+                        "start-up) while they step"
+                    )
+                return None
+            why = (
+                f"silent for {silent:.0f} s, past the {self.bound_s:.0f} s a relaunch takes, "
+                "though this node's ranks still step"
+                if stepping
+                else "and this node's ranks are not stepping"
+                + (f" (their last step {now - stepped:.0f} s ago)" if stepped else "")
+            )
             return (
                 f"{who} is lost: its heartbeat {key} is {now - beat:.0f} s old "
-                f"(heartbeat_timeout_s {timeout:.0f}{counted}); this node stops waiting for "
-                "the run's DONE.json"
+                f"(heartbeat_timeout_s {timeout:.0f}{counted}) {why}; this node stops waiting "
+                "for the run's DONE.json"
             )
         if now - self.started > self.cfg.rendezvous_timeout_s:
             since = f"last beat {now - beat:.0f} s ago" if entry else "no heartbeat at all"
@@ -226,6 +320,24 @@ def lost_nodes(
             break
         sleep(min(cfg.poll_interval_s, heartbeat_interval(cfg)))
     return lost
+
+
+def beaten_since(
+    s3, cfg: TrainConfig, indexes: list[int], since: float, clock=time.time, sleep=time.sleep
+) -> set[int]:
+    """The nodes among `indexes` whose heartbeat was rewritten at or after `since`, waiting a
+    heartbeat interval and a poll for each to show (a node beats every poll_interval_s at
+    most): the nodes alive after a failure, where a dead host's heartbeat is not stale yet."""
+    alive: set[int] = set()
+    deadline = clock() + heartbeat_interval(cfg) + cfg.poll_interval_s
+    while True:
+        for index in sorted(set(indexes) - alive):
+            entry = read_entry(s3, cfg, index)
+            if entry and parse_stamp(entry["registered_at"]) >= math.floor(since):
+                alive.add(index)
+        if alive >= set(indexes) or clock() >= deadline:
+            return alive
+        sleep(min(cfg.poll_interval_s, heartbeat_interval(cfg)))
 
 
 def main(argv: list[str]) -> int:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootstrap import aws, causes, transfer
+from bootstrap.fleet.supervision import NODE_STEPS_FILE
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 
@@ -82,14 +83,19 @@ def group(names: Iterable[str]) -> dict[str, list[str]]:
     return groups
 
 
+def parse_state(text: str) -> tuple[str | None, set[str]]:
+    """(the newest checkpoint, every checkpoint) a checkpoints/checkpoint file's text names."""
+    entries = STATE_ENTRY.findall(text)
+    newest = next((Path(p).name for every, p in entries if not every), None)
+    return newest, {Path(p).name for _, p in entries}
+
+
 def read_state(path: Path) -> tuple[str | None, set[str]]:
     """(the newest checkpoint, every checkpoint) a checkpoints/checkpoint file names."""
     try:
-        entries = STATE_ENTRY.findall(path.read_text())
+        return parse_state(path.read_text())
     except FileNotFoundError:
         return None, set()
-    newest = next((Path(p).name for every, p in entries if not every), None)
-    return newest, {Path(p).name for _, p in entries}
 
 
 def newest_named(model_dir: Path) -> str | None:
@@ -248,6 +254,9 @@ class ModelStore:
         self.prefix = f"{cfg.runs_prefix}model/"
         self.restored = False
         self.uploaded: dict[str, tuple[int, int]] = {}
+        # The step of the checkpoint S3's state file names (-1: none): the commit point, which
+        # an upload never moves back (a rank 0 that moved to a node holding only older ones).
+        self.committed_step = -1
 
     def local_files(self) -> dict[str, tuple[int, int]]:
         if not self.model_dir.is_dir():
@@ -257,6 +266,8 @@ class ModelStore:
             # TensorFlow writes a checkpoint under <name>_temp/ and renames it when complete
             # (tensorflow/python/checkpoint/functional_saver.py, TF 2.15.1).
             if any("_temp" in part for part in path.relative_to(self.model_dir).parts):
+                continue
+            if path.name == NODE_STEPS_FILE:  # the node's own word, not an output of the run
                 continue
             with contextlib.suppress(OSError):  # the trainer may delete an old checkpoint
                 if path.is_file():
@@ -313,7 +324,10 @@ class ModelStore:
             self.cfg.bucket, self.prefix, {n: s for n, s in remote.items() if n not in kept},
             self.model_dir, f"restoring {model_prefix(self.cfg)}", note=self.log,
         )  # fmt: skip
-        committed = read_state(self.model_dir / STATE)[1] if STATE in remote else set()
+        newest_committed, committed = (
+            read_state(self.model_dir / STATE) if STATE in remote else (None, set())
+        )
+        self.committed_step = step_of(newest_committed) if newest_committed else -1
         chosen = choose_intact(
             self.model_dir, remote.keys() | kept.keys(), recorded.get, committed,
             f"{model_prefix(self.cfg)}checkpoints/", self.cfg.run, self.log,
@@ -393,8 +407,19 @@ class ModelStore:
         self.uploaded.update({n: current[n] for n in changed})
         if state is None or self.uploaded.get(STATE) == state[0]:
             return len(changed)
-        put(STATE, state[1])
         self.uploaded[STATE] = state[0]
+        newest = parse_state(state[1].decode(errors="replace"))[0]
+        if newest is None or step_of(newest) < self.committed_step:
+            # S3's commit point never moves back: its state file names a newer checkpoint,
+            # whole in S3, than this one (rank 0 moved to a node that holds only older ones).
+            # The trainer's next save, newer than both, commits again.
+            self.log(
+                f"not committing {newest or 'no checkpoint'} in {model_prefix(self.cfg)}"
+                f"checkpoints/checkpoint: it names step {self.committed_step} already, newer"
+            )
+            return len(changed)
+        put(STATE, state[1])
+        self.committed_step = step_of(newest)
         return len(changed) + 1
 
 

@@ -14,6 +14,21 @@ Spot notice of its instance is recorded (runs/<run>/interruptions/), EC2 runs it
 (where the head can ask EC2), and it holds the shards its ranks will read: its own (`own`) for
 the first world, every shard (`all`) to join a running job, whose reset re-shards.
 
+A node that joins a running job (a replacement) is listed only once it is ready: its heartbeat
+has advanced JOIN_BEATS times over at least join_steady_s, and the head reached it over ssh
+(`reach`). A join is the fragile moment of elastic training (horovod v0.28.1): the driver
+starts the joiner's ranks over ssh and every rank meets in Gloo's rendezvous for the new world
+(horovod/runner/elastic/driver.py lines 181-186 `_activate_workers`, 284-302
+`_start_worker_processes`). A joiner that dies there leaves the others waiting in the
+rendezvous until horovod/common/gloo/http_store.cc line 54 throws "Wait timeout"; it is thrown
+in Horovod's background thread (horovod/common/operations.cc line 444 BackgroundThreadLoop ->
+GlooContext::Initialize, gloo_context.cc line 75 HTTPStore), so std::terminate aborts every
+rank (SIGABRT), every worker of the world records FAILURE and the driver stops
+(horovod/runner/elastic/registration.py lines 151-155: "failure count == N -> stop running").
+A new instance that dies minutes after boot (a bad GPU, a Spot reclaim, a full disk) is thus
+kept out until it has shown it lives; the head's restart of horovodrun (bootstrap/head/head.py
+`Head.start_again`) covers one that dies in the join all the same.
+
 Rank order: Horovod assigns ranks in the order it first saw the hosts, keeping the order of
 those it knew (discovery.py `HostManager.order_available_hosts`), but hosts that arrive in one
 discovery come in the order of a Python set (`find_available_hosts_and_slots` splits the
@@ -24,6 +39,7 @@ node order: the first world is node 0, 1, 2, ... as the data pull and the restor
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -47,6 +63,17 @@ REFRESH_S = 2.0  # how often the head reads the fleet's record: S3 lists and rea
 OWN_SHARDS, ALL_SHARDS = "own", "all"
 EC2_RUNNING = "running"
 NO_HEARTBEAT = "no heartbeat"
+# A joiner's heartbeat must advance this many times (its first beat and two more) before it is
+# listed: one beat says it booted, only more say it stays up.
+JOIN_BEATS = 3
+REACH_TIMEOUT_S = 15  # the head's ssh to a joiner (ConnectTimeout 10 s, mirror.Ssh)
+
+
+def join_steady_s(cfg: TrainConfig) -> float:
+    """How long a joiner's heartbeat must have been fresh: two heartbeat intervals
+    (supervision.heartbeat_interval), heartbeat_timeout_s / 2; a minute on the fleet, beside a
+    replacement's boot and pull of minutes."""
+    return cfg.heartbeat_timeout_s / 2
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,7 @@ def live_hosts(
     started: bool,
     s3_back_at: float | None = None,
     failed: set[str] = frozenset(),
+    unready: dict[str, str] | None = None,
 ) -> Verdict:
     """Which registered nodes Horovod may use now, and why each other one is not listed.
 
@@ -89,16 +117,22 @@ def live_hosts(
     their own failure this attempt (bootstrap/fleet/node_failures.py); ec2_states: {instance id: state}, or
     None where there is no EC2 to ask (the rehearsal); admitted: the hosts Horovod runs ranks
     on now (they keep their place with `own` shards); started: whether the first world formed
-    (after it, a node needs every shard to join)."""
+    (after it, a node needs every shard to join); unready: {instance id: why it is not ready to
+    join yet} for the nodes that would join a running job (Discovery.readiness)."""
     live, left, silent = [], {}, []
     for entry in sorted(registrations, key=lambda e: e.get("index", -1)):
         index = entry.get("index")
         if not isinstance(index, int) or not 0 <= index < nodes:
             continue
-        why = _why_not(
-            entry, now, heartbeat_timeout_s, head_key, since, noticed, ec2_states, admitted,
-            started, s3_back_at,
-        ) or ("it reported its own failure" if entry.get("instance_id") in failed else None)  # fmt: skip
+        joins = started and entry.get("ip") not in admitted
+        why = (
+            _why_not(
+                entry, now, heartbeat_timeout_s, head_key, since, noticed, ec2_states, admitted,
+                started, s3_back_at,
+            )
+            or ("it reported its own failure" if entry.get("instance_id") in failed else None)
+            or ((unready or {}).get(entry.get("instance_id")) if joins else None)
+        )  # fmt: skip
         if why:
             left[index] = f"{name_node(entry)}: {why}"
             if why.startswith(NO_HEARTBEAT):
@@ -150,9 +184,18 @@ class Discovery(threading.Thread):
         log: Callable[[str], None] = aws.log,
         clock: Callable[[], float] = time.time,
         s3_back_at: Callable[[], float | None] = aws.s3_answered_again_at,
+        reach: Callable[[str], str | None] = lambda ip: None,
     ):
         super().__init__(daemon=True, name="discovery")
         self.cfg, self.s3, self.ec2, self.log, self.clock = cfg, s3, ec2, log, clock
+        # reach(ip): None when the head reached the node over ssh, else why not.
+        self.reach = reach
+        # A joiner's heartbeat as this discovery saw it: {instance id: (first fresh, beats)}.
+        self.joiners: dict[str, tuple[float, set[str]]] = {}
+        self.reached: set[str] = set()  # joiners the head reached over ssh
+        # One refresh at a time: the thread's and the head's own (before it starts horovodrun
+        # again) write the same hosts file through the same temporary name.
+        self.refreshing = threading.Lock()
         self.head_key, self.since, self.s3_back_at = head_key, since, s3_back_at
         self.state_dir = Path(cfg.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -179,16 +222,22 @@ class Discovery(threading.Thread):
 
     def refresh(self) -> Verdict:
         """Read the record, write the hosts file, log what changed; returns the verdict."""
+        with self.refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> Verdict:
         registrations = self.registrations()
         self.remember(registrations)
         instances = [e.get("instance_id") for e in registrations if e.get("instance_id")]
         admitted = read_lines(self.state_dir / ADMITTED_FILE)
         # horovodrun starts its first world once every node is admitted (-np is all of them).
         self.started_world = self.started_world or len(admitted) >= self.cfg.nodes
-        verdict = live_hosts(
+        now = self.clock()
+        judged = functools.partial(
+            live_hosts,
             registrations,
             nodes=self.cfg.nodes,
-            now=self.clock(),
+            now=now,
             heartbeat_timeout_s=self.cfg.heartbeat_timeout_s,
             head_key=self.head_key,
             since=self.since,
@@ -201,11 +250,53 @@ class Discovery(threading.Thread):
                 d["instance_id"] for d in node_failures.read_since(self.s3, self.cfg, self.since)
             },
         )
+        verdict = judged()
+        if self.started_world:
+            verdict = judged(unready=self.readiness(registrations, verdict, admitted, now))
         lines = verdict.lines()
         write_atomically(self.state_dir / HOSTS_FILE, "".join(f"{line}\n" for line in lines))
         self.say(lines, verdict.left)
         self.verdict = verdict
         return verdict
+
+    def readiness(
+        self, registrations: list[dict], verdict: Verdict, admitted: list[str], now: float
+    ) -> dict[str, str]:
+        """{instance id: why it is not ready to join yet} for each node the verdict would list
+        that Horovod does not run ranks on yet: its heartbeat must have advanced JOIN_BEATS
+        times over join_steady_s while fresh, then the head must reach it over ssh."""
+        hosts = {line.split(":")[0] for line in admitted}
+        by_index = {e.get("index"): e for e in registrations}
+        unready: dict[str, str] = {}
+        candidates = set()
+        for index, ip, _ in verdict.live:
+            entry = by_index[index]
+            instance = entry.get("instance_id")
+            if ip in hosts or instance is None:
+                continue
+            candidates.add(instance)
+            first, beats = self.joiners.setdefault(instance, (now, set()))
+            beats.add(entry["registered_at"])
+            steady, needed = now - first, join_steady_s(self.cfg)
+            if len(beats) < JOIN_BEATS or steady < needed:
+                unready[instance] = (
+                    f"not ready to join yet: {len(beats)} heartbeat(s) over {steady:.0f} s, "
+                    f"it joins after {JOIN_BEATS} over {needed:.0f} s"
+                )
+            elif instance not in self.reached:
+                if (why := self.reach(ip)) is None:
+                    self.reached.add(instance)
+                    self.log(
+                        f"discovery: {name_node(entry)} is ready to join: its heartbeat steady "
+                        f"for {steady:.0f} s and the head reached it over ssh"
+                    )
+                else:
+                    unready[instance] = f"not ready to join yet: the head cannot reach it: {why}"
+        # A joiner that went stale or left starts over: its next heartbeat is a new first one.
+        for instance in set(self.joiners) - candidates:
+            del self.joiners[instance]
+            self.reached.discard(instance)
+        return unready
 
     def addresses(self) -> list[str]:
         """The live nodes' addresses, as the last refresh found them."""

@@ -54,15 +54,19 @@ def elastic_command(
     key: Path,
     interface: str | None,
     program: list[str],
+    nodes: int | None = None,
 ) -> list[str]:
     """horovodrun with every node's slots at most, minNodes' at least, the discovery script, a
-    reset limit and a blacklist cooldown; ssh with the run's key on the nodes' port."""
+    reset limit and a blacklist cooldown; ssh with the run's key on the nodes' port. `nodes`:
+    the nodes it starts on (a horovodrun started again on the nodes left; the driver waits for
+    -np slots at its start, horovod/runner/elastic/driver.py v0.28.1 lines 102-104 and 181-186),
+    every node by default."""
     slots = cfg.slots
     lower, upper = cooldown_range(cfg)
     command = [
         "horovodrun",
         "--gloo",
-        "-np", str(cfg.nodes * slots),
+        "-np", str((nodes or cfg.nodes) * slots),
         "--min-np", str(cfg.min_nodes * slots),
         "--max-np", str(cfg.nodes * slots),
         "--slots-per-host", str(slots),

@@ -14,10 +14,10 @@ from pathlib import Path
 from bootstrap import aws, causes
 from bootstrap.fleet import node_failures, rendezvous, supervision
 from bootstrap.fleet.rank import NODE_ENV
-from bootstrap.fleet.rendezvous import parse_stamp
+from bootstrap.fleet.rendezvous import parse_stamp, utc_stamp
 from bootstrap.head import benchmark, checkpoints, goodput, launch, mirror, results
 from bootstrap.head import timeline as fleet_view
-from bootstrap.head.discovery import Discovery, Verdict
+from bootstrap.head.discovery import REACH_TIMEOUT_S, Discovery, Verdict
 from bootstrap.head.elastic import (
     alias_interface,
     driver_gave_up,
@@ -27,6 +27,7 @@ from bootstrap.head.elastic import (
     too_few_left,
 )
 from bootstrap.head.hosts_file import script_command
+from bootstrap.lines import one_line, trim_reason
 from bootstrap.node import dataset, health, spot
 from bootstrap.node.attempt import read_json, read_list
 from bootstrap.node.logs import upload_logs
@@ -34,6 +35,15 @@ from bootstrap.node.training_node import TrainingNode
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
 
 NO_VERDICT = Verdict((), {})
+# How often the head starts horovodrun again in one attempt after its elastic driver gave up
+# (Head.start_again): each follows a node lost in a join or a reset, and the run controller
+# replaces a node at most twice an attempt (stacks/teardown/names.py REPLACEMENTS_PER_NODE);
+# a failure that comes back more often is not a lost node's, and the attempt ends.
+TRAINING_RESTARTS = 3
+# The causes a horovodrun started again on the nodes left can get past: a node lost, its peers
+# timing out or aborting waiting for it. Not the trainer's input, a full disk, a corrupt
+# checkpoint (they fail again), nor a stall (the watchdog waited 10 minutes already).
+RESTARTED_CAUSES = (causes.NODE_LOST, causes.COLLECTIVE_TIMEOUT, causes.RANK_KILLED)
 RESETS_FILE = "resets.json"  # rank 0's record of the elastic resets (docs/contracts.md)
 NODE_ENV_FILE = "node.env"  # in each node's mount point: its own settings (bootstrap/fleet/rank.py)
 
@@ -46,6 +56,14 @@ class Head(TrainingNode):
     # The run's checkpoints, logs and DONE.json are the head's results: retried until they are
     # in S3 (the hard cap, or a shutdown's deadline, bounds it).
     results_policy = aws.UNTIL_DONE
+    # This attempt's horovodrun restarts (start_again) for DONE.json's `training_restarts`, and
+    # the resets of the horovodruns that ended (each trainer process records only its own).
+    training_restarts: list[dict]
+    earlier_resets: list[dict]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.training_restarts, self.earlier_resets = [], []
 
     def run(self) -> None:
         ip, instance_id = self.begin()
@@ -224,10 +242,12 @@ class Head(TrainingNode):
         cfg, attempt = self.cfg, self.attempt
         sync = checkpoints.CheckpointSync(store, cfg.checkpoint_sync_s, self.log)
         sync.start()
+        # A replacement joins once the head reaches it over ssh (horovodrun starts its ranks so).
         hosts = Discovery(
             cfg, self.s3, head_key=self.key_fingerprint, since=self.met_since,
             ec2=aws.client("ec2", cfg.region) if cfg.instance_id is None else None,
             log=self.log,
+            reach=lambda ip: None if self.same_host else self.ssh.reach(ip, REACH_TIMEOUT_S),
         )  # fmt: skip
         # The script only prints the file: it must exist before horovodrun first runs it.
         step("host discovery", hosts.refresh)
@@ -241,8 +261,9 @@ class Head(TrainingNode):
         outputs.start()
         attempt.status.live_goodput = self.live_goodput
         attempt.status.live_resets = lambda: fleet_view.resets(
-            {"resets": read_list(self.model_dir / RESETS_FILE)}, [], hosts.known
-        )
+            {"resets": [*self.earlier_resets, *read_list(self.model_dir / RESETS_FILE)]},
+            [], hosts.known,
+        )  # fmt: skip
         self.known_hosts = hosts.known
         attempt.status.silent = lambda: [str(i) for i in (hosts.verdict or NO_VERDICT).silent]
         attempt.status.phase("training")
@@ -252,42 +273,34 @@ class Head(TrainingNode):
 
         def watch_nodes(proc) -> None:
             self.failures.on_end = lambda: launch.end_process(proc)
-            self.failures.start()
+            if not self.failures.is_alive():  # a horovodrun started again: already watching
+                self.failures.start()
 
         def train() -> None:
-            program = [
-                *launch.trainer_command(cfg, self.data_dir, self.model_dir),
-                "--elastic",
-                "--planned-ranks", str(cfg.nodes * cfg.slots),
-                "--min-ranks", str(cfg.min_nodes * cfg.slots),
-            ]  # fmt: skip
-            command = elastic_command(
-                cfg, discovery=script_command(Path(cfg.state_dir)), key=self.key,
-                interface=self.interface,
-                program=["python3", "-m", "bootstrap.fleet.rank", *program],
-            )  # fmt: skip
-            try:
-                launch.run_horovodrun(
-                    cfg, self.hostfile, self.key, self.ranks, program,
-                    elastic_env(self.env, self.ssh_bin), "train.log", command=command,
-                    progress=self.model_dir / "progress.json",
-                    lost=lambda failed_at: too_few_left(hosts.verdict, cfg.min_nodes),
-                    log=self.log, on_start=watch_nodes,
-                )  # fmt: skip
-            except RuntimeError as exc:
-                if self.failures.ended is not None:  # the node's words, not what its ranks said
-                    raise self.failures.ended from exc
-                outputs.final()  # interrupted.json, if the ranks stopped at a checkpoint
-                # Spot notices left too few nodes: the ranks stopped at a checkpoint, named.
-                why = spot.interruption_reason(
-                    self.s3, cfg, self.model_dir, attempt.started, attempt.outputs_since
-                )
-                if why:
-                    raise Interrupted(why) from exc
-                gave_up = driver_gave_up(str(exc), cfg.min_nodes)
-                if gave_up and getattr(exc, "cause", None) != causes.NODE_LOST:
-                    raise launch.TrainingFailed(f"{gave_up}; {exc}", causes.NODE_LOST) from exc
-                raise
+            nodes = None  # every node at first; the nodes left when started again
+            while True:
+                try:
+                    self.run_elastic(hosts, nodes, watch_nodes)
+                    return
+                except RuntimeError as exc:
+                    if self.failures.ended is not None:  # the node's words, not its ranks'
+                        raise self.failures.ended from exc
+                    outputs.sync()  # interrupted.json, if the ranks stopped at a checkpoint
+                    # Spot notices left too few nodes: the ranks stopped at a checkpoint, named.
+                    why = spot.interruption_reason(
+                        self.s3, cfg, self.model_dir, attempt.started, attempt.outputs_since
+                    )
+                    if why:
+                        raise Interrupted(why) from exc
+                    failure = exc
+                    gave_up = driver_gave_up(str(exc), cfg.min_nodes)
+                    if gave_up and getattr(exc, "cause", None) != causes.NODE_LOST:
+                        failure = launch.TrainingFailed(f"{gave_up}; {exc}", causes.NODE_LOST)
+                    nodes = self.start_again(failure, hosts, failed_at=time.time())
+                    if nodes is None:
+                        if failure is exc:
+                            raise
+                        raise failure from exc
 
         try:
             step("training", train)
@@ -296,6 +309,94 @@ class Head(TrainingNode):
             hosts.stop()
             outputs.final()
             sync.stop()
+
+    def run_elastic(self, hosts: Discovery, nodes: int | None, on_start) -> None:
+        """One elastic horovodrun over the nodes the discovery lists, starting on `nodes` of
+        them (every node: None). A failure names the nodes lost first: fewer than minNodes
+        listed, else those whose heartbeat went stale (supervision.lost_nodes), not the peers
+        that timed out waiting for them."""
+        cfg = self.cfg
+        program = [
+            *launch.trainer_command(cfg, self.data_dir, self.model_dir),
+            "--elastic",
+            "--planned-ranks", str(cfg.nodes * cfg.slots),
+            "--min-ranks", str(cfg.min_nodes * cfg.slots),
+        ]  # fmt: skip
+        command = elastic_command(
+            cfg, discovery=script_command(Path(cfg.state_dir)), key=self.key,
+            interface=self.interface, program=["python3", "-m", "bootstrap.fleet.rank", *program],
+            nodes=nodes,
+        )  # fmt: skip
+
+        def lost(failed_at: float) -> list[str]:
+            return too_few_left(hosts.verdict, cfg.min_nodes) or self.lost_nodes(failed_at)
+
+        launch.run_horovodrun(
+            cfg, self.hostfile, self.key, self.ranks, program,
+            elastic_env(self.env, self.ssh_bin), "train.log", command=command,
+            progress=self.model_dir / "progress.json", lost=lost, log=self.log,
+            on_start=on_start,
+        )  # fmt: skip
+
+    def start_again(self, failure: BaseException, hosts: Discovery, failed_at: float) -> int | None:
+        """After horovodrun's elastic driver gave up (a node lost in a join or a reset: its
+        peers abort in Gloo's rendezvous, every worker records FAILURE and the driver stops,
+        horovod/runner/elastic/registration.py v0.28.1 lines 151-155, and horovodrun exits 1:
+        bootstrap/head/discovery.py says why), start it again on the nodes the discovery still
+        lists, from the newest checkpoint they or the head hold: a restart of the processes in
+        place, not a relaunch of the fleet. Only nodes whose heartbeat beat since the failure
+        count (a dead host's is not stale yet). Returns how many nodes it starts on, or None
+        when the attempt ends instead: a cause a restart cannot get past, TRAINING_RESTARTS
+        used, fewer than minNodes left. A SIGTERM meanwhile (Interrupted) ends it as any step."""
+        cfg = self.cfg
+        cause = getattr(failure, "cause", None)
+        if cause not in RESTARTED_CAUSES:
+            return None
+        if len(self.training_restarts) >= TRAINING_RESTARTS:
+            self.log(
+                f"horovodrun failed again after {TRAINING_RESTARTS} restart(s) in this attempt "
+                "(TRAINING_RESTARTS): the attempt ends"
+            )
+            return None
+        try:
+            listed = hosts.refresh().live
+            alive = supervision.beaten_since(
+                self.s3, cfg, [index for index, _, _ in listed], failed_at
+            )
+        except Interrupted:  # a shutdown: the step ends interrupted, as it would
+            raise
+        except Exception as exc:  # the fleet's record unreadable: the attempt ends as it would
+            self.log(f"cannot read the fleet to start horovodrun again: {one_line(exc)}")
+            return None
+        live = [node for node in listed if node[0] in alive]
+        if len(live) < cfg.min_nodes:
+            return None
+        addresses = list(dict.fromkeys(ip for _, ip, _ in live))
+        if not self.same_host:
+            step(
+                "checkpoints to the nodes",
+                lambda: mirror.push_newer(self.ssh, addresses, self.model_dir, self.model_dir),
+            )
+        resumed = checkpoints.newest_named(self.model_dir)
+        reached = read_json(self.model_dir / "progress.json").get("global_step")
+        named = [str(index) for index, _, _ in live]
+        self.earlier_resets += read_list(self.model_dir / RESETS_FILE)
+        self.training_restarts.append(
+            {
+                "at": utc_stamp(time.time()), "cause": cause, "reason": trim_reason(str(failure)),
+                "nodes": named, "reached_step": reached,
+                "resumed_from_step": checkpoints.step_of(resumed) if resumed else None,
+            }
+        )  # fmt: skip
+        # The hostfile names each rank's node in a failure's reason: the nodes it starts on.
+        self.hostfile.write_text(rendezvous.hostfile_text([(ip, n) for _, ip, n in live]))
+        self.ranks = sum(n for _, _, n in live)
+        self.log(
+            f"horovodrun ended ({one_line(failure)}); starting it again on node(s) "
+            f"{', '.join(named)} from {resumed or 'the first step'} (restart "
+            f"{len(self.training_restarts)} of at most {TRAINING_RESTARTS} in this attempt)"
+        )
+        return len(live)
 
     def finish(self, store: checkpoints.ModelStore) -> None:
         cfg, attempt, s3 = self.cfg, self.attempt, self.s3
@@ -307,6 +408,7 @@ class Head(TrainingNode):
             attempt.outputs_since, attempt.earlier, STEP_SECONDS, restarts=attempt.restarts,
             records=self.phase_records(), written_by=self.written_by(), hosts=self.known_hosts,
         )  # fmt: skip
+        doc = self.with_training_restarts(doc)
         self.log(
             f"run {cfg.run} succeeded: top-1 {doc['top1']}, top-5 {doc['top5']}, goodput "
             f"{doc['goodput']} (from the first launch), {doc['runtime_goodput']} (from the "
@@ -337,6 +439,19 @@ class Head(TrainingNode):
         global_batch = (cfg.trainer.get("batch_per_gpu") or 0) * cfg.nodes * cfg.slots
         earlier = goodput.from_entries(self.attempt.earlier)
         return goodput.live(earlier, current, progress, global_batch)
+
+    def failure_record(self, failure: StepFailed) -> dict:
+        return self.with_training_restarts(super().failure_record(failure))
+
+    def with_training_restarts(self, doc: dict) -> dict:
+        """DONE.json with this attempt's horovodrun restarts, and the resets of every
+        horovodrun of it (the ended ones' first)."""
+        earlier = fleet_view.resets({"resets": self.earlier_resets}, [], self.known_hosts)
+        return {
+            **doc,
+            "resets": [*earlier, *doc["resets"]],
+            "training_restarts": list(self.training_restarts),
+        }
 
     def writes_record(self, failure: StepFailed) -> bool:
         return True

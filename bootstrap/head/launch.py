@@ -153,6 +153,10 @@ class TrainingFailed(RuntimeError):
 
 
 STOP_GRACE_S = 30  # what a stopped horovodrun gets to end its ranks (and their last checkpoint)
+# What a lost node leaves its peers failing of: a collective or Gloo's rendezvous timing out on
+# it, a rank aborted by that (Gloo's rendezvous throws from Horovod's background thread:
+# SIGABRT), a rank's ssh dropped. Named lost, the node is the cause.
+WAITED_ON_THE_LOST = (causes.COLLECTIVE_TIMEOUT, causes.RANK_KILLED, causes.NODE_LOST)
 
 
 def stream(
@@ -289,6 +293,11 @@ def run_horovodrun(
         failed_at = time.time()
         failure = classify(tail, hostfile_text)
         named = lost(failed_at) if lost else []
-        reason = "; ".join([*named, f"horovodrun exited {code}: {failure.reason}"])
+        said = failure.reason
+        if named and failure.cause in WAITED_ON_THE_LOST:
+            # The others failed waiting for the node named lost (a collective or Gloo's
+            # rendezvous timed out, a rank aborted of it): the peers that waited are not blamed.
+            said = "the ranks left failed waiting for it"
+        reason = "; ".join([*named, f"horovodrun exited {code}: {said}"])
         raise error(f"{reason}{where}", causes.NODE_LOST if named else failure.cause)
     return tail

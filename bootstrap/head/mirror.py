@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bootstrap import aws
+from bootstrap.fleet.supervision import NODE_STEPS_FILE
+from bootstrap.head.checkpoints import parse_state, step_of
 from bootstrap.lines import one_line
 
 STATE = "checkpoints/checkpoint"  # TensorFlow's state file: the commit point
@@ -41,6 +43,9 @@ MIRROR_S = 5.0
 LIST_TIMEOUT_S = 30
 COPY_TIMEOUT_S = 600  # a checkpoint of a large model over a slow link
 PARTIAL = ".mirror-partial"
+# The state file goes last, by itself; node-steps.json is the node's own (its local rank 0's
+# word that its ranks step: bootstrap/fleet/supervision.py), not rank 0's output.
+NOT_COPIED = (STATE, NODE_STEPS_FILE)
 CHECKPOINT_PREFIX = "checkpoints/"
 
 
@@ -56,7 +61,7 @@ def listing(model_dir: Path) -> dict:
         with contextlib.suppress(FileNotFoundError):  # the trainer deleted it meanwhile
             info = path.stat()
             name = path.relative_to(model_dir).as_posix()
-            if path.is_file() and name != STATE and not name.endswith(PARTIAL):
+            if path.is_file() and name not in NOT_COPIED and not name.endswith(PARTIAL):
                 files[name] = [info.st_size, info.st_mtime_ns]
     return {"state": state, "files": files}
 
@@ -69,6 +74,24 @@ def state_names(state: str | None) -> set[str]:
         if ":" in line and line.split(":")[0].strip().endswith(("_path", "_paths")):
             names.add(Path(line.split(":", 1)[1].strip().strip('"')).name)
     return names
+
+
+def newest_step(state: str | None) -> int:
+    """The step of the checkpoint a state file names as the newest (-1: none)."""
+    newest = parse_state(state or "")[0]
+    return step_of(newest) if newest else -1
+
+
+def checkpoint_name(name: str) -> str:
+    """`checkpoints/ckpt-40.index` -> `ckpt-40` (what step_of reads)."""
+    return Path(name).name.split(".")[0]
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def names_checkpoint(name: str, prefixes: set[str]) -> bool:
@@ -92,6 +115,21 @@ class Ssh:
             "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10",
             host, remote,
         ]  # fmt: skip
+
+    def reach(self, host: str, timeout_s: float = 15) -> str | None:
+        """None when `true` runs on the host over ssh within timeout_s, else why not (ssh's last
+        words): what horovodrun's start of a rank there needs."""
+        try:
+            result = subprocess.run(
+                self.command(host, "true"), capture_output=True, text=True, timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"ssh {host} did not answer within {timeout_s:.0f} s"
+        if result.returncode != 0:
+            said = (result.stderr.strip().splitlines() or [""])[-1]
+            return f"ssh {host} exited {result.returncode}" + (f": {said}" if said else "")
+        return None
 
     def python(self, module_args: str) -> str:
         """A remote command running this bootstrap's Python (the same path on every node: one
@@ -188,7 +226,11 @@ class Mirror(threading.Thread):
 
     def copy(self, host: str, found: dict) -> None:
         """The files that changed at the source, then its state file; drops the checkpoints the
-        source deleted (the trainer keeps a few) unless the new state file names them."""
+        source deleted (the trainer keeps a few) unless the new state file names them.
+
+        Never back: when rank 0 moved to a node that holds only older checkpoints (its own node
+        lost), the head keeps its newer ones and its state file until the new rank 0 saves one
+        at least as new (the uploads take the state file here as the commit point)."""
         changed = sorted(n for n, stamp in found["files"].items() if self.copied.get(n) != stamp)
         if changed:
             self.fetch(host, changed)
@@ -198,11 +240,14 @@ class Mirror(threading.Thread):
         whole = all(f"{CHECKPOINT_PREFIX}{p}.index" in files_named for p in named) and all(
             (self.local_dir / n).exists() for n in files_named
         )
-        if found["state"] is not None and whole:
+        newest_there = newest_step(found["state"])
+        behind = newest_there < newest_step(read_text(self.local_dir / STATE))
+        if found["state"] is not None and whole and not behind:
             write_whole(self.local_dir / STATE, io.BytesIO(found["state"].encode()))
         for path in list((self.local_dir / "checkpoints").glob("*")):
             name = path.relative_to(self.local_dir).as_posix()
-            if name != STATE and name not in found["files"] and not names_checkpoint(name, named):
+            dropped = name not in found["files"] and not names_checkpoint(name, named)
+            if name != STATE and dropped and step_of(checkpoint_name(name)) <= newest_there:
                 path.unlink(missing_ok=True)
                 self.copied.pop(name, None)
 
@@ -237,6 +282,26 @@ def push_all(ssh: Ssh, hosts: list[str], local_dir: Path, remote_dir: Path) -> N
     with ThreadPoolExecutor(max_workers=8) as pool:
         for done in [pool.submit(push, ssh, host, local_dir, remote_dir) for host in hosts]:
             done.result()
+
+
+def push_newer(ssh: Ssh, hosts: list[str], local_dir: Path, remote_dir: Path) -> list[str]:
+    """push() the head's checkpoints to each host whose newest is older than the head's (or that
+    did not answer the listing: push says why it fails); returns the hosts pushed to. Before a
+    horovodrun started again: its trainer resumes from the newest checkpoint on any rank's disk
+    (trainer/resume.py restore_newest_anywhere), and the head may hold the newest (the mirror
+    copied it from a rank 0 whose node is lost since). A node holding one at least as new keeps
+    its own."""
+    here = newest_step(read_text(local_dir / STATE))
+    if here < 0:
+        return []
+    listings = Mirror(ssh, lambda: hosts, local_dir, remote_dir, log=lambda line: None).list_all(
+        hosts
+    )
+    behind = [h for h in hosts if h not in listings or newest_step(listings[h]["state"]) < here]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done in [pool.submit(push, ssh, host, local_dir, remote_dir) for host in behind]:
+            done.result()
+    return behind
 
 
 def push(ssh: Ssh, host: str, local_dir: Path, remote_dir: Path, timeout_s: float = 600) -> None:

@@ -90,6 +90,9 @@ def done_document(
         "resets": fleet_view.resets(training, records, hosts),
         **figures,
         "restarts": restarts or [],
+        # The head's horovodrun restarts (bootstrap/head/head.py Head.start_again): the head adds
+        # them to the record it writes.
+        "training_restarts": [],
         "attempt": own["attempt"],
         "attempts": [
             *(

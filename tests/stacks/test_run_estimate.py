@@ -113,14 +113,25 @@ def test_the_fast_recipe_s_estimate_is_the_shorter_run():
     ("training_s", "expected"),
     [
         (None, 600),  # no estimate: the longest interval
-        (3.8 * 60, 22),  # the fast recipe's few minutes still get ten checkpoints
-        (14.1 * 60, 84),
+        (3.8 * 60, 100),  # the fast recipe's few minutes: two checkpoints, and the last
+        (14.1 * 60, 100),  # a tenth would be 84 s: its saves would cost 1.2%
+        (40 * 60, 240),
         (3 * 3600, 600),  # a long run: at most 600 s
-        (50, 10),  # never more often than the floor
+        (50, 100),  # never so often that saving costs more than 1%
     ],
 )
 def test_the_checkpoint_interval_is_a_tenth_of_the_estimate_within_its_bounds(training_s, expected):
     assert checkpoint_every_s(training_s) == expected
+
+
+def test_the_default_interval_pays_for_itself():
+    """Issue 47: saving costs at most 1% of the estimated training, from a save's pause (the
+    p4d estimate of docs/trainer.md): the saves an interval makes, times the pause."""
+    from stacks.run_estimate import CHECKPOINT_PAUSE_S
+
+    for training_s in (3.8 * 60, 14.1 * 60, 3600, 10 * 3600):
+        interval = checkpoint_every_s(training_s)
+        assert (training_s // interval) * CHECKPOINT_PAUSE_S <= 0.01 * training_s
 
 
 def test_node_json_carries_the_interval_from_the_estimate_or_its_key(synth):
@@ -128,7 +139,7 @@ def test_node_json_carries_the_interval_from_the_estimate_or_its_key(synth):
         [node, *_] = fleet_nodes(synth(**context)["TrainStack"]).values()
         return node_document(node)["trainer"].get("checkpoint_every_s")
 
-    assert interval() == 84  # 90 epochs at ~136,800 img/s: ~14.1 min of training
+    assert interval() == 100  # 90 epochs at ~136,800 img/s: ~14.1 min; a tenth would cost 1.2%
     assert interval(checkpointEveryS=300) == 300
     assert interval(benchmark="synthetic") is None  # a benchmark keeps no checkpoint
 

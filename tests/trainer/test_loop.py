@@ -180,3 +180,13 @@ def test_nothing_left_to_train_still_evaluates_once():
     assert make_loop(step, events, epochs=2).run(2, 0) == 2
     assert named(events, "train") == []
     assert len(named(events, "evaluate")) == 1
+
+
+def test_every_step_is_announced_after_it_ran():
+    """on_step: the recorder's node-steps.json, the node's word that its ranks step."""
+    events, seen = [], []
+    step = FakeStep(events)
+    loop = make_loop(step, events, epochs=2, steps_per_epoch=3)
+    loop.on_step = seen.append
+    loop.run(0, 1)
+    assert seen == [1, 2, 3, 4, 5]  # resumed one step into epoch 1: its 2 left, then 3

@@ -43,3 +43,19 @@ def test_other_ranks_write_nothing(tmp_path):
     progress.log_step(epoch=1, step=1, global_step=1, images_per_s=1, loss=1, steady_images_per_s=1)
     progress.evaluated(0.5)
     assert not list(tmp_path.iterdir())
+
+
+def test_node_steps_json_says_the_global_step_and_when():
+    """What bootstrap/fleet/supervision.py HeadWatch reads (it mirrors the name)."""
+    import tempfile
+    from pathlib import Path
+
+    from bootstrap.fleet.supervision import NODE_STEPS_FILE as NODE_SIDE
+    from trainer.progress import NODE_STEPS_FILE, write_node_steps
+
+    assert NODE_STEPS_FILE == NODE_SIDE
+    with tempfile.TemporaryDirectory() as directory:
+        write_node_steps(Path(directory), 13)
+        doc = json.loads((Path(directory) / NODE_STEPS_FILE).read_text())
+        assert doc["global_step"] == 13 and doc["at"].endswith("Z")
+        assert [p.name for p in Path(directory).iterdir()] == [NODE_STEPS_FILE]

@@ -166,3 +166,22 @@ def test_the_training_clock_starts_with_the_first_world_not_a_later_one(tmp_path
     recorder.set_world(1, 2, 10, 0)  # an elastic reset: the loop begins again
     recorder.begin_training()
     assert recorder.timings.train_start == started  # startup_s and the time to target hold
+
+
+def test_every_nodes_local_rank_0_says_its_ranks_step_at_most_once_a_second(tmp_path, monkeypatch):
+    """node-steps.json: the node's bootstrap waits for a silent head while its ranks step."""
+    import trainer.recorder as recorder_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(recorder_module.time, "monotonic", lambda: clock[0])
+    first, other = make_recorder(tmp_path / "a"), make_recorder(tmp_path / "b")
+    other.set_world(1, 2, 10, local_rank=1)
+    for step in (1, 2):  # two steps in the same second: one write
+        first.steps_seen(step)
+        other.steps_seen(step)
+    path = tmp_path / "a" / "node-steps.json"
+    assert json.loads(path.read_text())["global_step"] == 1
+    clock[0] += 1.0
+    first.steps_seen(3)
+    assert json.loads(path.read_text())["global_step"] == 3
+    assert not (tmp_path / "b" / "node-steps.json").exists()  # one writer per node

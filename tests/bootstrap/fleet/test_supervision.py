@@ -124,6 +124,85 @@ def test_a_node_names_its_head_once_the_head_s_heartbeat_goes_stale(train_config
     assert "runs/r1/head.json is 61 s old" in why and "\n" not in why
 
 
+def test_a_stalled_head_ends_nothing_while_the_nodes_ranks_step(train_config):
+    """Issue 47: the head's processes paused (SIGSTOP) for 90 s after epoch 1 while the ranks
+    trained on; 60 s after its last beat every node declared it lost and the attempt ended.
+    A late head heartbeat ends nothing while this node's ranks step."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
+    stepped = [None]
+    lines = []
+    watch = supervision.HeadWatch(
+        cfg, started=1000, ranks_stepped_at=lambda: stepped[0], log=lines.append
+    )
+    assert watch.lost(head(1100), 1110) is None  # alive
+    stepped[0] = 1180
+    assert watch.lost(head(1100), 1190) is None  # 90 s silent, the ranks stepped 10 s ago
+    assert "is silent" in lines[-1] and "this node's ranks stepped 10 s ago" in lines[-1]
+    assert watch.lost(head(1100), 1195) is None and len(lines) == 1  # said once
+    assert watch.lost(head(1195), 1200) is None  # it beats again: nothing was lost
+    assert "beats again after" in lines[-1]
+    # The ranks stop (the head's host gone took their ssh sessions): lost, once their last
+    # step is older than 3 times the longest gap seen between two (30 s here) or
+    # heartbeat_timeout_s.
+    stepped[0] = 1210
+    assert watch.lost(head(1195), 1300) is None
+    why = watch.lost(head(1195), 1301)
+    assert why.startswith("the head (i-0head, 10.0.0.1) is lost: its heartbeat ")
+    assert "this node's ranks are not stepping (their last step 91 s ago)" in why
+
+
+def test_ranks_whose_steps_come_seldom_still_count_as_stepping(train_config):
+    """The rehearsal's loaded CPU: a step of 30 s, longer than a heartbeat_timeout_s of 20 s."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=20, rendezvous_timeout_s=300)
+    stepped = [1000.0]
+    watch = supervision.HeadWatch(cfg, started=900, ranks_stepped_at=lambda: stepped[0])
+    for at in range(1000, 1091, 5):  # a step every 30 s, the head beating
+        stepped[0] = 1000 + (at - 1000) // 30 * 30
+        assert watch.lost(head(at), at) is None
+    assert watch.stepping_window_s() == 90
+    assert watch.lost(head(1090), 1170) is None  # silent 80 s; the last step 80 s ago
+    assert "is lost" in watch.lost(head(1090), 1181)
+
+
+def test_a_silent_head_is_lost_past_what_a_relaunch_takes_even_while_the_ranks_step(
+    train_config,
+):
+    budget = {"launch": 120, "boot": 120, "own_shards": 26.5, "data_pull": 24.7,
+              "rendezvous": 10, "allreduce_check": 60, "framework_start": 120, "first_step": 60}  # fmt: skip
+    cfg = train_config(
+        node_index=1, heartbeat_timeout_s=120, rendezvous_timeout_s=1800, startup_budget_s=budget
+    )
+    # A relaunch keeps the nodes' data: every phase but the pull (490 s), not 30 minutes.
+    assert supervision.head_silence_bound_s(cfg) == 490
+    no_budget = train_config(node_index=1, heartbeat_timeout_s=20, rendezvous_timeout_s=300)
+    assert supervision.head_silence_bound_s(no_budget) == 300  # the rehearsal's node.json
+    clock = [0.0]
+    watch = supervision.HeadWatch(cfg, started=900, ranks_stepped_at=lambda: clock[0] - 5)
+
+    def lost(at: float) -> str | None:
+        clock[0] = at  # the ranks stepped 5 s before each look
+        return watch.lost(head(1000), at)
+
+    assert lost(1000) is None
+    assert lost(1490) is None  # 490 s silent, stepping
+    assert "silent for 491 s, past the 490 s a relaunch takes" in lost(1491)
+
+
+def test_an_earlier_attempts_steps_do_not_keep_a_lost_head(train_config):
+    """A node kept in place holds the previous attempt's node-steps.json: not this one's."""
+    cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=600)
+    watch = supervision.HeadWatch(cfg, started=1000, ranks_stepped_at=lambda: 995)
+    assert watch.lost(head(1001), 1002) is None
+    assert "is lost" in watch.lost(head(1001), 1040 + 22)
+
+
+def test_the_nodes_ranks_stepped_when_their_step_file_was_written(tmp_path):
+    assert supervision.ranks_stepped_at(tmp_path) is None
+    (tmp_path / supervision.NODE_STEPS_FILE).write_text('{"global_step": 5}')
+    os.utime(tmp_path / supervision.NODE_STEPS_FILE, (1234, 1234))
+    assert supervision.ranks_stepped_at(tmp_path) == 1234
+
+
 def test_a_node_whose_head_never_beats_gives_up_after_the_rendezvous_timeout(train_config):
     cfg = train_config(node_index=1, heartbeat_timeout_s=60, rendezvous_timeout_s=300)
     watch = supervision.HeadWatch(cfg, started=1000)
@@ -277,3 +356,22 @@ def test_the_first_boot_hands_over_to_the_unit_without_waiting_for_cloud_final(t
         tmp_path, "hand_over_to_boot_service || echo runs-here", HOROVOD_FLEET_SERVICE="1"
     )
     assert again.stdout.strip().endswith("runs-here")
+
+
+def test_the_nodes_alive_after_a_failure_are_those_that_beat_since(s3, train_config):
+    cfg = train_config(nodes=3, heartbeat_timeout_s=20)
+    put = lambda i, at: s3.put_object(  # noqa: E731 - a two-line helper
+        Bucket=BUCKET, Key=f"runs/r1/nodes/{i}.json", Body=json.dumps(entry(i, at))
+    )
+    put(0, 1001)  # beat since the failure at 1000
+    put(1, 995)  # its host died at about 995: fresh still, but silent since
+    put(2, 999)  # beats again below
+    now = [1000.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        put(2, now[0])
+
+    alive = supervision.beaten_since(s3, cfg, [0, 1, 2], 1000.0, lambda: now[0], sleep)
+    assert alive == {0, 2}
+    assert now[0] - 1000 <= supervision.heartbeat_interval(cfg) + cfg.poll_interval_s + 1

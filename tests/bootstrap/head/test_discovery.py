@@ -193,3 +193,106 @@ def test_the_thread_writes_the_hosts_from_s3_and_ec2_and_logs_who_comes_and_goes
     assert lines[0] == "discovery: 2 host(s) live: 10.0.0.10:8, 10.0.0.11:8"
     assert any("Spot interruption notice" in line for line in lines)
     assert any("EC2 says its instance is" in line for line in lines)
+
+
+def test_a_replacement_joins_only_once_its_heartbeat_is_steady_and_the_head_reaches_it(
+    fleet, tmp_path
+):
+    """Issue 47: a replacement registered, was handed to the driver, and died mid-join; the
+    others aborted in Gloo's rendezvous and horovodrun ended. A joiner is listed only after
+    JOIN_BEATS beats over heartbeat_timeout_s / 2, and once the head reached it over ssh."""
+    cfg, s3 = fleet  # 2 nodes, heartbeat_timeout_s 120 (train_doc's default): 60 s steady
+    state = tmp_path / "state0"
+    clock = [NOW]
+    reached = {"10.0.0.99": "ssh 10.0.0.99 exited 255: Connection refused"}
+    lines = []
+    found = Discovery(
+        cfg, s3, head_key=KEY, since=NOW - 600, log=lines.append, clock=lambda: clock[0],
+        s3_back_at=lambda: None, reach=lambda ip: reached.get(ip),
+    )  # fmt: skip
+    (state / "hosts.admitted").write_text("10.0.0.10:8\n10.0.0.11:8\n")  # the world formed
+    register(s3, entry(0, age=0))
+    register(s3, entry(1, age=0))
+    assert found.refresh().lines() == ["10.0.0.10:8", "10.0.0.11:8"]
+    # Node 1 is lost; its replacement (another address) registers with every shard.
+    (state / "hosts.admitted").write_text("10.0.0.10:8\n")
+
+    def beat(at: float) -> list[str]:
+        clock[0] = at
+        register(s3, entry(0, age=NOW - at) | {"registered_at": utc_stamp(at)})
+        register(s3, entry(1, "10.0.0.99", instance="i-new") | {"registered_at": utc_stamp(at)})
+        return found.refresh().lines()
+
+    assert beat(NOW + 1) == ["10.0.0.10:8"]
+    assert "not ready to join yet: 1 heartbeat(s) over 0 s" in found.verdict.left[1]
+    assert found.verdict.silent == ()  # not silent: the run controller leaves it alone
+    assert beat(NOW + 31) == ["10.0.0.10:8"]
+    assert beat(NOW + 61) == ["10.0.0.10:8"]  # steady, but the head cannot reach it
+    assert "the head cannot reach it: ssh 10.0.0.99 exited 255" in found.verdict.left[1]
+    reached.clear()
+    assert beat(NOW + 63) == ["10.0.0.10:8", "10.0.0.99:8"]
+    assert any("is ready to join" in line for line in lines)
+
+
+def test_a_joiner_that_dies_before_it_is_steady_is_never_listed(fleet, tmp_path):
+    cfg, s3 = fleet
+    state = tmp_path / "state0"
+    clock = [NOW]
+    found = Discovery(
+        cfg, s3, head_key=KEY, since=NOW - 600, log=lambda line: None,
+        clock=lambda: clock[0], s3_back_at=lambda: None,
+    )  # fmt: skip
+    (state / "hosts.admitted").write_text("10.0.0.10:8\n10.0.0.11:8\n")
+    register(s3, entry(0, age=0))
+    register(s3, entry(1, age=0))
+    found.refresh()
+    (state / "hosts.admitted").write_text("10.0.0.10:8\n")
+    register(s3, entry(1, "10.0.0.99", instance="i-new", age=0))  # it beat once, then died
+    listed = []
+    for at in range(0, 123, 2):  # two minutes of refreshes: only its one beat, growing old
+        clock[0] = NOW + at
+        register(s3, entry(0, age=0) | {"registered_at": utc_stamp(NOW + at)})
+        listed += found.refresh().lines()
+    assert "10.0.0.99:8" not in listed
+    assert found.verdict.silent == (1,)  # stale now: the run controller replaces it
+
+
+def test_the_first_world_waits_for_no_steady_heartbeat():
+    """Every node must be there for the first world anyway: only joiners are held back."""
+    nodes = [entry(0), entry(1), entry(2)]
+    unready = {"i-0002": "not ready to join yet"}
+    assert len(judge(nodes, unready=unready).lines()) == 3
+    joined = judge(nodes, unready=unready, started=True, admitted={"10.0.0.10", "10.0.0.11"})
+    assert joined.lines() == ["10.0.0.10:8", "10.0.0.11:8"]
+    # A node already running ranks keeps its place whatever the readiness says.
+    kept = judge(nodes, unready=unready, started=True, admitted={"10.0.0.12"})
+    assert "10.0.0.12:8" in kept.lines()
+
+
+def test_two_refreshes_at_once_both_write_the_hosts_file(fleet, tmp_path):
+    """The discovery's thread and the head's own refresh (before it starts horovodrun again)
+    write the hosts file through one temporary name: one at a time."""
+    import threading
+
+    cfg, s3 = fleet
+    register(s3, entry(0, age=0) | {"registered_at": utc_stamp(NOW)})
+    found = Discovery(
+        cfg, s3, head_key=KEY, since=NOW - 600, log=lambda line: None, clock=lambda: NOW,
+        s3_back_at=lambda: None,
+    )  # fmt: skip
+    failures = []
+
+    def refresh_often() -> None:
+        for _ in range(30):
+            try:
+                found.refresh()
+            except Exception as exc:  # the race this test looks for
+                failures.append(exc)
+
+    threads = [threading.Thread(target=refresh_often) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert (tmp_path / "state0" / "hosts").read_text() == "10.0.0.10:8\n"

@@ -132,7 +132,7 @@ def test_done_document_on_success_and_failure(tmp_path):
                       "allreduce_busbw_gbps", "target_top1", "reached_target_at_epoch",
                       "time_to_target_s", "attempt_started_at", "finished_at", "timeline",
                       "resets", "goodput", "runtime_goodput", "goodput_s", "restarts",
-                      "attempt", "attempts"}  # fmt: skip
+                      "training_restarts", "attempt", "attempts"}  # fmt: skip
     assert (ok["attempt"], ok["attempts"]) == (
         1,
         [{"attempt": 1, "status": "succeeded", "cause": None, "reason": None}],

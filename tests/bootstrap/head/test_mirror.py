@@ -222,3 +222,30 @@ def test_the_mirror_and_the_push_over_real_ssh(tmp_path, sshd):
     write_checkpoint(local, 8)
     push(sshd, "127.0.0.1", local, remote)
     assert state_names((remote / STATE).read_text()) == {"ckpt-8"}
+
+
+def test_the_nodes_own_step_file_is_not_copied(tmp_path, stub_ssh):
+    b = host_model(tmp_path, "10.0.0.11")
+    progress(b, 20, time.time())
+    (b / "node-steps.json").write_text('{"global_step": 20}')
+    mirror(tmp_path, stub_ssh, ["10.0.0.11"]).sync()
+    assert not (tmp_path / "head" / "model" / "node-steps.json").exists()
+
+
+def test_before_horovodrun_starts_again_the_newest_checkpoint_goes_where_it_is_older(
+    tmp_path, stub_ssh
+):
+    """The head mirrored ckpt-40 from a rank 0 whose node is lost since: a node holding only
+    ckpt-20 gets it (its trainer resumes from the newest on any rank's disk); one holding a
+    newer one keeps its own."""
+    from bootstrap.head.mirror import push_newer
+
+    head = tmp_path / "head" / "model"
+    write_checkpoint(head, 40)
+    older, newer = host_model(tmp_path, "10.0.0.10"), host_model(tmp_path, "10.0.0.11")
+    write_checkpoint(older, 20)
+    write_checkpoint(newer, 50)
+    assert push_newer(stub_ssh, ["10.0.0.10", "10.0.0.11"], head, REMOTE) == ["10.0.0.10"]
+    assert state_names((older / STATE).read_text()) == {"ckpt-40"}
+    assert state_names((newer / STATE).read_text()) == {"ckpt-50"}
+    assert push_newer(stub_ssh, ["10.0.0.10"], tmp_path / "none", REMOTE) == []
