@@ -71,7 +71,10 @@ class DrillExperiments(Construct):
             "FisRole",
             assumed_by=iam.ServicePrincipal(
                 FIS_SERVICE,
-                # The confused deputy's guard: only this account's experiments may assume it.
+                # The confused deputy's guard: only this account's experiments may assume it
+                # (https://docs.aws.amazon.com/resilience-hub/latest/userguide/next-gen-resilience-testing-iam-single-account.html;
+                # FIS's own page on its service role,
+                # https://docs.aws.amazon.com/fis/latest/userguide/getting-started-iam-service-role.html).
                 conditions={
                     "StringEquals": {"aws:SourceAccount": stack.account},
                     "ArnLike": {"aws:SourceArn": self._fis_arn("experiment")},
@@ -114,8 +117,9 @@ class DrillExperiments(Construct):
             "HeadPolicy",
             roles=[role],
             statements=[
-                # StartExperiment authorizes against the template and the new experiment
-                # (AWS's "Start an experiment" example, the policy examples page above).
+                # StartExperiment authorizes against the template and the new experiment, and
+                # FIS's service-linked role is made at the account's first experiment (AWS's
+                # "Start an experiment" example, https://docs.aws.amazon.com/fis/latest/userguide/security_iam_id-based-policy-examples.html#security-iam-policy-examples-start-experiment).
                 iam.PolicyStatement(
                     actions=["fis:StartExperiment"],
                     resources=[
@@ -273,8 +277,9 @@ class DrillExperiments(Construct):
         """aws:network:disrupt-connectivity's permissions (the actions reference): a clone of the
         subnet's network ACL in the fleet's VPC, tagged managedByFIS, associated with the fleet's
         subnet for the duration, then the original association back and the clone deleted; as
-        the managed policy AWSFaultInjectionSimulatorNetworkAccess scopes them, here to the
-        fleet's VPC and subnet."""
+        the managed policy AWSFaultInjectionSimulatorNetworkAccess scopes them
+        (https://docs.aws.amazon.com/aws-managed-policy/latest/reference/AWSFaultInjectionSimulatorNetworkAccess.html),
+        here to the fleet's VPC and subnet."""
         acl = self._ec2_arn("network-acl")
         vpc = self._ec2_arn("vpc", self._targets.vpc_id)
         tagged = {"StringEquals": {f"ec2:ResourceTag/{FIS_TAG}": "true"}}
