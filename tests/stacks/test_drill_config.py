@@ -137,3 +137,16 @@ def test_the_spot_quota_of_a_g_type_is_named_with_its_code():
     line = quota_note(GPU_TYPES["g4dn.xlarge"], 4, "spot")
     assert "'All G and VT Spot Instance Requests' (L-3819A6DF)" in line
     assert "--quota-code L-3819A6DF" in line
+
+
+def test_a_bad_drill_is_one_line_and_exit_2_from_the_process(tmp_path):
+    """As `npx cdk synth -c drill=true -c instanceType=p4d.24xlarge` runs the app: one line,
+    nothing written."""
+    from test_app import run_app
+
+    result = run_app(tmp_path, drill="true", instanceType="p4d.24xlarge")
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: context key instanceType='p4d.24xlarge' is invalid; allowed: ")
+    assert "drillConfirmCost=true" in line
+    assert not list(tmp_path.glob("*.template.json"))
