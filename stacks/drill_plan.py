@@ -298,12 +298,14 @@ def synthesis_lines(
         "one once the one before is judged; the head starts each (its FIS experiment template "
         "in TrainStack), then stops the training at the next epoch's end"
     ]
+    when = f"after epoch {drill.START_AFTER_EPOCH}"
     for number, e in enumerate(plan.experiments, 1):
         lines.append(
             f"  {number}. {e.name} [{', '.join(e.action_ids)}, {e.minutes} action-minute"
-            f"{'s' if e.minutes > 1 else ''}]: {e.what}; then {e.expect}; within "
+            f"{'s' if e.minutes > 1 else ''}], {when}: {e.what}; then {e.expect}; within "
             f"{e.within_s / 60:g} min (~{expected_s(e, boot_s) / 60:.0f} min expected)"
         )
+        when = f"once {e.name} is judged"
     left_out = [e.name for e in drill.EXPERIMENTS if e not in plan.experiments]
     if left_out:
         lines.append(

@@ -109,10 +109,14 @@ def test_the_drill_costs_at_most_its_budget_with_fis_and_says_what_it_adds_up_to
     assert (
         f"~${spent.usd:.2f} at list price" in estimate and f"FIS ${spent.fis_usd:.2f}" in estimate
     )
+    before = None
     for experiment in c.drill.experiments:
         [line] = [line for line in lines if f". {experiment.name} [" in line]
         assert all(a in line for a in experiment.action_ids)
         assert f"within {experiment.within_s / 60:g} min" in line
+        when = f"once {before} is judged" if before else f"after epoch {drill.START_AFTER_EPOCH}"
+        assert f"], {when}: {experiment.what}; then {experiment.expect};" in line
+        before = experiment.name
 
 
 def test_the_cap_allows_every_experiment_its_whole_bound():
