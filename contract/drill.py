@@ -92,6 +92,10 @@ OBSERVATIONS = (
     LEFT_AT_COMMIT, NEW_HEAD, CAPACITY_HANDLED,
 )  # fmt: skip
 
+# TrainStack's output that maps each experiment of a drill to its FIS experiment template's id,
+# `{"<experiment>": "<id>", ...}` in the plan's order (docs/contracts.md).
+TEMPLATES_OUTPUT_KEY = "HorovodFleetDrillExperiments"
+
 # The first experiment starts once the run has finished this many epochs (a checkpoint to come
 # back to, the start-up measured).
 START_AFTER_EPOCH = 1

@@ -7,6 +7,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
+from contract.drill import TEMPLATES_OUTPUT_KEY
 from stacks import root_volume
 from stacks.config import FleetConfig
 from stacks.instance_types import HEAD_TYPE
@@ -192,7 +193,7 @@ class TrainStack(Stack):
             "DrillExperiments",
             description="The drill's FIS experiment templates, by experiment, in their order",
             value=self.to_json_string({n: t.ref for n, t in drill.templates.items()}),
-        )
+        ).override_logical_id(TEMPLATES_OUTPUT_KEY)
         return drill
 
     def _controller_tags(self, config: FleetConfig) -> None:

@@ -85,6 +85,18 @@ def test_every_target_is_this_run_s_by_its_tags_or_an_arn_with_a_selection_mode(
             assert (template["Targets"][target_name]["ResourceType"], key) == kind
 
 
+def test_the_output_names_each_experiment_s_template_in_the_plan_s_order(drill_app):
+    output = drill_app["TrainStack"].to_json()["Outputs"][drill.TEMPLATES_OUTPUT_KEY]
+    parts = output["Value"]["Fn::Join"][1]
+    text = "".join(p if isinstance(p, str) else f'"{p["Ref"]}"' for p in parts)
+    text = text.replace('""', '"')
+    named = json.loads(text)
+    assert list(named) == [e.name for e in drill.plan("on-demand")]
+    fis = {k for k, r in drill_app["TrainStack"].to_json()["Resources"].items()
+           if r["Type"] == "AWS::FIS::ExperimentTemplate"}  # fmt: skip
+    assert set(named.values()) == fis
+
+
 def test_the_arn_targets_are_the_fleet_s_subnet_and_the_run_controller_s_role(train):
     templates = experiment_templates(train)
     cut = templates["s3-cut"]["Targets"][drill.FLEET_SUBNET]["ResourceArns"][0]
