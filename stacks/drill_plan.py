@@ -268,6 +268,7 @@ def settle(
             f"experiments of market={market} ({', '.join(spot)} needs market=spot): "
             + ", ".join(e.name for e in drill.plan(market)),
         )
+    _refuse_what_the_plan_cannot_play(config, experiments)
     cap = max_hours or cap_hours(experiments, fleet_startup_s(gpu, nodes))
     plan = DrillPlan(experiments, preprocess, max_epochs(cap))
     return replace(
@@ -277,6 +278,29 @@ def settle(
         epochs=plan.max_epochs,
         dataset_prefix=plan.dataset.tfrecords_prefix,
     )
+
+
+def _refuse_what_the_plan_cannot_play(config: Any, experiments: tuple) -> None:
+    """A node's loss must leave an elastic fleet training (docs/faults-and-recovery.md, "A lost
+    node"); and an S3 cut applies to the whole subnet, so never to one of the user's own."""
+    observed = {code for e in experiments for code in e.observe}
+    if drill.RESET in observed and config.nodes < 2:
+        raise Refused("nodes", config.nodes, "at least 2 with drill=true: a node is lost")
+    if drill.RESET in observed and config.min_nodes >= config.nodes:
+        raise Refused(
+            "minNodes",
+            config.min_nodes,
+            f"at most nodes - 1 = {config.nodes - 1} with drill=true: a lost node leaves the "
+            "fleet training",
+        )
+    cuts = [e.name for e in experiments if drill.DISRUPT_CONNECTIVITY in e.action_ids]
+    if cuts and config.vpc_id is not None:
+        raise Refused(
+            "vpcId",
+            config.vpc_id,
+            f"empty with drill=true while it plays {', '.join(cuts)}: FIS cuts the whole subnet "
+            "off S3, whatever else runs in it; or leave it out with -c drillExperiments",
+        )
 
 
 def synthesis_lines(

@@ -154,3 +154,27 @@ def test_a_bad_drill_is_one_line_and_exit_2_from_the_process(tmp_path):
     assert line.startswith("error: context key instanceType='p4d.24xlarge' is invalid; allowed: ")
     assert "drillConfirmCost=true" in line
     assert not list(tmp_path.glob("*.template.json"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        ({"nodes": "1"}, "nodes", "at least 2 with drill=true"),
+        ({"minNodes": "3"}, "minNodes", "at most nodes - 1 = 2 with drill=true"),
+        (
+            {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd"},
+            "vpcId",
+            "while it plays s3-cut: FIS cuts the whole subnet",
+        ),
+    ],
+)
+def test_a_drill_refuses_a_fleet_its_experiments_cannot_be_played_on(overrides, key, allowed):
+    with pytest.raises(ConfigError) as error:
+        config(**DRILL, **overrides)
+    assert str(error.value).startswith(f"error: context key {key}=") and allowed in str(error.value)
+
+
+def test_your_own_subnet_drills_without_the_s3_cut():
+    c = config(**DRILL, vpcId="vpc-0123abcd", subnetId="subnet-0123abcd",
+               drillExperiments="node-terminated,head-terminated")  # fmt: skip
+    assert [e.name for e in c.drill.experiments] == ["node-terminated", "head-terminated"]
