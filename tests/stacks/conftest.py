@@ -53,6 +53,32 @@ def default(synth: Callable[..., Templates]) -> Templates:
     return synth()
 
 
+@pytest.fixture(scope="session")
+def drill_cli(tmp_path_factory: pytest.TempPathFactory):
+    """`npx cdk synth --quiet -c drill=true` as a user runs it, offline, cdk-nag included:
+    (the finished process, its output directory, {stack name: Template})."""
+    import subprocess
+
+    from aws_cdk.assertions import Template
+    from test_app import offline_env
+
+    outdir = tmp_path_factory.mktemp("drill-cli")
+    result = subprocess.run(
+        ["npx", "--no-install", "cdk", "synth", "--no-notices", "--quiet", "-c", "drill=true",
+         "-o", str(outdir)],
+        cwd=ROOT,
+        env=offline_env(outdir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    templates = {
+        path.name.removesuffix(".template.json"): Template.from_json(json.loads(path.read_text()))
+        for path in outdir.glob("*.template.json")
+    }
+    return result, outdir, templates
+
+
 def node_tag(instance: dict) -> str | None:
     """An instance's `horovod-fleet:node` tag: its index, or "head"."""
     tags = {t["Key"]: t["Value"] for t in instance["Properties"].get("Tags", [])}

@@ -3,14 +3,12 @@ contract/drill.py, aimed at this run only, played by a role that may do nothing 
 the head alone; the CLI prints the plan and its cost; nothing of it without a drill."""
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 from aws_cdk import App, Environment, Stack
 from aws_cdk.assertions import Template
 from conftest import fleet_nodes, head_instance, node_document, replacement_template, statements
-from test_app import cfn_lint, offline_env
+from test_app import cfn_lint
 from test_config import DEFAULTS, config
 
 from contract import drill
@@ -22,9 +20,11 @@ DRILL_TAG = "horovod-fleet-drill-"
 RUN_TAG = {"horovod-fleet:stack": {"Ref": "AWS::StackId"}}
 
 
-@pytest.fixture(scope="session")
-def drill_app(synth):
-    return synth(drill="true")
+@pytest.fixture(scope="module")
+def drill_app(drill_cli):
+    result, _, templates = drill_cli
+    assert result.returncode == 0, result.stdout + result.stderr
+    return templates
 
 
 @pytest.fixture(scope="module")
@@ -261,24 +261,8 @@ def test_without_a_drill_nothing_of_it_is_synthesized(default):
     assert "TickErrorsAlarm" not in teardown and "StepsRole" not in teardown
 
 
-@pytest.fixture(scope="module")
-def drill_cli(tmp_path_factory):
-    """`npx cdk synth --quiet -c drill=true` as a user runs it: cdk-nag included, offline."""
-    outdir = tmp_path_factory.mktemp("drill-cli")
-    result = subprocess.run(
-        ["npx", "--no-install", "cdk", "synth", "--no-notices", "--quiet", "-c", "drill=true",
-         "-o", str(outdir)],
-        cwd=Path(__file__).resolve().parents[2],
-        env=offline_env(outdir),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    return result, outdir
-
-
 def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill_cli):
-    result, outdir = drill_cli
+    result, outdir, _ = drill_cli
     assert result.returncode == 0, result.stdout + result.stderr
     printed = result.stderr
     assert "AwsSolutions" not in printed + result.stdout
@@ -293,7 +277,7 @@ def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill
 
 
 def test_cfn_lint_finds_no_errors_in_the_drill_s_templates(drill_cli):
-    _, outdir = drill_cli
+    _, outdir, _ = drill_cli
     findings = cfn_lint(sorted(outdir.glob("*.template.json")))
     assert not [f for f in findings if f["Level"] == "Error"], findings
 
