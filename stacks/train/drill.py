@@ -65,6 +65,7 @@ class DrillExperiments(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._targets = targets
+        self.head_policy: iam.Policy | None = None  # head_profile's
         stack = Stack.of(self)
         self.role = iam.Role(
             self,
@@ -178,7 +179,7 @@ class DrillExperiments(Construct):
             ),
             tags={"Name": f"horovod-fleet-drill-{experiment.name}"},
         )
-        # FIS checks the role when the template is made: its permissions first.
+        # The role's permissions exist before any template names it.
         template.add_resource_dependency(policy.node.default_child)
         return template
 
