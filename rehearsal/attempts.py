@@ -41,6 +41,9 @@ class Attempts:
                 log_path=self.workdir / "controller.log",
             ).__enter__()
             self.cloud.start_ticking()
+            # The nodes know their instances by the ids EC2 gave them, as on AWS: the records
+            # the controller weighs a node by (its failure, its Spot notice) name them.
+            self.deployed, self.head_instance = self.cloud.instances(), self.cloud.head()
         return self.cloud
 
     def close_cloud(self) -> None:
@@ -100,14 +103,16 @@ class Attempts:
         return proc
 
     def relaunch(self, relaunch: Relaunch) -> None:
-        """What the run controller's StopFleet and Launch states did to each node's instance
-        (stacks/teardown/controller/steps_fleet.py), done to the node. Every process of every node
-        ends (the instances were stopped or terminated). A node whose instance was stopped and
-        started comes back with an empty instance store (/data) but its own address and
-        instance id; one whose instance was replaced (a Spot node: it cannot be stopped) is a
-        new instance, with a new id and address and nothing left on its disks. Either way its
-        boot service then runs train_node.sh again."""
-        if not relaunch.restarted and not relaunch.replaced:
+        """What the run controller's StopFleet and Launch states did to each instance
+        (stacks/teardown/controller/steps_fleet.py), done to its host. Every process of every
+        node ends. A node whose instance was rebooted keeps its disks: its instance store (/data,
+        the dataset) and its root (state, logs); one stopped and started keeps its root and
+        comes back with an empty instance store; one replaced (EC2 ended it, or a Spot one that
+        needed a stop) is a new instance, with a new id and address and nothing on its disks.
+        The head alike: rebooted or started it keeps its disk, replaced (EC2 ended it, and the
+        controller launched it again from its template) it is a new instance that takes the run
+        over from S3. Either way each boot service then runs train_node.sh again."""
+        if not relaunch.brought_back:
             raise StepFailed("the run controller decided relaunch and EC2 brought no node back")
         self.end_nodes()
         for index, instance in relaunch.launched.items():
@@ -116,18 +121,37 @@ class Attempts:
                 self.fleet.replace(self.fleet.nodes[index])
             else:
                 shutil.rmtree(self.node_home(index), ignore_errors=True)
-        for index in relaunch.restarted:
+        for index in relaunch.started + relaunch.rebooted:
             if self.fleet:
                 self.fleet.kill_host(self.fleet.nodes[index].namespace)
+        for index in relaunch.started:
             shutil.rmtree(self.node_home(index) / "data", ignore_errors=True)
+        self.relaunch_head(relaunch)
         if relaunch.replaced:
             launched = ", ".join(
                 f"{self.instance_id(i)} ({self.node_ip(i)})" for i in relaunch.replaced
             )
             say(f"EC2: launched in one request from the replacement template: {launched}")
-        if relaunch.restarted:
-            said = ", ".join(f"node {i}" for i in relaunch.restarted)
+        if relaunch.started:
+            said = ", ".join(f"node {i}" for i in relaunch.started)
             say(f"EC2: stopped and started again, /data empty: {said}")
+        if relaunch.rebooted:
+            said = ", ".join(f"node {i}" for i in relaunch.rebooted)
+            say(f"EC2: rebooted in place, /data kept: {said}")
+
+    def relaunch_head(self, relaunch: Relaunch) -> None:
+        if relaunch.head is None:
+            return
+        if self.fleet:
+            if relaunch.head == "replaced":
+                self.fleet.replace(self.fleet.head)
+            else:
+                self.fleet.kill_host(self.fleet.head.namespace)
+        elif relaunch.head == "replaced":
+            shutil.rmtree(self.workdir / "head", ignore_errors=True)
+        self.head_instance = relaunch.head_instance
+        where = f" from its template: {self.head_instance} ({self.head_ip()})"
+        say(f"EC2: the head {relaunch.head}" + (where if relaunch.head == "replaced" else ""))
 
     def train_under_controller(
         self, epochs: int, max_restarts: int, before_relaunch=None, **overrides

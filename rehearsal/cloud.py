@@ -11,6 +11,11 @@ nothing on it; the tick, not the rehearsal, ends its attempt (its heartbeats go 
 While an attempt goes on, a node the tick replaced (an elastic fleet's lost node) is a new
 instance: the rehearsal starts its node there (`joined`), and it joins the training.
 
+Between attempts the relaunch brings each instance back its own way (`Relaunch`): rebooted in
+place (RebootInstances: its disks kept), stopped and started (StartInstances: its instance store
+empty), or replaced (a new instance, the head's from its own template), and the rehearsal does
+that to the node's host (rehearsal/attempts.py).
+
 `Cloud` is made when a fleet is deployed (rehearsal/attempts.py), and closed with the fleet.
 """
 
@@ -48,16 +53,25 @@ FINISHED = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 @dataclass
 class Relaunch:
     """What the run controller's execution did to the fleet: the decisions it recorded (an
-    attempts.json entry each), the nodes whose instance it stopped and started again, and the
-    new instance it launched for each node it replaced (a Spot node, or one EC2 terminated)."""
+    attempts.json entry each), the nodes whose instance it rebooted in place, the ones it
+    stopped and started again, the new instance it launched for each node it replaced (EC2
+    ended it, or a Spot one that needed a stop), and what it did to the head (`head`: rebooted,
+    started or replaced, with `head_instance` its instance now; None: nothing)."""
 
     entries: list[dict] = field(default_factory=list)
-    restarted: list[int] = field(default_factory=list)
+    rebooted: list[int] = field(default_factory=list)
+    started: list[int] = field(default_factory=list)
     launched: dict[int, str] = field(default_factory=dict)
+    head: str | None = None
+    head_instance: str | None = None
 
     @property
     def replaced(self) -> list[int]:
         return sorted(self.launched)
+
+    @property
+    def brought_back(self) -> bool:
+        return bool(self.rebooted or self.started or self.launched or self.head)
 
 
 class Cloud:
@@ -83,6 +97,7 @@ class Cloud:
         self.count, self.spot, self.restarts, self.min_nodes = nodes, spot, restarts, min_nodes
         self.heartbeat_s, self.grace_s, self.log_path = heartbeat_s, grace_s, log_path
         self.started: list[str] = []  # the instances StartInstances started, in order
+        self.rebooted: list[str] = []  # the instances RebootInstances rebooted, in order
         self.stack = ExitStack()
         self.ticking = threading.Event()
         self.ticker: threading.Thread | None = None
@@ -101,6 +116,9 @@ class Cloud:
         self.stack.enter_context(mock_aws(config=config))
         self.stack.enter_context(
             mock.patch.object(InstanceBackend, "start_instances", self._start())
+        )
+        self.stack.enter_context(
+            mock.patch.object(InstanceBackend, "reboot_instances", self._reboot())
         )
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.deploy()
@@ -170,6 +188,15 @@ class Cloud:
 
         return start_instances
 
+    def _reboot(self):
+        real, rebooted = InstanceBackend.reboot_instances, self.rebooted
+
+        def reboot_instances(backend, instance_ids):
+            rebooted.extend(instance_ids)
+            return real(backend, instance_ids)
+
+        return reboot_instances
+
     # --- TrainStack as deployed -------------------------------------------------------------
 
     def deploy(self) -> None:
@@ -197,6 +224,7 @@ class Cloud:
             "HorovodFleetMaxRestarts": str(self.restarts),
             "HorovodFleetDeadline": f"{deadline:%Y-%m-%dT%H:%M:%S}Z",
             "HorovodFleetReplacementTemplate": self.template(),
+            "HorovodFleetHeadTemplate": self.head_template(),
             "HorovodFleetNodes": str(self.count),
             "HorovodFleetMinNodes": str(self.min_nodes),
             "HorovodFleetZones": json.dumps({"zones": [zone]}),
@@ -241,6 +269,40 @@ class Cloud:
         )
         return created["LaunchTemplate"]["LaunchTemplateId"]
 
+    def head_template(self) -> str:
+        """The head's own launch template (stacks/train/head.py): the head's tags, the fleet's
+        subnet; the controller launches the head from it when EC2 ended the head's instance."""
+        tags = {**self.tags(), NODE_TAG: HEAD_NODE}
+        data = {
+            "ImageId": IMAGE,
+            "InstanceType": "c6i.xlarge",
+            "NetworkInterfaces": [{"DeviceIndex": 0, "SubnetId": self.subnet}],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": as_tags(tags)}],
+        }
+        created = self.ec2.create_launch_template(
+            LaunchTemplateName="head-replacement", LaunchTemplateData=data
+        )
+        return created["LaunchTemplate"]["LaunchTemplateId"]
+
+    def head(self) -> str | None:
+        """The head's instance now: the newest launched of those tagged as the head that run."""
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": f"tag:{FLEET_TAG}", "Values": [self.stack_id]},
+                {"Name": f"tag:{NODE_TAG}", "Values": [HEAD_NODE]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )
+        found = [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+        newest = max(found, key=lambda i: i["LaunchTime"], default=None)
+        return newest["InstanceId"] if newest else None
+
+    def terminate_head(self) -> str:
+        """EC2 ends the head's instance (its host is gone); returns its id."""
+        head = self.head()
+        self.ec2.terminate_instances(InstanceIds=[head])
+        return head
+
     def instances(self) -> dict[int, str]:
         """The instance serving each node index now."""
         pages = self.ec2.get_paginator("describe_instances").paginate(
@@ -272,7 +334,8 @@ class Cloud:
 
     def watch(self) -> None:
         """From now on, what the controller does to the fleet is counted (decided)."""
-        self.before, self.started[:] = self.instances(), []
+        self.before, self.started[:], self.rebooted[:] = self.instances(), [], []
+        self.head_before = self.head()
         self.known = len(self.attempts())
 
     def decided(self, attempt: int) -> Relaunch | None:
@@ -285,12 +348,22 @@ class Cloud:
             return None
         if self.workflow_busy() or not self.chain_ended(attempt):
             return None
-        after = self.instances()
+        after, head = self.instances(), self.head()
+        launched = {i: node for i, node in after.items() if self.before.get(i) != node}
+        kept = {i: node for i, node in after.items() if i not in launched}
         return Relaunch(
             entries=entries,
-            restarted=sorted(i for i, node in after.items() if node in self.started),
-            launched={i: node for i, node in after.items() if self.before.get(i) != node},
-        )
+            rebooted=sorted(i for i, node in kept.items() if node in self.rebooted),
+            started=sorted(i for i, node in kept.items() if node in self.started),
+            launched=launched,
+            head=(
+                "replaced" if head != self.head_before
+                else "started" if head in self.started
+                else "rebooted" if head in self.rebooted
+                else None
+            ),
+            head_instance=head,
+        )  # fmt: skip
 
     def workflow_busy(self) -> bool:
         """An execution under way: RUNNING, or listed with no status yet. moto lists an

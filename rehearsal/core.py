@@ -57,6 +57,8 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.iam: iam_s3.IamS3Proxy | None = None  # the local S3's IAM judge
         self.market = "on-demand"  # the market of the newest attempt's node.json
         self.launched: dict[int, str] = {}  # node index -> the instance a relaunch launched for it
+        self.deployed: dict[int, str] = {}  # node index -> its deployed instance (in moto)
+        self.head_instance: str | None = None  # the head's instance (in moto), once deployed
         self.fault_threads: list[threading.Thread] = []  # a fault that goes on (the rehearsal's)
         self.noted: dict = {}  # what a fault row's action noted for its checks
         self.cloud: Cloud | None = None  # the fleet in moto and its run controller, once needed

@@ -246,6 +246,19 @@ def kill_host(node: int | str, then: re.Pattern | None = None) -> Action:
     return kill
 
 
+def kill_head_and_its_instance(rehearsal: Rehearsal) -> None:
+    """The head's host is gone and EC2 ended its instance (a retired host, say): every process
+    of its namespace killed, nothing restarts them, and its instance terminated in EC2 (moto),
+    where the run controller sees it."""
+    rehearsal.services.pop("head")
+    pids = rehearsal.fleet.kill_host(rehearsal.fleet.head.namespace)
+    rehearsal.noted["head_terminated"] = rehearsal.cloud.terminate_head()
+    say(
+        f"FAULT: the head's host is gone (SIGKILL to its {len(pids)} processes) and EC2 "
+        f"terminated its instance {rehearsal.noted['head_terminated']}"
+    )
+
+
 def kill_host_for(node: int | str, seconds: float) -> Action:
     """Node `node`'s host (or the head's) killed now and kept dead: every process of it killed
     every second for `seconds` (before_relaunch waits for that to end)."""

@@ -50,17 +50,61 @@ def interruption_named(index: int) -> Check:
     )
 
 
-def every_node_replaced(rehearsal: Rehearsal, done: dict) -> bool:
-    """The last attempt ran on new instances: each node registered with its replacement's id and
-    address, and the leader resumed from S3."""
-    for index in range(rehearsal.args.nodes):
+# How a node came back in place (DONE.json's `attempts` entries, docs/contracts.md).
+IN_PLACE = ("kept", "rebooted", "restarted")
+
+
+def came_back(done: dict) -> dict[str, dict]:
+    """The last attempt's entry of DONE.json's `attempts`: each node's way back and pull."""
+    return ((done.get("attempts") or [{}])[-1]).get("nodes") or {}
+
+
+def every_node_back_in_place_with_nothing_fetched(rehearsal: Rehearsal, done: dict) -> bool:
+    """The relaunched attempt says every node and the head came back in place (kept, rebooted
+    or restarted: their disks kept), and each node's pull fetched 0 bytes (it verified the
+    dataset it kept)."""
+    nodes = came_back(done)
+    indexes = [str(i) for i in range(rehearsal.args.nodes)]
+    return (
+        (done.get("attempt") or 0) >= 2
+        and all(nodes.get(i, {}).get("came_back") in IN_PLACE for i in [*indexes, "head"])
+        and all(nodes[i].get("pull_bytes") == 0 for i in indexes)
+    )
+
+
+def only_node_replaced(index: int) -> Check:
+    """The last attempt ran node `index` on a new instance (registered with its replacement's id
+    and address) and every other node on its own, rebooted in place."""
+
+    def check(rehearsal: Rehearsal, done: dict) -> bool:
+        nodes = came_back(done)
         entry = json.loads(s3_object(rehearsal, f"runs/{RUN}/nodes/{index}.json") or b"{}")
-        if (entry.get("instance_id"), entry.get("ip")) != (
-            rehearsal.instance_id(index),
-            rehearsal.node_ip(index),
-        ) or index not in rehearsal.launched:
-            return False
-    return head_said(rehearsal, "Resuming from")
+        others = [str(i) for i in range(rehearsal.args.nodes) if i != index]
+        return (
+            index in rehearsal.launched
+            and (entry.get("instance_id"), entry.get("ip"))
+            == (rehearsal.instance_id(index), rehearsal.node_ip(index))
+            and nodes.get(str(index), {}).get("came_back") == "replaced"
+            and all(nodes.get(i, {}).get("came_back") == "rebooted" for i in others)
+        )
+
+    return check
+
+
+def a_new_head_took_over(rehearsal: Rehearsal, done: dict) -> bool:
+    """The head EC2 terminated was launched again from its template: the last attempt's head is
+    a new instance, its DONE.json written by it, with every node back in place under it."""
+    head = came_back(done).get("head") or {}
+    gone = rehearsal.noted.get("head_terminated")
+    indexes = [str(i) for i in range(rehearsal.args.nodes)]
+    return (
+        head.get("came_back") == "replaced"
+        and head.get("instance_id") == rehearsal.head_instance
+        and gone is not None
+        and head.get("instance_id") != gone
+        and done.get("written_by") == "head"
+        and all(came_back(done).get(i, {}).get("came_back") in IN_PLACE for i in indexes)
+    )
 
 
 def names_the_full_disk(rehearsal: Rehearsal, done: dict) -> bool:

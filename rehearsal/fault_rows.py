@@ -25,6 +25,7 @@ from rehearsal.fault_actions import (
     forget_node,
     freeze_s3,
     kill_fleet_for,
+    kill_head_and_its_instance,
     kill_head_bootstrap,
     kill_host,
     kill_host_for,
@@ -38,9 +39,10 @@ from rehearsal.fault_actions import (
 )
 from rehearsal.fault_checks import (
     Check,
+    a_new_head_took_over,
     decisions,
     every_attempt_counted,
-    every_node_replaced,
+    every_node_back_in_place_with_nothing_fetched,
     first_attempt_ended,
     head_said,
     interruption_named,
@@ -52,6 +54,7 @@ from rehearsal.fault_checks import (
     no_node_blamed,
     node_said,
     one_attempt,
+    only_node_replaced,
     replacement_joined,
     the_controller_wrote_the_silence,
     trainer_kept_its_pid,
@@ -340,15 +343,50 @@ ROWS = [
         f"every node's host and the head's dead for {DEAD_FOR_S} s right after epoch 2 of 4 "
         "(the whole fleet silent)",
         "no node can write DONE.json; the run controller finds every heartbeat stale, writes the "
-        "attempt's record (node_lost, naming every node) and relaunches; succeeded with every "
-        "epoch",
+        "attempt's record (node_lost, naming every node) and relaunches, every node and the head "
+        "rebooted in place (each pull fetches 0 bytes); succeeded with every epoch",
         DATASET,
         4,
         Fault(kill_fleet_for(DEAD_FOR_S), when=SECOND_OF_FOUR_DONE),
-        Expect("succeeded", 4, {"the_controller_wrote_it": the_controller_wrote_the_silence}),
+        Expect(
+            "succeeded",
+            4,
+            {
+                "the_controller_wrote_it": the_controller_wrote_the_silence,
+                "back_in_place_fetching_nothing": every_node_back_in_place_with_nothing_fetched,
+            },
+        ),
         max_restarts=2,
         before_relaunch=wait_for_fault_threads,
         needs_hosts=True,
+    ),
+    Row(
+        "nodes",
+        "the head's host lost and its instance terminated in EC2 after epoch 1 of 4 (once its "
+        "checkpoint is committed)",
+        "the nodes find the head lost and write the attempt's DONE.json (node_lost); the run "
+        "controller launches a new head from its template and reboots the nodes in place; the "
+        "new head resumes from S3 at epoch 2 and the run succeeds with 4 epochs, no deploy",
+        DATASET,
+        4,
+        Fault(
+            kill_head_and_its_instance,
+            when=Request("PUT", re.compile(r"/runs/[^/]+/model/checkpoints/checkpoint$")),
+        ),
+        Expect(
+            "succeeded",
+            4,
+            {
+                "a_node_recorded_the_lost_head": first_attempt_ended("node_lost", "the head"),
+                "relaunched_once": decisions("relaunch", "teardown"),
+                "a_new_head_took_over": a_new_head_took_over,
+                "resumed_at_epoch_2": no_epoch_retrained(2),
+            },
+        ),
+        {"heartbeat_timeout_s": 20, "trainer": {"image_size": 64, "checkpoint_every_s": 1}},
+        max_restarts=2,
+        needs_hosts=True,
+        nodes=ELASTIC_NODES,
     ),
     Row(
         "elastic",
@@ -517,8 +555,8 @@ ROWS = [
         "Spot",
         "Spot interruption of node 1 with minNodes 2 of 2 (fewer would be left)",
         "attempt 1 interrupted: Spot interruption of node 1 (...): every rank stopped at one "
-        "step with its checkpoint; relaunched as new instances, resumed, succeeded with every "
-        "epoch",
+        "step with its checkpoint; relaunched, node 1 (its notice on record) on a new instance "
+        "and node 0 rebooted in place; resumed, succeeded with every epoch",
         DATASET,
         3,
         Fault(spot_notice(1), when=EPOCH_DONE),
@@ -529,7 +567,7 @@ ROWS = [
                 "attempt_1_names_node_1": interruption_named(1),
                 "relaunched_once": decisions("relaunch", "teardown"),
                 "counted": every_attempt_counted,
-                "on_new_instances": every_node_replaced,
+                "node_1_replaced_node_0_in_place": only_node_replaced(1),
             },
         ),
         {**EVERY_EPOCH, "market": "spot", "min_nodes": 2},

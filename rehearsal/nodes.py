@@ -110,8 +110,12 @@ class Nodes:
         return self.fleet.nodes[index].ip if self.fleet else "127.0.0.1"
 
     def instance_id(self, index: int) -> str:
-        """Node `index`'s current instance: a replacement is a new instance, with a new id."""
-        return self.launched.get(index, f"rehearsal-node-{index}")
+        """Node `index`'s current instance: a replacement is a new instance, with a new id; the
+        deployed fleet's in moto (rehearsal/cloud.py) by the id EC2 gave it."""
+        return self.launched.get(index) or self.deployed.get(index, f"rehearsal-node-{index}")
+
+    def head_ip(self) -> str:
+        return self.fleet.head.ip if self.fleet else "127.0.0.1"
 
     def notice_file(self, index: int) -> Path:
         """Where node `index`'s current instance reads its Spot interruption notice (its IMDS
@@ -134,6 +138,7 @@ class Nodes:
             shutil.rmtree(self.workdir / "head", ignore_errors=True)
         shutil.rmtree(self.workdir / "imds", ignore_errors=True)
         self.launched.clear()
+        self.deployed, self.head_instance = {}, None
         self.close_cloud()  # its instances were the old deployment's
 
     def train(self, epochs: int, absent: tuple[int, ...] = (), **overrides) -> None:
@@ -201,8 +206,8 @@ class Nodes:
         doc.pop("spot_notice_file", None)
         doc.update(
             role="head",
-            ip=self.fleet.head.ip if self.fleet else "127.0.0.1",
-            instance_id="rehearsal-head",
+            ip=self.head_ip(),
+            instance_id=self.head_instance or "rehearsal-head",
             mount_point=str(self.workdir / "data" if self.fleet else self.head_home() / "data"),
             authorized_keys_file=str(home / "ssh" / "authorized_keys"),
         )

@@ -44,6 +44,15 @@ def init_rate(nodes: int) -> int | None:
     return rate if rate >= MIN_INIT_RATE else None
 
 
+def head_init_rate(nodes: int) -> int | None:
+    """The head's root volume's rate: what the region's 5,000 MiB/s leaves beside every node's
+    (the head is created with them), at most 300; None when under 100 is left (past 16 nodes at
+    300 each, the nodes take it all), and the head's image then loads at EBS's default rate."""
+    nodes_rate = init_rate(nodes) or 0
+    rate = min(MAX_INIT_RATE, REGION_INIT_MIB_S - nodes * nodes_rate)
+    return rate if rate >= MIN_INIT_RATE else None
+
+
 def initialization_usd(nodes: int) -> float:
     """The one-time charge for initializing every node's root at its rate (at most: the
     snapshot's data is at most the image's root)."""

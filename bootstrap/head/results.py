@@ -60,6 +60,7 @@ def done_document(
         "status": status,
         "cause": cause,
         "reason": trim_reason(reason) if reason else None,
+        **({"nodes": came_back(records)} if records else {}),
     }
     since = outputs_since or started
     evaluation = this_attempts(model_dir / "eval.json", since) if model_dir and succeeded else {}
@@ -97,11 +98,29 @@ def done_document(
         "attempts": [
             *(
                 {k: entry.get(k) for k in ("attempt", "status", "cause", "reason")}
+                | ({"nodes": entry["nodes"]} if entry.get("nodes") else {})
                 for entry in earlier
             ),
             own,
         ],
     }
+
+
+def came_back(records: list[dict]) -> dict[str, dict]:
+    """For every node of the attempt (its index, or "head"), from its phases record: its
+    instance, how the run controller's relaunch brought it back (`came_back`: rebooted, started,
+    replaced; null when it did not, as for the deployment's first attempt) and the bytes its
+    data pull fetched (`pull_bytes`: 0 when it held the dataset whole; null when it pulls none,
+    the head, or its pull has not ended)."""
+    nodes = {}
+    for record in records:
+        pull = (record.get("phases") or {}).get("data_pull") or {}
+        nodes[str(record.get("node"))] = {
+            "instance_id": record.get("instance_id"),
+            "came_back": record.get("came_back"),
+            "pull_bytes": pull.get("bytes"),
+        }
+    return dict(sorted(nodes.items(), key=lambda item: (not item[0].isdigit(), item[0].zfill(6))))
 
 
 def attempt_timeline(

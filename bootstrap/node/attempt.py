@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -57,7 +58,14 @@ class Attempt:
     systemd restarted this one in place after it was killed: the attempt keeps its first start
     and gains a restart, with the last step the previous process's trainer reached (its
     progress.json; null when it wrote none) and, once restored, the step the trainer resumes
-    from. An ended record (a rerun of the run after a reboot) starts the attempt anew."""
+    from. An ended record (a rerun of the run after a reboot) starts the attempt anew.
+
+    A node that begins a new attempt over an earlier one's record came back in place (the run
+    controller rebooted it: its disks kept): its model dir holds the earlier trainer's outputs
+    (progress, checkpoints the head never committed, resets, start-up), which it must never
+    train on or report. It empties the model dir before anything reads it; the head puts the
+    restored checkpoints there. The head keeps its own: its restore reuses only checkpoint files
+    whose sha256 S3 vouches for, and reads trainer outputs written since its attempt began."""
 
     def __init__(self) -> None:
         self.started = time.time()
@@ -83,6 +91,12 @@ class Attempt:
                        "reached_step": reached}  # fmt: skip
             record["restarts"] = [*record.get("restarts", []), restart]
         else:
+            if record and not cfg.is_head:
+                left = forget_outputs(model_dir)
+                if left:
+                    log(f"came back in place from {record.get('run')} attempt "
+                        f"{record.get('attempt')}: removed its trainer outputs ({left}) from "
+                        f"{model_dir}")  # fmt: skip
             record = {"run": cfg.run, "attempt": number, "started_at": utc_stamp(self.started),
                       "restarts": []}  # fmt: skip
         save_json(self.record, record)
@@ -113,6 +127,17 @@ class Attempt:
         record = read_json(self.record)
         with contextlib.suppress(OSError):  # a full disk must not hide the failure reported
             save_json(self.record, {**record, "ended_at": utc_stamp(time.time())})
+
+
+def forget_outputs(model_dir: Path) -> str:
+    """Empty an earlier attempt's model dir; what it held, for the log ('' when nothing)."""
+    try:
+        names = sorted(p.name for p in Path(model_dir).iterdir())
+    except OSError:
+        return ""
+    shutil.rmtree(model_dir, ignore_errors=True)
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return shown
 
 
 def save_json(path: Path, doc: dict) -> None:

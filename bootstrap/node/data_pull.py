@@ -2,10 +2,12 @@
 
 Verification checks what the manifest promises: every shard present with its byte size, its
 record count (TFRecord framing, read without TensorFlow) and its sha256 when given; the split
-totals add up. A verified pull leaves a marker holding the manifest's digest, so a rerun with the
-same manifest skips the pull. The pull copies the manifest's shards by name (no listing that
-could fail silently) and only those that are missing or fail their check, so a rerun repairs a
-shard that was corrupt, even one of the right size.
+totals add up. A verified pull leaves a marker holding the manifest's digest and the attempt it
+was verified in, so the same attempt's bootstrap restarted in place skips the pull, and a node
+that comes back in place for a new attempt (rebooted: its instance store kept) verifies every
+shard it holds again. The pull copies the manifest's shards by name (no listing that could fail
+silently) and only those that are missing or fail their check, so a rerun repairs a shard that
+was corrupt, even one of the right size, and fetches nothing for a dataset that is whole.
 
 The pull takes this node's own shards first (what its ranks read first), and verifies each shard
 as it arrives, beside the downloads still running: a shard is downloaded under .partial/ and
@@ -135,11 +137,14 @@ def pull_dataset(
     workers: int | None = None,
     own: Callable[[dict], set[str]] = lambda manifest: set(),
     on_own: Callable[[float], None] = lambda at: None,
+    verified_for: str = "",
 ) -> Pulled:
     """Copy the manifest's shards from s3://bucket/prefix to data_dir unless this manifest was
-    verified there already; re-fetch any shard that fails its check. The shards own(manifest)
-    names come first: on_own(at) is called once they are all verified here, while the rest
-    still comes. Each shard is verified as it arrives and renamed into place only when whole."""
+    verified there already for `verified_for` (the run and attempt: a node's bootstrap
+    restarted in place within it); re-fetch any shard that fails its check. The shards
+    own(manifest) names come first: on_own(at) is called once they are all verified here, while
+    the rest still comes. Each shard is verified as it arrives and renamed into place only when
+    whole."""
     started = time.time()
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +162,8 @@ def pull_dataset(
     if not new_manifest.is_file():
         raise VerificationError(f"s5cmd exited 0 but did not write {new_manifest}")
     digest = hashlib.sha256(new_manifest.read_bytes()).hexdigest()
-    if marker.exists() and marker.read_text() == digest:
+    verified = f"{digest} {verified_for}".strip()
+    if marker.exists() and marker.read_text() == verified:
         new_manifest.unlink()
         log(f"data already pulled and verified in {data_dir}: skipping the pull")
         now = time.time()
@@ -200,9 +206,12 @@ def pull_dataset(
     on_own(own_at)
     fetch.shards([s for s in wanted if s["file"] not in mine], f"pulling s3://{bucket}/{prefix}")
     shutil.rmtree(data_dir / PARTIAL_DIR, ignore_errors=True)
-    marker.write_text(digest)
+    marker.write_text(verified)
     total = sum(s["records"] for s in shards)
-    log(f"pulled and verified {len(shards)} shards, {total} records in {data_dir}")
+    log(
+        f"pulled and verified {len(shards)} shards, {total} records in {data_dir}"
+        f" ({fetch.bytes} bytes fetched)"
+    )
     return Pulled(manifest, fetch.bytes, started, own_at, time.time())
 
 

@@ -36,9 +36,11 @@ class DatasetPull(threading.Thread):
         own: Callable[[dict], set[str]],
         record: PhaseRecord | None,
         log: Callable[[str], None] = aws.log,
+        verified_for: str = "",
     ) -> None:
         super().__init__(name="data-pull", daemon=True)
         self.bucket, self.prefix, self.data_dir = bucket, prefix, Path(data_dir)
+        self.verified_for = verified_for  # the attempt (data_pull.pull_dataset)
         self.own, self.record, self.log = own, record, log
         self.holds: str | None = None  # None, OWN, ALL
         self.error: BaseException | None = None
@@ -53,7 +55,7 @@ class DatasetPull(threading.Thread):
         try:
             pulled = data_pull.pull_dataset(
                 self.bucket, self.prefix, self.data_dir, self.log,
-                own=self.own, on_own=self._own_ready,
+                own=self.own, on_own=self._own_ready, verified_for=self.verified_for,
             )  # fmt: skip
         except BaseException as exc:
             with self.lock:

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Mount the NVMe instance-store drives at MOUNT_POINT: one drive directly, two or more as RAID0
-# (mdadm). Instance store survives a reboot (reassembled here) but not a stop (recreated blank).
+# (mdadm). Instance store survives a reboot but not a stop (recreated blank): after a reboot (the
+# run controller's way of bringing a healthy node back in place) the array is assembled again
+# from the superblocks on its drives and its file system found by blkid, so nothing is created or
+# formatted and the dataset on it is kept; only blank drives get a new array and a new xfs.
 #   bootstrap/node/mount_instance_store.sh MOUNT_POINT
 set -euo pipefail
 mount_point=$1
-md=/dev/md/horovod-fleet
+md=${HOROVOD_FLEET_MD:-/dev/md/horovod-fleet} # the array's device (a test points it elsewhere)
 log() { printf '%s [mount_instance_store] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
 trap 'log "failed (exit $? at line $LINENO)"' ERR
 

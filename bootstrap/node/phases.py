@@ -9,6 +9,11 @@ rendezvous, the allreduce check); the trainer's start-up comes from its
 phase's end (a few writes an attempt, each one quick try: a missed write is made again with the
 next). It is also kept in <state_dir>/phases.json, so a bootstrap restarted in place keeps the
 attempt's `launch` and `boot` (the instance booted once) and measures the rest again.
+
+The record also says how the node came back for its attempt (`came_back`: rebooted, started or
+replaced, as the run controller's relaunch says in controller.json's `relaunch`; null for the
+deployment's first attempt, and for a node the relaunch did not bring back, such as one the
+tick replaced while the attempt went on), which the head copies into DONE.json's `attempts`.
 """
 
 from __future__ import annotations
@@ -118,8 +123,12 @@ class PhaseRecord:
             phases, launched = {}, None
         self.doc = {
             "format": FORMAT, "run": cfg.run, "attempt": attempt, "node": cfg.node_name,
-            "instance_id": instance_id, "ip": ip, "launched_at": launched, "phases": phases,
+            "instance_id": instance_id, "ip": ip, "launched_at": launched, "came_back": None,
+            "phases": phases,
         }  # fmt: skip
+        # The first attempt was launched by the deployment; a later one's relaunch is read from
+        # controller.json, once its try went through (a node may boot before it says so).
+        self.came_back_known = attempt <= 1
 
     @property
     def phases(self) -> dict[str, dict]:
@@ -163,8 +172,29 @@ class PhaseRecord:
             self.phases["health"] = {**span(first, end), "s": round(seconds, 1)}
         self.save()
 
+    def learn_came_back(self) -> None:
+        """How the run controller's relaunch brought this instance back for this attempt, from
+        controller.json's `relaunch` (docs/contracts.md), once it says so; a quick read, made
+        again with the next save while it does not."""
+        if self.came_back_known:
+            return
+        key = f"{self.cfg.runs_prefix}controller.json"
+        try:
+            body = self.s3.with_policy(QUICK).get_object(Bucket=self.cfg.bucket, Key=key)
+            relaunch = json.loads(body["Body"].read()).get("relaunch") or {}
+        except Exception:  # absent, unreadable or S3 away: the next save asks again
+            return
+        if relaunch.get("attempt") != self.doc["attempt"] or "nodes" not in relaunch:
+            return
+        mine = (relaunch["nodes"] or {}).get(self.doc["node"]) or {}
+        with self.lock:
+            if mine.get("instance_id") == self.doc["instance_id"]:
+                self.doc["came_back"] = mine.get("came_back")
+            self.came_back_known = True
+
     def save(self) -> None:
         """Locally, and one quick try in S3 (a failed one is made again with the next save)."""
+        self.learn_came_back()
         with self.lock:
             body = json.dumps(self.doc, indent=1)
             save_json(self.local, self.doc)

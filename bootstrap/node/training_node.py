@@ -81,9 +81,11 @@ class TrainingNode(ABC):
         record.health(started, time.time())
         if not cfg.benchmark or cfg.benchmark.mode == "data":  # a synthetic benchmark reads no data
             status.phase("pulling_data")
+            # A node back in place for a new attempt verifies every shard it kept again.
             self.pull = dataset.DatasetPull(
-                cfg.bucket, cfg.dataset_prefix, self.data_dir, self.own_shards, record, self.log
-            )
+                cfg.bucket, cfg.dataset_prefix, self.data_dir, self.own_shards, record, self.log,
+                verified_for=f"run {cfg.run} attempt {attempt.number}",
+            )  # fmt: skip
             self.pull.start()
             # A benchmark's worlds are not the fleet's first: its ranks may read any shard.
             step("data pull", self.pull.wait_all if cfg.benchmark else self.pull.wait_own)

@@ -73,6 +73,11 @@ class ControllerArns:
         self.launches = bucket.arn_for_objects("runs/*/launches/*")
         # An operator's hold (`horovod-fleet hold`), which the controller only reads.
         self.hold = bucket.arn_for_objects("runs/*/hold.json")
+        # The nodes' own records a relaunch weighs each node by (steps_fleet.py): a node's
+        # failure, its Spot notice.
+        self.said = [
+            bucket.arn_for_objects(f"runs/*/{kind}/*") for kind in ("failures", "interruptions")
+        ]
 
     def wildcards(self) -> list[str]:
         return [
@@ -92,6 +97,7 @@ class ControllerArns:
             self.controller,
             self.launches,
             self.hold,
+            *self.said,
             "*",
         ]
 
@@ -104,7 +110,12 @@ TRAIN_STACK_TAGGED = {
         "aws:ResourceTag/Project": PROJECT,
     }
 }
-FLEET_ACTIONS = ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances"]
+FLEET_ACTIONS = [
+    "ec2:TerminateInstances",
+    "ec2:StopInstances",
+    "ec2:StartInstances",
+    "ec2:RebootInstances",
+]
 
 
 def fleet_tagged(arns: ControllerArns) -> dict:
@@ -149,15 +160,23 @@ def cleanup_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
 
 
 def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
-    """The tick and the workflow's steps: read and record the run, stop, start, launch and
+    """The tick and the workflow's steps: read and record the run, reboot, stop, start, launch and
     terminate its fleet (and the fleet instances no stack claims: orphans), delete TrainStack,
     start, watch and stop the controller's own executions."""
     return [
         # launches/: the controller's own assignments, read back to replace a lost node of an
         # elastic fleet once per number (controller/replace.py).
-        # hold.json: an operator's hold, read, never written (controller/observe.py).
+        # hold.json: an operator's hold, read, never written (controller/observe.py); failures/
+        # and interruptions/: the nodes' own records a relaunch weighs each node by.
         *reads(
-            arns, arns.done, arns.attempts, arns.status, arns.controller, arns.launches, arns.hold
+            arns,
+            arns.done,
+            arns.attempts,
+            arns.status,
+            arns.controller,
+            arns.launches,
+            arns.hold,
+            *arns.said,
         ),
         # Checkpoints and logs are listed (results), never read.
         iam.PolicyStatement(
@@ -180,7 +199,11 @@ def steps_statements(arns: ControllerArns) -> list[iam.PolicyStatement]:
         iam.PolicyStatement(actions=["cloudwatch:DescribeAlarms"], resources=[arns.alarms]),
         iam.PolicyStatement(actions=["sns:Publish"], resources=[arns.notify_topics]),
         iam.PolicyStatement(actions=["scheduler:GetSchedule"], resources=[arns.cap_schedules]),
-        describes("ec2:DescribeInstances", "ec2:DescribeLaunchTemplateVersions"),
+        describes(
+            "ec2:DescribeInstances",
+            "ec2:DescribeInstanceStatus",
+            "ec2:DescribeLaunchTemplateVersions",
+        ),
         iam.PolicyStatement(
             actions=FLEET_ACTIONS, resources=[arns.instances], conditions=TRAIN_STACK_TAGGED
         ),

@@ -16,6 +16,8 @@ MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 # ... and the one launch template every replacement node is launched from.
 REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
+# ... and the one the head is launched again from when EC2 ended it.
+HEAD_TEMPLATE_OUTPUT_KEY = "HorovodFleetHeadTemplate"
 # ... and how many nodes the fleet has: the indexes a relaunch brings back.
 NODES_OUTPUT_KEY = "HorovodFleetNodes"
 # ... and the fewest nodes the elastic fleet trains on: the controller replaces a lost node

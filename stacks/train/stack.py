@@ -17,6 +17,7 @@ from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.names import (
     DATASET_TYPE,
+    HEAD_TEMPLATE_OUTPUT_KEY,
     MIN_NODES_OUTPUT_KEY,
     NODES_OUTPUT_KEY,
     NOTIFY_OUTPUT_KEY,
@@ -134,6 +135,7 @@ class TrainStack(Stack):
             run=config.run,
             fleet_document=fleet.fleet_document,
             signal_timeout=SIGNAL_TIMEOUT,
+            init_rate=None if drill else root_volume.head_init_rate(config.nodes),
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))
@@ -146,6 +148,7 @@ class TrainStack(Stack):
             self, guards=guards, run=config.run, bucket=bucket.bucket_name, fleet=fleet
         )
         head.instance.add_resource_dependency(code.node.default_child)
+        head.replacement.add_resource_dependency(code.node.default_child)
         if drill:
             head.instance.add_resource_dependency(drill.head_policy.node.default_child)
         guard = RunGuard(
@@ -158,6 +161,12 @@ class TrainStack(Stack):
             instances=[*fleet.instances, head.instance],
         )
         self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
+        CfnOutput(
+            self,
+            "HeadTemplate",
+            description="The launch template the run controller launches the head from again",
+            value=head.replacement.ref,
+        ).override_logical_id(HEAD_TEMPLATE_OUTPUT_KEY)
         dashboard = RunDashboard(
             self,
             "Watch",

@@ -103,17 +103,18 @@ def decided(running: Cloud, attempt: int):
     raise AssertionError(f"nothing decided about attempt {attempt}")
 
 
-def test_a_lost_node_relaunches_the_on_demand_fleet_by_stop_and_start(teardown, s3, moto_endpoint):
+def test_a_lost_node_reboots_the_healthy_fleet_and_its_head_in_place(teardown, s3, moto_endpoint):
     with cloud(teardown, s3, moto_endpoint, spot=False) as running:
-        instances = running.instances()
+        instances, head = running.instances(), running.head()
         running.watch()
         ended(s3, 1, "failed", "node_lost")
         relaunch = decided(running, 1)
         [execution] = running.workflow.executions()
         states = running.workflow.states(execution)
         assert [e["decision"] for e in relaunch.entries] == ["relaunch"]
-        assert (relaunch.restarted, relaunch.replaced) == ([0, 1], [])
-        assert running.instances() == instances  # stopped and started: the same instances
+        assert (relaunch.rebooted, relaunch.started, relaunch.replaced) == ([0, 1], [], [])
+        assert (relaunch.head, relaunch.head_instance) == ("rebooted", head)
+        assert running.instances() == instances  # rebooted: the same instances
         assert states[states.index("StopFleet") :] == [
             "StopFleet", "CheckSettled", "SettledDecision", "Launch", "LaunchDecision",
             "Relaunched",
@@ -122,18 +123,22 @@ def test_a_lost_node_relaunches_the_on_demand_fleet_by_stop_and_start(teardown, 
         ended(s3, 2, "succeeded", None)
         relaunch = decided(running, 2)
         assert [e["decision"] for e in relaunch.entries] == ["teardown"]
-        assert (relaunch.restarted, relaunch.replaced) == ([], [])
+        assert not relaunch.brought_back
         assert "DeleteStack" in running.workflow.states(running.workflow.executions()[-1])
         assert running.gone()
 
 
-def test_a_spot_fleet_is_replaced_from_its_launch_templates(teardown, s3, moto_endpoint):
+def test_a_spot_fleet_ec2_reclaimed_is_replaced_from_its_launch_templates(
+    teardown, s3, moto_endpoint
+):
     with cloud(teardown, s3, moto_endpoint, spot=True) as running:
         instances = running.instances()
+        running.ec2.terminate_instances(InstanceIds=list(instances.values()))
         running.watch()
         ended(s3, 1, "interrupted", "interrupted")
         relaunch = decided(running, 1)
-        assert (relaunch.restarted, relaunch.replaced) == ([], [0, 1])
+        assert (relaunch.rebooted, relaunch.started, relaunch.replaced) == ([], [], [0, 1])
+        assert relaunch.head == "rebooted"  # on demand, whatever the nodes' market
         assert set(running.instances().values()).isdisjoint(instances.values())
         assert running.instances() == relaunch.launched
         for index, instance in relaunch.launched.items():  # what each new node reads at boot
@@ -150,7 +155,7 @@ def test_restarts_run_out_and_nothing_comes_back(teardown, s3, moto_endpoint):
         assert [(e["decision"], e["why"]) for e in relaunch.entries] == [
             ("stop", "restarts exhausted (0 of maxRestarts 0)")
         ]
-        assert (relaunch.restarted, relaunch.replaced) == ([], [])
+        assert not relaunch.brought_back
 
 
 def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
@@ -158,7 +163,7 @@ def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
 ):
     """attempts.py end to end in process: the nodes are stubs that write DONE.json; the run
     controller (its tick on its schedule, in a thread), EC2 and S3 are the workflow's, and a
-    relaunched node starts with empty /data."""
+    node rebooted in place keeps its /data."""
     from rehearsal import cloud as cloud_module
 
     monkeypatch.setattr(cloud_module, "TICK_S", 0.2)
@@ -179,12 +184,12 @@ def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
     monkeypatch.setattr(rehearsal, "start_nodes", start_nodes)
     monkeypatch.setattr(rehearsal, "end_nodes", lambda: None)
     monkeypatch.setattr(rehearsal, "show_status_after_each_epoch", lambda shown: shown)
-    emptied = []
+    kept = []
     real_relaunch = rehearsal.relaunch
 
     def relaunch(done):
         real_relaunch(done)
-        emptied.extend(i for i in range(NODES) if not (rehearsal.node_home(i) / "data").exists())
+        kept.extend(i for i in done.rebooted if (rehearsal.node_home(i) / "data").exists())
 
     monkeypatch.setattr(rehearsal, "relaunch", relaunch)
     try:
@@ -192,7 +197,7 @@ def test_the_rehearsal_brings_back_the_nodes_the_workflow_relaunched(
     finally:
         rehearsal.close_cloud()
     assert [(e["attempt"], e["decision"]) for e in entries] == [(1, "relaunch"), (2, "teardown")]
-    assert emptied == [0, 1]
+    assert kept == [0, 1]
 
 
 class Listed:

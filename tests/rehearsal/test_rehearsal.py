@@ -131,10 +131,10 @@ def plain_rehearsal(tmp_path, monkeypatch, outcomes: list[str]):
         relaunch = failed and calls["relaunch"] < max_restarts
         entry = {"attempt": calls["done"]["attempt"], "status": calls["done"]["status"],
                  "decision": "relaunch" if relaunch else "teardown", "why": ""}  # fmt: skip
-        return Relaunch(entries=[entry], restarted=[0, 1] if relaunch else [])
+        return Relaunch(entries=[entry], rebooted=[0, 1] if relaunch else [])
 
     def relaunch(done):
-        assert done.restarted == [0, 1]
+        assert done.rebooted == [0, 1]
         calls["relaunch"] += 1
 
     monkeypatch.setattr(rehearsal, "run_attempt", run_attempt)

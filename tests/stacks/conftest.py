@@ -135,7 +135,18 @@ def replacement_template(template: Any) -> tuple[str, dict]:
     [found] = [
         (logical_id, resource)
         for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
-        if "Replacement" in logical_id
+        if "Replacement" in logical_id and not logical_id.startswith("Head")
+    ]
+    return found
+
+
+def head_template(template: Any, kind: str) -> tuple[str, dict]:
+    """The head's launch template of `kind`: "LaunchTemplate" (its instance names it) or
+    "Replacement" (the run controller launches the head again from it)."""
+    [found] = [
+        (logical_id, resource)
+        for logical_id, resource in template.find_resources("AWS::EC2::LaunchTemplate").items()
+        if logical_id.startswith(f"Head{kind}")
     ]
     return found
 

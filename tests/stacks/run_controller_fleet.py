@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
-from moto.ec2.models.instances import InstanceBackend
+from moto.ec2.models.instances import Instance, InstanceBackend
 
 from rehearsal import cloud
 
@@ -73,6 +73,7 @@ class Fleet:
         group = ec2().create_security_group(GroupName="fleet", Description="fleet", VpcId=vpc)
         self.security_group = group["GroupId"]
         self.template = self.replacement_template()
+        self.head_template = self.head_launch_template() if head else None
         deadline = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=hours)
         outputs = {
             "HorovodFleetRun": run,
@@ -83,6 +84,7 @@ class Fleet:
         }
         if head:  # an elastic fleet (stacks/train/head.py)
             outputs["HorovodFleetMinNodes"] = str(min_nodes or max(1, nodes - 1))
+            outputs["HorovodFleetHeadTemplate"] = self.head_template
         if zones:
             entries = [
                 {"zone": z, "subnet": self.subnets[z], "group": f"TrainStack-group-{z}"}
@@ -123,6 +125,32 @@ class Fleet:
             data["InstanceMarketOptions"] = {"MarketType": "spot"}
         created = ec2().create_launch_template(
             LaunchTemplateName="node-replacement", LaunchTemplateData=data
+        )
+        return created["LaunchTemplate"]["LaunchTemplateId"]
+
+    def head_launch_template(self) -> str:
+        """The head's own template (stacks/train/head.py HeadReplacement): its type, the fleet's
+        subnet and group in the deployed zone, no placement group, the head's tags."""
+        tags = [
+            {"Key": "Project", "Value": "horovod-fleet"},
+            {"Key": FLEET_TAG, "Value": self.stack_id},
+            {"Key": NODE_TAG, "Value": "head"},
+        ]
+        data = {
+            "ImageId": "ami-12c6146b",
+            "InstanceType": "c6i.xlarge",
+            "NetworkInterfaces": [
+                {
+                    "DeviceIndex": 0,
+                    "SubnetId": self.subnets[ZONES[0]],
+                    "Groups": [self.security_group],
+                    "DeleteOnTermination": True,
+                }
+            ],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
+        created = ec2().create_launch_template(
+            LaunchTemplateName="head-replacement", LaunchTemplateData=data
         )
         return created["LaunchTemplate"]["LaunchTemplateId"]
 
@@ -301,7 +329,10 @@ class Ec2Answers:
     StartInstances answer there (for `full_tries` calls, then capacity again); `capacity`:
     zone -> how many more instances EC2 has there, a RunInstances for more launching none
     (InsufficientInstanceCapacity); `pending`: instance -> how many stops EC2 refuses before it
-    has reached `running`. A RunInstances repeated with its ClientToken gets its first answer
+    has reached `running`; `impaired`: instance -> the status check that fails on it ("system"
+    or "instance"; moto's always pass), `schedule` an event on an instance (moto schedules
+    none), and `reboots`: every instance RebootInstances rebooted, in order (moto would reboot
+    a stopped instance into `running`, which EC2 refuses: a reboot of one here fails the test). A RunInstances repeated with its ClientToken gets its first answer
     again, which moto does not do ("If you repeat the request with the same client token, the
     same response is returned", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Run_Instance_Idempotency.html)."""
 
@@ -315,8 +346,10 @@ class Ec2Answers:
         self.refused_launches = 0
         self.pending: dict[str, int] = {}
         self.stops_refused: list[str] = []
+        self.impaired: dict[str, str] = {}
+        self.reboots: list[str] = []
         real_run, real_start = InstanceBackend.run_instances, InstanceBackend.start_instances
-        real_stop = InstanceBackend.stop_instances
+        real_stop, real_reboot = InstanceBackend.stop_instances, InstanceBackend.reboot_instances
         answers = self
 
         def run_instances(backend, image_id, count, user_data, groups, **kwargs):
@@ -326,6 +359,13 @@ class Ec2Answers:
                 if first_count != count:
                     raise EC2ClientError("IdempotentParameterMismatch", f"token {token}")
                 return reservation
+            template = (kwargs.get("launch_template") or {}).get("LaunchTemplateId")
+            if template and not backend.describe_launch_templates(template_ids=[template]):
+                # moto fails with an IndexError on a template deleted since; EC2 answers so.
+                raise EC2ClientError(
+                    "InvalidLaunchTemplateId.NotFound",
+                    f"The specified launch template, with template ID {template}, does not exist.",
+                )
             subnet = answers.subnet_of(backend, kwargs)
             zone = backend.get_subnet(subnet).availability_zone
             answers.refuse(zone, "RunInstances")
@@ -346,6 +386,8 @@ class Ec2Answers:
         def start_instances(backend, instance_ids):
             for instance_id in instance_ids:
                 answers.refuse(backend.get_instance(instance_id)._placement.zone, "StartInstances")
+            for instance_id in instance_ids:  # a stop and start moves it to a healthy host
+                answers.impaired.pop(instance_id, None)
             return real_start(backend, instance_ids)
 
         def stop_instances(backend, instance_ids):
@@ -364,9 +406,29 @@ class Ec2Answers:
                     )
             return real_stop(backend, instance_ids)
 
+        def reboot_instances(backend, instance_ids):
+            for instance_id in instance_ids:
+                state = backend.get_instance(instance_id).state
+                assert state == "running", f"rebooted {instance_id} while {state}"
+            answers.reboots.extend(instance_ids)
+            return real_reboot(backend, instance_ids)
+
+        def status_check(kind: str):
+            real = getattr(Instance, f"{kind}_status")
+
+            def status(instance):
+                if answers.impaired.get(instance.id) == kind and instance.state == "running":
+                    return {"Status": "impaired"}
+                return real.fget(instance)
+
+            return property(status)
+
         monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
         monkeypatch.setattr(InstanceBackend, "start_instances", start_instances)
         monkeypatch.setattr(InstanceBackend, "stop_instances", stop_instances)
+        monkeypatch.setattr(InstanceBackend, "reboot_instances", reboot_instances)
+        for kind in ("instance", "system"):
+            monkeypatch.setattr(Instance, f"{kind}_status", status_check(kind))
 
     def refuse(self, zone: str, operation: str) -> None:
         if zone not in self.full or operation not in self.refused_operations:
@@ -384,6 +446,13 @@ class Ec2Answers:
             return kwargs["subnet_id"]
         template = backend._get_template_from_args(kwargs["launch_template"]).data
         return template["NetworkInterfaces"][0]["SubnetId"]
+
+    @staticmethod
+    def schedule(instance_id: str, code: str, completed: bool = False) -> None:
+        """EC2 schedules `code` (instance-retirement, system-reboot, ...) for the instance; a
+        completed one is still described for a week, "[Completed]" first (API_InstanceStatusEvent)."""
+        described = ("[Completed] " if completed else "") + f"{code} scheduled"
+        backend_instance(instance_id).events = [{"Code": code, "Description": described}]
 
     def make_pending(self, instance_id: str, refusals: int) -> None:
         """The node is pending, and EC2 refuses `refusals` stops before it is running."""

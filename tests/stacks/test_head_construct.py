@@ -34,7 +34,7 @@ def test_one_head_beside_the_nodes_of_its_own_cpu_type_and_never_spot(synth, tra
         assert "InstanceMarketOptions" not in head
         [(template_id, template)] = [
             (k, t) for k, t in stack.find_resources("AWS::EC2::LaunchTemplate").items()
-            if k.startswith("Head")
+            if k.startswith("HeadLaunchTemplate")
         ]  # fmt: skip
         assert head["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": template_id}
         assert "InstanceMarketOptions" not in template["Properties"]["LaunchTemplateData"]
@@ -59,7 +59,7 @@ def test_the_head_requires_imdsv2_and_boots_an_encrypted_gp3_root_big_enough_for
     assert head["MetadataOptions"] == {"HttpEndpoint": "enabled", "HttpTokens": "required"}
     [(template_id, template)] = [
         (k, t) for k, t in train.find_resources("AWS::EC2::LaunchTemplate").items()
-        if k.startswith("Head")
+        if k.startswith("HeadLaunchTemplate")
     ]  # fmt: skip
     assert head["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": template_id}
     data = template["Properties"]["LaunchTemplateData"]

@@ -30,35 +30,40 @@ def teardown_of(workflow, attempt: int) -> dict:
     return execution
 
 
-def test_a_spot_interruption_replaces_every_node_in_one_request(
+def test_a_spot_interruption_replaces_the_reclaimed_node_and_reboots_the_running_one(
     workflow, relaunch, monkeypatch, launches
 ):
-    """One-time Spot Instances cannot be stopped: the survivors are terminated too, and every
-    node comes back as a new instance, all from the one template in one request."""
+    """EC2 reclaimed node 1 (a one-time Spot Instance is terminated on interruption): it comes
+    back from the one template; node 0 still runs, passes its checks and is not named, so it is
+    rebooted in place, its instance store kept, as an on-demand node would be."""
     fleet = Fleet(spot=True, zones=ZONES[:1])
-    Ec2Answers(monkeypatch, fleet)
+    answers = Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[1]])
     execution = relaunch(fleet, "interrupted", "interrupted")
     assert workflow.states(execution)[-1] == "Relaunched"
     nodes = fleet.instances()
     assert [n["node"] for n in nodes] == [0, 1] and all(n["state"] == "running" for n in nodes)
-    assert not {n["id"] for n in nodes} & set(fleet.nodes)
+    assert nodes[0]["id"] == fleet.nodes[0] and nodes[1]["id"] != fleet.nodes[1]
+    assert answers.reboots == [fleet.nodes[0]]
     [request] = launches
     assert request["LaunchTemplate"] == {"LaunchTemplateId": fleet.template, "Version": "$Latest"}
-    assert (request["MinCount"], request["MaxCount"]) == (2, 2)
+    assert (request["MinCount"], request["MaxCount"]) == (1, 1)
     # The deployed zone's subnet and group are the templates' own: nothing overridden.
     assert not any("NetworkInterfaces" in r or "Placement" in r for r in launches)
+    came_back = read_json(CONTROLLER)["relaunch"]["nodes"]
+    assert {k: v["came_back"] for k, v in came_back.items()} == {"0": "rebooted", "1": "replaced"}
 
 
-def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_stop_and_start(
+def test_an_on_demand_node_ec2_retired_is_replaced_and_the_rest_reboot_in_place(
     workflow, relaunch, monkeypatch, launches
 ):
     fleet = Fleet(nodes=3, zones=ZONES[:1])
-    Ec2Answers(monkeypatch, fleet)
+    answers = Ec2Answers(monkeypatch, fleet)
     clients.client("ec2").terminate_instances(InstanceIds=[fleet.nodes[2]])  # a retired host
     execution = relaunch(fleet)
     output = workflow.output(execution)
-    assert output["launch"]["started"] == sorted(fleet.nodes[:2])
+    assert output["launch"]["started"] == []
+    assert output["launch"]["rebooted"] == sorted(fleet.nodes[:2]) == sorted(answers.reboots)
     assert list(output["launch"]["replaced"]) == ["2"]
     assert [(r["LaunchTemplate"]["LaunchTemplateId"], r["MinCount"]) for r in launches] == [
         (fleet.template, 1)
@@ -112,6 +117,7 @@ def test_the_hard_cap_ends_the_wait_for_capacity_early(workflow, relaunch, monke
     """A try whose wait would leave less than an attempt before the cap gives up now."""
     fleet = Fleet(zones=ZONES[:1], hours=0.6)
     answers = Ec2Answers(monkeypatch, fleet)
+    answers.impaired = dict.fromkeys(fleet.nodes, "system")  # stopped and started: a new host
     answers.full = {ZONES[0]: "InsufficientInstanceCapacity"}
     execution = relaunch(fleet)
     assert [s for _, state, s in workflow.waits if state == "WaitForCapacity"] == []
@@ -127,6 +133,7 @@ def test_while_it_waits_for_capacity_controller_json_says_what_and_names_the_exe
 ):
     fleet = Fleet(zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
+    answers.impaired = dict.fromkeys(fleet.nodes, "system")
     answers.full, answers.full_tries = {ZONES[0]: "InsufficientInstanceCapacity"}, 1
     seen = []
     workflow.on_wait = lambda *_: seen.append(read_json(CONTROLLER))
@@ -145,6 +152,7 @@ def test_cdk_destroy_during_a_relaunch_starts_nothing_and_follows_the_delete(
 ):
     fleet = Fleet(zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
+    answers.impaired = dict.fromkeys(fleet.nodes, "system")
     answers.full, answers.full_tries = {ZONES[0]: "InsufficientInstanceCapacity"}, 1
 
     def destroy(_execution, state, _seconds):
@@ -253,6 +261,7 @@ def test_a_fleet_short_of_capacity_launches_none_and_keeps_its_wait(
     fleet = Fleet(spot=True, zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
     answers.capacity = {ZONES[0]: 1}
+    clients.client("ec2").terminate_instances(InstanceIds=fleet.nodes)  # both reclaimed
     execution = relaunch(fleet, "interrupted", "interrupted")
     assert [s for _, state, s in workflow.waits if state == "WaitForCapacity"] == [600, 1200, 2400]
     assert [(r["MinCount"], r["MaxCount"]) for r in launches] == [(2, 2)] * 4
@@ -277,6 +286,7 @@ def test_a_launch_that_dies_midway_and_is_retried_launches_each_node_once(
     its index and with its assignment in S3."""
     fleet = Fleet(nodes=3, spot=True, zones=ZONES[:1])
     Ec2Answers(monkeypatch, fleet)
+    clients.client("ec2").terminate_instances(InstanceIds=fleet.nodes)  # every one reclaimed
     module, name = (
         (ec2_fleet, "launch") if dies == "after RunInstances" else (ec2_fleet, "tag_node")
     )

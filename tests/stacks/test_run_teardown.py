@@ -134,6 +134,7 @@ def test_the_hard_cap_deletes_without_its_results_and_ends_a_relaunch_that_waits
     start nodes in a stack being deleted."""
     fleet = Fleet(zones=ZONES[:1])
     answers = Ec2Answers(monkeypatch, fleet)
+    answers.impaired = dict.fromkeys(fleet.nodes, "system")  # stopped and started: a new host
     answers.full = {ZONES[0]: "InsufficientInstanceCapacity"}
     capped = []
 

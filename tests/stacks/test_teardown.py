@@ -607,7 +607,9 @@ TRAIN_STACK_TAGGED = {
 }
 
 
-def test_instances_are_stopped_started_and_terminated_only_when_tagged_as_train_stacks(templates):
+def test_instances_are_rebooted_stopped_started_and_terminated_only_when_tagged_as_train_stacks(
+    templates,
+):
     """CloudFormation's own tag (no one can set an aws: tag), or the fleet's tag holding
     TrainStack's id, which the launch templates put on the instances they launch; the cleanup
     only terminates, and only the latter."""
@@ -619,6 +621,7 @@ def test_instances_are_stopped_started_and_terminated_only_when_tagged_as_train_
         assert [render(r) for r in as_list(statement["Resource"])] == [INSTANCES]
         if statement in steps:
             assert sorted(statement["Action"]) == [
+                "ec2:RebootInstances",
                 "ec2:StartInstances",
                 "ec2:StopInstances",
                 "ec2:TerminateInstances",

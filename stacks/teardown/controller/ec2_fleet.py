@@ -1,10 +1,11 @@
-"""The fleet's instances as the run controller sees and moves them through EC2: find them, stop
-or terminate them, start them, launch the missing ones.
+"""The fleet's instances as the run controller sees and moves them through EC2: find them and
+their status checks, reboot, stop or terminate them, start them, launch the missing ones.
 
 Every instance of a fleet, CloudFormation's and the ones the controller launched, carries the
 tags `horovod-fleet:stack` (TrainStack's id) and `horovod-fleet:node` (its node: an index, or a
-name such as `head`; a launched one gets it from the controller right after its launch); the
-controller's role may stop, start, terminate, launch and tag only instances so tagged.
+name such as `head`; a launched node gets it from the controller right after its launch, the head
+from its own template); the controller's role may reboot, stop, start, terminate, launch and tag
+only instances so tagged.
 Only boto3 and the standard library: part of the run controller's Lambda asset.
 """
 
@@ -124,10 +125,12 @@ def settled(fleet: list[dict]) -> bool:
     return not any(n["state"] in SETTLING_STATES for n in fleet)
 
 
-def stop(fleet: list[dict]) -> dict:
-    """No node of the fleet bills: every on-demand one stopped, every Spot one terminated (a
-    one-time Spot instance cannot be stopped). A node still pending cannot be stopped yet:
-    NodePending, after the others were, so the step is retried until it can be."""
+def stop(fleet: list[dict], keep: frozenset[str] = frozenset()) -> dict:
+    """No node of the fleet bills but the ones to `keep` running (they come back in place):
+    every other on-demand one stopped, every other Spot one terminated (a one-time Spot
+    instance cannot be stopped). A node still pending cannot be stopped yet: NodePending, after
+    the others were, so the step is retried until it can be."""
+    fleet = [n for n in fleet if n["id"] not in keep]
     terminate = [n["id"] for n in fleet if n["spot"] and n["state"] in LIVE_STATES]
     running = [n["id"] for n in fleet if not n["spot"] and n["state"] == "running"]
     pending = [n["id"] for n in fleet if not n["spot"] and n["state"] == "pending"]
@@ -158,6 +161,52 @@ def terminate(ids: list[str]) -> None:
 def start(ids: list[str]) -> None:
     if ids:
         client("ec2").start_instances(InstanceIds=ids)
+
+
+def reboot(ids: list[str]) -> None:
+    """RebootInstances: "equivalent to an operating system reboot"; the instance keeps its
+    addresses and "any data on its instance store volumes", and starts no new billing period
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-reboot.html). The call
+    only queues the reboots ("This operation is asynchronous"; a Linux instance that does not
+    shut down cleanly is hard-rebooted within minutes,
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RebootInstances.html)."""
+    if ids:
+        client("ec2").reboot_instances(InstanceIds=ids)
+
+
+# Status checks that fail; "initializing" and "insufficient-data" are not failures, and a
+# stopped instance's checks are "not-applicable".
+IMPAIRED = "impaired"
+# "After a scheduled event is completed, it can still be described for up to a week. If the
+# event has been completed, this description starts with the following text: [Completed]"
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_InstanceStatusEvent.html).
+DONE_EVENT = "[Completed]"
+
+
+def checks(ids: list[str]) -> dict[str, dict]:
+    """EC2's status checks and scheduled events of each instance, by id: {"system", "instance":
+    the checks' status ("ok", "impaired", "initializing", ...), "events": the codes of the events
+    still to come (instance-retirement, system-reboot, ...)}. DescribeInstanceStatus with
+    IncludeAllInstances, so a stopped instance is described too ("When true, includes the
+    health status for all instances. When false, includes the health status for running
+    instances only",
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceStatus.html)."""
+    if not ids:
+        return {}
+    answer = client("ec2").describe_instance_status(InstanceIds=ids, IncludeAllInstances=True)
+    found = {}
+    for status in answer["InstanceStatuses"]:
+        events = [
+            e.get("Code", "")
+            for e in status.get("Events") or []
+            if not (e.get("Description") or "").startswith(DONE_EVENT)
+        ]
+        found[status["InstanceId"]] = {
+            "system": (status.get("SystemStatus") or {}).get("Status"),
+            "instance": (status.get("InstanceStatus") or {}).get("Status"),
+            "events": events,
+        }
+    return found
 
 
 def client_token(try_token: str, indexes: list[int]) -> str:
@@ -257,6 +306,24 @@ def run_instances(template: str, count: int, zone: dict, token: str) -> list[str
     )
     ordered = sorted(reservation["Instances"], key=lambda i: i["AmiLaunchIndex"])
     return [i["InstanceId"] for i in ordered]
+
+
+def launch_head(template: str, try_token: str) -> str:
+    """The fleet's head, launched again from its own template (stacks/train/head.py: its
+    subnet, security group, role and node.json), where the template puts it: the head stays in
+    the deployed zone whatever zone the nodes move to. Its ClientToken comes from the try, so a
+    retried step gets the same instance back. A refusal is raised."""
+    reservation = client("ec2").run_instances(
+        LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
+        MinCount=1,
+        MaxCount=1,
+        ClientToken=head_token(try_token),
+    )
+    return reservation["Instances"][0]["InstanceId"]
+
+
+def head_token(try_token: str) -> str:
+    return digest(try_token)[:32] + digest(HEAD_NODE)[:32]
 
 
 def tag_node(instance_id: str, index: int) -> None:

@@ -243,7 +243,8 @@ def replacement_numbers(
 
 def unreturnable(stack: dict, fleet: list[dict]) -> str | None:
     """Why a relaunch cannot bring the fleet back, if it cannot: a node gone from a stack
-    without the replacement template, or the head terminated (it has no launch template)."""
+    without the replacement template, or the head EC2 ended in a stack without the head's
+    template (deployed before it). A head whose template is there is launched again from it."""
     lost = missing(stack["nodes"], fleet)
     head = head_of(fleet)
     if lost and not stack["template"]:
@@ -252,10 +253,10 @@ def unreturnable(stack: dict, fleet: list[dict]) -> str | None:
             "replacement template (deployed before it); deploy again to resume from the "
             "newest checkpoint"
         )
-    if head and head["state"] not in LIVE_STATES:
+    if head and head["state"] not in LIVE_STATES and not stack.get("head_template"):
         return (
-            f"the head ({head['id']}) is {head['state']} and cannot come back: it has no "
-            "launch template to be launched again from; deploy again to resume from the "
-            "newest checkpoint"
+            f"the head ({head['id']}) is {head['state']} and cannot come back: the stack has no "
+            "launch template for the head (deployed before it); deploy again to resume from "
+            "the newest checkpoint"
         )
     return None

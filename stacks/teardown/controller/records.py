@@ -254,6 +254,16 @@ def last_modified(s3, bucket: str, name: str):
     return next((o["LastModified"] for o in listed(s3, bucket, name) if o["Key"] == name), None)
 
 
+def said_since(s3, bucket: str, run: str, kind: str, since) -> list[dict]:
+    """The nodes' own records of `kind` (runs/<run>/failures/: a node's failure; interruptions/:
+    its Spot notice; docs/contracts.md) that S3 took at or after `since` (this attempt's: an
+    earlier attempt's are history), each as written."""
+    prefix = key(run, f"{kind}/")
+    newer = [o for o in listed(s3, bucket, prefix) if since is None or o["LastModified"] >= since]
+    found = [read_json(s3, bucket, o["Key"]) for o in newer if o["Key"].endswith(".json")]
+    return [doc for doc in found if doc is not None]
+
+
 def assignments(s3, bucket: str, run: str) -> list[dict]:
     """Every launch assignment of the run (runs/<run>/launches/*.json), as written."""
     prefix = key(run, "launches/")

@@ -39,9 +39,47 @@ RETRYABLE = (
     "node_lost", "nodes_missing", "node_unhealthy", "rank_killed", "collective_timeout",
     "stalled", "s3_unreachable", "interrupted", "corrupt_checkpoint", "unknown",
 )  # fmt: skip
+# How each instance of the fleet comes back for the next attempt (docs/contracts.md, DONE.json's
+# `attempts` entries' `came_back`; docs/faults-and-recovery.md, "Recovery"): rebooted in place
+# (its instance store, addresses and billing period kept; no capacity asked for), stopped and
+# started (EC2 puts it on a healthy host, with empty instance stores), or replaced by a new
+# instance from its launch template.
+REBOOTED, STARTED, REPLACED = "rebooted", "started", "replaced"
+# A node's own failure with one of these causes (its runs/<run>/failures/<index>.json) says its
+# instance is suspect (a GPU, EFA or boot check failed, its disk filled, its image is not the
+# one expected): it does not come back in place. The other causes name no hardware: a node lost
+# or silent, a stalled or timed-out collective, a killed rank, S3, a shutdown.
+NAMING_CAUSES = frozenset({"node_unhealthy", "disk_full", "image_mismatch"})
+# The states in which EC2 ended the instance: it cannot come back.
+ENDED_STATES = ("shutting-down", "terminated")
 # A relaunch needs this much before the hard cap (boot, data pull, allreduce check, a first
 # checkpoint): a shorter one would be cut off before it saved anything.
 MIN_ATTEMPT = datetime.timedelta(minutes=30)
+
+
+def way_back(node: dict | None, check: dict | None, named: str | None) -> tuple[str, str]:
+    """(how the instance `node` comes back, why), from EC2's own view of it (`node`: its state
+    and market, ec2_fleet.nodes; `check`: its status checks and scheduled events,
+    ec2_fleet.checks) and from what the ended attempt says of it (`named`: why a record of the
+    attempt names it, or None). A node that runs, passes its checks, has no event scheduled and
+    is not named is rebooted in place; one that is stopped, impaired, scheduled or named is
+    stopped and started on demand, and replaced on Spot (a one-time Spot Instance cannot be
+    stopped); one EC2 ended is replaced."""
+    if node is None or node["state"] in ENDED_STATES:
+        return REPLACED, "EC2 ended its instance" if node else "no instance serves it"
+    check = check or {}
+    trouble = [
+        *([f"its instance is {node['state']}"] if node["state"] != "running" else []),
+        *(f"EC2's {kind} status check is impaired" for kind in ("system", "instance")
+          if check.get(kind) == "impaired"),
+        *(f"EC2 scheduled {event}" for event in check.get("events") or []),
+        *([named] if named else []),
+    ]  # fmt: skip
+    if not trouble:
+        return REBOOTED, "it runs, passes EC2's status checks and is not named by the attempt"
+    if node["spot"]:
+        return REPLACED, "; ".join(trouble) + " (a Spot Instance cannot be stopped)"
+    return STARTED, "; ".join(trouble)
 
 
 def final_cause(cause: str | None) -> str | None:
@@ -104,8 +142,15 @@ def attempt_entry(
     timeline = done.get("timeline") or {}
     steps = timeline.get("steps") or {}
     kept = {k: timeline.get(k) for k in TIMELINE_FIELDS} | {k: steps.get(k) for k in STEPS_FIELDS}
+    number = done.get("attempt") or len(earlier) + 1
+    # How each node came back for the attempt and what its pull fetched: its own entry of
+    # DONE.json's `attempts`, which later attempts' DONE.json list from here.
+    own = [
+        a for a in done.get("attempts") or [] if isinstance(a, dict) and a.get("attempt") == number
+    ]
+    kept["nodes"] = own[-1].get("nodes") if own else None
     return {
-        "attempt": done.get("attempt") or len(earlier) + 1,
+        "attempt": number,
         "started_at": started_at,
         "ended_at": done.get("finished_at") or stamp(now),
         "status": done.get("status"),

@@ -9,7 +9,7 @@ https://github.com/aws/aws-cdk-cli/blob/main/packages/%40aws-cdk/toolkit-lib/lib
 Only values that cannot change while a fleet lives are tags (each is in the nodes' node.json,
 which the code guard keeps): CloudFormation applies a stack's tags to its resources, and a
 changed stack tag has replaced a resource (aws-cloudformation/cloudformation-coverage-roadmap
-issue 538). Outputs exist only once a create has finished: the replacement template, the zones,
+issue 538). Outputs exist only once a create has finished: the replacement templates, the zones,
 maxRestarts and the hard cap's exact time are read there; while the stack is created, the cap's
 time from its schedule (observe.py).
 Only boto3 and the standard library: part of the run controller's Lambda asset.
@@ -28,6 +28,8 @@ MAX_RESTARTS_OUTPUT_KEY = "HorovodFleetMaxRestarts"
 DEADLINE_OUTPUT_KEY = "HorovodFleetDeadline"
 # The one launch template every replacement node is launched from (stacks/train/fleet.py).
 REPLACEMENT_OUTPUT_KEY = "HorovodFleetReplacementTemplate"
+# ... and the one the head is launched again from when EC2 ended it (stacks/train/head.py).
+HEAD_TEMPLATE_OUTPUT_KEY = "HorovodFleetHeadTemplate"
 NODES_OUTPUT_KEY = "HorovodFleetNodes"
 # The fewest nodes the elastic fleet trains on (stacks/teardown/names.py).
 MIN_NODES_OUTPUT_KEY = "HorovodFleetMinNodes"
@@ -89,6 +91,9 @@ def of(stack: dict) -> dict:
         # "" for a stack deployed before the one template (its nodes' own templates held their
         # index): a node of it that EC2 terminated is never replaced.
         "template": outputs.get(REPLACEMENT_OUTPUT_KEY, ""),
+        # "" for a stack deployed before the head's template: its head, once EC2 ended it,
+        # cannot come back, and the run stops for a person.
+        "head_template": outputs.get(HEAD_TEMPLATE_OUTPUT_KEY, ""),
         # [] for a fleet whose zone is fixed, or a stack from before zones were made at deploy.
         "zones": parse_zones(outputs.get(ZONES_OUTPUT_KEY, "")),
     }

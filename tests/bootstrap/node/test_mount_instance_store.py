@@ -44,15 +44,19 @@ def fake_sysfs(root: Path, models: list[str]) -> Path:
     return root
 
 
-def stubs(bin_dir: Path, sysroot: Path, log: Path) -> None:
+def stubs(bin_dir: Path, sysroot: Path, log: Path, rebooted: bool = False) -> None:
+    """`rebooted`: the drives hold the array and its xfs from before a reboot, which mdadm's
+    assemble finds again (it makes the array's device) and blkid identifies."""
     bin_dir.mkdir()
+    md = bin_dir / "md"
+    found = f"if [[ $1 == --assemble ]]; then touch {md}; fi" if rebooted else ":"
     scripts = {
         # The real lsblk, pointed at the fake sysfs.
         "lsblk": f'exec {LSBLK} --sysroot {sysroot} "$@"',
         "mountpoint": "exit 1",
-        "mdadm": f'echo "mdadm $*" >>{log}; if [[ $1 == --create ]]; then touch {bin_dir}/md; fi',
+        "mdadm": f'echo "mdadm $*" >>{log}; if [[ $1 == --create ]]; then touch {md}; fi; {found}',
         "readlink": "echo /dev/md127",
-        "blkid": "exit 2",
+        "blkid": "exit 0" if rebooted else "exit 2",
         "mkfs.xfs": f'echo "mkfs.xfs $*" >>{log}',
         "mount": f'echo "mount $*" >>{log}',
         "df": "printf 'Size\\n 28T\\n'",
@@ -63,12 +67,18 @@ def stubs(bin_dir: Path, sysroot: Path, log: Path) -> None:
         path.chmod(0o755)
 
 
-def mount(tmp_path: Path, models: list[str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+def mount(
+    tmp_path: Path, models: list[str], rebooted: bool = False
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     sysroot = fake_sysfs(tmp_path / "root", models)
     log = tmp_path / "calls.log"
     log.touch()
-    stubs(tmp_path / "bin", sysroot, log)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    stubs(tmp_path / "bin", sysroot, log, rebooted)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "HOROVOD_FLEET_MD": str(tmp_path / "bin" / "md"),
+    }
     result = subprocess.run(
         ["bash", str(SCRIPT), str(tmp_path / "data")],
         env=env,
@@ -122,3 +132,18 @@ def test_no_instance_store_fails_in_one_line(tmp_path):
     assert result.returncode == 1
     assert "no NVMe instance store on this instance type" in result.stdout
     assert not calls
+
+
+@pytest.mark.parametrize("drives", [1, 8])
+def test_after_a_reboot_the_array_is_assembled_again_and_nothing_is_created_or_formatted(
+    tmp_path, drives
+):
+    """A node the run controller rebooted in place keeps its instance store: the array its
+    drives hold is assembled from their superblocks, blkid finds its xfs, and the dataset on it
+    is mounted as it was."""
+    result, calls = mount(tmp_path, [EBS] + [INSTANCE_STORE] * drives, rebooted=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not [c for c in calls if c.startswith(("mdadm --create", "mkfs"))]
+    device = "/dev/md127" if drives > 1 else "/dev/nvme1n1"
+    assert f"mount -o noatime {device} {tmp_path / 'data'}" in calls
+    assert "formatting" not in result.stdout and "creating RAID0" not in result.stdout
