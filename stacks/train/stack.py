@@ -135,7 +135,7 @@ class TrainStack(Stack):
             run=config.run,
             fleet_document=fleet.fleet_document,
             signal_timeout=SIGNAL_TIMEOUT,
-            init_rate=root_volume.head_init_rate(config.nodes),
+            init_rate=None if drill else root_volume.head_init_rate(config.nodes),
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))

@@ -627,3 +627,18 @@ def test_the_idle_clock_runs_through_a_hold():
     assert held["actions"] == [] and "goes at the first tick after release" in held["why"]
     released = {**HELD, "held": False, "released_at": stamp(90)}
     assert started(verdict(90, hold=released, alarm=alarm)) == [name(RUN, "idle", STACK)]
+
+
+def test_the_lost_instance_within_one_second_is_the_newer_replacement():
+    """EC2's LaunchTime is to the second: a replacement launched and lost within the second of
+    the one it replaced is still the newer, so its loss gets a token of its own."""
+    at = datetime.datetime(2026, 11, 29, 7, 0, 1, tzinfo=datetime.timezone.utc)
+    fleet = [
+        {"id": "i-7b3c", "node": "0", "launched": at},  # CloudFormation's, lost first
+        {"id": "i-33b1", "node": "0", "launched": at},  # replacement 1, lost in turn
+    ]
+    assigned = {"i-33b1": {"replacement": 1, "launched_at": "2026-11-29T07:00:01Z"}}
+    assert judge.last_served(fleet, 0, assigned) == "i-33b1"
+    fleet.append({"id": "i-0aa1", "node": "0", "launched": at})
+    assigned["i-0aa1"] = {"replacement": 2, "launched_at": "2026-11-29T07:00:01Z"}
+    assert judge.last_served(fleet, 0, assigned) == "i-0aa1"

@@ -321,3 +321,23 @@ def test_a_drill_converted_off_aws_has_no_preprocess_stack():
     stacks = compose(app, FleetConfig.from_context(app.node.get_all_context()))
     assert stacks.preprocess is None
     assert "PreprocessStack" not in [c.node.id for c in app.node.children]
+
+
+def test_the_head_launched_again_has_the_drill_s_head_role(drill_app):
+    """issue 47's head template: the head the controller launches again may start the drill's
+    experiments too (the last one judged is the head's own loss)."""
+    template = drill_app["TrainStack"]
+    _, head = head_instance(template)
+    [again] = [
+        r for k, r in template.find_resources("AWS::EC2::LaunchTemplate").items()
+        if k.startswith("HeadReplacement")
+    ]  # fmt: skip
+    profile = again["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"]
+    assert profile == {"Fn::GetAtt": [head["Properties"]["IamInstanceProfile"]["Ref"], "Arn"]}
+    assert "drill" in node_document_of_template(again)
+
+
+def node_document_of_template(template: dict) -> dict:
+    return node_document(
+        {"Properties": {"UserData": template["Properties"]["LaunchTemplateData"]["UserData"]}}
+    )

@@ -169,14 +169,21 @@ def last_served(fleet: list[dict], index: int, assigned: dict[str, dict]) -> str
     does not list any more by its assignment's `launched_at`; None when nothing ever served it
     as far as EC2 and the assignments say. What a replacement's ClientToken is made from
     (ec2_fleet.replacement_token): a replacement is always newer than the instance it replaced,
-    so a token is never asked for again once its launch was lost in turn."""
+    so a token is never asked for again once its launch was lost in turn. EC2's LaunchTime is
+    to the second: within one second, a later replacement number is the newer (the instance
+    CloudFormation launched counts as number 0)."""
     epoch = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
     launched = {n["id"]: n["launched"] or epoch for n in fleet if n["node"] == str(index)}
     listed = {n["id"]: n["launched"] or epoch for n in fleet}
     for instance_id, launch in assigned.items():
         at = launch.get("launched_at")
         launched[instance_id] = listed.get(instance_id) or (parse_stamp(at) if at else epoch)
-    return max(launched, key=lambda i: (launched[i], i)) if launched else None
+
+    def newest(instance_id: str) -> tuple:
+        number = (assigned.get(instance_id) or {}).get("replacement") or 0
+        return launched[instance_id], number, instance_id
+
+    return max(launched, key=newest) if launched else None
 
 
 def held(hold: dict | None, stack: dict) -> bool:
