@@ -113,6 +113,13 @@ def build_parser() -> OneLineErrorParser:
         help="with --drill: the fleet's market; spot plays the Spot notice too",
     )
     parser.add_argument(
+        "--experiment",
+        action="append",
+        metavar="NAME",
+        help="with --drill: only this experiment of the drill (repeatable), as -c "
+        "drillExperiments keeps some",
+    )
+    parser.add_argument(
         "--benchmark",
         action="store_true",
         help="the fleet benchmark instead of a run: 1 rank, 1 node, 2 nodes (rehearsal/benchmark.py)",

@@ -171,7 +171,7 @@ class Schedule(threading.Thread):
             if not record.get("started_at"):
                 if index == 0 and not self.epochs_done(records):
                     return False
-                record = self.start(planned, records)
+                record = self.begin(planned, records)
             self.follow(planned, record, records)
             return False
         return self.ask_stop()
@@ -183,7 +183,7 @@ class Schedule(threading.Thread):
         done = (progress.get("epoch") or 0) - 1
         return status.get("phase") == "training" and done >= self.plan.start_after_epoch
 
-    def start(self, planned: Planned, records: Records) -> dict:
+    def begin(self, planned: Planned, records: Records) -> dict:
         """FIS StartExperiment with the deterministic token, and the record of it."""
         token = f"{self.cfg.run}-{planned.name}"
         base = {

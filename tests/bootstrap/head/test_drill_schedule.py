@@ -229,3 +229,15 @@ def test_a_plan_this_code_cannot_play_is_one_line_naming_the_key(change, message
     doc["experiments"][0].update(change)
     with pytest.raises(ConfigError, match="^node.json: " + message.replace("[", r"\[")):
         schedule.plan_of(doc)
+
+
+def test_the_schedule_runs_in_its_own_thread_until_the_stop_is_asked(head, s3, fis):
+    cfg, make, clock, lines = head
+    for experiment in PLAN:
+        put(s3, cfg, f"drill/{experiment.name}.json",
+            {"experiment": experiment.name, "started_at": stamp_at(T0), "verdict": "pass"})  # fmt: skip
+    player = make()
+    player.start()
+    player.join(timeout=30)
+    assert not player.is_alive()
+    assert read_object(s3, BUCKET, f"{cfg.runs_prefix}stop.json")
