@@ -16,7 +16,9 @@ How each code is read (Ts: the experiment's start; a fault's end: Ts plus its lo
 - reset: an elastic reset at or after Ts that lost a node (status.json's, then DONE.json's
   `resets`).
 - replacement_joined: a node the run controller launched at or after Ts (controller.json
-  `replacements`, an instance launched) added to the training by a reset after its launch.
+  `replacements`, an instance launched) in the training: added by a reset after its launch, or
+  its ranks' first step done (its phases/<node>.json, that instance's: a horovodrun started
+  again on the nodes took it in).
 - one_replacement_per_loss: never two instances launched for one lost instance (`replaces`)
   since Ts; seen at the first launch.
 - one_attempt: the attempt under way at Ts never ended (attempts.json has no entry for it and
@@ -70,13 +72,14 @@ def record_key(runs_prefix: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class Records:
-    """The run's records as they are now (None: absent): status.json, DONE.json, attempts.json
-    and controller.json."""
+    """The run's records as they are now (None: absent): status.json, DONE.json, attempts.json,
+    controller.json, and each node's start-up record (phases/<node>.json, by node)."""
 
     status: dict | None = None
     done: dict | None = None
     attempts: dict | None = None
     controller: dict | None = None
+    phases: dict[str, dict] = field(default_factory=dict)
 
 
 def experiment_named(name: str) -> drill.Experiment:
@@ -166,15 +169,22 @@ class Reader:
         return None
 
     def replacement_joined(self) -> float | None:
+        """A replacement in the training: added by a reset (a host update), or its ranks'
+        first step done (its phases record: a horovodrun started again took it in)."""
+        joined = []
         for replacement in self.replacements:
-            launched = self.at(replacement)
+            launched, instance = self.at(replacement), replacement["instance_id"]
             for reset in self.joins:
                 added = reset.get("added") or []
                 if self.at(reset) >= launched and any(
-                    a.get("instance_id") == replacement["instance_id"] for a in added
+                    a.get("instance_id") == instance for a in added
                 ):
-                    return self.at(reset)
-        return None
+                    joined.append(self.at(reset))
+            for record in self.records.phases.values():
+                end = ((record.get("phases") or {}).get("first_step") or {}).get("end")
+                if record.get("instance_id") == instance and end and parse_stamp(end) >= launched:
+                    joined.append(parse_stamp(end))
+        return min(joined) if joined else None
 
     def one_replacement_per_loss(self) -> float | str | None:
         lost: dict[str, list[str]] = {}

@@ -261,11 +261,20 @@ class Schedule(threading.Thread):
 
     def read_records(self) -> Records:
         prefix = self.cfg.runs_prefix
+        controller = self.read_json(f"{prefix}controller.json")
+        # The start-up records of the nodes the controller replaced: a replacement's ranks
+        # stepping is its join.
+        replaced = {str(r.get("node")) for r in (controller or {}).get("replacements") or []}
         return Records(
             status=self.read_json(f"{prefix}status.json"),
             done=self.read_json(f"{prefix}DONE.json"),
             attempts=self.read_json(f"{prefix}attempts.json"),
-            controller=self.read_json(f"{prefix}controller.json"),
+            controller=controller,
+            phases={
+                node: record
+                for node in sorted(replaced)
+                if (record := self.read_json(f"{prefix}phases/{node}.json")) is not None
+            },
         )
 
     def write(self, planned: Planned, record: dict) -> None:

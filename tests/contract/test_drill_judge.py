@@ -67,6 +67,25 @@ def test_a_node_terminated_passes_once_its_replacement_joins():
                                "replacement_joined": at(200)}  # fmt: skip
 
 
+def test_a_replacement_taken_in_by_a_horovodrun_started_again_joined_at_its_first_step():
+    """No reset adds it (the head started horovodrun again on every node): its phases record,
+    the replacement instance's, says when its ranks' first step was done."""
+    experiment = experiment_named("node-terminated")
+    phases = {"2": {"node": "2", "instance_id": "i-new",
+                    "phases": {"first_step": {"start": at(150), "end": at(170)}}}}  # fmt: skip
+    records = Records(
+        status=status(logged=240, resets=[reset(20)]),
+        controller={"replacements": [replacement(70)]},
+        phases=phases,
+    )
+    judged = judge(experiment, started("node-terminated"), records, now=T0 + 250)
+    assert judged["verdict"] == PASS and judged["observed"]["replacement_joined"] == at(170)
+    old = {"2": {**phases["2"], "instance_id": "i-2"}}  # the lost instance's record
+    records = Records(status=status(logged=240, resets=[reset(20)]),
+                      controller={"replacements": [replacement(70)]}, phases=old)  # fmt: skip
+    assert judge(experiment, started("node-terminated"), records, T0 + 250).get("verdict") is None
+
+
 def test_what_was_seen_keeps_the_time_it_was_first_seen():
     experiment = experiment_named("node-terminated")
     first = judge(experiment, started("node-terminated"),
