@@ -96,6 +96,10 @@ OBSERVATIONS = (
 # `{"<experiment>": "<id>", ...}` in the plan's order (docs/contracts.md).
 TEMPLATES_OUTPUT_KEY = "HorovodFleetDrillExperiments"
 
+# The drill's GPU type when none is given (-c instanceType empty, `horovod-fleet drill
+# --instance-type`): the cheapest of the table, 3 x $0.526/h (stacks/drill_plan.py says why).
+DEFAULT_INSTANCE_TYPE = "g4dn.xlarge"
+
 # The first experiment starts once the run has finished this many epochs (a checkpoint to come
 # back to, the start-up measured).
 START_AFTER_EPOCH = 1

@@ -29,7 +29,7 @@ from stacks.teardown.controller_cost import tick_usd_per_month
 # The drill's fleet when -c instanceType and -c nodes are empty: the cheapest GPU type of the
 # table, 3 x $0.526/h (g5.xlarge's 3 x $1.006/h would break the $3 budget in an hour alone), and
 # 3 nodes, so that a node's loss leaves the default minNodes (nodes - 1 = 2) training.
-DEFAULT_TYPE = "g4dn.xlarge"
+DEFAULT_TYPE = drill.DEFAULT_INSTANCE_TYPE
 DEFAULT_NODES = 3
 # The drill's batch per GPU when -c batchPerGpu is empty: a step of every rank is 3 x 16 images,
 # so its 200 training images (contract/drill.py DATASET) make several steps an epoch.

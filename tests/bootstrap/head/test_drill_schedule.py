@@ -232,7 +232,7 @@ def test_a_plan_this_code_cannot_play_is_one_line_naming_the_key(change, message
 
 
 def test_the_schedule_runs_in_its_own_thread_until_the_stop_is_asked(head, s3, fis):
-    cfg, make, clock, lines = head
+    cfg, make, _, _ = head
     for experiment in PLAN:
         put(s3, cfg, f"drill/{experiment.name}.json",
             {"experiment": experiment.name, "started_at": stamp_at(T0), "verdict": "pass"})  # fmt: skip
