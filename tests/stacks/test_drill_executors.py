@@ -5,6 +5,8 @@ the same FIS action ids, parameters and targets, every action one the rehearsal 
 head's node.json names them in the same order with the same codes. Either side changed alone
 fails here."""
 
+import dataclasses
+
 import pytest
 from conftest import head_instance, node_document
 
@@ -70,6 +72,21 @@ def test_the_same_experiments_are_in_the_templates_and_in_the_rehearsal_s_drill(
 @pytest.mark.parametrize("experiment", drill.plan("on-demand"), ids=lambda e: e.name)
 def test_each_experiment_s_actions_and_parameters_are_the_same_in_both(synthesized, experiment):
     assert from_stack(synthesized[experiment.name]) == from_rehearsal(experiment)
+
+
+def test_one_side_changed_alone_is_seen(synthesized):
+    """The comparison can fail: the rehearsal's template of an experiment whose parameter moved
+    (the S3 cut 2 minutes instead of 1), or that lost an action, is not TrainStack's."""
+    cut = next(e for e in drill.EXPERIMENTS if e.name == "s3-cut")
+    longer = dataclasses.replace(cut.actions[0], parameters=(("scope", "s3"), ("duration", "PT2M")))
+    assert from_stack(synthesized["s3-cut"]) == from_rehearsal(cut)
+    assert from_stack(synthesized["s3-cut"]) != from_rehearsal(
+        dataclasses.replace(cut, actions=(longer,))
+    )
+    throttled = next(e for e in drill.EXPERIMENTS if e.name == "controller-throttled")
+    assert from_stack(synthesized[throttled.name]) != from_rehearsal(
+        dataclasses.replace(throttled, actions=throttled.actions[:1])
+    )
 
 
 @pytest.mark.parametrize("experiment", drill.EXPERIMENTS, ids=lambda e: e.name)
