@@ -3,7 +3,11 @@
 The happy path, a failed deploy, Ctrl-C while waiting and in the teardown, a run that never ends,
 what still bills, and every bad input: one line, exit 2, nothing deployed."""
 
+import datetime
 import json
+import signal
+import subprocess
+from pathlib import Path
 
 import boto3
 import pytest
@@ -330,8 +334,6 @@ def test_a_run_that_already_ended_is_refused(world, capsys):
 
 
 def test_the_default_run_is_a_dated_drill_name():
-    import datetime
-
     moment = datetime.datetime(2026, 12, 1, 9, 5, tzinfo=datetime.timezone.utc)
     assert drill_command.default_run(moment) == "drill-20261201-0905"
 
@@ -377,8 +379,6 @@ def test_the_sample_and_the_converter_run_as_processes_into_the_tfrecords_prefix
     """--no-preprocess as the command runs it: `python -m trainer.preprocess.sample` and
     `python -m trainer.preprocess` as processes in the checkout, the converter writing into the
     drill's TFRecords prefix of a moto server (a smaller dataset than the drill's, same shape)."""
-    from pathlib import Path
-
     from contract.drill import Dataset
     from watch.aws import Fleet, RunStore
 
@@ -404,3 +404,41 @@ def test_the_sample_and_the_converter_run_as_processes_into_the_tfrecords_prefix
     }  # fmt: skip
     listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="drill/raw/")
     assert listed["KeyCount"] == 0  # converted here: nothing for PreprocessStack to read
+
+
+class FakeChild:
+    """A CDK CLI that Ctrl-C interrupts while it runs, and that ends on SIGINT or not."""
+
+    def __init__(self, ends_on_sigint: bool) -> None:
+        self.pid, self.ends_on_sigint, self.waits = 4242, ends_on_sigint, []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        if len(self.waits) == 1:
+            raise KeyboardInterrupt  # the terminal's Ctrl-C, while the child runs
+        if timeout is not None and not self.ends_on_sigint:
+            raise subprocess.TimeoutExpired("cdk", timeout)
+        return -2
+
+
+@pytest.mark.parametrize("ends_on_sigint", [True, False])
+def test_ctrl_c_during_a_command_stops_it_in_its_own_session_then_goes_on(
+    monkeypatch, ends_on_sigint
+):
+    child, started, signals = FakeChild(ends_on_sigint), {}, []
+
+    def popen(command, **kwargs):
+        started.update(kwargs, command=command)
+        return child
+
+    monkeypatch.setattr(drill_command.subprocess, "Popen", popen)
+    monkeypatch.setattr(drill_command.os, "killpg", lambda pid, sig: signals.append((pid, sig)))
+    processes = drill_command.Processes(Path(drill_command.__file__).resolve().parents[1])
+    with pytest.raises(KeyboardInterrupt):  # the drill goes on to its teardown
+        processes.cdk(["deploy", "TrainStack"])
+    assert started["command"] == ["npx", "--no-install", "cdk", "deploy", "TrainStack"]
+    assert started["start_new_session"] is True  # the terminal's Ctrl-C reaches only this process
+    assert started["env"]["PATH"].startswith(str(processes.root / "node_modules" / ".bin"))
+    expected = [(4242, signal.SIGINT)] + ([] if ends_on_sigint else [(4242, signal.SIGKILL)])
+    assert signals == expected
+    assert child.waits[:2] == [None, drill_command.STOP_CHILD_S]
