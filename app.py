@@ -21,6 +21,7 @@ from cdk_nag import AwsSolutionsChecks
 from stacks.benchmark import benchmark_estimate
 from stacks.composition import HorovodFleet, checkpoint_plan, compose
 from stacks.config import ConfigError, FleetConfig
+from stacks.drill_plan import synthesis_lines as drill_lines
 from stacks.image.recipe import bake_estimate, jit_estimate
 from stacks.instance_types import (
     PRICES_AS_OF,
@@ -84,6 +85,16 @@ def estimates(config: FleetConfig) -> list[str]:
         lines.append(
             benchmark_estimate(config.benchmark, config.gpu, config.nodes, config.max_hours)
         )
+    elif config.drill:
+        lines += drill_lines(
+            config.drill,
+            gpu=config.gpu,
+            nodes=config.nodes,
+            market=config.market,
+            max_hours=config.max_hours,
+            preprocess=config.preprocess,
+            volume_gib=config.data_volume_gib,
+        )
     else:
         global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
         epochs, pixel_fraction = recipe_plan(
@@ -103,24 +114,28 @@ def estimates(config: FleetConfig) -> list[str]:
         )
         interval_s, training_s = checkpoint_plan(config)
         lines.append(checkpoint_note(interval_s, training_s, config.checkpoint_every_s is not None))
-    # Each start-up phase's budget and its source (docs/cost.md, Start-up).
+    # Each start-up phase's budget and its source (docs/cost.md, Start-up); a drill pulls a few
+    # MB, onto roots that load lazily.
     lines += startup_lines(
         config.gpu,
         config.nodes,
         startup_phases(
             config.gpu,
             config.nodes,
-            pulls_data=config.benchmark in (None, "data"),
-            init_rate=init_rate(config.nodes),
+            pulls_data=config.benchmark in (None, "data") and not config.drill,
+            init_rate=None if config.drill else init_rate(config.nodes),
         ),
     )
+    # A drill's replacement runs beside the node it replaces until that one is gone.
+    quota_nodes = config.nodes + 1 if config.drill else config.nodes
     lines += [
-        quota_note(config.gpu, config.nodes, config.market),
+        quota_note(config.gpu, quota_nodes, config.market),
         zone_note(config.gpu, config.region, config.az),
     ]
     if config.capacity_reservation:
         lines.append(capacity_note(config))
-    lines.append(preprocess_estimate(config.preprocess, config.data_volume_gib))
+    if not config.drill or config.drill.preprocess:
+        lines.append(preprocess_estimate(config.preprocess, config.data_volume_gib))
     if config.ami:
         lines.append(f"TrainStack boots your AMI {config.ami}; ImageStack is not needed")
     else:

@@ -9,6 +9,7 @@ import time
 from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous, supervision
 from bootstrap.fleet.interfaces import interface_of
+from bootstrap.head import drill
 from bootstrap.lines import one_line
 from bootstrap.node.logs import upload_logs
 from bootstrap.node.training_node import TrainingNode
@@ -27,10 +28,14 @@ class Member(TrainingNode):
             log=self.log,
         )  # fmt: skip
         met: list[float] = []
+        asked: list[float] = []  # when this node first saw the drill's stop asked
         interface = step("network interface", lambda: interface_of(ip))
 
         def on_beat(now: float) -> None:
             self.check_pull()
+            if cfg.drill is not None and drill.mirror_stop(s3, cfg) and not asked:
+                asked.append(now)
+                self.log("the drill's head asked the training to stop at this epoch's end")
             # The fleet met when the head wrote this deployment's hostfile.
             at = None if met else rendezvous.last_written(s3, cfg, "hostfile")
             if at is not None and at >= int(started):

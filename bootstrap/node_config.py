@@ -169,6 +169,8 @@ class TrainConfig(Common):
     elastic_timeout_s: float = ELASTIC_TIMEOUT_S
     launched_at: str | None = None
     startup_budget_s: dict[str, float] | None = field(default=None, hash=False)
+    # node.json `drill` (docs/contracts.md): the head's schedule, read by bootstrap/head/drill.py.
+    drill: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def is_head(self) -> bool:
@@ -381,6 +383,7 @@ def parse(doc: Any) -> PreprocessConfig | TrainConfig:
         if doc.get("launched_at") is not None
         else None,
         startup_budget_s=_budget(r),
+        drill=None if doc.get("drill") is None else r.child("drill").doc,
     )
 
 

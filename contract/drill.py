@@ -46,12 +46,16 @@ TARGETS = {
 # (the actions reference above, read 2026-11-29; /work/notes is not shipped: the facts are
 # repeated here where they decide something).
 TERMINATE = "aws:ec2:terminate-instances"
+STOP = "aws:ec2:stop-instances"
 SPOT_INTERRUPTION = "aws:ec2:send-spot-instance-interruptions"
 THROTTLE = "aws:fis:inject-api-throttle-error"
 INSUFFICIENT_CAPACITY = "aws:ec2:api-insufficient-instance-capacity-error"
 DISRUPT_CONNECTIVITY = "aws:network:disrupt-connectivity"
 ACTIONS = {
     TERMINATE: ((), frozenset({NODE, HEAD})),
+    # startInstancesAfterDuration and completeIfInstancesTerminated are optional; without the
+    # first the instance stays stopped, as a host's retirement leaves it.
+    STOP: ((), frozenset({NODE, HEAD})),
     # durationBeforeInterruption: 2 to 15 minutes.
     SPOT_INTERRUPTION: (("durationBeforeInterruption",), frozenset({SPOT_NODE})),
     # service: `ec2` or `kinesis` only; operations: EC2 API names.
@@ -88,9 +92,39 @@ OBSERVATIONS = (
     LEFT_AT_COMMIT, NEW_HEAD, CAPACITY_HANDLED,
 )  # fmt: skip
 
+# TrainStack's output that maps each experiment of a drill to its FIS experiment template's id,
+# `{"<experiment>": "<id>", ...}` in the plan's order (docs/contracts.md).
+TEMPLATES_OUTPUT_KEY = "HorovodFleetDrillExperiments"
+
+# The drill's GPU type when none is given (-c instanceType empty, `horovod-fleet drill
+# --instance-type`): the cheapest of the table, 3 x $0.526/h (stacks/drill_plan.py says why).
+DEFAULT_INSTANCE_TYPE = "g4dn.xlarge"
+
 # The first experiment starts once the run has finished this many epochs (a checkpoint to come
 # back to, the start-up measured).
 START_AFTER_EPOCH = 1
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The drill's data: ILSVRC-shaped archives from `python -m trainer.preprocess.sample
+    --classes C --train-per-class T --val-images V` (about 21 MB of JPEGs, a few MB of
+    TFRecords), uploaded under `raw_prefix` of the dataset bucket and converted into
+    `tfrecords_prefix` with these shard counts: by PreprocessStack (-c drill=true), or by
+    `horovod-fleet drill` on the user's machine (-c drillPreprocess=false)."""
+
+    raw_prefix: str = "drill/raw/"
+    tfrecords_prefix: str = "drill/tfrecords/"
+    classes: int = 10
+    train_per_class: int = 20
+    val_images: int = 50
+    # 6 train shards split evenly over 3, 2 or 1 nodes (the drill's fleet, and what a loss
+    # leaves of it); one validation shard per node.
+    train_shards: int = 6
+    val_shards: int = 3
+
+
+DATASET = Dataset()
 
 
 @dataclass(frozen=True)
@@ -153,8 +187,9 @@ EXPERIMENTS = (
     ),
     Experiment(
         "controller-throttled",
-        "the run controller's EC2 calls throttled for 3 minutes, and a node terminated in them",
-        (_throttle(CONTROLLER_EC2_CALLS, "PT3M"), FisAction("terminate", TERMINATE, NODE)),
+        "the run controller's EC2 calls throttled for 3 minutes, and a node's instance stopped "
+        "in them (and left stopped)",
+        (_throttle(CONTROLLER_EC2_CALLS, "PT3M"), FisAction("stop", STOP, NODE)),
         "the tick fails while throttled and goes on after it, no decision lost: the node's "
         "one replacement is launched once the throttle ends, and joins",
         (TICK_WENT_ON, RESET, REPLACEMENT_JOINED, ONE_REPLACEMENT, ONE_ATTEMPT),

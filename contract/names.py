@@ -49,6 +49,10 @@ STARTUP_GRACE_TAG = "horovod-fleet:startupGraceS"
 FLEET_TAG = "horovod-fleet:stack"
 NODE_TAG = "horovod-fleet:node"
 HEAD_NODE = "head"  # the head's NODE_TAG value: a fleet instance with no node index
+# A drill's training nodes also carry this, so that its FIS experiments can aim at a node of the
+# fleet and never its head (stacks/train/drill.py): NODE_TAG's values are the nodes' indexes.
+ROLE_TAG = "horovod-fleet:role"
+TRAIN_ROLE = "train"
 # The preprocessing stop's snapshot of the data volume: the manifest's ETag it was taken after.
 MANIFEST_TAG = "horovod-fleet:manifest"
 

@@ -100,6 +100,26 @@ def build_parser() -> OneLineErrorParser:
         help="with --faults: every row, or CI's subset (the rows docs/rehearsal.md marks in CI)",
     )
     parser.add_argument(
+        "--drill",
+        action="store_true",
+        help="the drill instead: the experiments AWS FIS plays with -c drill=true "
+        "(contract/drill.py), played by the run's head on 3 simulated nodes, then the judge's "
+        "table (rehearsal/drill.py; root)",
+    )
+    parser.add_argument(
+        "--market",
+        choices=("on-demand", "spot"),
+        default="on-demand",
+        help="with --drill: the fleet's market; spot plays the Spot notice too",
+    )
+    parser.add_argument(
+        "--experiment",
+        action="append",
+        metavar="NAME",
+        help="with --drill: only this experiment of the drill (repeatable), as -c "
+        "drillExperiments keeps some",
+    )
+    parser.add_argument(
         "--benchmark",
         action="store_true",
         help="the fleet benchmark instead of a run: 1 rank, 1 node, 2 nodes (rehearsal/benchmark.py)",
@@ -122,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             from rehearsal.faults import run_faults
 
             return run_faults(rehearsal)
+        if args.drill:
+            from rehearsal.drill import run_drill
+
+            return run_drill(rehearsal)
         return rehearsal.run()
     except KeyboardInterrupt:
         say(f"interrupted at step '{rehearsal.step}': cleaned up")

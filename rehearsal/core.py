@@ -62,6 +62,8 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
         self.fault_threads: list[threading.Thread] = []  # a fault that goes on (the rehearsal's)
         self.noted: dict = {}  # what a fault row's action noted for its checks
         self.cloud: Cloud | None = None  # the fleet in moto and its run controller, once needed
+        self.shards = (4, 2)  # the preprocessing's training and validation shards
+        self.status_screens = True  # `horovod-fleet status` after each epoch (not the drill's)
 
     def close(self) -> None:
         """End every process, then let their output drain: nothing prints after the verdict."""

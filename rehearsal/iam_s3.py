@@ -14,7 +14,9 @@ The caller is told by its access key id, which the rehearsal sets per process: `
 command) is not judged. Modelled: Allow and Deny statements, `*` and `?` in actions and
 resources, StringEquals/StringLike (and their Not forms) on the request's `s3:prefix`. Not
 modelled: bucket policies, SCPs, permission boundaries, KMS, other condition keys (a statement
-with one never matches), and any service but S3. Every refusal is one line in the log file.
+with one never matches), and any service but S3: a request of another service (the drill's
+FIS) goes to moto unjudged. Every refusal is one line in the log file. `cut` plays an S3 cut of
+the fleet's subnet (the drill's aws:network:disrupt-connectivity, scope s3).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ ROLES = {
     "preprocessor": "PreprocessorRole",
     "controller": "RunControllerStepsRole",
 }
-CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+# The access key and the service of a SigV4 request's scope (key/date/region/service/...).
+CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/(?:\d{8}/[^/]+/([^/]+)/)?")
 DELETE_KEY = re.compile(r"<Key>([^<]+)</Key>")
 
 
@@ -179,6 +182,8 @@ class IamS3Proxy:
         self.watches: list[tuple[str, re.Pattern, Callable[[], None]]] = []
         self.lock = threading.Lock()
         self.pace: Pace | None = None  # a throttle on some reads (Pace), for a measurement
+        # An S3 cut (cut()): until then, S3 requests from every address but these go unanswered.
+        self.cut_until, self.cut_keep = 0.0, set()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -209,6 +214,23 @@ class IamS3Proxy:
             with self.log_path.open("a") as out:
                 out.write(line + "\n")
 
+    def cut(self, keep: set[str], seconds: float) -> None:
+        """S3 cut off from every client address but `keep` for `seconds` (a subnet's network
+        ACL denying S3's traffic: FIS's disrupt-connectivity, scope s3): each S3 request from
+        them is held to the cut's end, then its connection closed unanswered, as a dropped
+        packet leaves the caller to time out and try again. Other services still answer."""
+        with self.lock:
+            self.cut_until, self.cut_keep = time.time() + seconds, set(keep)
+
+    def dropped(self, request: BaseHTTPRequestHandler) -> bool:
+        with self.lock:
+            until, keep = self.cut_until, self.cut_keep
+        if time.time() >= until or request.client_address[0] in keep:
+            return False
+        time.sleep(max(0.0, until - time.time()))
+        request.close_connection = True
+        return True
+
     def serve(self, request: BaseHTTPRequestHandler) -> None:
         body = read_body(request)
         parsed = urllib.parse.urlsplit(request.path)
@@ -216,6 +238,12 @@ class IamS3Proxy:
         auth = request.headers.get("Authorization", "") + " " + parsed.query
         found = CREDENTIAL.search(auth) or re.search(r"X-Amz-Credential=([^%/&]+)", auth)
         role = found.group(1) if found else ""
+        service = (found.group(2) if found and found.re is CREDENTIAL else None) or "s3"
+        if service != "s3":  # another service of moto's (the drill's FIS): not judged, not cut
+            status, headers, answer = self.forward(request, body)
+            return reply(request, status, answer, headers)
+        if self.dropped(request):
+            return None
         if role in self.statements:
             statements = self.statements[role]
             for action, resource, context in s3_actions(

@@ -92,8 +92,8 @@ class Nodes:
             "volume_id": None,
             "mount_point": str(home / "data"),
             "download_secret_arn": None,
-            "train_shards": 4,
-            "val_shards": 2,
+            "train_shards": self.shards[0],
+            "val_shards": self.shards[1],
             "stop_when_done": False,
             "instance_id": "rehearsal-preprocess",
         }

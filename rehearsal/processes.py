@@ -128,6 +128,8 @@ class NodeProcesses:
     def show_status_after_each_epoch(self, shown_epoch: int) -> int:
         """Print `horovod-fleet status` each time the leader's status.json is in a new epoch
         (the previous one is over); returns the newest epoch shown."""
+        if not self.status_screens:
+            return shown_epoch
         try:
             body = self.s3.get_object(Bucket=BUCKET, Key=runs.key(RUN, runs.STATUS))["Body"]
             status = json.loads(body.read())

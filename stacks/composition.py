@@ -29,12 +29,13 @@ from stacks.train.stack import TrainStack
 
 @dataclass(frozen=True)
 class HorovodFleet:
-    """The stacks of one app; dataset is None when the bucket is imported with datasetBucket."""
+    """The stacks of one app; dataset is None when the bucket is imported with datasetBucket,
+    preprocess when a drill's dataset is converted off AWS (-c drillPreprocess=false)."""
 
     dataset: DatasetStack | None
     image: ImageStack
     teardown: TeardownStack
-    preprocess: PreprocessStack
+    preprocess: PreprocessStack | None
     train: TrainStack
 
 
@@ -51,6 +52,8 @@ def checkpoint_plan(config: FleetConfig) -> tuple[int, float | None]:
     estimated seconds of training and evaluation it was taken from (None: none estimated)."""
     if config.benchmark:
         return 0, None  # a benchmark trains nothing it keeps
+    if config.drill:  # its epochs are a bound, not an estimate: the longest interval
+        return config.checkpoint_every_s or checkpoint_every_s(None), None
     global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
     epochs, pixel_fraction = recipe_plan(
         config.recipe, global_batch, config.epochs, config.image_size
@@ -92,14 +95,20 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         env=env,
         description="horovod-fleet: the run controller that stops the bill when a run ends, caps or idles",
     )
-    preprocess = PreprocessStack(
-        app,
-        PREPROCESS_STACK,
-        config=config,
-        bucket=bucket,
-        guards=teardown.guards,
-        env=env,
-        description="horovod-fleet: the node that converts ImageNet to TFRecords",
+    preprocess = (
+        None
+        if config.drill and not config.drill.preprocess
+        else PreprocessStack(
+            app,
+            PREPROCESS_STACK,
+            config=config,
+            bucket=bucket,
+            guards=teardown.guards,
+            env=env,
+            description="horovod-fleet: the node that converts "
+            + ("the drill's dataset" if config.drill else "ImageNet")
+            + " to TFRecords",
+        )
     )
     image = ImageStack(
         app,
@@ -125,7 +134,8 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",
     )
     for stack in (preprocess, train):
-        stack.add_stack_dependency(teardown)
+        if stack is not None:
+            stack.add_stack_dependency(teardown)
     if not config.ami:
         # `cdk deploy TrainStack` bakes first when no image exists yet.
         train.add_stack_dependency(image)

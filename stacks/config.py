@@ -14,7 +14,7 @@ from typing import Any
 
 from contract import runs
 from contract.fleet import default_min_nodes
-from stacks import benchmark
+from stacks import benchmark, drill_plan
 from stacks.instance_types import (
     BURSTABLE_TYPES,
     DEFAULT_FLEET_TYPE,
@@ -64,9 +64,14 @@ KEYS: dict[str, str] = {
     "targetTop1": "stop the run at the first evaluation that reaches this top-1 (optional)",
     "capacityReservationId": "launch the fleet into this capacity reservation (optional)",
     "benchmark": "measure the fleet instead of training: false, true/synthetic or data",
+    "drill": "rehearse the faults on AWS FIS with a cheap fleet before the first real run",
+    "drillConfirmCost": "true: a drill may run on a P-family instanceType",
+    "drillExperiments": "the drill's experiments to play, separated by commas (empty: all)",
+    "drillPreprocess": "false: horovod-fleet drill converts the drill's dataset locally",
 }
 
 MAX_NODES = 64
+DEFAULT_NODES = 8  # -c nodes empty (a drill's: stacks/drill_plan.py DEFAULT_NODES)
 DEFAULT_MAX_HOURS = 4.0  # a training run's hard cap when maxHours is empty (benchmark mode: 1)
 MIN_DATA_VOLUME_GIB = 500  # the two ImageNet archives (~150 GB) plus the extracted images
 MAX_DATA_VOLUME_GIB = 16384  # the sc1 maximum
@@ -154,6 +159,8 @@ class FleetConfig:
     min_nodes: int = 1
     # Seconds between the trainer's checkpoints (None: from the run's estimate, run_estimate.py).
     checkpoint_every_s: int | None = None
+    # -c drill=true: the experiments TrainStack synthesizes and the head plays (None: no drill).
+    drill: drill_plan.DrillPlan | None = None
 
     @property
     def runs_prefix(self) -> str:
@@ -192,6 +199,7 @@ class FleetConfig:
             _optional(_matching(_SUBNET_ID, "empty or a subnet id like subnet-0abc1234")),
         )
         mode = get("benchmark", _benchmark_mode)
+        drilling = get("drill", _boolean)
         recipe = get("recipe", _one_of(RECIPES))
         default_max_hours = benchmark.MAX_HOURS if mode else DEFAULT_MAX_HOURS
         if (vpc_id is None) != (subnet_id is None):
@@ -200,8 +208,10 @@ class FleetConfig:
         config = cls(
             region=region,
             az=get("az", _zone_of(region)),
-            nodes=get("nodes", _integer(1, MAX_NODES)),
-            gpu=get("instanceType", _gpu_type(DEFAULT_FLEET_TYPE)),
+            nodes=get("nodes", _optional(_integer(1, MAX_NODES)))
+            or (drill_plan.DEFAULT_NODES if drilling else DEFAULT_NODES),
+            gpu=get("instanceType", _optional(_gpu_type(DEFAULT_FLEET_TYPE)))
+            or GPU_TYPES[drill_plan.DEFAULT_TYPE if drilling else DEFAULT_FLEET_TYPE],
             vpc_id=vpc_id,
             subnet_id=subnet_id,
             ami=get(
@@ -227,7 +237,7 @@ class FleetConfig:
             recipe=recipe,
             epochs=get("epochs", _optional(_integer(1, 1000))),
             batch_per_gpu=get("batchPerGpu", _optional(_integer(1, 4096)))
-            or DEFAULT_BATCH_PER_GPU[recipe],
+            or (drill_plan.BATCH_PER_GPU if drilling else DEFAULT_BATCH_PER_GPU[recipe]),
             arch=get("arch", _one_of(ARCHS)),
             image_size=get("imageSize", _integer(32, 1024)),
             max_hours=get("maxHours", _optional(_number(1, 168))) or default_max_hours,
@@ -269,6 +279,17 @@ class FleetConfig:
             config,
             min_nodes=get("minNodes", _optional(_integer(1, nodes))) or default_min_nodes(nodes),
         )
+        try:  # -c drill=true: its plan, cap, epoch bound and dataset (stacks/drill_plan.py)
+            config = drill_plan.settle(
+                config,
+                dict(context),
+                drilling=drilling,
+                confirmed=get("drillConfirmCost", _boolean),
+                preprocess=get("drillPreprocess", _boolean),
+                max_hours=get("maxHours", _optional(_number(1, 168))),
+            )
+        except drill_plan.Refused as refused:
+            raise ConfigError(*refused.args) from None
         if config.image_jit is not None and config.ami is not None:
             raise ConfigError(
                 "imageJitInstanceType",

@@ -59,7 +59,17 @@ class GpuType:
             return "All P5 Spot Instance Requests"
         if self.name.startswith("p"):
             return "All P4, P3 and P2 Spot Instance Requests"
+        if self.name.startswith("g"):
+            return "All G and VT Spot Instance Requests"
         return f"the Spot Instance Requests quota of {self.name.split('.')[0]}"
+
+    @property
+    def spot_quota_code(self) -> str | None:
+        """The Service Quotas code of spot_quota, where one was found: L-3819A6DF for G and VT,
+        as SkyPilot's catalogue maps g4dn and g5 (skypilot-org/skypilot-catalog,
+        catalogs/v5/aws/instance_quota_mapping.csv at 206e4675), beside L-DB2E81BA for their
+        on-demand quota, which the same file pairs with it."""
+        return "L-3819A6DF" if self.name.startswith("g") else None
 
     @property
     def quota(self) -> tuple[str, str]:
@@ -109,7 +119,12 @@ DEFAULT_PROOF_TYPE = "g5.xlarge"
 # catalogs/v8/aws/vms.csv: p4d.24xlarge 21.957642, p4de.24xlarge 27.44705, p5.48xlarge 55.04,
 # p5en.48xlarge 63.296, g5.xlarge 1.006, g4dn.xlarge 0.526); p5en also as dstack's catalogue
 # lists it (https://github.com/dstackai/dstack/pull/4110, 2026-08), with 192 vCPUs and 8 x H200
-# 141 GB. EFA: p5 32 network cards (efa-acc-inst-types.html above); p5en 16 as torchx declares
+# 141 GB. g4dn.8xlarge and g5.8xlarge (one GPU and one EFA interface each, the smallest sizes
+# with EFA: a drill of the EFA path): 32 vCPUs, one 900 GB NVMe drive, $2.176 and $2.448 an hour
+# in us-east-1, from the AWS Pricing API as aws/karpenter-provider-aws generated them
+# (pkg/providers/pricing/zz_generated.pricing_aws.go at 6fc13b52, 2026-07-20) and its
+# DescribeInstanceTypes table (website/content/en/preview/reference/instance-types.md at
+# 692ccdd0: instance-gpu-count 1, vpc.amazonaws.com/efa 1). EFA: p5 32 network cards (efa-acc-inst-types.html above); p5en 16 as torchx declares
 # them (https://github.com/meta-pytorch/torchx/pull/995); p4d and p4de 4 x 100 Gbps
 # (https://github.com/aws-samples/aws-efa-eks). p5e is left out: it has no on-demand price in
 # either catalogue.
@@ -126,8 +141,10 @@ GPU_TYPES: dict[str, GpuType] = {
         GpuType("p5.48xlarge", 8, "H100 80 GB", 80, 90, 32, 8, 192, 55.04, True, True),
         GpuType("p5en.48xlarge", 8, "H200 141 GB", 141, 90, 16, 8, 192, 63.296, True, True),
         GpuType("g4dn.xlarge", 1, "T4 16 GB", 16, 75, 0, 1, 4, 0.526),
+        GpuType("g4dn.8xlarge", 1, "T4 16 GB", 16, 75, 1, 1, 32, 2.176),
         GpuType("g4dn.12xlarge", 4, "T4 16 GB", 16, 75, 1, 1, 48, 3.912),
         GpuType("g5.xlarge", 1, "A10G 24 GB", 24, 86, 0, 1, 4, 1.006),
+        GpuType("g5.8xlarge", 1, "A10G 24 GB", 24, 86, 1, 1, 32, 2.448),
         GpuType("g5.12xlarge", 4, "A10G 24 GB", 24, 86, 1, 1, 48, 5.672),
         GpuType("g5.48xlarge", 8, "A10G 24 GB", 24, 86, 1, 2, 192, 16.288),
     )
@@ -254,6 +271,13 @@ def spot_estimate(gpu: GpuType, nodes: int, region: str) -> str:
 
 def quota_note(gpu: GpuType, nodes: int, market: str = "on-demand") -> str:
     """The vCPU quota a fleet needs: new accounts often have 0 for P instances."""
+    if market == "spot" and gpu.spot_quota_code:
+        code = gpu.spot_quota_code
+        return (
+            f"TrainStack needs {gpu.vcpus * nodes} vCPUs of the EC2 quota '{gpu.spot_quota}' "
+            f"({code}); check: aws service-quotas get-service-quota --service-code ec2 "
+            f"--quota-code {code}"
+        )
     if market == "spot":
         return (
             f"TrainStack needs {gpu.vcpus * nodes} vCPUs of the EC2 quota "

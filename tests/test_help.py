@@ -29,6 +29,7 @@ COMMANDS = [
     ("horovod-fleet enable-events", "watch.cli", ["enable-events"]),
     ("horovod-fleet hold", "watch.cli", ["hold"]),
     ("horovod-fleet release", "watch.cli", ["release"]),
+    ("horovod-fleet drill", "watch.cli", ["drill"]),
     ("python3 -m bootstrap", "bootstrap.__main__", []),
     ("python3 -m bootstrap.node_config", "bootstrap.node_config", []),
     ("python3 -m bootstrap.preprocess.ready_signal", "bootstrap.preprocess.ready_signal", []),

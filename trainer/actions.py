@@ -1,6 +1,7 @@
 """The actions plugged into the loop (trainer/loop.py), as Orbit plugs its own into its
 Controller (tensorflow/models, orbit/actions/): the periodic checkpoint, the checkpoint on
-SIGTERM (Orbit's save_checkpoint_if_preempted.py) and the stop at --target-top1.
+SIGTERM (Orbit's save_checkpoint_if_preempted.py), the stop at --target-top1 and the stop asked
+through --stop-file.
 
 No TensorFlow and no Horovod here: the step, the checkpoint manager and the recorder are handed
 in. Every rank runs every action at the same points with the same agreed values, so a
@@ -12,6 +13,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from trainer.loop import Action, Check
 
@@ -143,6 +145,32 @@ class StopAtTarget(Action):
             "reached_target_at_epoch": reached and reached["epoch"],
             "time_to_target_s": reached and reached["time_to_target_s"],
         }
+
+
+class StopWhenAsked(Action):
+    """The agreed stop asked from outside the trainer (--stop-file; a drill's head asks it once
+    its last experiment is judged, docs/contracts.md): at an epoch's end, when the file is on
+    any rank's node, every rank stops there, its checkpoint saved, as a success (the training's
+    end, not an interruption). `any_rank(flag, name)` is the collective that tells every rank
+    whether any rank's flag is set, so every rank stops at the same epoch."""
+
+    def __init__(
+        self, path: Path, any_rank: Callable[[bool, str], bool], checkpoints: Checkpoints, log
+    ):
+        self.path = path
+        self.any_rank = any_rank
+        self.checkpoints = checkpoints
+        self.log = log
+        self.stopped_at: int | None = None
+
+    def at_epoch_end(self, epoch: int, evaluation: dict | None, last: bool) -> bool:
+        if not self.any_rank(self.path.exists(), "stop_asked"):
+            return False
+        self.stopped_at = epoch
+        if not last:  # the last epoch's checkpoint is saved already
+            self.checkpoints.save(0)
+        self.log(f"stopped as asked ({self.path}) at the end of epoch {epoch}")
+        return True
 
 
 def checkpoint_and_target(

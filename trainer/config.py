@@ -76,6 +76,7 @@ class TrainConfig:
     planned_ranks: int | None = None  # --elastic: the ranks the recipe is settled for
     min_ranks: int = 1
     commit_every_s: float = DEFAULT_COMMIT_EVERY_S
+    stop_file: Path | None = None  # the agreed stop asked from outside: at an epoch's end
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +248,12 @@ def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
         help="stop once an evaluation (every --eval-every epochs) reaches this top-1, in (0, 1], "
         "as MLPerf's time-to-accuracy does; off: train every epoch",
     )
+    group.add_argument(
+        "--stop-file",
+        help="stop, as a success, at the end of the first epoch when this file is on any rank's "
+        "node (its checkpoint saved): the stop a drill's head asks once its experiments are "
+        "judged; off: train every epoch",
+    )
 
 
 def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
@@ -285,11 +292,11 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _path(flag: str, value: str | None) -> Path | None:
+def _path(flag: str, value: str | None, kind: str = "directory path") -> Path | None:
     """Path("") is ".": an empty flag would quietly mean the working directory."""
     if value is None:
         return None
-    _require(value.strip() != "", f"{flag} is empty; give a directory path")
+    _require(value.strip() != "", f"{flag} is empty; give a {kind}")
     return Path(value)
 
 
@@ -383,5 +390,6 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     _check_elastic(args)
     args.data_dir = _path("--data-dir", args.data_dir)
     args.model_dir = _path("--model-dir", args.model_dir)
+    args.stop_file = _path("--stop-file", args.stop_file, "file path")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})

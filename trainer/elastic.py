@@ -34,11 +34,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from trainer.actions import CheckpointOnStop, StopAtTarget, checkpoint_and_target
+from trainer.actions import CheckpointOnStop, StopAtTarget, StopWhenAsked, checkpoint_and_target
 from trainer.elastic_actions import CommitCadence, ElasticCommit, ElasticStop
 from trainer.loop import Action, Loop, Schedule
 from trainer.progress import utc_stamp
@@ -118,6 +119,7 @@ class ElasticSession:
         commit_every_s: float,
         checkpoint_every_s: float,
         target_top1: float | None,
+        stop_file: Path | None = None,
         clock: Callable[[], float] = time.time,
         step_clock: Callable[[], float] = time.perf_counter,
     ):
@@ -131,6 +133,8 @@ class ElasticSession:
         self.commit_every_s = commit_every_s
         self.checkpoint_every_s = checkpoint_every_s
         self.target_top1 = target_top1
+        self.stop_file = stop_file  # --stop-file: the agreed stop asked from outside
+        self.asked: StopWhenAsked | None = None
         self.clock = clock  # wall time, for the record
         self.step_clock = step_clock  # for the step time the commits follow
         self.state = None
@@ -170,13 +174,16 @@ class ElasticSession:
         self.record_world(state, world)
         self.recorder.write_digest(f"world-{len(state.resets)}-")  # the test hook, after a sync
         self.commit_at(world.start_step)  # this world's start is the first commit point
-        if (reached := state.record.get("reached")) is not None:
-            epochs = reached["epoch"]  # the target was reached before a reset: only finish
+        if (ended := state.record.get("reached") or state.record.get("stopped")) is not None:
+            epochs = ended["epoch"]  # the target reached, or the stop asked, before a reset
         else:
             self.loop, target = self.make_loop(world)
             epochs = self.loop.run(world.start_epoch, world.skip_steps)
             if target is not None and target.reached is not None:
                 state.record = {**state.record, "reached": target.reached}
+                self.commit_at(self.loop.global_step)
+            elif self.asked is not None and self.asked.stopped_at is not None:
+                state.record = {**state.record, "stopped": {"epoch": self.asked.stopped_at}}
                 self.commit_at(self.loop.global_step)
         # Horovod: every rank is here before any leaves (none exits 0 while another could still
         # fail in a collective and reset, registration.py's trap above).
@@ -197,6 +204,16 @@ class ElasticSession:
             ElasticCommit(self, CommitCadence(self.commit_every_s)),
             *more,
         ]
+        self.asked = None
+        if self.stop_file is not None:
+            # Horovod: whether any rank's node holds the file, the largest flag of all ranks'.
+            self.asked = StopWhenAsked(
+                self.stop_file,
+                lambda flag, name: self.collectives.most(float(flag), name) > 0,
+                checkpoints,
+                self.log,
+            )
+            actions.append(self.asked)
         loop = Loop(
             self.step,
             world.batches,
@@ -211,14 +228,19 @@ class ElasticSession:
         return loop, target
 
     def target_summary(self, state) -> dict:
-        if self.target_top1 is None:
-            return {}
-        reached = state.record.get("reached")
-        return {
-            "target_top1": self.target_top1,
-            "reached_target_at_epoch": reached and reached["epoch"],
-            "time_to_target_s": reached and reached["time_to_target_s"],
-        }
+        """train.json's fields of the stops: the target's, and the epoch a stop was asked at."""
+        summary = {}
+        if self.target_top1 is not None:
+            reached = state.record.get("reached")
+            summary = {
+                "target_top1": self.target_top1,
+                "reached_target_at_epoch": reached and reached["epoch"],
+                "time_to_target_s": reached and reached["time_to_target_s"],
+            }
+        if self.stop_file is not None:
+            stopped = state.record.get("stopped")
+            summary["stopped_as_asked_at_epoch"] = stopped and stopped["epoch"]
+        return summary
 
     # -- commits and host updates ------------------------------------------------------------
     def commit(self, epochs_done: int, epoch_step: int, global_step: int) -> None:

@@ -162,6 +162,7 @@ class ElasticRun:
             commit_every_s=config.commit_every_s,
             checkpoint_every_s=config.checkpoint_every_s,
             target_top1=config.target_top1,
+            stop_file=config.stop_file,
         )
 
     def run(self) -> None:

@@ -37,6 +37,12 @@ def agree(local_error: str | None) -> None:
     raise RunError(next(m for m in messages if m))
 
 
+def any_rank(flag: bool, name: str) -> bool:
+    """Collective: whether any rank's flag is set."""
+    # Horovod: the largest of every rank's flag, on every rank.
+    return int(hvd.allreduce(tf.constant(int(flag), tf.int32), op=hvd.Max, name=name)) > 0
+
+
 def setup_devices() -> bool:
     """Collective: pin_devices, and every rank learns if one could not. Returns has_gpu."""
     gpu, local_error = pin_devices()

@@ -37,6 +37,7 @@ from trainer.actions import (
     Checkpoints,
     Interrupted,
     StopRequest,
+    StopWhenAsked,
     checkpoint_and_target,
 )
 from trainer.cli import fail
@@ -45,7 +46,7 @@ from trainer.elastic_actions import EXIT_LEFT, LeftJob
 from trainer.elastic_run import ElasticRun
 from trainer.inputs import InputPlan, plan_inputs
 from trainer.loop import Loop, Schedule
-from trainer.ranks import RunError, agree, log, setup_devices
+from trainer.ranks import RunError, agree, any_rank, log, setup_devices
 from trainer.recipes import Recipe
 from trainer.recorder import Recorder, Timings, make_model_dir
 from trainer.resume import resume
@@ -128,6 +129,10 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int, timings: Timin
         checkpoints, config.checkpoint_every_s, config.target_top1, recorder
     )
     actions = [CheckpointOnStop(trainer, checkpoints, recorder, stop, agree), *more]
+    asked = None
+    if config.stop_file is not None:
+        asked = StopWhenAsked(config.stop_file, any_rank, checkpoints, log)
+        actions.append(asked)
     loop = Loop(
         trainer,
         batches,
@@ -146,6 +151,8 @@ def train(config: TrainConfig, stop: StopRequest, node_cpus: int, timings: Timin
         return
     trained = loop.run(begin.epoch, begin.skip_steps)
     summary = target.summary() if target else {}
+    if asked is not None:
+        summary["stopped_as_asked_at_epoch"] = asked.stopped_at
     recorder.finish(trained, summary, end_step=trainer.global_step(), resets=[])
 
 

@@ -3,6 +3,8 @@ and index TFRecords of your own for the fleet (`dataset index`: their shards in 
 manifest.json it writes, docs/contracts.md).
 
 Watching, it reads only what a run writes (docs/contracts.md): runs/<run>/status.json, DONE.json and
-nodes/ in S3, TrainStack's outputs in CloudFormation, the log group in CloudWatch Logs. It never
-imports stacks/, bootstrap/ or trainer/.
+nodes/ in S3, TrainStack's outputs in CloudFormation, the log group in CloudWatch Logs. `drill`
+deploys and destroys through the CDK CLI and runs the dataset's generator and converter as
+processes. It never imports stacks/, bootstrap/ or trainer/; it imports contract/, the leaf every
+room shares.
 """

@@ -78,13 +78,16 @@ class Fleet:
     stack_created: datetime | None = None
     stack_id: str | None = None
     tags: dict = field(default_factory=dict)  # TrainStack's stack-level tags
+    clients: dict = field(default_factory=dict, repr=False)  # one client per service, made once
 
     @classmethod
     def connect(cls, region: str | None) -> Fleet:
         return cls(region_of(region), boto3.Session(region_name=region_of(region)))
 
     def client(self, service: str):
-        return self.session.client(service, config=QUICK)
+        if service not in self.clients:
+            self.clients[service] = self.session.client(service, config=QUICK)
+        return self.clients[service]
 
     def read_train_stack(self) -> None:
         """TrainStack's status, creation time and outputs, when it exists."""

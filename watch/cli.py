@@ -20,10 +20,14 @@
                                                     destroy, so a node can be looked at
                                                     (watch/hold.py)
     horovod-fleet release [--run NAME]              hands the run back to the run controller
+    horovod-fleet drill [--experiment NAME ...]     the drill on your account with AWS FIS
+                                                    (about $3): deploy, judge, report, tear
+                                                    down (watch/drill.py)
 
 The run is --run, else TrainStack's; the bucket --bucket, else TrainStack's, else
 horovod-fleet-<account>-<region>. AWS_ENDPOINT_URL points every call at a local endpoint (the
-rehearsal's). Anything missing ends in one `error:` line and exit status 1 within seconds.
+rehearsal's). Anything missing ends in one `error:` line and exit status 1 within seconds (a
+drill's bad option, or an account it cannot run in: exit status 2, nothing deployed).
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ from botocore.config import Config
 from contract import names
 from contract.runs import ATTEMPTS, CONTROLLER, DONE, STATUS, key
 from watch import dataset
+from watch import drill as drill_command
 from watch.aws import Fleet, RunStore, WatchError, explain
 from watch.bucket import enable_eventbridge
+from watch.drill_report import result_key
 from watch.hold import hold as hold_run
 from watch.hold import key as hold_key
 from watch.hold import release as release_run
@@ -111,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     held.add_argument("--reason", help="why, on the record and the status screen")
     sub.add_parser("release", parents=[common], help="hand a held run back to the run controller")
+    drill_command.add_parser(sub)
     return parser
 
 
@@ -180,6 +187,7 @@ class Watcher:
             done=self.store.read_json(key(run, DONE)),
             attempts=(self.store.read_json(key(run, ATTEMPTS)) or {}).get("attempts"),
             hold=self.store.read_json(hold_key(run)),
+            drill=self.store.read_json(result_key(run)),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():
@@ -334,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 return leftovers(args)
             if args.command == "dataset":
                 return dataset_index(args)
+            if args.command == "drill":
+                return drill_command.command(args)
             return COMMANDS[args.command](Watcher(args))
         except WatchError:
             raise
@@ -341,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             raise explain(exc) from None
     except WatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return getattr(exc, "status", 1)
     except KeyboardInterrupt:
         return 0
 

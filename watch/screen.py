@@ -51,6 +51,7 @@ class RunFacts:
     hard_cap_at: datetime | None = None  # TrainStack's DEADLINE_OUTPUT_KEY output
     hold: dict | None = None  # runs/<run>/hold.json: an operator's hold (watch/hold.py)
     stack_id: str | None = None  # TrainStack's id, when it deploys this run
+    drill: dict | None = None  # runs/<run>/drill.json: a drill's table (watch/drill_report.py)
 
     @property
     def phase(self) -> str:
@@ -339,5 +340,14 @@ def runs_table(rows: list[RunFacts]) -> str:
             f"{'-' if spent is None else f'${spent:,.2f}':>10} "
             f"{percent(goodput_of(facts).get('goodput')):>8}"
         )
+    lines += [f"{f.run}: drill {drill_summary(f.drill)}" for f in rows if f.drill]
     tables = [t for f in rows if f.done and (t := phases_table(f.run, f.done))]
     return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)
+
+
+def drill_summary(result: dict) -> str:
+    """A drill's result (runs/<run>/drill.json) in a few words: how many experiments passed,
+    and the names of those that did not."""
+    passed = f"passed {result.get('passed')} of {result.get('of')}"
+    failed = result.get("failed") or []
+    return f"FAIL {', '.join(failed)} ({passed})" if failed else passed

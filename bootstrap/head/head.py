@@ -14,7 +14,7 @@ from pathlib import Path
 from bootstrap import aws
 from bootstrap.fleet import node_failures, rendezvous, supervision
 from bootstrap.fleet.rank import NODE_ENV
-from bootstrap.head import benchmark, checkpoints, launch, mirror
+from bootstrap.head import benchmark, checkpoints, drill, launch, mirror
 from bootstrap.head.discovery import REACH_TIMEOUT_S, Discovery, Verdict
 from bootstrap.head.elastic import (
     alias_interface,
@@ -269,6 +269,7 @@ class Head(TrainingNode):
         self.known_hosts = hosts.known
         attempt.status.silent = lambda: [str(i) for i in (hosts.verdict or NO_VERDICT).silent]
         attempt.status.phase("training")
+        schedule = self.drill_schedule()
         # A node's own failure costs that node (the discovery drops it); one that would fail on
         # any node ends the training at once.
         self.failures.ends = lambda doc: doc.get("cause") in causes.FLEET_WIDE
@@ -307,10 +308,25 @@ class Head(TrainingNode):
         try:
             step("training", train)
         finally:
+            if schedule is not None:
+                schedule.stop()
             self.failures.stop()
             hosts.stop()
             outputs.final()
             sync.stop()
+
+    def drill_schedule(self) -> drill.Schedule | None:
+        """A drill's experiments, played from here while the fleet trains (node.json `drill`)."""
+        cfg = self.cfg
+        if cfg.drill is None:
+            return None
+        plan = step("drill plan", lambda: drill.plan_of(cfg.drill))
+        schedule = drill.Schedule(
+            cfg, plan, aws.client("s3", cfg.region), aws.client("fis", cfg.region), self.log,
+            poll_s=min(10.0, cfg.poll_interval_s * 2),
+        )  # fmt: skip
+        schedule.start()
+        return schedule
 
     def run_elastic(self, hosts: Discovery, nodes: int | None, on_start) -> None:
         """One elastic horovodrun over the nodes the discovery lists, starting on `nodes` of
@@ -323,6 +339,8 @@ class Head(TrainingNode):
             "--elastic",
             "--planned-ranks", str(cfg.nodes * cfg.slots),
             "--min-ranks", str(cfg.min_nodes * cfg.slots),
+            # A drill's head asks the agreed stop through this file on every node.
+            *(["--stop-file", str(drill.stop_file(cfg))] if cfg.drill else []),
         ]  # fmt: skip
         command = elastic_command(
             cfg, discovery=script_command(Path(cfg.state_dir)), key=self.key,

@@ -69,8 +69,12 @@ class Preprocessor(Construct):
         bucket: s3.IBucket,
         output_prefix: str,
         download_secret_arn: str | None,
+        raw_prefix: str = RAW_PREFIX,
+        shards: tuple[int, int] = (TRAIN_SHARDS, VAL_SHARDS),
     ) -> None:
+        """`raw_prefix` and `shards` (train, validation): ImageNet's, or a drill's dataset."""
         super().__init__(scope, construct_id)
+        self._raw_prefix = raw_prefix
         code = NodeCode(self, "Code")
         pinned = Pinned(
             self,
@@ -122,12 +126,12 @@ class Preprocessor(Construct):
             signal_stack=None,
             signal_resource=None,
         ) | {
-            "raw_prefix": RAW_PREFIX,
+            "raw_prefix": raw_prefix,
             "output_prefix": output_prefix,
             "volume_id": self.volume.volume_id,
             "download_secret_arn": download_secret_arn,
-            "train_shards": TRAIN_SHARDS,
-            "val_shards": VAL_SHARDS,
+            "train_shards": shards[0],
+            "val_shards": shards[1],
             "stop_when_done": True,
             "ready_signal_url": ready_signal_url,
         }
@@ -165,7 +169,8 @@ class Preprocessor(Construct):
                 ),
             ),
             iam.PolicyStatement(
-                actions=["s3:GetObject"], resources=[bucket.arn_for_objects(f"{RAW_PREFIX}*")]
+                actions=["s3:GetObject"],
+                resources=[bucket.arn_for_objects(f"{self._raw_prefix}*")],
             ),
             iam.PolicyStatement(
                 actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
@@ -174,7 +179,9 @@ class Preprocessor(Construct):
             iam.PolicyStatement(
                 actions=["s3:ListBucket"],
                 resources=[bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{RAW_PREFIX}*", f"{output_prefix}*"]}},
+                conditions={
+                    "StringLike": {"s3:prefix": [f"{self._raw_prefix}*", f"{output_prefix}*"]}
+                },
             ),
             *log_statements(self.log_group),
         ]
@@ -187,7 +194,7 @@ class Preprocessor(Construct):
         policy = iam.Policy(self, "Policy", statements=statements, roles=[role])
         acknowledge_wildcard_resources(
             policy,
-            [bucket.arn_for_objects(f"{prefix}*") for prefix in (RAW_PREFIX, output_prefix)],
+            [bucket.arn_for_objects(f"{p}*") for p in (self._raw_prefix, output_prefix)],
             "Objects under raw/ and the TFRecords prefix are the inputs and outputs of "
             "preprocessing; their names are known only at run time.",
         )

@@ -12,7 +12,7 @@ from constructs import Construct
 from contract.names import PROJECT, PROJECT_TAG, ZONE_TYPE
 from stacks.config import FleetConfig, is_zone_id
 from stacks.network import SingleZoneNetwork
-from stacks.preprocess.preprocessor import Preprocessor
+from stacks.preprocess.preprocessor import RAW_PREFIX, TRAIN_SHARDS, VAL_SHARDS, Preprocessor
 from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.preprocess_guard import PreprocessGuard
@@ -60,6 +60,8 @@ class PreprocessStack(Stack):
             subnet_id=config.subnet_id,
             deploy_time_zone=zone_name,
         )
+        # A drill converts its own dataset, under its own prefixes (contract/drill.py DATASET).
+        data = config.drill.dataset if config.drill else None
         node = Preprocessor(
             self,
             "Preprocessor",
@@ -72,6 +74,8 @@ class PreprocessStack(Stack):
             bucket=bucket,
             output_prefix=config.dataset_prefix,
             download_secret_arn=config.download_secret_arn,
+            raw_prefix=data.raw_prefix if data else RAW_PREFIX,
+            shards=(data.train_shards, data.val_shards) if data else (TRAIN_SHARDS, VAL_SHARDS),
         )
         PreprocessGuard(
             self,

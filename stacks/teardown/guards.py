@@ -3,6 +3,7 @@ take it as their `guards`), so each construct there finds the function, role or 
 
 from dataclasses import dataclass
 
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda
 from aws_cdk import aws_sqs as sqs
@@ -23,3 +24,8 @@ class FleetGuards:
     cleanup_token: str
     # The preprocessing node's stop: PreprocessGuard lets it stop that node, snapshot its volume.
     preprocess_role: iam.IRole
+    # The run controller's role (its tick and steps) and the alarm on its tick's errors: a drill's
+    # FIS experiments throttle and refuse that role's EC2 calls, and stop when the alarm fires
+    # (stacks/train/drill.py). Only a drill's TrainStack imports them.
+    controller_role: iam.IRole
+    tick_errors_alarm: cloudwatch.IAlarm

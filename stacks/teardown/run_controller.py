@@ -130,7 +130,9 @@ class RunController(Construct):
         self.cleanup_token = self.cleanup(arns, environment)
         for referenced in (self.tick, role):
             CrossStackReferences.of(referenced).produce(ReferenceStrength.STRONG)
+        self.steps_role = role
         self.alarms = self.failure_alarms()
+        [self.tick_errors_alarm] = [a for a in self.alarms if a.node.id == "TickErrorsAlarm"]
 
     def role(self, construct_id: str, description: str, statements: list, arns) -> iam.Role:
         role = function_role(self, construct_id, description)

@@ -89,6 +89,8 @@ class TeardownStack(Stack):
             dead_letters=dead_letters,
             cleanup_token=controller.cleanup_token,
             preprocess_role=stopper.role,
+            controller_role=controller.steps_role,
+            tick_errors_alarm=controller.tick_errors_alarm,
         )
         if budget_email:
             if not budget_limit_usd > 0:

@@ -16,7 +16,16 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from contract import runs
-from contract.names import FLEET_TAG, METRIC_NAMESPACE, NODE_TAG, PROJECT, PROJECT_TAG, RUN_TAG
+from contract.names import (
+    FLEET_TAG,
+    METRIC_NAMESPACE,
+    NODE_TAG,
+    PROJECT,
+    PROJECT_TAG,
+    ROLE_TAG,
+    RUN_TAG,
+    TRAIN_ROLE,
+)
 from stacks import root_volume, startup_estimate
 from stacks.config import CapacityReservation
 from stacks.image.recipe import read_pins
@@ -70,9 +79,14 @@ class GpuFleet(Construct):
         notify_topic: sns.ITopic | None = None,
         move_slots: int = 0,
         elastic: dict | None = None,
+        init_rate: int | None = None,
+        drill: dict | None = None,
     ) -> None:
+        """`init_rate`: the roots' (root_volume.py; None: lazily). `drill`: node.json's, and the
+        role tag on every replacement node, which its experiments aim at (train/drill.py)."""
         super().__init__(scope, construct_id)
         self.market = market
+        self._role_tags = [CfnTag(key=ROLE_TAG, value=TRAIN_ROLE)] if drill else []
         runs_prefix = runs.prefix(run)
         self.code = code = NodeCode(self, "Code")
         self.log_group = logs.LogGroup(
@@ -99,7 +113,7 @@ class GpuFleet(Construct):
             self, "Profile", roles=[self.role.role_name]
         )
         self.launch_fields = self._launch_fields(
-            gpu, subnet, capacity_reservation, market, root_volume.init_rate(nodes)
+            gpu, subnet, capacity_reservation, market, init_rate
         )
         launch_template = ec2.CfnLaunchTemplate(
             self,
@@ -144,13 +158,14 @@ class GpuFleet(Construct):
                 startup_estimate.startup_phases(
                     gpu,
                     nodes,
-                    pulls_data=not benchmark or benchmark["mode"] == "data",
-                    init_rate=root_volume.init_rate(nodes),
+                    pulls_data=(not benchmark or benchmark["mode"] == "data") and not drill,
+                    init_rate=init_rate,
                 )
             ),
             # The head's elastic horovodrun (stacks/train/head.py); every node carries them so
             # that the code guard, which holds node 0's user data, sees them change.
             **(elastic or {}),
+            **({"drill": drill} if drill else {}),  # the plan the head plays (contracts.md)
         }
         self.instances = [
             self._node(
@@ -388,6 +403,7 @@ class GpuFleet(Construct):
             CfnTag(key=PROJECT_TAG, value=PROJECT),
             CfnTag(key=RUN_TAG, value=run),
             CfnTag(key=FLEET_TAG, value=stack.stack_id),
+            *self._role_tags,
         ]
         return ec2.CfnLaunchTemplate(
             self,

@@ -7,6 +7,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
+from contract.drill import TEMPLATES_OUTPUT_KEY
 from contract.names import (
     DATASET_TYPE,
     HEAD_TEMPLATE_OUTPUT_KEY,
@@ -21,8 +22,10 @@ from contract.names import (
     REPLACEMENT_OUTPUT_KEY,
     REPLACEMENTS_PER_NODE,
     REPLACEMENTS_TYPE,
+    ROLE_TAG,
     RUN_TAG,
     STARTUP_GRACE_TAG,
+    TRAIN_ROLE,
     ZONE_TYPE,
     ZONES_OUTPUT_KEY,
 )
@@ -35,6 +38,7 @@ from stacks.teardown.guards import FleetGuards
 from stacks.teardown.run_guard import RunGuard
 from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
+from stacks.train.drill import DrillExperiments, DrillTargets
 from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
 from stacks.train.head import Head
 
@@ -93,6 +97,7 @@ class TrainStack(Stack):
         )
         move_zones = [zone.get_att_string(f"Zone{slot}") for slot in range(1, slots + 1)]
         move_subnets = network.move_subnets(move_zones)
+        drill = self._drill(config, guards, zone, network)
         fleet = GpuFleet(
             self,
             "Fleet",
@@ -114,13 +119,19 @@ class TrainStack(Stack):
             notify_topic=self._notifications(config.run, config.notify_email),
             move_slots=slots,
             elastic=elastic_settings(config),
+            # A drill's roots load lazily: an initialization's charge would double its cost.
+            init_rate=None if drill else root_volume.init_rate(config.nodes),
+            drill=drill.document if drill else None,
         )
+        if drill:  # what its experiments aim at: a training node, never the head
+            for node in fleet.instances:
+                Tags.of(node).add(ROLE_TAG, TRAIN_ROLE)
         head = Head(
             self,
             "Head",
             subnet=network.subnet,
             security_group=fleet.security_group,
-            profile=fleet.profile,
+            profile=drill.head_profile(fleet.policy) if drill else fleet.profile,
             policy=fleet.policy,
             code=fleet.code,
             image_id=image_id,
@@ -129,7 +140,7 @@ class TrainStack(Stack):
             run=config.run,
             fleet_document=fleet.fleet_document,
             signal_timeout=SIGNAL_TIMEOUT,
-            init_rate=root_volume.head_init_rate(config.nodes),
+            init_rate=None if drill else root_volume.head_init_rate(config.nodes),
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))
@@ -143,6 +154,8 @@ class TrainStack(Stack):
         )
         head.instance.add_resource_dependency(code.node.default_child)
         head.replacement.add_resource_dependency(code.node.default_child)
+        if drill:
+            head.instance.add_resource_dependency(drill.head_policy.node.default_child)
         guard = RunGuard(
             self,
             "Guard",
@@ -170,6 +183,32 @@ class TrainStack(Stack):
             idle_alarm=guard.idle_alarm,
         )
         self._outputs(config, bucket, head, dashboard)
+
+    def _drill(self, config: FleetConfig, guards: FleetGuards, zone, network):
+        """-c drill=true: the plan's FIS experiment templates, aimed at this run's instances,
+        its subnet and the run controller's role (None: no drill, and nothing of it here)."""
+        if config.drill is None:
+            return None
+        drill = DrillExperiments(
+            self,
+            "Drill",
+            plan=config.drill,
+            targets=DrillTargets(
+                fleet_tag=self.stack_id,
+                vpc_id=network.vpc.vpc_id,
+                subnet_id=network.subnet.subnet_id,
+                zone=zone.get_att_string("Zone"),
+                controller_role_arn=guards.controller_role.role_arn,
+                stop_alarm_arn=guards.tick_errors_alarm.alarm_arn,
+            ),
+        )
+        CfnOutput(
+            self,
+            "DrillExperiments",
+            description="The drill's FIS experiment templates, by experiment, in their order",
+            value=self.to_json_string({n: t.ref for n, t in drill.templates.items()}),
+        ).override_logical_id(TEMPLATES_OUTPUT_KEY)
+        return drill
 
     def _controller_tags(self, config: FleetConfig) -> None:
         """What the run controller's tick reads from the stack while it is still being created,

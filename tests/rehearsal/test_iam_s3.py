@@ -2,11 +2,13 @@
 request, and the proxy in front of a moto server answering as S3 would."""
 
 import socket
+import time
 
 import boto3
 import pytest
 from boto3.s3.transfer import TransferConfig
-from botocore.exceptions import ClientError
+from botocore.config import Config
+from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
 
 from rehearsal import iam_s3
 
@@ -141,3 +143,28 @@ def test_the_proxy_answers_as_s3_does_for_each_role(proxy, tmp_path):
         f"IAM: role node may not s3:ListBucket on {ARN} with s3:prefix 'raw/'",
     ]
     assert (tmp_path / "refusals.log").read_text().count("\n") == 3
+
+
+def test_a_cut_drops_the_subnet_s_s3_requests_and_lets_another_service_through(proxy):
+    """The drill's S3 cut (FIS disrupt-connectivity, scope s3): S3 requests from the fleet's
+    addresses go unanswered until the cut ends, the kept address's are answered; a request of
+    another service (the head's FIS calls) is neither cut nor judged as S3."""
+    endpoint, judge = proxy
+    admin = client(endpoint, "rehearsal")
+    admin.create_bucket(Bucket=BUCKET)
+    once = Config(retries={"total_max_attempts": 1}, read_timeout=10)
+    node = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id="node", aws_secret_access_key="x", config=once)  # fmt: skip
+    fis = boto3.client("fis", endpoint_url=endpoint, region_name="us-east-1",
+                       aws_access_key_id="node", aws_secret_access_key="x", config=once)  # fmt: skip
+    judge.cut(keep={"127.0.0.9"}, seconds=1.5)
+    began = time.monotonic()
+    assert fis.list_experiments()["experiments"] == []  # answered at once, as FIS
+    assert time.monotonic() - began < 1.0
+    with pytest.raises((ConnectionClosedError, EndpointConnectionError)):
+        node.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/")
+    assert time.monotonic() - began >= 1.4  # held to the cut's end, then dropped
+    assert node.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/")["KeyCount"] == 0
+    judge.cut(keep={"127.0.0.1"}, seconds=30)  # an address outside the subnet
+    assert node.list_objects_v2(Bucket=BUCKET, Prefix="runs/r1/")["KeyCount"] == 0
+    assert judge.refusals == []

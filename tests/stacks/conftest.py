@@ -48,6 +48,43 @@ def default(synth: Callable[..., Templates]) -> Templates:
     return synth()
 
 
+@pytest.fixture(scope="session")
+def drill_cli(tmp_path_factory: pytest.TempPathFactory, worker_id: str):
+    """`npx cdk synth --quiet -c drill=true` as a user runs it, offline, cdk-nag included:
+    (the finished process, its output directory, {stack name: Template}). Made once per test
+    session: the xdist workers share it (the first makes it under a lock, the others read it)."""
+    import fcntl
+    import subprocess
+
+    from aws_cdk.assertions import Template
+    from test_app import offline_env
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # every worker's common root
+    outdir, record = shared / "drill-cli", shared / "drill-cli.json"
+    with (shared / "drill-cli.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            result = subprocess.run(
+                ["npx", "--no-install", "cdk", "synth", "--no-notices", "--quiet", "-c",
+                 "drill=true", "-o", str(outdir)],
+                cwd=ROOT,
+                env=offline_env(outdir),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )  # fmt: skip
+            finished = {"args": result.args, "returncode": result.returncode,
+                        "stdout": result.stdout, "stderr": result.stderr}  # fmt: skip
+            record.write_text(json.dumps(finished))
+    result = subprocess.CompletedProcess(**json.loads(record.read_text()))
+    templates = {
+        path.name.removesuffix(".template.json"): Template.from_json(json.loads(path.read_text()))
+        for path in outdir.glob("*.template.json")
+    }
+    return result, outdir, templates
+
+
 def node_tag(instance: dict) -> str | None:
     """An instance's `horovod-fleet:node` tag: its index, or "head"."""
     tags = {t["Key"]: t["Value"] for t in instance["Properties"].get("Tags", [])}

@@ -130,7 +130,7 @@ def copy_sources(source: Path) -> Path:
     source.mkdir()
     for name in ("app.py", "cdk.json"):
         shutil.copy(ROOT / name, source / name)
-    for name in ("stacks", "bootstrap", "trainer"):
+    for name in ("stacks", "contract", "bootstrap", "trainer"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     return source
 

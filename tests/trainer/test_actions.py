@@ -6,7 +6,7 @@ import signal
 import time
 import types
 
-from trainer.actions import Checkpoints, PeriodicCheckpoint, StopRequest
+from trainer.actions import Checkpoints, PeriodicCheckpoint, StopRequest, StopWhenAsked
 from trainer.recorder import Timings
 
 
@@ -102,3 +102,32 @@ def test_sigterm_sets_the_request_and_names_the_signal():
         assert (request.requested, request.signal_name) == (True, "SIGTERM")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_stop_asked_on_any_rank_s_node_stops_every_rank_at_the_epoch_s_end(tmp_path):
+    clock = Clock()
+    manager = Manager(clock)
+    checkpoints = Checkpoints(fake_step(10), manager, Timings(0.0), clock=clock)
+    asked, lines = [], []
+
+    def any_rank(flag, name):  # another rank's node holds the file from epoch 2 on
+        asked.append((flag, name))
+        return flag or len(asked) >= 2
+
+    stop = StopWhenAsked(tmp_path / "stop.json", any_rank, checkpoints, lines.append)
+    assert stop.at_epoch_end(1, None, last=False) is False
+    assert stop.stopped_at is None and manager.saved == []
+    assert stop.at_epoch_end(2, None, last=False) is True
+    assert stop.stopped_at == 2 and manager.saved == [10]  # the epoch's checkpoint
+    assert asked == [(False, "stop_asked"), (False, "stop_asked")]
+    assert lines == [f"stopped as asked ({tmp_path / 'stop.json'}) at the end of epoch 2"]
+
+
+def test_a_stop_asked_at_the_last_epoch_saves_nothing_more(tmp_path):
+    clock = Clock()
+    manager = Manager(clock)
+    checkpoints = Checkpoints(fake_step(10), manager, Timings(0.0), clock=clock)
+    (tmp_path / "stop.json").write_text("{}")
+    stop = StopWhenAsked(tmp_path / "stop.json", lambda flag, name: flag, checkpoints, print)
+    assert stop.at_epoch_end(5, None, last=True) is True
+    assert manager.saved == [] and stop.stopped_at == 5

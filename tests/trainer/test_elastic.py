@@ -205,7 +205,16 @@ class Worlds:
 
 
 def elastic_run(
-    step, worlds, events, *, others=None, min_ranks=1, request=None, target=None, collectives=None
+    step,
+    worlds,
+    events,
+    *,
+    others=None,
+    min_ranks=1,
+    request=None,
+    target=None,
+    collectives=None,
+    stop_file=None,
 ):
     """The session under the real hvd.elastic.run, whose reset is the fake world's."""
     recorder = FakeRecorder(events)
@@ -227,6 +236,7 @@ def elastic_run(
         commit_every_s=30,
         checkpoint_every_s=1e9,
         target_top1=target,
+        stop_file=stop_file,
         step_clock=lambda: float(step.steps),  # one second a step: a commit every 30 steps
     )
     state = FakeState(step)
@@ -396,3 +406,29 @@ def test_a_target_reached_before_a_reset_is_not_trained_past(monkeypatch):
     assert [at for _, at, _ in named(events, "train")] == list(range(1, 41))  # epoch 1 only
     [(epochs, target, resets, _)] = finished
     assert (epochs, target["reached_target_at_epoch"], resets[0]["steps_redone"]) == (1, 1, 0)
+
+
+def test_a_stop_asked_ends_every_rank_s_training_at_that_epoch_s_end(monkeypatch, tmp_path):
+    """The head asked the agreed stop (the file on a node) during epoch 2: every rank stops at
+    its end, as a success, and a peer lost in the final barrier trains nothing more."""
+    events = []
+    step = ElasticStep(events)
+    stop_file = tmp_path / "stop.json"
+    worlds = Worlds(step, events, ["a", "b"], ["a"])
+    collectives = FakeCollectives(events, lost_in_barrier=True)
+    session, state, finished = elastic_run(
+        step, worlds, events, collectives=collectives, stop_file=stop_file
+    )
+    real_train = step.train
+
+    def train(*args, **kwargs):
+        real_train(*args, **kwargs)
+        if step.steps == 50:  # in epoch 2
+            stop_file.write_text("{}")
+
+    step.train = train
+    assert run_elastic(monkeypatch, worlds, session, state) == 2
+    assert [at for _, at, _ in named(events, "train")] == list(range(1, 81))  # epochs 1 and 2
+    assert [value for _, value in named(events, "most")][-2:] == [0.0, 1.0]
+    [(epochs, summary, _, _)] = finished
+    assert (epochs, summary) == (2, {"stopped_as_asked_at_epoch": 2})

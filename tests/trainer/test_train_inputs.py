@@ -2,6 +2,7 @@
 (in this process: tests/trainer/test_train.py holds the command's process contract)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +70,16 @@ def test_empty_path_is_rejected_at_the_edge(flag):
     paths = {"--data-dir": "d", "--model-dir": "m", flag: ""}
     with pytest.raises(ConfigError, match=f"^{flag} is empty; give a directory path$"):
         parse_config([arg for pair in paths.items() for arg in pair])
+
+
+def test_an_empty_stop_file_is_rejected_and_a_given_one_is_a_path():
+    args = ["--data-dir", "d", "--model-dir", "m"]
+    with pytest.raises(ConfigError, match=r"^--stop-file is empty; give a file path$"):
+        parse_config([*args, "--stop-file", " "])
+    assert parse_config([*args, "--stop-file", "/data/stop.json"]).stop_file == Path(
+        "/data/stop.json"
+    )
+    assert parse_config(args).stop_file is None
 
 
 def test_empty_model_dir_is_one_error_line(tmp_path, train_main):

@@ -100,3 +100,18 @@ def test_fis_bills_each_action_its_minutes_and_an_instant_one_a_minute():
     assert drill.FisAction("t", drill.TERMINATE, drill.NODE).minutes == 1
     plan = drill.plan("on-demand")
     assert drill.fis_usd(plan) == round(0.10 * sum(e.minutes for e in plan), 2)
+
+
+def test_the_drill_s_dataset_has_its_own_prefixes_and_enough_shards_for_its_fleet():
+    data = drill.DATASET
+    assert data.raw_prefix.startswith("drill/") and data.tfrecords_prefix.startswith("drill/")
+    assert data.raw_prefix != data.tfrecords_prefix
+    assert all(data.train_shards % nodes == 0 for nodes in (1, 2, 3))
+    assert data.classes * data.train_per_class >= data.train_shards
+    assert data.val_images >= data.val_shards
+
+
+def test_an_on_demand_drill_plays_at_least_five_distinct_fis_actions():
+    """What `-c drill=true` synthesizes on its default, on-demand fleet (issue 49's done-when)."""
+    ids = {a for e in drill.plan("on-demand") for a in e.action_ids}
+    assert len(ids) >= 5, ids
