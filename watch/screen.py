@@ -97,9 +97,25 @@ class RunFacts:
         return started + timedelta(hours=cost["max_hours"]), False
 
 
+def shown(value, missing: str = "?") -> str:
+    """A value of a record as the screen prints it: `missing` for one the record lacks, never
+    "None"."""
+    return missing if value is None else str(value)
+
+
+def node_name(node: dict) -> str:
+    """A node of a reset: its index once discovery knows it, else the instance it is (a
+    replacement not indexed yet), else its address."""
+    if node.get("node") is not None:
+        return f"node {node['node']}"
+    if node.get("instance_id"):
+        return f"a replacement ({node['instance_id']})"
+    return f"a node at {node['ip']}" if node.get("ip") else "a node"
+
+
 def reset_line(reset: dict) -> str:
     """An elastic reset, for people: when, which nodes left or came, the ranks, its cost."""
-    names = lambda nodes: ", ".join(f"node {n.get('node')}" for n in nodes)  # noqa: E731
+    names = lambda nodes: ", ".join(node_name(n) for n in nodes)  # noqa: E731
     changed = "; ".join(
         part for part in (
             f"{names(reset.get('lost') or [])} lost" if reset.get("lost") else "",
@@ -109,9 +125,18 @@ def reset_line(reset: dict) -> str:
     recovery = reset.get("recovery_s")
     back = f", training again in {recovery:.0f} s" if recovery is not None else ""
     return (
-        f"{reset.get('at')}: {changed or 'the world changed'}, {reset.get('ranks_before')} -> "
-        f"{reset.get('ranks_after')} ranks{back}, {reset.get('steps_redone') or 0} step(s) redone"
+        f"{shown(reset.get('at'), 'at an unknown time')}: {changed or 'the world changed'}, "
+        f"{shown(reset.get('ranks_before'))} -> {shown(reset.get('ranks_after'))} "
+        f"ranks{back}, {reset.get('steps_redone') or 0} step(s) redone"
     )
+
+
+def current_resets(status: dict) -> list[dict]:
+    """status.json's resets of the attempt it describes: a reset stamped before the attempt
+    started is an earlier attempt's (a rerun of the run restores its records). Both stamps are
+    UTC "%Y-%m-%dT%H:%M:%SZ", so they compare as text; a reset without one is kept."""
+    started = status.get("attempt_started_at") or ""
+    return [r for r in status.get("resets") or [] if (r.get("at") or started) >= started]
 
 
 def status_screen(facts: RunFacts) -> str:
@@ -130,33 +155,30 @@ def status_screen(facts: RunFacts) -> str:
         up = "?" if facts.nodes_up is None else facts.nodes_up
         gpus = status.get("gpus_per_node") or 0
         training = status.get("nodes_training")
+        nodes = shown(status.get("nodes"))
         lines.append(
-            (
-                f"  nodes       {training} of {status['nodes']} training, "
-                if training
-                else "  nodes       "
-            )
-            + f"{up} up, {status.get('nodes_healthy')} healthy of "
-            f"{status['nodes']} x {status['instance_type']}"
+            (f"  nodes       {training} of {nodes} training, " if training else "  nodes       ")
+            + f"{up} up, {shown(status.get('nodes_healthy'))} healthy of "
+            f"{nodes} x {shown(status.get('instance_type'), 'an unknown type')}"
             + (f" ({gpus} GPUs each)" if gpus else " (CPU)")
         )
-        if resets := status.get("resets"):
+        if resets := current_resets(status):
             lines.append(f"  resets      {len(resets)}, the last: {reset_line(resets[-1])}")
     if progress:
         lines.append(
-            f"  progress    epoch {progress['epoch']}/{progress['epochs']}, step "
-            f"{progress['step']}/{progress['steps_per_epoch']} (global step "
-            f"{progress['global_step']})"
+            f"  progress    epoch {shown(progress.get('epoch'))}/{shown(progress.get('epochs'))}, "
+            f"step {shown(progress.get('step'))}/{shown(progress.get('steps_per_epoch'))} "
+            f"(global step {shown(progress.get('global_step'))})"
         )
         rate = progress.get("images_per_s")
         if rate is not None:
-            ranks = max(status.get("nodes", 1) * (status.get("gpus_per_node") or 1), 1)
+            ranks = max((status.get("nodes") or 1) * (status.get("gpus_per_node") or 1), 1)
             lines.append(
                 f"  throughput  {rate:,.1f} img/s global, {rate / ranks:,.1f} img/s per GPU"
             )
         top1 = progress.get("top1")
         lines.append(
-            f"  loss        {progress.get('loss')}   top-1 "
+            f"  loss        {shown(progress.get('loss'), 'not measured yet')}   top-1 "
             + ("not evaluated yet" if top1 is None else f"{top1:.4f}")
         )
         eta = progress.get("eta_s")
@@ -168,7 +190,8 @@ def status_screen(facts: RunFacts) -> str:
     lines.append(
         "  checkpoint  "
         + (
-            f"{checkpoint['key']} (step {checkpoint['step']}, {checkpoint['at']})"
+            f"{shown(checkpoint.get('key'), 'a checkpoint')} (step {shown(checkpoint.get('step'))}, "
+            f"{shown(checkpoint.get('at'), 'at an unknown time')})"
             if checkpoint
             else "none in S3 yet"
         )
@@ -182,8 +205,9 @@ def status_screen(facts: RunFacts) -> str:
         reason = entry.get("reason") or "no reason"
         reason = reason if len(reason) <= 90 else reason[:87] + "..."
         lines.append(
-            f"  attempt {entry.get('attempt')}   {entry.get('status')}, "
-            f"{entry.get('decision')} ({entry.get('why')}): {reason}"
+            f"  attempt {shown(entry.get('attempt'))}   {shown(entry.get('status'), 'ended')}, "
+            f"{shown(entry.get('decision'), 'no decision')} ({shown(entry.get('why'), 'no code')}): "
+            f"{reason}"
         )
     if line := goodput_line(facts):
         lines.append(line)
@@ -191,7 +215,8 @@ def status_screen(facts: RunFacts) -> str:
         done = facts.done
         figures = f", top-1 {done['top1']}" if done.get("top1") is not None else ""
         lines.append(
-            f"  DONE.json   {done.get('status')}{figures}: {done.get('reason') or 'no reason'}"
+            f"  DONE.json   {shown(done.get('status'), 'written')}{figures}: "
+            f"{done.get('reason') or 'no reason'}"
         )
     elif status.get("reason"):
         lines.append(f"  reason      {status['reason']}")
@@ -205,7 +230,10 @@ def hold_line(hold: dict | None, stack_id: str | None) -> str | None:
     if not hold or hold.get("held") is not True:
         return None
     reason = f" ({hold['reason']})" if hold.get("reason") else ""
-    line = f"  hold        held since {hold.get('held_at')} by {hold.get('held_by')}{reason}"
+    line = (
+        f"  hold        held since {shown(hold.get('held_at'), 'an unknown time')} by "
+        f"{shown(hold.get('held_by'), 'someone')}{reason}"
+    )
     if stack_id and hold.get("stack_id") != stack_id:
         return line + ": for an earlier TrainStack, not in force"
     return (
@@ -252,7 +280,7 @@ def phases_table(run: str, done: dict) -> str | None:
     if not any(p.get("s") is not None for p in phases.values()):
         return None
     lines = [
-        f"{run}: start-up, attempt {done.get('attempt')}, measured (the slowest node) against "
+        f"{run}: start-up, attempt {shown(done.get('attempt'))}, measured (the slowest node) against "
         "estimated",
         f"  {'phase':<16} {'measured':>9} {'estimated':>10}  slowest",
     ]
@@ -301,7 +329,8 @@ def cost_line(facts: RunFacts, eta_s: float | None) -> str:
     if facts.phase not in ENDED and eta_s is not None:
         text += f", ~${spent + hourly * eta_s / 3600:,.2f} projected to the end of training"
     return (
-        f"{text}\n              {nodes} x {(facts.status or {}).get('instance_type')} at "
+        f"{text}\n              {nodes} x "
+        f"{shown((facts.status or {}).get('instance_type'), 'an unknown type')} at "
         f"${cost['usd_per_hour']:g}/h = ${hourly:,.2f}/h (list prices {cost['prices_as_of']})"
     )
 

@@ -284,7 +284,8 @@ def test_the_status_screen_shows_goodput_and_where_the_rest_went(s3, capsys):
 
 
 def test_the_status_screen_shows_the_nodes_training_and_the_newest_reset(s3, capsys):
-    reset = {"at": "2026-11-22T04:00:00Z", "lost": [{"node": "1", "instance_id": "i-1",
+    at = stamp(-600)  # within the attempt, which started 1800 s ago
+    reset = {"at": at, "lost": [{"node": "1", "instance_id": "i-1",
              "ip": "10.0.0.1"}], "added": [], "ranks_before": 16, "ranks_after": 8,
              "recovery_s": 41.2, "steps_redone": 3}  # fmt: skip
     put(s3, "runs/r1/status.json", status_doc("training", PROGRESS, nodes_training=1,
@@ -292,7 +293,7 @@ def test_the_status_screen_shows_the_nodes_training_and_the_newest_reset(s3, cap
     _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
     assert "nodes       1 of 2 training, " in out
     assert (
-        "resets      1, the last: 2026-11-22T04:00:00Z: node 1 lost, 16 -> 8 ranks, training "
+        f"resets      1, the last: {at}: node 1 lost, 16 -> 8 ranks, training "
         "again in 41 s, 3 step(s) redone"
     ) in out
     # Before the trainer's first step (and in a status.json without the keys): no such lines.
