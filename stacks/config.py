@@ -32,7 +32,8 @@ KEYS: dict[str, str] = {
     "nodes": "training nodes in the fleet (1-64)",
     "instanceType": "GPU instance type of every training node",
     "region": "AWS region of every stack",
-    "az": "availability zone (us-east-1a) or zone ID (use1-az4) of the fleet and preprocessing",
+    "az": "availability zone (us-east-1a) or zone ID (use1-az4) of the fleet and preprocessing "
+    "(empty: the first zone of the region that offers the type, found at deploy)",
     "vpcId": "deploy into this existing VPC instead of creating one (needs subnetId)",
     "subnetId": "the subnet of vpcId, in az, that reaches S3, SSM and CloudFormation",
     "ami": "bring your own training AMI (an ami- id); empty: the image ImageStack bakes",
@@ -118,6 +119,8 @@ class FleetConfig:
     """Everything the stacks need, as plain validated values."""
 
     region: str
+    # The preferred zone; when not chosen (az empty), the region's first zone by name, which
+    # synthesis names where it needs one, and the deploy answers the zone that offers the type.
     az: str
     nodes: int
     gpu: GpuType
@@ -152,6 +155,9 @@ class FleetConfig:
     min_nodes: int = 1
     # Seconds between the trainer's checkpoints (None: from the run's estimate, run_estimate.py).
     checkpoint_every_s: int | None = None
+    # False: -c az was empty, so the deploy-time zone answers take the region's first zone that
+    # offers the type (stacks/train/stack.py, stacks/preprocess/stack.py), whatever `az` says.
+    az_chosen: bool = True
 
     @property
     def runs_prefix(self) -> str:
@@ -197,7 +203,7 @@ class FleetConfig:
             raise ConfigError(key, value, "vpcId and subnetId are given together or not at all")
         config = cls(
             region=region,
-            az=get("az", _zone_of(region)),
+            az=get("az", _optional(_zone_of(region))) or f"{region}a",
             nodes=get("nodes", _integer(1, MAX_NODES)),
             gpu=get("instanceType", _gpu_type(DEFAULT_FLEET_TYPE)),
             vpc_id=vpc_id,
@@ -266,6 +272,7 @@ class FleetConfig:
         config = replace(
             config,
             min_nodes=get("minNodes", _optional(_integer(1, nodes))) or max(1, nodes - 1),
+            az_chosen=context.get("az") not in (None, ""),
         )
         if config.image_jit is not None and config.ami is not None:
             raise ConfigError(
@@ -279,6 +286,14 @@ class FleetConfig:
                 "spot",
                 "on-demand with capacityReservationId: a reservation holds On-Demand capacity, "
                 "and a Spot Instance cannot launch into it",
+            )
+        if not config.az_chosen and (config.vpc_id or config.capacity_reservation):
+            fixed_by = "subnetId" if config.vpc_id else "capacityReservationId"
+            raise ConfigError(
+                "az",
+                context.get("az"),
+                f"the zone of {fixed_by}, which fixes the zone of the fleet: a zone of {region} "
+                f"like {region}a, or its zone ID",
             )
         fits = max_batch_per_gpu(config.gpu, config.image_size)
         if config.batch_per_gpu > fits:

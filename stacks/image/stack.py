@@ -17,6 +17,9 @@ from stacks.instance_types import GpuType, JitProofType
 from stacks.node_code import PROJECT
 
 IMAGE_PARAMETER = "/horovod-fleet/training-ami"
+# The outputs TrainStack's image check reads (stacks/train/image_check.py, docs/contracts.md).
+AMI_OUTPUT_KEY = "AmiId"
+IMAGE_VERSION_OUTPUT_KEY = "ImageVersion"
 
 
 class ImageStack(Stack):
@@ -48,6 +51,8 @@ class ImageStack(Stack):
             jit_type=jit_type,
         )
         self.image_id = image.image_id
+        # What TrainStack's image check compares with what this checkout bakes.
+        self.version = image.version
         ssm.StringParameter(
             self,
             "AmiParameter",
@@ -56,8 +61,14 @@ class ImageStack(Stack):
             data_type=ssm.ParameterDataType.AWS_EC2_IMAGE,
             description="horovod-fleet: the newest proven training AMI",
         )
-        CfnOutput(self, "AmiId", value=image.image_id, description="the proven training AMI")
+        CfnOutput(self, AMI_OUTPUT_KEY, value=image.image_id, description="the proven training AMI")
         CfnOutput(self, "AmiParameterName", value=IMAGE_PARAMETER)
+        CfnOutput(
+            self,
+            IMAGE_VERSION_OUTPUT_KEY,
+            value=image.version,
+            description="the baked image's name and version, from the content of its files",
+        )
         CfnOutput(
             self,
             "BakeLogs",

@@ -36,8 +36,8 @@ class DeployAnswers(Construct):
             self,
             "Role",
             "horovod-fleet deploy-time answers: reads the hard cap's start, the pinned image, "
-            "the dataset manifest, the zones that offer the fleet's type and whether a run "
-            "relaunches",
+            "the dataset manifest, the zones that offer the fleet's type, whether a run "
+            "relaunches and ImageStack's image",
         )
         function = python_function(
             self,
@@ -49,6 +49,10 @@ class DeployAnswers(Construct):
         )
         train_stack = Stack.of(self).format_arn(
             service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK_NAME}/*"
+        )
+        # The image check reads ImageStack's status and outputs (train/image_check.py).
+        image_stack = Stack.of(self).format_arn(
+            service="cloudformation", resource="stack", resource_name="ImageStack/*"
         )
         policy = iam.Policy(
             self,
@@ -77,20 +81,21 @@ class DeployAnswers(Construct):
                     ],
                     resources=["*"],
                 ),
-                # ... and whether CloudFormation is rolling TrainStack back.
+                # ... and whether CloudFormation is rolling TrainStack back, and ImageStack's
+                # image (the image check).
                 iam.PolicyStatement(
                     actions=["cloudformation:DescribeStacks"],
-                    resources=[train_stack],
+                    resources=[train_stack, image_stack],
                 ),
             ],
         )
         acknowledge_wildcard_resources(
             policy,
-            ["*", train_stack, bucket.arn_for_objects("runs/*/attempts.json")],
+            ["*", train_stack, image_stack, bucket.arn_for_objects("runs/*/attempts.json")],
             "The read-only EC2 Describe calls of the zone answer and the code guard, which "
-            "support no resource-level permissions, DescribeStacks on TrainStack, whose "
-            "stack-id suffix is only known once it is deployed, and each run's attempts.json, "
-            "read only.",
+            "support no resource-level permissions, DescribeStacks on TrainStack and ImageStack, "
+            "whose stack-id suffixes are only known once they are deployed, and each run's "
+            "attempts.json, read only.",
         )
         provider = custom_resources.Provider(self, "Provider", on_event_handler=function)
         framework = provider.node.find_child("framework-onEvent")

@@ -32,6 +32,7 @@ from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
 from stacks.train.head import Head
+from stacks.train.image_check import baked_image
 
 # How long the head's elastic driver waits for at least minNodes nodes' slots after a reset (and
 # for every node's at the start) before the attempt ends (HOROVOD_ELASTIC_TIMEOUT, 600 s in
@@ -63,7 +64,8 @@ class TrainStack(Stack):
         config: FleetConfig,
         bucket: s3.IBucket,
         guards: FleetGuards,
-        image_id: str,
+        image_id: str | None,
+        image_version: str | None = None,
         checkpoint_every_s: int = 0,
         **kwargs,
     ) -> None:
@@ -77,6 +79,10 @@ class TrainStack(Stack):
         slots = 0 if fixed_zone else move_slots(config.region)
         zone = self._zone(config, guards, fixed_zone, slots)
         prerequisites = [zone]  # answered before any instance launches
+        if image_id is None:  # ImageStack's image (image_check.py), else -c ami=
+            image = baked_image(self, guards=guards, version=image_version or "")
+            image_id = image.get_att_string("ImageId")
+            prerequisites.append(image)
         network = SingleZoneNetwork(
             self,
             "Network",
@@ -201,7 +207,8 @@ class TrainStack(Stack):
             resource_type=ZONE_TYPE,
             properties={
                 "InstanceType": config.gpu.name,
-                "PreferredZone": config.az,
+                # Empty without -c az: the region's first zone that offers both types.
+                "PreferredZone": config.az if config.az_chosen else "",
                 "Fixed": str(fixed).lower(),
                 # The head stays in the deployed zone: that zone must offer its type too.
                 "HeadInstanceType": HEAD_TYPE.name,

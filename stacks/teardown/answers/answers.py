@@ -5,6 +5,8 @@
     Custom::HorovodFleetDataset   the fleet's dataset manifest is in S3
     Custom::HorovodFleetZone      a zone of the region that offers the fleet's instance type
     Custom::HorovodFleetCodeGuard no deploy changes what a live fleet's nodes run
+    Custom::HorovodFleetImage, ...RunCheck, ...RunRecord   the baked image, a run's values
+                                  kept, its record (run_answers.py)
 
 CDK's custom-resource Provider framework (stacks/teardown/deploy_answers.py) invokes `on_event`
 and answers CloudFormation itself: the return value's `PhysicalResourceId` and `Data` on
@@ -25,6 +27,7 @@ import re
 from collections.abc import Callable, Mapping
 
 import boto3
+import run_answers
 from botocore.exceptions import ClientError
 
 DEADLINE_TYPE = "Custom::HorovodFleetDeadline"
@@ -158,7 +161,8 @@ def answer_dataset(event: Mapping) -> dict:
 def answer_zone(event: Mapping) -> dict:
     """The zone the fleet's subnet goes in: its `PreferredZone` when that zone offers
     `InstanceType` and `HeadInstanceType` (the head's), else (unless `Fixed` is "true": the user's subnet or capacity reservation
-    decides) the first zone that does. No zone fails the deploy in one line before anything is
+    decides) the first zone that does. An empty `PreferredZone` (no -c az) prefers none: the
+    first zone by name that offers them, or on an Update the one deployed while it does. No zone fails the deploy in one line before anything is
     created. The zone keeps its answer across updates of the same type, so a redeploy never
     moves the subnet. Zone names differ between accounts, so only this account's answer can say
     (DescribeInstanceTypeOfferings,
@@ -185,6 +189,10 @@ def answer_zone(event: Mapping) -> dict:
         offered = offering_zones(instance_type)
         return zone_answer(zone_data(deployed, offered, fixed, slots, moves))
     region = client("ec2").meta.region_name
+    if not preferred and event["RequestType"] == "Update":
+        # No -c az: any zone that offers the type, so the one deployed while it still does; a
+        # stack deployed with a zone keeps it when the key is dropped (the subnet never moves).
+        preferred = deployed
     shown = preferred
     if ZONE_ID.fullmatch(preferred):
         named = zone_name(preferred)
@@ -369,4 +377,5 @@ ANSWERS: dict[str, Callable[[Mapping], dict]] = {
     DATASET_TYPE: answer_dataset,
     ZONE_TYPE: answer_zone,
     CODE_GUARD_TYPE: answer_code_guard,
+    run_answers.IMAGE_TYPE: run_answers.answer_image,
 }
