@@ -63,6 +63,8 @@ KEYS: dict[str, str] = {
     "targetTop1": "stop the run at the first evaluation that reaches this top-1 (optional)",
     "capacityReservationId": "launch the fleet into this capacity reservation (optional)",
     "benchmark": "measure the fleet instead of training: false, true/synthetic or data",
+    "allowChange": "redeploy a run on its checkpoints with other training values (recipe, "
+    "nodes, type, epochs, batch, arch, image size)",
 }
 
 MAX_NODES = 64
@@ -158,6 +160,10 @@ class FleetConfig:
     # False: -c az was empty, so the deploy-time zone answers take the region's first zone that
     # offers the type (stacks/train/stack.py, stacks/preprocess/stack.py), whatever `az` says.
     az_chosen: bool = True
+    # -c allowChange: a redeploy of a run may change its training values (stacks/train/run_record.py).
+    allow_change: bool = False
+    # Every key of KEYS as the deploy got it (cdk.json's default or -c): runs/<run>/config.json.
+    context: tuple[tuple[str, Any], ...] = ()
 
     @property
     def runs_prefix(self) -> str:
@@ -273,6 +279,8 @@ class FleetConfig:
             config,
             min_nodes=get("minNodes", _optional(_integer(1, nodes))) or max(1, nodes - 1),
             az_chosen=context.get("az") not in (None, ""),
+            allow_change=get("allowChange", _optional(_boolean)) or False,
+            context=tuple((key, context.get(key)) for key in KEYS),
         )
         if config.image_jit is not None and config.ami is not None:
             raise ConfigError(

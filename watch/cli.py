@@ -3,8 +3,9 @@
     horovod-fleet status [--run NAME] [--watch]    one screen: phase, progress, ETA, dollars, cap
     horovod-fleet logs [--run NAME] [--node N] [-f] the training table (the head's horovodrun),
                                                     or node N's bootstrap log, from CloudWatch Logs
-    horovod-fleet runs                              every run in the bucket with its goodput,
-                                                    and its start-up measured against estimated
+    horovod-fleet runs                              every run in the bucket: its recipe, nodes
+                                                    and type (config.json), goodput, and its
+                                                    start-up measured against estimated
     horovod-fleet leftovers                         what stays billed after a run: the bucket
                                                     by prefix, snapshots, images, volumes, log
                                                     groups, each with its monthly cost and the
@@ -180,6 +181,7 @@ class Watcher:
             done=self.store.read_json(f"{prefix}DONE.json"),
             attempts=(self.store.read_json(f"{prefix}attempts.json") or {}).get("attempts"),
             hold=self.store.read_json(hold_key(run)),
+            config=self.store.read_json(f"{prefix}config.json"),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():

@@ -49,6 +49,18 @@ class RunFacts:
     hard_cap_at: datetime | None = None  # TrainStack's HorovodFleetDeadline output
     hold: dict | None = None  # runs/<run>/hold.json: an operator's hold (watch/hold.py)
     stack_id: str | None = None  # TrainStack's id, when it deploys this run
+    config: dict | None = None  # runs/<run>/config.json: what its last deploy was made with
+
+    def trained(self) -> dict:
+        """The run's recipe, nodes and type: config.json's training values, else what
+        status.json says (a run from before config.json has no recipe on record)."""
+        training = (self.config or {}).get("training") or {}
+        status = self.status or {}
+        return {
+            "recipe": training.get("recipe"),
+            "nodes": training.get("nodes", status.get("nodes")),
+            "type": training.get("instanceType", status.get("instance_type")),
+        }
 
     @property
     def phase(self) -> str:
@@ -151,6 +163,12 @@ def status_screen(facts: RunFacts) -> str:
     lines.append(f"  phase       {LABELS.get(phase, phase)}{attempt}{age}")
     if held := hold_line(facts.hold, facts.stack_id):
         lines.append(held)
+    if training := (facts.config or {}).get("training"):
+        lines.append(
+            f"  recipe      {shown(training.get('recipe'))}, {shown(training.get('epochs'))} "
+            f"epochs, {shown(training.get('batchPerGpu'))} per GPU, {shown(training.get('nodes'))}"
+            f" x {shown(training.get('instanceType'))} (config.json)"
+        )
     if status:
         up = "?" if facts.nodes_up is None else facts.nodes_up
         gpus = status.get("gpus_per_node") or 0
@@ -350,8 +368,12 @@ def cap_line(facts: RunFacts) -> str:
 def runs_table(rows: list[RunFacts]) -> str:
     """`horovod-fleet runs`: one line per run with its goodput, then for each run whose
     DONE.json has a timeline its start-up phases against their estimates."""
-    lines = [f"{'run':<24} {'status':<16} {'top-1':>7} {'duration':>9} {'cost':>10} {'goodput':>8}"]
+    lines = [
+        f"{'run':<24} {'recipe':<7} {'nodes':>5} {'type':<14} {'status':<16} {'top-1':>7} "
+        f"{'duration':>9} {'cost':>10} {'goodput':>8}"
+    ]
     for facts in rows:
+        trained = facts.trained()
         top1 = (facts.done or {}).get("top1")
         if top1 is None:
             top1 = ((facts.status or {}).get("progress") or {}).get("top1")
@@ -360,7 +382,8 @@ def runs_table(rows: list[RunFacts]) -> str:
             duration = ((facts.ended or facts.now) - facts.started).total_seconds()
         spent = facts.spent()
         lines.append(
-            f"{facts.run:<24} {LABELS.get(facts.phase, facts.phase):<16} "
+            f"{facts.run:<24} {shown(trained['recipe'], '-'):<7} {shown(trained['nodes'], '-'):>5} "
+            f"{shown(trained['type'], '-'):<14} {LABELS.get(facts.phase, facts.phase):<16} "
             f"{'-' if top1 is None else f'{top1:.4f}':>7} "
             f"{'-' if duration is None else clock(duration):>9} "
             f"{'-' if spent is None else f'${spent:,.2f}':>10} "

@@ -25,8 +25,9 @@ from stacks.teardown.names import TRAIN_STACK_NAME
 
 
 class DeployAnswers(Construct):
-    """`service_token` for the custom resources; `role` may read, and nothing else: it holds no
-    action that starts, stops or deletes anything (tests/stacks/test_deploy_answers.py)."""
+    """`service_token` for the custom resources; `role` may read, and write nothing but each
+    run's record, runs/*/config.json: it holds no action that starts, stops or deletes anything
+    (tests/stacks/test_deploy_answers.py)."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, bucket: s3.IBucket, manifest_key: str
@@ -68,6 +69,12 @@ class DeployAnswers(Construct):
                         bucket.arn_for_objects("runs/*/attempts.json"),
                     ],
                 ),
+                # Each run's record: read by the run check, written by the run record once the
+                # fleet is up (stacks/train/run_record.py), and nothing else of the bucket.
+                iam.PolicyStatement(
+                    actions=["s3:GetObject", "s3:PutObject"],
+                    resources=[bucket.arn_for_objects("runs/*/config.json")],
+                ),
                 # So that S3 answers a missing key 404, not 403 (GetObject's permissions).
                 iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
                 # Describe calls support no resource-level permissions; they are read-only.
@@ -91,11 +98,17 @@ class DeployAnswers(Construct):
         )
         acknowledge_wildcard_resources(
             policy,
-            ["*", train_stack, image_stack, bucket.arn_for_objects("runs/*/attempts.json")],
+            [
+                "*",
+                train_stack,
+                image_stack,
+                bucket.arn_for_objects("runs/*/attempts.json"),
+                bucket.arn_for_objects("runs/*/config.json"),
+            ],
             "The read-only EC2 Describe calls of the zone answer and the code guard, which "
             "support no resource-level permissions, DescribeStacks on TrainStack and ImageStack, "
-            "whose stack-id suffixes are only known once they are deployed, and each run's "
-            "attempts.json, read only.",
+            "whose stack-id suffixes are only known once they are deployed, each run's "
+            "attempts.json, read only, and each run's config.json, the record of its deploy.",
         )
         provider = custom_resources.Provider(self, "Provider", on_event_handler=function)
         framework = provider.node.find_child("framework-onEvent")

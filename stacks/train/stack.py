@@ -33,6 +33,7 @@ from stacks.train.dashboard import RunDashboard
 from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
 from stacks.train.head import Head
 from stacks.train.image_check import baked_image
+from stacks.train.run_record import run_check, run_record
 
 # How long the head's elastic driver waits for at least minNodes nodes' slots after a reset (and
 # for every node's at the start) before the attempt ends (HOROVOD_ELASTIC_TIMEOUT, 600 s in
@@ -134,6 +135,8 @@ class TrainStack(Stack):
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))
+        # A redeploy of the run with other training values, refused before any launch.
+        prerequisites.append(run_check(self, guards=guards, config=config, bucket=bucket))
         for instance in (*fleet.instances, head.instance):
             instance.node.add_dependency(*prerequisites)
         # Updated before every node, the head and the replacement template: a deploy that would
@@ -154,6 +157,14 @@ class TrainStack(Stack):
             instances=[*fleet.instances, head.instance],
         )
         self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
+        # runs/<run>/config.json, once every node and the head are up (run_record.py).
+        run_record(
+            self,
+            guards=guards,
+            config=config,
+            bucket=bucket,
+            after=[*fleet.instances, head.instance],
+        )
         CfnOutput(
             self,
             "HeadTemplate",

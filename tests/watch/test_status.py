@@ -227,10 +227,13 @@ def test_runs_lists_status_top1_duration_and_cost(s3, capsys):
     code, out, _ = run_cli(capsys, "runs", "--bucket", BUCKET)
     assert code == 0
     header, first, second = out.splitlines()
-    assert header.split() == ["run", "status", "top-1", "duration", "cost", "goodput"]
-    assert first.split()[:3] == ["a", "training", "0.4100"]
+    assert header.split() == ["run", "recipe", "nodes", "type", "status", "top-1", "duration",
+                              "cost", "goodput"]  # fmt: skip
+    # No config.json (a run from before it): no recipe on record, status.json's nodes and type.
+    assert first.split()[:6] == ["a", "-", "2", "p4d.24xlarge", "training", "0.4100"]
     # Billed from the first attempt's start to DONE.json: 20 minutes of 2 nodes at $32.7726/h.
-    assert second.split() == ["b", "done", "0.7512", "0:20:00", "$21.85", "-"]
+    assert second.split() == ["b", "-", "2", "p4d.24xlarge", "done", "0.7512", "0:20:00",
+                              "$21.85", "-"]  # fmt: skip
 
 
 TIMELINE = {

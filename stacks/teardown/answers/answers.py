@@ -378,4 +378,6 @@ ANSWERS: dict[str, Callable[[Mapping], dict]] = {
     ZONE_TYPE: answer_zone,
     CODE_GUARD_TYPE: answer_code_guard,
     run_answers.IMAGE_TYPE: run_answers.answer_image,
+    run_answers.RUN_CHECK_TYPE: run_answers.answer_run_check,
+    run_answers.RUN_RECORD_TYPE: run_answers.answer_run_record,
 }

@@ -17,6 +17,7 @@ properties, which must pass (answers.rolling_back). Only boto3 and the standard 
 the answers' Lambda asset; answers.py is imported at call time, never at import (it imports this).
 """
 
+import json
 from collections.abc import Mapping
 
 from botocore.exceptions import ClientError
@@ -95,3 +96,93 @@ def answer_image(event: Mapping) -> dict:
         )
     base().log(IMAGE_TYPE, image=ami, version=have, stack_status=status)
     return {"PhysicalResourceId": ami, "Data": {"ImageId": ami}}
+
+
+# --- Custom::HorovodFleetRunCheck and Custom::HorovodFleetRunRecord --------------------------
+
+
+def config_key(run: str) -> str:
+    return f"runs/{run}/config.json"
+
+
+def read_record(bucket: str, run: str) -> dict | None:
+    """runs/<run>/config.json, None when there is none; a read S3 refuses fails in one line."""
+    try:
+        body = base().client("s3").get_object(Bucket=bucket, Key=config_key(run))["Body"].read()
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise base().Refused(
+            f"cannot read s3://{bucket}/{config_key(run)}: {error}"[:1000]
+        ) from error
+    return json.loads(body)
+
+
+def values_text(values: Mapping, keys: list[str]) -> str:
+    return ", ".join(f"{key}={values.get(key)}" for key in keys)
+
+
+def answer_run_check(event: Mapping) -> dict:
+    """Refuses, in one line naming them, training values (`Training`) that differ from the run's
+    record, unless `AllowChange` is "true". No record: the run's first deploy. A rollback's
+    Update passes: it only brings back what was deployed."""
+    props = event.get("ResourceProperties", {})
+    bucket, run = props.get("Bucket", ""), props.get("Run", "")
+    wanted = json.loads(props.get("Training") or "{}")
+    answer = {"PhysicalResourceId": f"s3://{bucket}/{config_key(run)}", "Data": {"Changed": ""}}
+    if event["RequestType"] == "Update" and base().rolling_back(event["StackId"]):
+        return answer
+    record = read_record(bucket, run)
+    deployed = (record or {}).get("training") or {}
+    changed = [key for key in wanted if key in deployed and deployed[key] != wanted[key]]
+    if changed and props.get("AllowChange") != "true":
+        raise base().Refused(
+            f"run {run} was deployed with {values_text(deployed, changed)} and this deploy asks "
+            f"for {values_text(wanted, changed)}: its checkpoints in s3://{bucket}/runs/{run}/ "
+            "would resume under other values. Deploy it as another run (-c run=NAME), or add "
+            "-c allowChange=true to go on with these"
+        )
+    answer["Data"]["Changed"] = ",".join(changed)
+    return answer
+
+
+def answer_run_record(event: Mapping) -> dict:
+    """Writes runs/<run>/config.json: every context value of the deploy (`Context`), its
+    training values (`Training`), the stack, when; and each earlier deploy's training values
+    that differ (`changes`, oldest first). The same deploy asked again writes nothing new. A
+    read or write S3 refuses is logged, not raised: the fleet is up (this answer comes last),
+    and a record is not worth ending it for."""
+    props = event.get("ResourceProperties", {})
+    bucket, run = props.get("Bucket", ""), props.get("Run", "")
+    context, training = (json.loads(props.get(k) or "{}") for k in ("Context", "Training"))
+    url = f"s3://{bucket}/{config_key(run)}"
+    answer = {"PhysicalResourceId": url}
+    try:
+        record = read_record(bucket, run) or {}
+    except base().Refused as refused:
+        base().log(RUN_RECORD_TYPE, url=url, error=str(refused))
+        record = {}
+    if record.get("context") == context and record.get("stack_id") == event["StackId"]:
+        return answer
+    changes = list(record.get("changes") or [])
+    if record.get("training") and record["training"] != training:
+        changes.append({"deployed_at": record.get("deployed_at"), "training": record["training"]})
+    document = {
+        "format": CONFIG_FORMAT,
+        "run": run,
+        "stack_id": event["StackId"],
+        "deployed_at": base().now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "training": training,
+        "context": context,
+        "changes": changes,
+    }
+    try:
+        base().client("s3").put_object(
+            Bucket=bucket,
+            Key=config_key(run),
+            Body=json.dumps(document, indent=1, sort_keys=True).encode(),
+            ContentType="application/json",
+        )
+    except ClientError as error:
+        base().log(RUN_RECORD_TYPE, url=url, error=str(error))
+    return answer
