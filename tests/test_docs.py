@@ -16,7 +16,22 @@ FIRST_SCREEN_LINES = 40
 README_MAX_LINES = 350
 
 
-def test_the_readme_is_read_in_five_minutes():
+# The average adult's silent reading of English non-fiction: 238 words a minute (Brysbaert, "How
+# many words do we read per minute? A review and meta-analysis of reading rate", Journal of
+# Memory and Language 109, 2019, https://doi.org/10.1016/j.jml.2019.104047).
+WORDS_PER_MINUTE = 238
+# A newcomer's path through the README: what it is and costs, the offline try, a real run step by
+# step and how to watch it; the rest (stopping, recovery, recipes, the tables) is looked up.
+NEWCOMERS_PATH_ENDS = "## Stop a run"
+
+
+def test_a_newcomer_s_path_through_the_readme_reads_in_five_minutes():
+    readme = README.read_text()
+    words = len(readme[: readme.index(NEWCOMERS_PATH_ENDS)].split())
+    assert words / WORDS_PER_MINUTE <= 5, f"{words} words: {words / WORDS_PER_MINUTE:.1f} minutes"
+
+
+def test_the_readme_stays_within_its_length():
     assert len(README.read_text().splitlines()) <= README_MAX_LINES
 
 
