@@ -36,6 +36,7 @@ from stacks.root_volume import init_rate
 from stacks.run_estimate import checkpoint_note, recipe_plan, training_estimate
 from stacks.startup_estimate import startup_lines, startup_phases
 from stacks.teardown.controller_cost import controller_estimate
+from stacks.teardown.failure_mail import mail_note
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,7 +131,7 @@ def estimates(config: FleetConfig) -> list[str]:
     quota_nodes = config.nodes + 1 if config.drill else config.nodes
     lines += [
         quota_note(config.gpu, quota_nodes, config.market),
-        zone_note(config.gpu, config.region, config.az),
+        zone_note(config.gpu, config.region, config.az if config.az_chosen else None),
     ]
     if config.capacity_reservation:
         lines.append(capacity_note(config))
@@ -143,6 +144,7 @@ def estimates(config: FleetConfig) -> list[str]:
         if config.image_jit:
             lines.append(jit_estimate(config.image_jit))
     lines.append(controller_estimate())
+    lines.append(mail_note(config.notify_email, config.budget_email))
     return [*lines, f"prices: {PRICES_AS_OF} list prices"]
 
 

@@ -70,6 +70,15 @@ DATASET_TYPE = "Custom::HorovodFleetDataset"
 ZONE_TYPE = "Custom::HorovodFleetZone"
 # ... and the refusal of a deploy that would change what a live fleet's nodes run.
 CODE_GUARD_TYPE = "Custom::HorovodFleetCodeGuard"
+# ... the image ImageStack baked, or a one-line refusal while it bakes or before any is ...
+IMAGE_TYPE = "Custom::HorovodFleetImage"
+# ... a redeploy of a run with other training values refused unless -c allowChange=true ...
+RUN_CHECK_TYPE = "Custom::HorovodFleetRunCheck"
+# ... and runs/<run>/config.json written: every context value of the deploy.
+RUN_RECORD_TYPE = "Custom::HorovodFleetRunRecord"
+# ImageStack's outputs TrainStack's image check reads (docs/contracts.md).
+AMI_OUTPUT_KEY = "AmiId"
+IMAGE_VERSION_OUTPUT_KEY = "ImageVersion"
 
 # Names made per run, <prefix><run>: the run's notification topic (the controller may publish to
 # these only), the hard cap's one-time schedule (the tick reads its time there while TrainStack

@@ -9,6 +9,7 @@ DONE = "DONE.json"  # the attempt's record, written once per attempt (a node, or
 STATUS = "status.json"  # the head's view of the run as it goes, its one writer
 ATTEMPTS = "attempts.json"  # the run controller's record of the ended attempts
 CONTROLLER = "controller.json"  # what the run controller does with the run, its one writer
+CONFIG = "config.json"  # every context value of the run's last deploy that got its fleet up
 HEAD = "head.json"  # the head's registration; its LastModified is the head's heartbeat
 HOLD = "hold.json"  # an operator's hold (`horovod-fleet hold`): the controller only reads it
 NODES = "nodes/"  # nodes/<index>.json: each node's registration and heartbeat

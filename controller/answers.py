@@ -5,6 +5,8 @@
     Custom::HorovodFleetDataset   the fleet's dataset manifest is in S3
     Custom::HorovodFleetZone      a zone of the region that offers the fleet's instance type
     Custom::HorovodFleetCodeGuard no deploy changes what a live fleet's nodes run
+    Custom::HorovodFleetImage, ...RunCheck, ...RunRecord   the baked image, a run's values
+                                  kept, its record (run_answers.py)
 
 CDK's custom-resource Provider framework (stacks/teardown/deploy_answers.py) invokes `on_event`
 and answers CloudFormation itself: the return value's `PhysicalResourceId` and `Data` on
@@ -19,12 +21,10 @@ Only boto3, the standard library and contract/: this file and contract/ are the 
 """
 
 import datetime
-import functools
 import json
 import re
 from collections.abc import Callable, Mapping
 
-import boto3
 from botocore.exceptions import ClientError
 
 from contract import runs
@@ -33,9 +33,14 @@ from contract.names import (
     DATASET_TYPE,
     DEADLINE_TYPE,
     FLEET_TAG,
+    IMAGE_TYPE,
     PINNED_TYPE,
+    RUN_CHECK_TYPE,
+    RUN_RECORD_TYPE,
     ZONE_TYPE,
 )
+from controller import run_answers
+from controller.answer_kit import Refused, client, log, now, rolling_back
 
 # How S3 answers a read of a missing key: 404, or 403 to a role whose read is key-conditioned
 # (https://docs.aws.amazon.com/AmazonS3/latest/API/API_HeadObject.html).
@@ -43,25 +48,6 @@ ABSENT_KEY_CODES = ("NoSuchKey", "404", "AccessDenied", "403")
 ZONE_ID = re.compile(r"[a-z]+\d+-az\d+")  # use1-az4; stacks/config.py validates it
 # A hard-cap deadline pushed into the past by an update still needs a time Scheduler accepts.
 MIN_DEADLINE_LEAD = datetime.timedelta(minutes=5)
-
-
-class Refused(Exception):
-    """The deploy cannot go on: the message says why and what to do, in one line."""
-
-
-@functools.cache
-def client(name: str):
-    """One client per service for the function's life, as Lambda reuses the process."""
-    return boto3.client(name)
-
-
-def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def log(answer: str, **fields) -> None:
-    """One JSON line per answer, so CloudWatch Logs Insights can filter on `answer`."""
-    print(json.dumps({"answer": answer, **fields}, sort_keys=True, default=str))
 
 
 def on_event(event: Mapping, _context=None) -> dict:
@@ -163,7 +149,8 @@ def answer_dataset(event: Mapping) -> dict:
 def answer_zone(event: Mapping) -> dict:
     """The zone the fleet's subnet goes in: its `PreferredZone` when that zone offers
     `InstanceType` and `HeadInstanceType` (the head's), else (unless `Fixed` is "true": the user's subnet or capacity reservation
-    decides) the first zone that does. No zone fails the deploy in one line before anything is
+    decides) the first zone that does. An empty `PreferredZone` (no -c az) prefers none: the
+    first zone by name that offers them, or on an Update the one deployed while it does. No zone fails the deploy in one line before anything is
     created. The zone keeps its answer across updates of the same type, so a redeploy never
     moves the subnet. Zone names differ between accounts, so only this account's answer can say
     (DescribeInstanceTypeOfferings,
@@ -190,6 +177,10 @@ def answer_zone(event: Mapping) -> dict:
         offered = offering_zones(instance_type)
         return zone_answer(zone_data(deployed, offered, fixed, slots, moves))
     region = client("ec2").meta.region_name
+    if not preferred and event["RequestType"] == "Update":
+        # No -c az: any zone that offers the type, so the one deployed while it still does; a
+        # stack deployed with a zone keeps it when the key is dropped (the subnet never moves).
+        preferred = deployed
     shown = preferred
     if ZONE_ID.fullmatch(preferred):
         named = zone_name(preferred)
@@ -341,16 +332,6 @@ def relaunch_under_way(bucket: str, run: str, stack_id: str) -> dict | None:
     return None
 
 
-def rolling_back(stack_id: str) -> bool:
-    """Whether CloudFormation is rolling the stack back: "If the update fails, you will get a
-    subsequent `Update` event to roll back to the previous state (with `ResourceProperties` and
-    `OldResourceProperties` reversed)" (aws-cdk-lib 2.275 custom-resources README,
-    https://github.com/aws/aws-cdk/blob/main/packages/aws-cdk-lib/custom-resources/README.md),
-    and that one must pass, or the stack is left in UPDATE_ROLLBACK_FAILED."""
-    [stack] = client("cloudformation").describe_stacks(StackName=stack_id)["Stacks"]
-    return stack["StackStatus"].startswith(("UPDATE_ROLLBACK", "ROLLBACK"))
-
-
 def live_nodes(stack_id: str) -> list[str]:
     """The stack's instances that are not terminated or on their way: CloudFormation's and the
     run controller's alike carry its id in FLEET_TAG."""
@@ -373,4 +354,7 @@ ANSWERS: dict[str, Callable[[Mapping], dict]] = {
     DATASET_TYPE: answer_dataset,
     ZONE_TYPE: answer_zone,
     CODE_GUARD_TYPE: answer_code_guard,
+    IMAGE_TYPE: run_answers.answer_image,
+    RUN_CHECK_TYPE: run_answers.answer_run_check,
+    RUN_RECORD_TYPE: run_answers.answer_run_record,
 }

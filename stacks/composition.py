@@ -91,6 +91,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         bucket=bucket,
         budget_email=config.budget_email,
         budget_limit_usd=budget_limit_usd(config),
+        notify_email=config.notify_email,
         dataset_prefix=config.dataset_prefix,
         env=env,
         description="horovod-fleet: the run controller that stops the bill when a run ends, caps or idles",
@@ -128,7 +129,9 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         config=config,
         bucket=bucket,
         guards=teardown.guards,
-        image_id=config.ami or image.image_id,
+        # Your AMI, else the one ImageStack baked, read when TrainStack deploys (image_check.py).
+        image_id=config.ami,
+        image_version=None if config.ami else image.version,
         checkpoint_every_s=checkpoint_plan(config)[0],
         env=env,
         description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",
@@ -136,9 +139,8 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
     for stack in (preprocess, train):
         if stack is not None:
             stack.add_stack_dependency(teardown)
-    if not config.ami:
-        # `cdk deploy TrainStack` bakes first when no image exists yet.
-        train.add_stack_dependency(image)
+    # No dependency of TrainStack on ImageStack: `cdk deploy TrainStack` never bakes for hours
+    # first; its image check refuses it in one line until ImageStack holds the image (issue 50).
     if dataset is not None:
         teardown.add_stack_dependency(dataset)
     return HorovodFleet(dataset, image, teardown, preprocess, train)

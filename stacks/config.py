@@ -34,7 +34,8 @@ KEYS: dict[str, str] = {
     "nodes": "training nodes in the fleet (1-64)",
     "instanceType": "GPU instance type of every training node",
     "region": "AWS region of every stack",
-    "az": "availability zone (us-east-1a) or zone ID (use1-az4) of the fleet and preprocessing",
+    "az": "availability zone (us-east-1a) or zone ID (use1-az4) of the fleet and preprocessing "
+    "(empty: the first zone of the region that offers the type, found at deploy)",
     "vpcId": "deploy into this existing VPC instead of creating one (needs subnetId)",
     "subnetId": "the subnet of vpcId, in az, that reaches S3, SSM and CloudFormation",
     "ami": "bring your own training AMI (an ami- id); empty: the image ImageStack bakes",
@@ -68,6 +69,8 @@ KEYS: dict[str, str] = {
     "drillConfirmCost": "true: a drill may run on a P-family instanceType",
     "drillExperiments": "the drill's experiments to play, separated by commas (empty: all)",
     "drillPreprocess": "false: horovod-fleet drill converts the drill's dataset locally",
+    "allowChange": "redeploy a run on its checkpoints with other training values (recipe, "
+    "nodes, type, epochs, batch, arch, image size)",
 }
 
 MAX_NODES = 64
@@ -125,6 +128,8 @@ class FleetConfig:
     """Everything the stacks need, as plain validated values."""
 
     region: str
+    # The preferred zone; when not chosen (az empty), the region's first zone by name, which
+    # synthesis names where it needs one, and the deploy answers the zone that offers the type.
     az: str
     nodes: int
     gpu: GpuType
@@ -161,6 +166,13 @@ class FleetConfig:
     checkpoint_every_s: int | None = None
     # -c drill=true: the experiments TrainStack synthesizes and the head plays (None: no drill).
     drill: drill_plan.DrillPlan | None = None
+    # False: -c az was empty, so the deploy-time zone answers take the region's first zone that
+    # offers the type (stacks/train/stack.py, stacks/preprocess/stack.py), whatever `az` says.
+    az_chosen: bool = True
+    # -c allowChange: a redeploy of a run may change its training values (stacks/train/run_record.py).
+    allow_change: bool = False
+    # Every key of KEYS as the deploy got it (cdk.json's default or -c): runs/<run>/config.json.
+    context: tuple[tuple[str, Any], ...] = ()
 
     @property
     def runs_prefix(self) -> str:
@@ -207,7 +219,7 @@ class FleetConfig:
             raise ConfigError(key, value, "vpcId and subnetId are given together or not at all")
         config = cls(
             region=region,
-            az=get("az", _zone_of(region)),
+            az=get("az", _optional(_zone_of(region))) or f"{region}a",
             nodes=get("nodes", _optional(_integer(1, MAX_NODES)))
             or (drill_plan.DEFAULT_NODES if drilling else DEFAULT_NODES),
             gpu=get("instanceType", _optional(_gpu_type(DEFAULT_FLEET_TYPE)))
@@ -278,6 +290,9 @@ class FleetConfig:
         config = replace(
             config,
             min_nodes=get("minNodes", _optional(_integer(1, nodes))) or default_min_nodes(nodes),
+            az_chosen=context.get("az") not in (None, ""),
+            allow_change=get("allowChange", _optional(_boolean)) or False,
+            context=tuple((key, context.get(key)) for key in KEYS),
         )
         try:  # -c drill=true: its plan, cap, epoch bound and dataset (stacks/drill_plan.py)
             config = drill_plan.settle(
@@ -302,6 +317,14 @@ class FleetConfig:
                 "spot",
                 "on-demand with capacityReservationId: a reservation holds On-Demand capacity, "
                 "and a Spot Instance cannot launch into it",
+            )
+        if not config.az_chosen and (config.vpc_id or config.capacity_reservation):
+            fixed_by = "subnetId" if config.vpc_id else "capacityReservationId"
+            raise ConfigError(
+                "az",
+                context.get("az"),
+                f"the zone of {fixed_by}, which fixes the zone of the fleet: a zone of {region} "
+                f"like {region}a, or its zone ID",
             )
         fits = max_batch_per_gpu(config.gpu, config.image_size)
         if config.batch_per_gpu > fits:

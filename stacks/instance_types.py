@@ -292,12 +292,17 @@ def quota_note(gpu: GpuType, nodes: int, market: str = "on-demand") -> str:
     )
 
 
-def zone_note(gpu: GpuType, region: str, az: str) -> str:
+def zone_note(gpu: GpuType, region: str, az: str | None) -> str:
     """Not every zone offers every GPU type, and zone names differ between accounts: the zone is
-    picked at deploy time (TrainStack's Zone resource)."""
+    picked at deploy time (TrainStack's Zone resource); `az` None: -c az was not given."""
+    chosen = (
+        f"TrainStack prefers {az}; at deploy it takes a zone of {region} that offers {gpu.name}"
+        if az
+        else f"TrainStack takes at deploy the first zone of {region} that offers {gpu.name} "
+        "(-c az= prefers one)"
+    )
     return (
-        f"TrainStack prefers {az}; at deploy it takes a zone of {region} that offers {gpu.name} "
-        f"in your account, or fails in one line. The zones: aws ec2 "
+        f"{chosen} in your account, or fails in one line. The zones: aws ec2 "
         f"describe-instance-type-offerings --region {region} --location-type availability-zone "
         f"--filters Name=instance-type,Values={gpu.name} --query 'InstanceTypeOfferings[].Location'"
     )

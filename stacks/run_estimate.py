@@ -48,6 +48,7 @@ DEFAULT_MIN_CHECKPOINT_EVERY_S = math.ceil(CHECKPOINT_PAUSE_S / SAVE_SHARE)  # 1
 
 
 @functools.lru_cache(maxsize=64)
+@functools.cache  # a process per question, asked again by each part of one synthesis
 def recipe_plan(
     recipe: str, global_batch: int, epochs: int | None, image_size: int
 ) -> tuple[int, float]:

@@ -16,7 +16,22 @@ FIRST_SCREEN_LINES = 40
 README_MAX_LINES = 350
 
 
-def test_the_readme_is_read_in_five_minutes():
+# The average adult's silent reading of English non-fiction: 238 words a minute (Brysbaert, "How
+# many words do we read per minute? A review and meta-analysis of reading rate", Journal of
+# Memory and Language 109, 2019, https://doi.org/10.1016/j.jml.2019.104047).
+WORDS_PER_MINUTE = 238
+# A newcomer's path through the README: what it is and costs, the offline try, a real run step by
+# step and how to watch it; the rest (stopping, recovery, recipes, the tables) is looked up.
+NEWCOMERS_PATH_ENDS = "## Stop a run"
+
+
+def test_a_newcomer_s_path_through_the_readme_reads_in_five_minutes():
+    readme = README.read_text()
+    words = len(readme[: readme.index(NEWCOMERS_PATH_ENDS)].split())
+    assert words / WORDS_PER_MINUTE <= 5, f"{words} words: {words / WORDS_PER_MINUTE:.1f} minutes"
+
+
+def test_the_readme_stays_within_its_length():
     assert len(README.read_text().splitlines()) <= README_MAX_LINES
 
 
@@ -188,15 +203,22 @@ def test_trainer_md_s_epoch_at_8_p4d_nodes_is_the_estimate_s():
 
 
 def test_the_readme_uploads_what_the_converter_waits_for_and_waits_for_the_manifest():
-    """A real run's upload: the three files the preprocessing node waits for, under the prefix
-    DatasetStack's RawUpload names; then the wait for the dataset's manifest.json."""
-    from bootstrap.preprocess.preprocessing_node import RAW_FILES
+    """A real run's upload: the three files the preprocessing node waits for, the labels as the
+    devkit image-net.org ships (the node's first choice), under the prefix DatasetStack's
+    RawUpload names; then the wait for the dataset's manifest.json."""
+    from bootstrap.preprocess.preprocessing_node import LABEL_FILES, RAW_FILES, raw_inputs
     from stacks.preprocess.preprocessor import RAW_PREFIX
 
     readme = README.read_text()
     bucket = "s3://horovod-fleet-<account>-<region>/"
     uploads = re.findall(rf"^ +aws s3 cp (\S+) {re.escape(bucket)}(\S+)$", readme, re.M)
-    assert sorted(uploads) == sorted((name, RAW_PREFIX) for name in RAW_FILES.values())
+    uploaded = [name for name, _ in uploads]
+    assert raw_inputs(uploaded) == RAW_FILES | {"labels": LABEL_FILES[0]}, uploaded
+    assert sorted(uploads) == sorted((name, RAW_PREFIX) for name in raw_inputs(uploaded).values())
+    # The other label file the node takes is named as the devkit's stand-in.
+    assert f"`{RAW_FILES['labels']}` of one synset per line works in its place" in " ".join(
+        readme.split()
+    )
     prefix = json.loads((ROOT / "cdk.json").read_text())["context"]["datasetPrefix"]
     assert f"until aws s3 ls {bucket}{prefix}manifest.json;" in readme
     steps = [readme.index(s) for s in ("aws s3 cp", "manifest.json; do", "cdk deploy TrainStack")]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainer.cli import OneLineErrorParser
 from trainer.recipes import (
+    DEFAULT_BATCH_SIZE,
     DEFAULT_RECIPE,
     GOYAL_BASE_LR,
     GOYAL_EPOCHS,
@@ -165,7 +166,13 @@ def _add_recipe_flags(parser: argparse.ArgumentParser) -> None:
         help=f"total training epochs (default: the recipe's: {GOYAL_EPOCHS} for goyal, 37 to 89 "
         "by global batch for fast)",
     )
-    group.add_argument("--batch-size", type=int, default=256, help="images per step per rank")
+    group.add_argument(
+        "--batch-size",
+        type=int,
+        help="images per step per rank (default: the recipe's: "
+        + ", ".join(f"{size} for {recipe}" for recipe, size in DEFAULT_BATCH_SIZE.items())
+        + ")",
+    )
     group.add_argument("--image-size", type=int, default=224, help="training/eval crop size")
     group.add_argument(
         "--base-lr",
@@ -391,5 +398,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     args.data_dir = _path("--data-dir", args.data_dir)
     args.model_dir = _path("--model-dir", args.model_dir)
     args.stop_file = _path("--stop-file", args.stop_file, "file path")
+    if args.batch_size is None:
+        args.batch_size = DEFAULT_BATCH_SIZE[args.recipe]
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})

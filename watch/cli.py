@@ -3,8 +3,9 @@
     horovod-fleet status [--run NAME] [--watch]    one screen: phase, progress, ETA, dollars, cap
     horovod-fleet logs [--run NAME] [--node N] [-f] the training table (the head's horovodrun),
                                                     or node N's bootstrap log, from CloudWatch Logs
-    horovod-fleet runs                              every run in the bucket with its goodput,
-                                                    and its start-up measured against estimated
+    horovod-fleet runs                              every run in the bucket: its recipe, nodes
+                                                    and type (config.json), goodput, and its
+                                                    start-up measured against estimated
     horovod-fleet leftovers                         what stays billed after a run: the bucket
                                                     by prefix, snapshots, images, volumes, log
                                                     groups, each with its monthly cost and the
@@ -41,7 +42,7 @@ from typing import NoReturn
 from botocore.config import Config
 
 from contract import names
-from contract.runs import ATTEMPTS, CONTROLLER, DONE, STATUS, key
+from contract.runs import ATTEMPTS, CONFIG, CONTROLLER, DONE, STATUS, key
 from watch import dataset
 from watch import drill as drill_command
 from watch.aws import Fleet, RunStore, WatchError, explain
@@ -188,6 +189,7 @@ class Watcher:
             attempts=(self.store.read_json(key(run, ATTEMPTS)) or {}).get("attempts"),
             hold=self.store.read_json(hold_key(run)),
             drill=self.store.read_json(result_key(run)),
+            config=self.store.read_json(key(run, CONFIG)),
         )
         facts.nodes_up = len(self.store.nodes(run))
         if run == self.deployed_run():

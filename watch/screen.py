@@ -52,6 +52,18 @@ class RunFacts:
     hold: dict | None = None  # runs/<run>/hold.json: an operator's hold (watch/hold.py)
     stack_id: str | None = None  # TrainStack's id, when it deploys this run
     drill: dict | None = None  # runs/<run>/drill.json: a drill's table (watch/drill_report.py)
+    config: dict | None = None  # runs/<run>/config.json: what its last deploy was made with
+
+    def trained(self) -> dict:
+        """The run's recipe, nodes and type: config.json's training values, else what
+        status.json says (a run from before config.json has no recipe on record)."""
+        training = (self.config or {}).get("training") or {}
+        status = self.status or {}
+        return {
+            "recipe": training.get("recipe"),
+            "nodes": training.get("nodes", status.get("nodes")),
+            "type": training.get("instanceType", status.get("instance_type")),
+        }
 
     @property
     def phase(self) -> str:
@@ -100,9 +112,25 @@ class RunFacts:
         return started + timedelta(hours=cost["max_hours"]), False
 
 
+def shown(value, missing: str = "?") -> str:
+    """A value of a record as the screen prints it: `missing` for one the record lacks, never
+    "None"."""
+    return missing if value is None else str(value)
+
+
+def node_name(node: dict) -> str:
+    """A node of a reset: its index once discovery knows it, else the instance it is (a
+    replacement not indexed yet), else its address."""
+    if node.get("node") is not None:
+        return f"node {node['node']}"
+    if node.get("instance_id"):
+        return f"a replacement ({node['instance_id']})"
+    return f"a node at {node['ip']}" if node.get("ip") else "a node"
+
+
 def reset_line(reset: dict) -> str:
     """An elastic reset, for people: when, which nodes left or came, the ranks, its cost."""
-    names = lambda nodes: ", ".join(f"node {n.get('node')}" for n in nodes)  # noqa: E731
+    names = lambda nodes: ", ".join(node_name(n) for n in nodes)  # noqa: E731
     changed = "; ".join(
         part for part in (
             f"{names(reset.get('lost') or [])} lost" if reset.get("lost") else "",
@@ -112,9 +140,18 @@ def reset_line(reset: dict) -> str:
     recovery = reset.get("recovery_s")
     back = f", training again in {recovery:.0f} s" if recovery is not None else ""
     return (
-        f"{reset.get('at')}: {changed or 'the world changed'}, {reset.get('ranks_before')} -> "
-        f"{reset.get('ranks_after')} ranks{back}, {reset.get('steps_redone') or 0} step(s) redone"
+        f"{shown(reset.get('at'), 'at an unknown time')}: {changed or 'the world changed'}, "
+        f"{shown(reset.get('ranks_before'))} -> {shown(reset.get('ranks_after'))} "
+        f"ranks{back}, {reset.get('steps_redone') or 0} step(s) redone"
     )
+
+
+def current_resets(status: dict) -> list[dict]:
+    """status.json's resets of the attempt it describes: a reset stamped before the attempt
+    started is an earlier attempt's (a rerun of the run restores its records). Both stamps are
+    UTC "%Y-%m-%dT%H:%M:%SZ", so they compare as text; a reset without one is kept."""
+    started = status.get("attempt_started_at") or ""
+    return [r for r in status.get("resets") or [] if (r.get("at") or started) >= started]
 
 
 def status_screen(facts: RunFacts) -> str:
@@ -129,37 +166,40 @@ def status_screen(facts: RunFacts) -> str:
     lines.append(f"  phase       {LABELS.get(phase, phase)}{attempt}{age}")
     if held := hold_line(facts.hold, facts.stack_id):
         lines.append(held)
+    if training := (facts.config or {}).get("training"):
+        lines.append(
+            f"  recipe      {shown(training.get('recipe'))}, {shown(training.get('epochs'))} "
+            f"epochs, {shown(training.get('batchPerGpu'))} per GPU, {shown(training.get('nodes'))}"
+            f" x {shown(training.get('instanceType'))} (config.json)"
+        )
     if status:
         up = "?" if facts.nodes_up is None else facts.nodes_up
         gpus = status.get("gpus_per_node") or 0
         training = status.get("nodes_training")
+        nodes = shown(status.get("nodes"))
         lines.append(
-            (
-                f"  nodes       {training} of {status['nodes']} training, "
-                if training
-                else "  nodes       "
-            )
-            + f"{up} up, {status.get('nodes_healthy')} healthy of "
-            f"{status['nodes']} x {status['instance_type']}"
+            (f"  nodes       {training} of {nodes} training, " if training else "  nodes       ")
+            + f"{up} up, {shown(status.get('nodes_healthy'))} healthy of "
+            f"{nodes} x {shown(status.get('instance_type'), 'an unknown type')}"
             + (f" ({gpus} GPUs each)" if gpus else " (CPU)")
         )
-        if resets := status.get("resets"):
+        if resets := current_resets(status):
             lines.append(f"  resets      {len(resets)}, the last: {reset_line(resets[-1])}")
     if progress:
         lines.append(
-            f"  progress    epoch {progress['epoch']}/{progress['epochs']}, step "
-            f"{progress['step']}/{progress['steps_per_epoch']} (global step "
-            f"{progress['global_step']})"
+            f"  progress    epoch {shown(progress.get('epoch'))}/{shown(progress.get('epochs'))}, "
+            f"step {shown(progress.get('step'))}/{shown(progress.get('steps_per_epoch'))} "
+            f"(global step {shown(progress.get('global_step'))})"
         )
         rate = progress.get("images_per_s")
         if rate is not None:
-            ranks = max(status.get("nodes", 1) * (status.get("gpus_per_node") or 1), 1)
+            ranks = max((status.get("nodes") or 1) * (status.get("gpus_per_node") or 1), 1)
             lines.append(
                 f"  throughput  {rate:,.1f} img/s global, {rate / ranks:,.1f} img/s per GPU"
             )
         top1 = progress.get("top1")
         lines.append(
-            f"  loss        {progress.get('loss')}   top-1 "
+            f"  loss        {shown(progress.get('loss'), 'not measured yet')}   top-1 "
             + ("not evaluated yet" if top1 is None else f"{top1:.4f}")
         )
         eta = progress.get("eta_s")
@@ -171,7 +211,8 @@ def status_screen(facts: RunFacts) -> str:
     lines.append(
         "  checkpoint  "
         + (
-            f"{checkpoint['key']} (step {checkpoint['step']}, {checkpoint['at']})"
+            f"{shown(checkpoint.get('key'), 'a checkpoint')} (step {shown(checkpoint.get('step'))}, "
+            f"{shown(checkpoint.get('at'), 'at an unknown time')})"
             if checkpoint
             else "none in S3 yet"
         )
@@ -185,8 +226,9 @@ def status_screen(facts: RunFacts) -> str:
         reason = entry.get("reason") or "no reason"
         reason = reason if len(reason) <= 90 else reason[:87] + "..."
         lines.append(
-            f"  attempt {entry.get('attempt')}   {entry.get('status')}, "
-            f"{entry.get('decision')} ({entry.get('why')}): {reason}"
+            f"  attempt {shown(entry.get('attempt'))}   {shown(entry.get('status'), 'ended')}, "
+            f"{shown(entry.get('decision'), 'no decision')} ({shown(entry.get('why'), 'no code')}): "
+            f"{reason}"
         )
     if line := goodput_line(facts):
         lines.append(line)
@@ -194,7 +236,8 @@ def status_screen(facts: RunFacts) -> str:
         done = facts.done
         figures = f", top-1 {done['top1']}" if done.get("top1") is not None else ""
         lines.append(
-            f"  DONE.json   {done.get('status')}{figures}: {done.get('reason') or 'no reason'}"
+            f"  DONE.json   {shown(done.get('status'), 'written')}{figures}: "
+            f"{done.get('reason') or 'no reason'}"
         )
     elif status.get("reason"):
         lines.append(f"  reason      {status['reason']}")
@@ -208,7 +251,10 @@ def hold_line(hold: dict | None, stack_id: str | None) -> str | None:
     if not hold or hold.get("held") is not True:
         return None
     reason = f" ({hold['reason']})" if hold.get("reason") else ""
-    line = f"  hold        held since {hold.get('held_at')} by {hold.get('held_by')}{reason}"
+    line = (
+        f"  hold        held since {shown(hold.get('held_at'), 'an unknown time')} by "
+        f"{shown(hold.get('held_by'), 'someone')}{reason}"
+    )
     if stack_id and hold.get("stack_id") != stack_id:
         return line + ": for an earlier TrainStack, not in force"
     return (
@@ -255,7 +301,7 @@ def phases_table(run: str, done: dict) -> str | None:
     if not any(p.get("s") is not None for p in phases.values()):
         return None
     lines = [
-        f"{run}: start-up, attempt {done.get('attempt')}, measured (the slowest node) against "
+        f"{run}: start-up, attempt {shown(done.get('attempt'))}, measured (the slowest node) against "
         "estimated",
         f"  {'phase':<16} {'measured':>9} {'estimated':>10}  slowest",
     ]
@@ -304,7 +350,8 @@ def cost_line(facts: RunFacts, eta_s: float | None) -> str:
     if facts.phase not in ENDED and eta_s is not None:
         text += f", ~${spent + hourly * eta_s / 3600:,.2f} projected to the end of training"
     return (
-        f"{text}\n              {nodes} x {(facts.status or {}).get('instance_type')} at "
+        f"{text}\n              {nodes} x "
+        f"{shown((facts.status or {}).get('instance_type'), 'an unknown type')} at "
         f"${cost['usd_per_hour']:g}/h = ${hourly:,.2f}/h (list prices {cost['prices_as_of']})"
     )
 
@@ -324,8 +371,12 @@ def cap_line(facts: RunFacts) -> str:
 def runs_table(rows: list[RunFacts]) -> str:
     """`horovod-fleet runs`: one line per run with its goodput, then for each run whose
     DONE.json has a timeline its start-up phases against their estimates."""
-    lines = [f"{'run':<24} {'status':<16} {'top-1':>7} {'duration':>9} {'cost':>10} {'goodput':>8}"]
+    lines = [
+        f"{'run':<24} {'recipe':<7} {'nodes':>5} {'type':<14} {'status':<16} {'top-1':>7} "
+        f"{'duration':>9} {'cost':>10} {'goodput':>8}"
+    ]
     for facts in rows:
+        trained = facts.trained()
         top1 = (facts.done or {}).get("top1")
         if top1 is None:
             top1 = ((facts.status or {}).get("progress") or {}).get("top1")
@@ -334,7 +385,8 @@ def runs_table(rows: list[RunFacts]) -> str:
             duration = ((facts.ended or facts.now) - facts.started).total_seconds()
         spent = facts.spent()
         lines.append(
-            f"{facts.run:<24} {LABELS.get(facts.phase, facts.phase):<16} "
+            f"{facts.run:<24} {shown(trained['recipe'], '-'):<7} {shown(trained['nodes'], '-'):>5} "
+            f"{shown(trained['type'], '-'):<14} {LABELS.get(facts.phase, facts.phase):<16} "
             f"{'-' if top1 is None else f'{top1:.4f}':>7} "
             f"{'-' if duration is None else clock(duration):>9} "
             f"{'-' if spent is None else f'${spent:,.2f}':>10} "

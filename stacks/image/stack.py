@@ -11,7 +11,13 @@ from aws_cdk import (
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from contract.names import IMAGE_PARAMETER, PROJECT, PROJECT_TAG
+from contract.names import (
+    AMI_OUTPUT_KEY,
+    IMAGE_PARAMETER,
+    IMAGE_VERSION_OUTPUT_KEY,
+    PROJECT,
+    PROJECT_TAG,
+)
 from stacks.image.recipe import BASE_NAME, PROVEN_NAME
 from stacks.image.training_image import TrainingImage
 from stacks.instance_types import GpuType, JitProofType
@@ -46,6 +52,8 @@ class ImageStack(Stack):
             jit_type=jit_type,
         )
         self.image_id = image.image_id
+        # What TrainStack's image check compares with what this checkout bakes.
+        self.version = image.version
         ssm.StringParameter(
             self,
             "AmiParameter",
@@ -54,8 +62,14 @@ class ImageStack(Stack):
             data_type=ssm.ParameterDataType.AWS_EC2_IMAGE,
             description="horovod-fleet: the newest proven training AMI",
         )
-        CfnOutput(self, "AmiId", value=image.image_id, description="the proven training AMI")
+        CfnOutput(self, AMI_OUTPUT_KEY, value=image.image_id, description="the proven training AMI")
         CfnOutput(self, "AmiParameterName", value=IMAGE_PARAMETER)
+        CfnOutput(
+            self,
+            IMAGE_VERSION_OUTPUT_KEY,
+            value=image.version,
+            description="the baked image's name and version, from the content of its files",
+        )
         CfnOutput(
             self,
             "BakeLogs",

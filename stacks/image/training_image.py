@@ -46,6 +46,11 @@ KEEP_IMAGES = 2
 LIFECYCLE_POLICY = "service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 
 
+def jit_digest(proof_sha256: str, jit_type: JitProofType) -> str:
+    """The JIT stage's content: the proven image's, and the type it warms its cache on."""
+    return hashlib.sha256(f"{proof_sha256}\n{jit_type.name}".encode()).hexdigest()
+
+
 class TrainingImage(Construct):
     """The two-stage bake, and with `jit_type` a third stage on an H100/H200 type that warms a CUDA
     JIT cache into the proven image. `image_id` is the last stage's AMI."""
@@ -144,11 +149,15 @@ class TrainingImage(Construct):
             content_sha256=proof_sha256,
         )
         final, names = proven, [BASE_NAME, PROVEN_NAME]
+        # The last stage's name and version: what TrainStack's image check expects ImageStack to
+        # hold (stacks/train/image_check.py); they change exactly when that image's content does.
+        self.version = f"{PROVEN_NAME}/{semantic_version(proof_sha256)}"
         if jit_type is not None:
             final = self._jit_stage(
                 jit_type, proven, proof_sha256, bake, proof_asset, trainer_asset, proof_script
             )
             names.append(JIT_NAME)
+            self.version = f"{JIT_NAME}/{semantic_version(jit_digest(proof_sha256, jit_type))}"
         # Weak whatever the app's default: a fleet reads the AMI id when it deploys, so ImageStack
         # can bake a new image while a fleet runs (a strong export in use could not change).
         CrossStackReferences.of(final).produce(ReferenceStrength.WEAK)
@@ -168,7 +177,7 @@ class TrainingImage(Construct):
         """The proven image on one H100/H200 instance: the trainer's ResNet-50 started cold and
         warm (bootstrap/image_proof/jit_cache.py), the caches that made it faster kept in the
         image; its test phase boots the result and tags it."""
-        jit_sha256 = hashlib.sha256(f"{proof_sha256}\n{jit_type.name}".encode()).hexdigest()
+        jit_sha256 = jit_digest(proof_sha256, jit_type)
         component = self._component(
             "gpu-jit-cache",
             semantic_version(jit_sha256),

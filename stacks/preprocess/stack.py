@@ -38,8 +38,10 @@ class PreprocessStack(Stack):
         # by itself for a new subnet (SingleZoneNetwork reads the name back from the subnet);
         # a given subnet has no such attribute, so a deploy-time answer turns the ID into this account's
         # name at deploy, the zone answer TrainStack uses (Fixed: the subnet decides).
+        # Without -c az, the same answer takes the region's first zone that offers the node's type
+        # (PreferredZone empty, not Fixed): no zone is assumed to exist or to offer it.
         zone_name = None
-        if config.vpc_id is not None and is_zone_id(config.az):
+        if (config.vpc_id is not None and is_zone_id(config.az)) or not config.az_chosen:
             zone_name = answered(
                 self,
                 "Zone",
@@ -47,8 +49,8 @@ class PreprocessStack(Stack):
                 resource_type=ZONE_TYPE,
                 properties={
                     "InstanceType": config.preprocess.name,
-                    "PreferredZone": config.az,
-                    "Fixed": "true",
+                    "PreferredZone": config.az if config.az_chosen else "",
+                    "Fixed": str(config.vpc_id is not None).lower(),
                 },
             ).get_att_string("Zone")
         network = SingleZoneNetwork(

@@ -26,8 +26,9 @@ from stacks.teardown.functions import (
 
 
 class DeployAnswers(Construct):
-    """`service_token` for the custom resources; `role` may read, and nothing else: it holds no
-    action that starts, stops or deletes anything (tests/stacks/test_deploy_answers.py)."""
+    """`service_token` for the custom resources; `role` may read, and write nothing but each
+    run's record, runs/*/config.json: it holds no action that starts, stops or deletes anything
+    (tests/stacks/test_deploy_answers.py)."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, bucket: s3.IBucket, manifest_key: str
@@ -37,8 +38,8 @@ class DeployAnswers(Construct):
             self,
             "Role",
             "horovod-fleet deploy-time answers: reads the hard cap's start, the pinned image, "
-            "the dataset manifest, the zones that offer the fleet's type and whether a run "
-            "relaunches",
+            "the dataset manifest, the zones that offer the fleet's type, whether a run "
+            "relaunches and ImageStack's image",
         )
         function = python_function(
             self,
@@ -50,6 +51,10 @@ class DeployAnswers(Construct):
         )
         train_stack = Stack.of(self).format_arn(
             service="cloudformation", resource="stack", resource_name=f"{TRAIN_STACK}/*"
+        )
+        # The image check reads ImageStack's status and outputs (train/image_check.py).
+        image_stack = Stack.of(self).format_arn(
+            service="cloudformation", resource="stack", resource_name="ImageStack/*"
         )
         policy = iam.Policy(
             self,
@@ -65,6 +70,12 @@ class DeployAnswers(Construct):
                         bucket.arn_for_objects(runs.key("*", runs.ATTEMPTS)),
                     ],
                 ),
+                # Each run's record: read by the run check, written by the run record once the
+                # fleet is up (stacks/train/run_record.py), and nothing else of the bucket.
+                iam.PolicyStatement(
+                    actions=["s3:GetObject", "s3:PutObject"],
+                    resources=[bucket.arn_for_objects("runs/*/config.json")],
+                ),
                 # So that S3 answers a missing key 404, not 403 (GetObject's permissions).
                 iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
                 # Describe calls support no resource-level permissions; they are read-only.
@@ -78,20 +89,27 @@ class DeployAnswers(Construct):
                     ],
                     resources=["*"],
                 ),
-                # ... and whether CloudFormation is rolling TrainStack back.
+                # ... and whether CloudFormation is rolling TrainStack back, and ImageStack's
+                # image (the image check).
                 iam.PolicyStatement(
                     actions=["cloudformation:DescribeStacks"],
-                    resources=[train_stack],
+                    resources=[train_stack, image_stack],
                 ),
             ],
         )
         acknowledge_wildcard_resources(
             policy,
-            ["*", train_stack, bucket.arn_for_objects(runs.key("*", runs.ATTEMPTS))],
+            [
+                "*",
+                train_stack,
+                image_stack,
+                bucket.arn_for_objects(runs.key("*", runs.ATTEMPTS)),
+                bucket.arn_for_objects(runs.key("*", runs.CONFIG)),
+            ],
             "The read-only EC2 Describe calls of the zone answer and the code guard, which "
-            "support no resource-level permissions, DescribeStacks on TrainStack, whose "
-            "stack-id suffix is only known once it is deployed, and each run's attempts.json, "
-            "read only.",
+            "support no resource-level permissions, DescribeStacks on TrainStack and ImageStack, "
+            "whose stack-id suffixes are only known once they are deployed, each run's "
+            "attempts.json, read only, and each run's config.json, the record of its deploy.",
         )
         provider = custom_resources.Provider(self, "Provider", on_event_handler=function)
         framework = provider.node.find_child("framework-onEvent")

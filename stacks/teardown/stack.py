@@ -14,19 +14,17 @@ from aws_cdk import (
 )
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from contract.names import PREPROCESS_PARAMETER, PROJECT, PROJECT_TAG
 from stacks.nag import acknowledge_wildcard_resources, checkov_reason
 from stacks.teardown.deploy_answers import DeployAnswers
+from stacks.teardown.failure_mail import addresses, mail_failures
 from stacks.teardown.functions import CONTROLLER_CODE, function_role, python_function
 from stacks.teardown.guards import FleetGuards
 from stacks.teardown.run_controller import RunController
@@ -50,13 +48,14 @@ class TeardownStack(Stack):
         budget_email: str | None,
         budget_limit_usd: float,
         dataset_prefix: str = "tfrecords/",
+        notify_email: str | None = None,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         Tags.of(self).add(PROJECT_TAG, PROJECT)
         # What fails after all retries (an asynchronous invocation of the preprocessing stop, the
         # hard cap's schedule that could not invoke the tick) lands here, and its alarm e-mails
-        # budgetEmail: a lost trigger is never silent.
+        # notifyEmail and budgetEmail (failure_mail.py): a lost trigger is never silent.
         dead_letters = sqs.Queue(
             self,
             "DeadLetters",
@@ -95,7 +94,8 @@ class TeardownStack(Stack):
         if budget_email:
             if not budget_limit_usd > 0:
                 raise ValueError(f"budget_limit_usd must be positive, got {budget_limit_usd!r}")
-            self._budget(budget_email, budget_limit_usd)
+            # The budget mails budgetEmail, and notifyEmail, which hears of everything.
+            self._budget(addresses(budget_email, notify_email), budget_limit_usd)
         alarms = [
             *controller.alarms,
             controller.alarm(
@@ -113,7 +113,7 @@ class TeardownStack(Stack):
                 stopper.metric_errors(period=Duration.minutes(5), statistic="Sum"),
             ),
         ]
-        self._mail(alarms, budget_email)
+        self._mail(alarms, addresses(notify_email, budget_email))
 
     def _preprocess_stop(
         self, bucket: s3.IBucket, manifest_key: str, dead_letters: sqs.IQueue
@@ -190,35 +190,13 @@ class TeardownStack(Stack):
         )
         return function
 
-    def _mail(self, alarms: list[cloudwatch.Alarm], email: str | None) -> None:
-        """With budgetEmail, every alarm on the controller's failures e-mails it (the first
-        message asks to confirm the subscription)."""
-        if not email:
-            return
-        topic = sns.Topic(self, "ControllerFailures", enforce_ssl=True)
-        # enforce_ssl replaces SNS's default topic policy, so CloudWatch is allowed explicitly.
-        topic.add_to_resource_policy(
-            iam.PolicyStatement(
-                actions=["sns:Publish"],
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                resources=[topic.topic_arn],
-                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
-            )
-        )
-        unencrypted = (
-            "CloudWatch alarms cannot publish to a topic encrypted with the AWS managed key "
-            "aws/sns (https://repost.aws/knowledge-center/cloudwatch-configure-alarm-sns); the "
-            "messages carry only alarm names and states."
-        )
-        Validations.of(topic).acknowledge(
-            Acknowledgment(id="AwsSolutions-SNS2", reason=unencrypted)
-        )
-        checkov_reason(topic.node.default_child, "CKV_AWS_26", unencrypted)
-        topic.add_subscription(subscriptions.EmailSubscription(email))
-        for alarm in alarms:
-            alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+    def _mail(self, alarms: list[cloudwatch.Alarm], emails: list[str]) -> None:
+        """Every alarm on the controller's failures e-mails each address (failure_mail.py; the
+        first message asks to confirm the subscription)."""
+        if emails:
+            mail_failures(self, alarms, emails)
 
-    def _budget(self, email: str, limit_usd: float) -> None:
+    def _budget(self, emails: list[str], limit_usd: float) -> None:
         """A monthly cost budget that e-mails at 80% of actual and 100% of forecast spend."""
         # Account-wide on purpose: a tag filter needs the Project tag activated as a cost
         # allocation tag first, and a budget that silently sees $0 is worse than a broad one.
@@ -238,10 +216,14 @@ class TeardownStack(Stack):
                         threshold=threshold,
                         threshold_type="PERCENTAGE",
                     ),
+                    # Up to 10 e-mail subscribers a notification (AWS::Budgets::Budget
+                    # NotificationWithSubscribers, https://docs.aws.amazon.com/AWSCloudFormation/
+                    # latest/UserGuide/aws-properties-budgets-budget-notificationwithsubscribers.html).
                     subscribers=[
                         budgets.CfnBudget.SubscriberProperty(
                             subscription_type="EMAIL", address=email
                         )
+                        for email in emails
                     ],
                 )
                 for kind, threshold in (("ACTUAL", 80), ("FORECASTED", 100))

@@ -41,6 +41,8 @@ from stacks.train.dashboard import RunDashboard
 from stacks.train.drill import DrillExperiments, DrillTargets
 from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
 from stacks.train.head import Head
+from stacks.train.image_check import baked_image
+from stacks.train.run_record import run_check, run_record
 
 # How long the head's elastic driver waits for at least minNodes nodes' slots after a reset (and
 # for every node's at the start) before the attempt ends (HOROVOD_ELASTIC_TIMEOUT, 600 s in
@@ -72,7 +74,8 @@ class TrainStack(Stack):
         config: FleetConfig,
         bucket: s3.IBucket,
         guards: FleetGuards,
-        image_id: str,
+        image_id: str | None,
+        image_version: str | None = None,
         checkpoint_every_s: int = 0,
         **kwargs,
     ) -> None:
@@ -86,6 +89,10 @@ class TrainStack(Stack):
         slots = 0 if fixed_zone else move_slots(config.region)
         zone = self._zone(config, guards, fixed_zone, slots)
         prerequisites = [zone]  # answered before any instance launches
+        if image_id is None:  # ImageStack's image (image_check.py), else -c ami=
+            image = baked_image(self, guards=guards, version=image_version or "")
+            image_id = image.get_att_string("ImageId")
+            prerequisites.append(image)
         network = SingleZoneNetwork(
             self,
             "Network",
@@ -144,6 +151,8 @@ class TrainStack(Stack):
         )
         if config.benchmark in (None, "data"):
             prerequisites.append(self._dataset_check(config, bucket, guards))
+        # A redeploy of the run with other training values, refused before any launch.
+        prerequisites.append(run_check(self, guards=guards, config=config, bucket=bucket))
         for instance in (*fleet.instances, head.instance):
             instance.node.add_dependency(*prerequisites)
         # Updated before every node, the head and the replacement template: a deploy that would
@@ -166,6 +175,14 @@ class TrainStack(Stack):
             instances=[*fleet.instances, head.instance],
         )
         self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
+        # runs/<run>/config.json, once every node and the head are up (run_record.py).
+        run_record(
+            self,
+            guards=guards,
+            config=config,
+            bucket=bucket,
+            after=[*fleet.instances, head.instance],
+        )
         CfnOutput(
             self,
             "HeadTemplate",
@@ -245,7 +262,8 @@ class TrainStack(Stack):
             resource_type=ZONE_TYPE,
             properties={
                 "InstanceType": config.gpu.name,
-                "PreferredZone": config.az,
+                # Empty without -c az: the region's first zone that offers both types.
+                "PreferredZone": config.az if config.az_chosen else "",
                 "Fixed": str(fixed).lower(),
                 # The head stays in the deployed zone: that zone must offer its type too.
                 "HeadInstanceType": HEAD_TYPE.name,

@@ -33,7 +33,7 @@ def context(**overrides):
     ],
 )
 def test_reservation_values(value, expected):
-    config = FleetConfig.from_context(context(capacityReservationId=value))
+    config = FleetConfig.from_context(context(capacityReservationId=value, az="us-east-1a"))
     assert config.capacity_reservation == expected
 
 
@@ -63,7 +63,7 @@ def test_launch_template_requires_imdsv2(default):
 
 
 def test_on_demand_reservation_is_targeted(synth):
-    data = launch_template_data(synth(capacityReservationId=RESERVATION))
+    data = launch_template_data(synth(capacityReservationId=RESERVATION, az="us-east-1a"))
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}
     }
@@ -71,7 +71,9 @@ def test_on_demand_reservation_is_targeted(synth):
 
 
 def test_capacity_block_needs_its_market_type(synth):
-    data = launch_template_data(synth(capacityReservationId=f"block:{RESERVATION}"))
+    data = launch_template_data(
+        synth(capacityReservationId=f"block:{RESERVATION}", az="us-east-1a")
+    )
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}
     }
@@ -82,7 +84,7 @@ def test_synth_names_the_reservation_check():
     result = subprocess.run(
         [sys.executable, "-c", "import app, sys; sys.argv=['app']; "
          "from stacks.config import FleetConfig; "
-         f"c = FleetConfig.from_context(app.default_context() | {{'capacityReservationId': 'block:{RESERVATION}'}}); "
+         f"c = FleetConfig.from_context(app.default_context() | {{'capacityReservationId': 'block:{RESERVATION}', 'az': 'us-east-1a'}}); "
          "print(app.capacity_note(c))"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

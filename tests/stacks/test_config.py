@@ -86,7 +86,7 @@ def test_command_line_strings_are_parsed():
 
 
 def test_imported_network_needs_both_ids():
-    c = config(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd")
+    c = config(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", az="us-east-1a")
     assert (c.vpc_id, c.subnet_id) == ("vpc-0123abcd", "subnet-0123abcd")
     with pytest.raises(ConfigError, match="vpcId and subnetId"):
         config(vpcId="vpc-0123abcd")

@@ -123,7 +123,7 @@ def test_every_wait_takes_its_seconds_from_the_state_before_it(machine):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"market": "spot"}, {"capacityReservationId": "cr-0123456789abcdef0"}],
+    [{}, {"market": "spot"}, {"capacityReservationId": "cr-0123456789abcdef0", "az": "us-east-1a"}],
     ids=["on-demand", "spot", "reservation"],
 )
 def test_no_role_creates_a_subnet_a_placement_group_or_a_template_version(synth, overrides):

@@ -204,30 +204,15 @@ def test_node_json_carries_synthesis_s_start_up_budget(template):
     assert {"launch", "own_shards", "data_pull", "first_step"} <= set(document["startup_budget_s"])
 
 
-def baked_image_output(image_id) -> str:
-    """The ImageStack output a weak cross-stack reference reads at deploy time."""
-    [(function, argument)] = image_id.items()
-    assert function == "Fn::GetStackOutput", image_id
-    assert argument["StackName"] == "ImageStack"
-    return argument["OutputName"]
-
-
 def test_every_node_boots_the_image_imagestack_baked(default):
+    """Read from ImageStack when TrainStack deploys (tests/stacks/test_image_check.py)."""
     template = default["TrainStack"]
     image_ids = [i["Properties"]["ImageId"] for i in instances(template).values()]
     assert all(image_id == image_ids[0] for image_id in image_ids)
     assert not template.to_json().get("Parameters", {}).keys() - {"BootstrapVersion"}
-    image_stack = default["ImageStack"].to_json()
-    [proven] = [
-        logical_id
-        for logical_id, resource in image_stack["Resources"].items()
-        if resource["Type"] == "AWS::ImageBuilder::Image" and "Proven" in logical_id
-    ]
-    outputs = image_stack["Outputs"]
-    referenced = [o for o in outputs.values() if o["Value"] == {"Fn::GetAtt": [proven, "ImageId"]}]
-    assert referenced, outputs
-    assert "ImageStack" in json.dumps(image_ids[0])
-    baked_image_output(image_ids[0])
+    [(function, (answer, attribute))] = image_ids[0].items()
+    assert (function, attribute) == ("Fn::GetAtt", "ImageId")
+    assert template.to_json()["Resources"][answer]["Type"] == "Custom::HorovodFleetImage"
 
 
 def test_nodes_expect_a_horovod_fleet_image_with_the_pinned_versions(template):
@@ -389,7 +374,9 @@ def test_everything_taggable_carries_project_and_run(template):
 
 
 def test_an_existing_vpc_is_used_without_creating_one(synth):
-    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2)["TrainStack"]
+    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2, az="us-east-1a")[
+        "TrainStack"
+    ]
     assert not template.find_resources("AWS::EC2::VPC")
     assert not template.find_resources("AWS::EC2::NatGateway")
     assert {i["SubnetId"] for i in interfaces(template)} == {"subnet-0123abcd"}
@@ -423,10 +410,8 @@ def own_subnets(template) -> list[dict]:
 def test_the_fleets_subnets_go_in_the_zone_the_zone_check_picks_at_deploy(template):
     [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
     assert zone["Properties"]["InstanceType"] == "p4d.24xlarge"
-    assert (zone["Properties"]["PreferredZone"], zone["Properties"]["Fixed"]) == (
-        "us-east-1a",
-        "false",
-    )
+    # cdk.json names no zone: the first of the region that offers the type (issue 50).
+    assert (zone["Properties"]["PreferredZone"], zone["Properties"]["Fixed"]) == ("", "false")
     subnets = own_subnets(template)
     assert subnets and all(
         s["Properties"]["AvailabilityZone"] == {"Fn::GetAtt": [zone_id, "Zone"]} for s in subnets
@@ -436,7 +421,9 @@ def test_the_fleets_subnets_go_in_the_zone_the_zone_check_picks_at_deploy(templa
 
 
 def test_a_given_subnet_fixes_the_zone_which_must_offer_the_type(synth):
-    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2)["TrainStack"]
+    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", nodes=2, az="us-east-1a")[
+        "TrainStack"
+    ]
     [(zone_id, zone)] = template.find_resources("Custom::HorovodFleetZone").items()
     assert zone["Properties"]["Fixed"] == "true"
     for instance in instances(template).values():

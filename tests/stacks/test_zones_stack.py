@@ -19,8 +19,8 @@ ZONE_TAG = "horovod-fleet:zone"
 
 RESERVATION = "cr-0123456789abcdef0"
 FIXED_ZONE = {
-    "own subnet": {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd"},
-    "capacity reservation": {"capacityReservationId": RESERVATION},
+    "own subnet": {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "az": "us-east-1a"},
+    "capacity reservation": {"capacityReservationId": RESERVATION, "az": "us-east-1a"},
 }
 # What each interface of a node's template holds besides its subnet: a launch in a move slot
 # gives every card whole with its slot's subnet, so it may copy these (docs/contracts.md).

@@ -227,10 +227,13 @@ def test_runs_lists_status_top1_duration_and_cost(s3, capsys):
     code, out, _ = run_cli(capsys, "runs", "--bucket", BUCKET)
     assert code == 0
     header, first, second = out.splitlines()
-    assert header.split() == ["run", "status", "top-1", "duration", "cost", "goodput"]
-    assert first.split()[:3] == ["a", "training", "0.4100"]
+    assert header.split() == ["run", "recipe", "nodes", "type", "status", "top-1", "duration",
+                              "cost", "goodput"]  # fmt: skip
+    # No config.json (a run from before it): no recipe on record, status.json's nodes and type.
+    assert first.split()[:6] == ["a", "-", "2", "p4d.24xlarge", "training", "0.4100"]
     # Billed from the first attempt's start to DONE.json: 20 minutes of 2 nodes at $32.7726/h.
-    assert second.split() == ["b", "done", "0.7512", "0:20:00", "$21.85", "-"]
+    assert second.split() == ["b", "-", "2", "p4d.24xlarge", "done", "0.7512", "0:20:00",
+                              "$21.85", "-"]  # fmt: skip
 
 
 TIMELINE = {
@@ -284,7 +287,8 @@ def test_the_status_screen_shows_goodput_and_where_the_rest_went(s3, capsys):
 
 
 def test_the_status_screen_shows_the_nodes_training_and_the_newest_reset(s3, capsys):
-    reset = {"at": "2026-11-22T04:00:00Z", "lost": [{"node": "1", "instance_id": "i-1",
+    at = stamp(-600)  # within the attempt, which started 1800 s ago
+    reset = {"at": at, "lost": [{"node": "1", "instance_id": "i-1",
              "ip": "10.0.0.1"}], "added": [], "ranks_before": 16, "ranks_after": 8,
              "recovery_s": 41.2, "steps_redone": 3}  # fmt: skip
     put(s3, "runs/r1/status.json", status_doc("training", PROGRESS, nodes_training=1,
@@ -292,7 +296,7 @@ def test_the_status_screen_shows_the_nodes_training_and_the_newest_reset(s3, cap
     _, out, _ = run_cli(capsys, "status", "--run", "r1", "--bucket", BUCKET)
     assert "nodes       1 of 2 training, " in out
     assert (
-        "resets      1, the last: 2026-11-22T04:00:00Z: node 1 lost, 16 -> 8 ranks, training "
+        f"resets      1, the last: {at}: node 1 lost, 16 -> 8 ranks, training "
         "again in 41 s, 3 step(s) redone"
     ) in out
     # Before the trainer's first step (and in a status.json without the keys): no such lines.
