@@ -7,7 +7,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from contract.names import FLEET_TAG
-from stacks.config import ZONE_LETTERS, is_zone_id
+from stacks.config_values import ZONE_LETTERS, is_zone_id
 from stacks.nag import allow_fixed_zone
 
 VPC_CIDR = "10.42.0.0/16"

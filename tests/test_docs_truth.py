@@ -47,7 +47,7 @@ def test_a_silent_peer_costs_the_head_s_elastic_timeout_and_a_reset():
 def test_the_lost_node_table_s_figures_are_the_code_s():
     from bootstrap.head.watchdog import MIN_STALL_S, STALL_FACTOR
     from contract.names import REPLACEMENTS_PER_NODE
-    from stacks.train.fleet import HEARTBEAT_TIMEOUT_S
+    from stacks.train.node_document import HEARTBEAT_TIMEOUT_S
     from stacks.train.stack import ELASTIC_TIMEOUT_S
 
     text = prose("faults-and-recovery.md")

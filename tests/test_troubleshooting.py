@@ -108,9 +108,9 @@ def test_every_rule_between_keys_has_an_entry(rule):
 
 
 def test_the_rules_listed_are_every_raise_of_the_configuration():
-    """Each `raise ConfigError(` of stacks/config.py is a parser's (one per key, above), the
+    """Each `raise ConfigError(` of stacks/config.py and config_values.py is a parser's (one per key, above), the
     unknown key's, or one of RULES': a new rule fails here until it is added, with its entry."""
-    source = (ROOT / "stacks" / "config.py").read_text()
+    source = "".join((ROOT / "stacks" / f).read_text() for f in ("config.py", "config_values.py"))
     raises = source.count("raise ConfigError(")
     generic = 2  # _Getter: a parser's complaint about one key; a drill's (stacks/drill_plan.py)
     assert raises == generic + len(RULES) - 1, "a new rule of stacks/config.py: add it to RULES"

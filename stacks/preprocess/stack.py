@@ -10,7 +10,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from contract.names import PROJECT, PROJECT_TAG, ZONE_TYPE
-from stacks.config import FleetConfig, is_zone_id
+from stacks.config import FleetConfig
+from stacks.config_values import is_zone_id
 from stacks.network import SingleZoneNetwork
 from stacks.preprocess.preprocessor import RAW_PREFIX, TRAIN_SHARDS, VAL_SHARDS, Preprocessor
 from stacks.teardown.answered import answered

@@ -18,7 +18,6 @@ from constructs import Construct
 from contract import runs
 from contract.names import (
     FLEET_TAG,
-    METRIC_NAMESPACE,
     NODE_TAG,
     PROJECT,
     PROJECT_TAG,
@@ -26,10 +25,9 @@ from contract.names import (
     RUN_TAG,
     TRAIN_ROLE,
 )
-from stacks import root_volume, startup_estimate
-from stacks.config import CapacityReservation
-from stacks.image.recipe import read_pins
-from stacks.instance_types import PRICES_AS_OF, GpuType, fleet_usd_per_hour
+from stacks import root_volume
+from stacks.config_values import CapacityReservation
+from stacks.instance_types import GpuType
 from stacks.nag import (
     SSM_MANAGED_POLICY,
     acknowledge_no_termination_protection,
@@ -37,18 +35,10 @@ from stacks.nag import (
     acknowledge_wildcard_resources,
 )
 from stacks.node_code import NodeCode, common_document, log_statements
+from stacks.train import node_document
 
 # Booting the baked image (nothing is installed) and pulling and verifying ~150 GB of TFRecords.
 SIGNAL_TIMEOUT = "PT60M"
-RENDEZVOUS_TIMEOUT_S = 1800
-# How stale a node's heartbeat may be before it is lost (bootstrap/node_config.py's default, said
-# in node.json so that the nodes and the run controller, which reads it from the stack's tags,
-# judge by one number).
-HEARTBEAT_TIMEOUT_S = 120
-# How long an attempt's nodes get to start (the rendezvous, then ten minutes for the allreduce
-# check and the trainer) before the run controller counts their silence or an idle fleet.
-STARTUP_GRACE_S = RENDEZVOUS_TIMEOUT_S + 600
-IMAGE_MANIFEST = "/opt/horovod-fleet/image.json"  # bootstrap/image/manifest.py writes it
 
 
 class GpuFleet(Construct):
@@ -122,51 +112,22 @@ class GpuFleet(Construct):
                 **self.launch_fields
             ),
         )
-        pins = read_pins()
         # Every node's node.json holds these after its run and index (docs/contracts.md).
-        self.fleet_document = fleet_document = {
-            "nodes": nodes,
-            "gpus_per_node": gpu.gpus,
-            "instance_type": gpu.name,
-            "efa": gpu.efa,
-            "gpudirect": gpu.gpudirect,
-            "allreduce_floor_gbps": gpu.allreduce_floor_gbps,
-            "instance_store": gpu.nvme_drives > 0,
-            "dataset_prefix": dataset_prefix,
-            "runs_prefix": runs_prefix,
-            "rendezvous_timeout_s": RENDEZVOUS_TIMEOUT_S,
-            "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
-            "trainer": trainer,
-            "metrics": {"namespace": METRIC_NAMESPACE, "dimension": {"Run": run}},
-            "image": {
-                "manifest": IMAGE_MANIFEST,
-                "ami": image_id,
-                "tensorflow": pins["TENSORFLOW_VERSION"],
-                "horovod": pins["HOROVOD_VERSION"],
-            },
-            "benchmark": benchmark,
-            "market": market,
-            # What the leader's status.json and `horovod-fleet status` price the run with.
-            "cost": {
-                "usd_per_hour": round(fleet_usd_per_hour(gpu, nodes), 4),
-                "prices_as_of": PRICES_AS_OF,
-                "max_hours": max_hours,
-            },
-            "notify_topic_arn": notify_topic.topic_arn if notify_topic else None,
-            # Synthesis's estimate of each start-up phase: DONE.json sets it beside the measured.
-            "startup_budget_s": startup_estimate.budget(
-                startup_estimate.startup_phases(
-                    gpu,
-                    nodes,
-                    pulls_data=(not benchmark or benchmark["mode"] == "data") and not drill,
-                    init_rate=init_rate,
-                )
-            ),
-            # The head's elastic horovodrun (stacks/train/head.py); every node carries them so
-            # that the code guard, which holds node 0's user data, sees them change.
-            **(elastic or {}),
-            **({"drill": drill} if drill else {}),  # the plan the head plays (contracts.md)
-        }
+        self.fleet_document = fleet_document = node_document.fleet_document(
+            gpu=gpu,
+            nodes=nodes,
+            image_id=image_id,
+            dataset_prefix=dataset_prefix,
+            run=run,
+            trainer=trainer,
+            max_hours=max_hours,
+            benchmark=benchmark,
+            market=market,
+            notify_topic_arn=notify_topic.topic_arn if notify_topic else None,
+            init_rate=init_rate,
+            elastic=elastic,
+            drill=drill,
+        )
         self.instances = [
             self._node(
                 index,

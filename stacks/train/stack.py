@@ -39,9 +39,10 @@ from stacks.teardown.run_guard import RunGuard
 from stacks.train.code_guard import code_guard
 from stacks.train.dashboard import RunDashboard
 from stacks.train.drill import DrillExperiments, DrillTargets
-from stacks.train.fleet import HEARTBEAT_TIMEOUT_S, SIGNAL_TIMEOUT, STARTUP_GRACE_S, GpuFleet
+from stacks.train.fleet import SIGNAL_TIMEOUT, GpuFleet
 from stacks.train.head import Head
 from stacks.train.image_check import baked_image
+from stacks.train.node_document import HEARTBEAT_TIMEOUT_S, STARTUP_GRACE_S
 from stacks.train.run_record import run_check, run_record
 
 # How long the head's elastic driver waits for at least minNodes nodes' slots after a reset (and
@@ -155,6 +156,36 @@ class TrainStack(Stack):
         prerequisites.append(run_check(self, guards=guards, config=config, bucket=bucket))
         for instance in (*fleet.instances, head.instance):
             instance.node.add_dependency(*prerequisites)
+        guard = self._guards(config, guards, bucket, fleet, head, drill)
+        self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
+        CfnOutput(
+            self,
+            "HeadTemplate",
+            description="The launch template the run controller launches the head from again",
+            value=head.replacement.ref,
+        ).override_logical_id(HEAD_TEMPLATE_OUTPUT_KEY)
+        dashboard = RunDashboard(
+            self,
+            "Watch",
+            run=config.run,
+            gpu=config.gpu,
+            nodes=config.nodes,
+            max_hours=config.max_hours,
+            instances=fleet.instances,
+            idle_alarm=guard.idle_alarm,
+        )
+        self._outputs(config, bucket, head, dashboard)
+
+    def _guards(
+        self,
+        config: FleetConfig,
+        guards: FleetGuards,
+        bucket: s3.IBucket,
+        fleet: GpuFleet,
+        head: Head,
+        drill,
+    ) -> RunGuard:
+        """The code guard, the run's guard (its hard cap and idle alarm) and the run's record."""
         # Updated before every node, the head and the replacement template: a deploy that would
         # change what a live fleet runs is refused there, before any node restarts on its old
         # code. The head's user data differs from node 0's only in its role and signal.
@@ -174,7 +205,6 @@ class TrainStack(Stack):
             max_restarts=0 if config.benchmark else config.max_restarts,
             instances=[*fleet.instances, head.instance],
         )
-        self._relaunch_places(config, guards, zone, network, fleet, move_zones, move_subnets)
         # runs/<run>/config.json, once every node and the head are up (run_record.py).
         run_record(
             self,
@@ -183,23 +213,7 @@ class TrainStack(Stack):
             bucket=bucket,
             after=[*fleet.instances, head.instance],
         )
-        CfnOutput(
-            self,
-            "HeadTemplate",
-            description="The launch template the run controller launches the head from again",
-            value=head.replacement.ref,
-        ).override_logical_id(HEAD_TEMPLATE_OUTPUT_KEY)
-        dashboard = RunDashboard(
-            self,
-            "Watch",
-            run=config.run,
-            gpu=config.gpu,
-            nodes=config.nodes,
-            max_hours=config.max_hours,
-            instances=fleet.instances,
-            idle_alarm=guard.idle_alarm,
-        )
-        self._outputs(config, bucket, head, dashboard)
+        return guard
 
     def _drill(self, config: FleetConfig, guards: FleetGuards, zone, network):
         """-c drill=true: the plan's FIS experiment templates, aimed at this run's instances,

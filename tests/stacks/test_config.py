@@ -6,7 +6,8 @@ import re
 import pytest
 from conftest import ROOT
 
-from stacks.config import KEYS, ConfigError, FleetConfig, is_zone_id
+from stacks.config import KEYS, ConfigError, FleetConfig
+from stacks.config_values import is_zone_id
 from stacks.instance_types import GPU_TYPES, fleet_estimate, quota_note
 
 DEFAULTS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items()}

@@ -23,7 +23,7 @@ from stacks.teardown.preprocess_guard import PreprocessGuard
 from stacks.teardown.run_controller import TICK_CONCURRENCY, TICK_EVENT_RETRIES, TICK_RATE
 from stacks.teardown.run_guard import IDLE_PERIOD, RunGuard
 from stacks.teardown.stack import TeardownStack
-from stacks.train.fleet import RENDEZVOUS_TIMEOUT_S, STARTUP_GRACE_S
+from stacks.train.node_document import RENDEZVOUS_TIMEOUT_S, STARTUP_GRACE_S
 
 RUN = "resnet50-r1"
 MAX_HOURS = 3.5
