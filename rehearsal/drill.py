@@ -45,11 +45,16 @@ from rehearsal.state_machine import clients
 NODES = 3  # the drill's fleet (stacks/drill_plan.py DEFAULT_NODES), minNodes 2
 # The trainer's epoch bound: the head's agreed stop ends the run long before it.
 MAX_EPOCHS = 10_000
-# The elastic rows' settings (rehearsal/fault_rows.py ELASTIC: a loss seen within 20 s, epochs
-# long enough for a replacement to join), the drill's batch (stacks/drill_plan.py), and a
-# checkpoint every 60 s for the head's loss to come back to.
+# TrainStack's heartbeat timeout (stacks/train/fleet.py HEARTBEAT_TIMEOUT_S), not the elastic
+# rows' 20 s: the drill's S3 cut (60 s, FIS's shortest) must be ridden out here as on AWS. A
+# node beats every poll_interval_s (1 s here, 10 s on AWS) and its S3 calls retry with up to
+# 20 s of backoff (bootstrap/aws.py RetryPolicy), so its heartbeat is at most about 80 s old
+# (100 s on AWS) when the cut ends; with 20 s the run controller, which the cut does not reach,
+# found every node silent and relaunched the fleet (the s3-cut row's FAIL, 2026-11-29). The
+# elastic rows' image size (epochs long enough for a replacement to join), the drill's batch
+# (stacks/drill_plan.py), and a checkpoint every 60 s for the head's loss to come back to.
 OVERRIDES = {
-    "heartbeat_timeout_s": 20,
+    "heartbeat_timeout_s": 120,
     "trainer": {"image_size": 64, "batch_per_gpu": 16, "checkpoint_every_s": 60},
 }
 FIS_ROLE = "arn:aws:iam::123456789012:role/horovod-fleet-drill-fis"

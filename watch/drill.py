@@ -139,10 +139,12 @@ class Request:
         names = tuple(args.experiment or ())
         try:
             experiments = drill.plan(args.market, names)
+        except drill.UnknownExperiment as exc:
+            raise BadInput(f"--experiment: {exc}") from None
+        try:
             checked_run(args.run)
-        except (drill.UnknownExperiment, WatchError) as exc:
-            option = "--run" if isinstance(exc, WatchError) else "--experiment"
-            raise BadInput(str(exc) if option == "--run" else f"--experiment: {exc}") from None
+        except WatchError as exc:
+            raise BadInput(str(exc)) from None
         if spot_only := [n for n in names if n not in {e.name for e in experiments}]:
             raise BadInput(
                 f"--experiment {', '.join(spot_only)} plays only with --market spot; "

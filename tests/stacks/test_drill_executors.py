@@ -89,6 +89,23 @@ def test_one_side_changed_alone_is_seen(synthesized):
     )
 
 
+def test_the_rehearsal_plays_the_drill_with_train_stack_s_heartbeat_timeout():
+    """The two executors time a silent node alike, and an S3 cut of the list is ridden out by
+    both: a node's heartbeat, every poll interval and retried with up to the retry policy's
+    longest backoff, is fresh again before the timeout (the rehearsal's elastic 20 s was not)."""
+    from bootstrap.aws import RetryPolicy
+    from stacks.train.fleet import HEARTBEAT_TIMEOUT_S
+
+    timeout = rehearsal_drill.OVERRIDES["heartbeat_timeout_s"]
+    assert timeout == HEARTBEAT_TIMEOUT_S
+    aws_poll_s = 10  # node.json poll_interval_s's default (bootstrap/node_config.py)
+    for experiment in drill.EXPERIMENTS:
+        for action in experiment.actions:
+            if action.action_id == drill.DISRUPT_CONNECTIVITY:
+                cut_s = action.minutes * 60
+                assert aws_poll_s + cut_s + RetryPolicy(None).max_delay_s < timeout
+
+
 @pytest.mark.parametrize("experiment", drill.EXPERIMENTS, ids=lambda e: e.name)
 def test_the_rehearsal_plays_every_action_of_the_list(experiment):
     players = Players(rehearsal=None, zone="us-east-1a")
