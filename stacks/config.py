@@ -71,7 +71,8 @@ KEYS: dict[str, str] = {
     "preprocessInstanceType": "t2/t3 type of the preprocessing node (unlimited CPU credits)",
     "dataVolumeGiB": "size of the preprocessing node's sc1 data volume",
     "budgetEmail": "e-mail address an AWS Budgets alert goes to (optional)",
-    "notifyEmail": "e-mail address told when training starts and when a run ends (optional)",
+    "notifyEmail": "e-mail address told when training starts, when a run ends, of every failure "
+    "alarm and of the budget (optional)",
     "snapshotDataVolume": "snapshot the data volume once preprocessing has finished",
     "downloadSecretArn": "Secrets Manager secret with ImageNet download credentials (optional)",
     "evalEvery": "evaluate every N epochs (and after the last one)",

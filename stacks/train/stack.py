@@ -91,9 +91,10 @@ class TrainStack(Stack):
         zone = self._zone(config, guards, fixed_zone, slots)
         prerequisites = [zone]  # answered before any instance launches
         if image_id is None:  # ImageStack's image (image_check.py), else -c ami=
-            image = baked_image(self, guards=guards, version=image_version or "")
-            image_id = image.get_att_string("ImageId")
-            prerequisites.append(image)
+            # Answered before any instance launches: each names its ImageId (no DependsOn needed).
+            image_id = baked_image(self, guards=guards, version=image_version or "").get_att_string(
+                "ImageId"
+            )
         network = SingleZoneNetwork(
             self,
             "Network",

@@ -26,6 +26,7 @@ from stacks.image.recipe import (
     tree_sha256,
 )
 from stacks.image.stack import IMAGE_PARAMETER
+from stacks.train import run_record
 
 COMPONENTS = [f"horovod-fleet-{step.script}" for step in RECIPE]
 
@@ -443,10 +444,18 @@ def test_the_jit_key_adds_only_its_stage(default, jit):
         "AmiParameter",
         "TrainingImageLifecycle",
     ]
-    [proven_output] = [o for o in default["ImageStack"].to_json()["Outputs"] if "Proven" in o]
-    [jit_output] = [o for o in jit["ImageStack"].to_json()["Outputs"] if "Jit" in o]
-    train = json.dumps(jit["TrainStack"].to_json()).replace(jit_output, proven_output)
-    assert json.loads(train) == default["TrainStack"].to_json()
+    # TrainStack's image check expects the JIT stage's image, which ImageStack's ImageVersion
+    # output names (stacks/train/image_check.py).
+    proven = default["ImageStack"].to_json()["Outputs"]["ImageVersion"]["Value"]
+    jitted = jit["ImageStack"].to_json()["Outputs"]["ImageVersion"]["Value"]
+    assert jitted.startswith(f"{JIT_NAME}/") and proven != jitted
+    train = json.loads(json.dumps(jit["TrainStack"].to_json()).replace(jitted, proven))
+    # ... and its run record holds every context value, this key's too (run_record.py).
+    [record] = [r for r in train["Resources"].values() if r["Type"] == run_record.RUN_RECORD_TYPE]
+    context = json.loads(record["Properties"]["Context"])
+    assert context.pop("imageJitInstanceType") == "p5.4xlarge"
+    record["Properties"]["Context"] = run_record.text(context | {"imageJitInstanceType": None})
+    assert train == default["TrainStack"].to_json()
 
 
 def test_synthesis_prints_the_jit_proofs_cost_only_with_the_key():
