@@ -24,6 +24,7 @@ import datetime
 import functools
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping
 
 import boto3
@@ -377,7 +378,14 @@ ANSWERS: dict[str, Callable[[Mapping], dict]] = {
     DATASET_TYPE: answer_dataset,
     ZONE_TYPE: answer_zone,
     CODE_GUARD_TYPE: answer_code_guard,
-    run_answers.IMAGE_TYPE: run_answers.answer_image,
-    run_answers.RUN_CHECK_TYPE: run_answers.answer_run_check,
-    run_answers.RUN_RECORD_TYPE: run_answers.answer_run_record,
+    # run_answers.py's take this module for its clients, clock, log and refusal, as an argument:
+    # an import back would be a cycle.
+    **{
+        kind: functools.partial(answer, base=sys.modules[__name__])
+        for kind, answer in (
+            (run_answers.IMAGE_TYPE, run_answers.answer_image),
+            (run_answers.RUN_CHECK_TYPE, run_answers.answer_run_check),
+            (run_answers.RUN_RECORD_TYPE, run_answers.answer_run_record),
+        )
+    },
 }

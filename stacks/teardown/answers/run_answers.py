@@ -14,11 +14,13 @@ TrainStack's instances depend on the image and the check, so a refusal comes bef
 A failed Create is followed by a Delete, which the framework ignores
 (https://github.com/aws/aws-cdk/pull/5525), and a failed Update by an Update back with the old
 properties, which must pass (answers.rolling_back). Only boto3 and the standard library: part of
-the answers' Lambda asset; answers.py is imported at call time, never at import (it imports this).
+the answers' Lambda asset. Each answer takes `base`, the answers module, for its clients, clock,
+log and refusal: answers.py imports this module, so this one never imports it back.
 """
 
 import json
 from collections.abc import Mapping
+from types import ModuleType
 
 from botocore.exceptions import ClientError
 
@@ -33,12 +35,6 @@ SETTLED = ("CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IM
 CONFIG_FORMAT = "horovod-fleet/config/1"
 
 
-def base():
-    import answers  # answers.py imports this module: so at call time only
-
-    return answers
-
-
 # --- Custom::HorovodFleetImage -------------------------------------------------------------
 
 
@@ -50,7 +46,7 @@ def image_check_command(region: str) -> str:
     )
 
 
-def answer_image(event: Mapping) -> dict:
+def answer_image(event: Mapping, base: ModuleType) -> dict:
     """The AMI ImageStack baked (its AmiId output) when ImageStack has settled and holds the
     image this checkout bakes (`Version`, its ImageVersion output); else the deploy fails in one
     line naming what to wait for and how to check it. The physical id is the AMI, so a rollback's
@@ -58,16 +54,16 @@ def answer_image(event: Mapping) -> dict:
     props = event.get("ResourceProperties", {})
     want, region = props.get("Version", ""), props.get("Region", "")
     physical_id = event.get("PhysicalResourceId") or ""
-    if event["RequestType"] == "Update" and base().rolling_back(event["StackId"]):
+    if event["RequestType"] == "Update" and base.rolling_back(event["StackId"]):
         return {"PhysicalResourceId": physical_id, "Data": {"ImageId": physical_id}}
     check = image_check_command(region)
     bake = f"npx cdk deploy {IMAGE_STACK} --output cdk.out.image"
     try:
-        [stack] = base().client("cloudformation").describe_stacks(StackName=IMAGE_STACK)["Stacks"]
+        [stack] = base.client("cloudformation").describe_stacks(StackName=IMAGE_STACK)["Stacks"]
     except ClientError as error:
         if "does not exist" not in str(error):
-            raise base().Refused(f"cannot read {IMAGE_STACK}: {error}"[:1000]) from error
-        raise base().Refused(
+            raise base.Refused(f"cannot read {IMAGE_STACK}: {error}"[:1000]) from error
+        raise base.Refused(
             f"no training image is baked yet ({IMAGE_STACK} is not deployed): run {bake} and "
             "wait for it to return (about 3 hours the first time), then deploy TrainStack; "
             f"check with {check}; or -c ami= an image of your own"
@@ -75,26 +71,26 @@ def answer_image(event: Mapping) -> dict:
     status = stack["StackStatus"]
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
     if status.endswith("_IN_PROGRESS"):
-        raise base().Refused(
+        raise base.Refused(
             f"{IMAGE_STACK} is {status}: the training image is still baking (about 3 hours the "
             f"first time). Wait for {bake} to return, check with {check} until it says "
             "CREATE_COMPLETE or UPDATE_COMPLETE, then deploy TrainStack again"
         )
     have, ami = outputs.get(IMAGE_VERSION_OUTPUT_KEY), outputs.get(AMI_OUTPUT_KEY)
     if status not in SETTLED or not ami:
-        raise base().Refused(
+        raise base.Refused(
             f"{IMAGE_STACK} is {status} with no baked image: its bake failed (its BakeLogs "
             f"output names the logs). Fix it, run {bake} again and wait for it, then deploy "
             f"TrainStack; check with {check}"
         )
     if have != want:
-        raise base().Refused(
+        raise base.Refused(
             f"{IMAGE_STACK} holds {have or 'an image from before image versions'}, and this "
             f"checkout bakes {want}: run {bake} and wait for it to return (it bakes again only "
             "when bootstrap/image/, bootstrap/image_proof/ or trainer/ changed: then about 3 "
             f"hours), then deploy TrainStack; check with {check}"
         )
-    base().log(IMAGE_TYPE, image=ami, version=have, stack_status=status)
+    base.log(IMAGE_TYPE, image=ami, version=have, stack_status=status)
     return {"PhysicalResourceId": ami, "Data": {"ImageId": ami}}
 
 
@@ -105,14 +101,14 @@ def config_key(run: str) -> str:
     return f"runs/{run}/config.json"
 
 
-def read_record(bucket: str, run: str) -> dict | None:
+def read_record(bucket: str, run: str, base: ModuleType) -> dict | None:
     """runs/<run>/config.json, None when there is none; a read S3 refuses fails in one line."""
     try:
-        body = base().client("s3").get_object(Bucket=bucket, Key=config_key(run))["Body"].read()
+        body = base.client("s3").get_object(Bucket=bucket, Key=config_key(run))["Body"].read()
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
-        raise base().Refused(
+        raise base.Refused(
             f"cannot read s3://{bucket}/{config_key(run)}: {error}"[:1000]
         ) from error
     return json.loads(body)
@@ -122,7 +118,7 @@ def values_text(values: Mapping, keys: list[str]) -> str:
     return ", ".join(f"{key}={values.get(key)}" for key in keys)
 
 
-def answer_run_check(event: Mapping) -> dict:
+def answer_run_check(event: Mapping, base: ModuleType) -> dict:
     """Refuses, in one line naming them, training values (`Training`) that differ from the run's
     record, unless `AllowChange` is "true". No record: the run's first deploy. A rollback's
     Update passes: it only brings back what was deployed."""
@@ -130,13 +126,13 @@ def answer_run_check(event: Mapping) -> dict:
     bucket, run = props.get("Bucket", ""), props.get("Run", "")
     wanted = json.loads(props.get("Training") or "{}")
     answer = {"PhysicalResourceId": f"s3://{bucket}/{config_key(run)}", "Data": {"Changed": ""}}
-    if event["RequestType"] == "Update" and base().rolling_back(event["StackId"]):
+    if event["RequestType"] == "Update" and base.rolling_back(event["StackId"]):
         return answer
-    record = read_record(bucket, run)
+    record = read_record(bucket, run, base)
     deployed = (record or {}).get("training") or {}
     changed = [key for key in wanted if key in deployed and deployed[key] != wanted[key]]
     if changed and props.get("AllowChange") != "true":
-        raise base().Refused(
+        raise base.Refused(
             f"run {run} was deployed with {values_text(deployed, changed)} and this deploy asks "
             f"for {values_text(wanted, changed)}: its checkpoints in s3://{bucket}/runs/{run}/ "
             "would resume under other values. Deploy it as another run (-c run=NAME), or add "
@@ -146,7 +142,7 @@ def answer_run_check(event: Mapping) -> dict:
     return answer
 
 
-def answer_run_record(event: Mapping) -> dict:
+def answer_run_record(event: Mapping, base: ModuleType) -> dict:
     """Writes runs/<run>/config.json: every context value of the deploy (`Context`), its
     training values (`Training`), the stack, when; and each earlier deploy's training values
     that differ (`changes`, oldest first). The same deploy asked again writes nothing new. A
@@ -158,9 +154,9 @@ def answer_run_record(event: Mapping) -> dict:
     url = f"s3://{bucket}/{config_key(run)}"
     answer = {"PhysicalResourceId": url}
     try:
-        record = read_record(bucket, run) or {}
-    except base().Refused as refused:
-        base().log(RUN_RECORD_TYPE, url=url, error=str(refused))
+        record = read_record(bucket, run, base) or {}
+    except base.Refused as refused:
+        base.log(RUN_RECORD_TYPE, url=url, error=str(refused))
         record = {}
     if record.get("context") == context and record.get("stack_id") == event["StackId"]:
         return answer
@@ -171,18 +167,18 @@ def answer_run_record(event: Mapping) -> dict:
         "format": CONFIG_FORMAT,
         "run": run,
         "stack_id": event["StackId"],
-        "deployed_at": base().now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "deployed_at": base.now().strftime("%Y-%m-%dT%H:%M:%SZ"),
         "training": training,
         "context": context,
         "changes": changes,
     }
     try:
-        base().client("s3").put_object(
+        base.client("s3").put_object(
             Bucket=bucket,
             Key=config_key(run),
             Body=json.dumps(document, indent=1, sort_keys=True).encode(),
             ContentType="application/json",
         )
     except ClientError as error:
-        base().log(RUN_RECORD_TYPE, url=url, error=str(error))
+        base.log(RUN_RECORD_TYPE, url=url, error=str(error))
     return answer
