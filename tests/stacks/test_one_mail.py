@@ -10,10 +10,10 @@ import pytest
 from contract.names import IDLE_ALARM_PREFIX
 from stacks.config import FleetConfig
 
-# The configuration issue 50's region and e-mail tests share (one synthesis): another region, no
-# zone, both e-mails.
+# The configuration issue 50's region and e-mail tests and test_train_stack.py's notifyEmail test
+# share (one synthesis): another region, no zone, both e-mails, one node.
 ANY_REGION_MAILED = {"region": "us-west-2", "notifyEmail": "ml@example.com",
-                     "budgetEmail": "money@example.com"}  # fmt: skip
+                     "budgetEmail": "money@example.com", "nodes": 1}  # fmt: skip
 NOTIFY = ANY_REGION_MAILED["notifyEmail"]
 # The alarms that are not failures: the idle alarm invokes the run controller, which ends an
 # idle fleet and says so in the run-ended mail.

@@ -483,7 +483,10 @@ def test_the_run_has_a_dashboard_and_outputs_the_watch_command(template):
 
 
 def test_notify_email_subscribes_to_a_topic_the_nodes_may_publish_to(synth):
-    template = synth(notifyEmail="ml@example.com", nodes=1)["TrainStack"]
+    # The configuration test_one_mail.py's ANY_REGION_MAILED, synthesized once for both.
+    template = synth(
+        region="us-west-2", notifyEmail="ml@example.com", budgetEmail="money@example.com", nodes=1
+    )["TrainStack"]
     [(topic_id, topic)] = template.find_resources("AWS::SNS::Topic").items()
     # The run controller may publish only to this prefix, and finds the topic through the output.
     assert topic["Properties"]["TopicName"] == "horovod-fleet-notify-resnet50-1"
