@@ -17,7 +17,9 @@ run every minute and takes the next step, as AWS ParallelCluster's clustermgtd r
                        the states of the workflow the tick starts (stacks/teardown/workflow.py)
     cleanup.py         TrainStack's Replacements resource: the launched nodes ended on its delete
     preprocess.py      the preprocessing node's stop (a function of its own, not the controller)
-    answers.py         the deploy-time answers (a read-only function of their own)
+    answers.py         the deploy-time answers (a read-only function of their own), with
+      run_answers.py   the image's, the run check's and the run record's, and
+      answer_kit.py    what they share (clients, clock, log, the refusal, the rollback)
     train_stack.py, ec2_fleet.py, executions.py, records.py, zones.py, notify.py, clients.py
                        TrainStack, its instances, the executions, the run's records in S3, the
                        zones, the mail, and what every function shares (clients, clock, log)

@@ -46,11 +46,12 @@ class LambdaCode:
 
 
 # The deploy-time answers: a read-only function's code, in an asset of its own.
-ANSWERS_CODE = LambdaCode("answers", ("answers",), ("answers",))
+ANSWER_MODULES = ("answers", "run_answers", "answer_kit")
+ANSWERS_CODE = LambdaCode("answers", ANSWER_MODULES, ("answers",))
 # The run controller's tick, its steps and cleanup, and the preprocessing stop: the rest.
 CONTROLLER_CODE = LambdaCode(
     "controller",
-    tuple(sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "answers"))),
+    tuple(sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", *ANSWER_MODULES))),
     ("tick", "steps", "steps_fleet", "steps_teardown", "cleanup", "preprocess"),
 )
 

@@ -23,7 +23,7 @@ def test_the_docs_table_is_the_rows():
 def test_every_row_starts_from_a_snapshot_and_is_chosen_by_its_name():
     names = [row.name for row in fault_rows.ROWS]
     assert len(set(names)) == len(names)
-    assert {row.start for row in fault_rows.ROWS} == {fault_rows.DATASET, fault_rows.CHECKPOINTED}
+    assert {row.start for row in fault_rows.ROWS} == {fault_row.DATASET, fault_row.CHECKPOINTED}
     assert {row.family for row in fault_rows.ROWS} == {
         "S3",
         "ranks",

@@ -99,5 +99,5 @@ def test_each_function_s_handler_imports_from_its_asset_alone(default, lambda_as
 def test_the_answers_asset_holds_the_answers_alone(lambda_assets):
     """A read-only function's code: none of the controller's modules that act."""
     package = sorted(p.name for p in (lambda_assets["answers"] / "controller").glob("*.py"))
-    assert package == ["__init__.py", "answers.py"]
+    assert package == ["__init__.py", "answer_kit.py", "answers.py", "run_answers.py"]
     assert (lambda_assets["answers"] / "contract" / "names.py").is_file()

@@ -175,6 +175,6 @@ def test_a_drill_refuses_a_fleet_its_experiments_cannot_be_played_on(overrides, 
 
 
 def test_your_own_subnet_drills_without_the_s3_cut():
-    c = config(**DRILL, vpcId="vpc-0123abcd", subnetId="subnet-0123abcd",
+    c = config(**DRILL, vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", az="us-east-1a",
                drillExperiments="node-terminated,head-terminated")  # fmt: skip
     assert [e.name for e in c.drill.experiments] == ["node-terminated", "head-terminated"]

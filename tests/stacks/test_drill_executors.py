@@ -94,7 +94,7 @@ def test_the_rehearsal_plays_the_drill_with_train_stack_s_heartbeat_timeout():
     both: a node's heartbeat, every poll interval and retried with up to the retry policy's
     longest backoff, is fresh again before the timeout (the rehearsal's elastic 20 s was not)."""
     from bootstrap.aws import RetryPolicy
-    from stacks.train.fleet import HEARTBEAT_TIMEOUT_S
+    from stacks.train.node_document import HEARTBEAT_TIMEOUT_S
 
     timeout = rehearsal_drill.OVERRIDES["heartbeat_timeout_s"]
     assert timeout == HEARTBEAT_TIMEOUT_S
