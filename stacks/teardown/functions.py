@@ -51,7 +51,9 @@ ANSWERS_CODE = LambdaCode("answers", ANSWER_MODULES, ("answers",))
 # The run controller's tick, its steps and cleanup, and the preprocessing stop: the rest.
 CONTROLLER_CODE = LambdaCode(
     "controller",
-    tuple(sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", *ANSWER_MODULES))),
+    tuple(
+        sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", *ANSWER_MODULES))
+    ),
     ("tick", "steps", "steps_fleet", "steps_teardown", "cleanup", "preprocess"),
 )
 
