@@ -9,8 +9,9 @@ using an Amazon Simple Notification Service topic" as its action, on its change 
 (https://docs.amazonaws.cn/en_us/AmazonCloudWatch/latest/monitoring/alarm-actions.html;
 aws_cloudwatch_actions.SnsAction,
 https://docs.aws.amazon.com/cdk/api/v2/python/aws_cdk.aws_cloudwatch_actions/SnsAction.html).
-An e-mail subscription mails a confirmation link first and nothing until it is confirmed
-(aws_sns_subscriptions.EmailSubscription). The run's own mails (training started, the run ended)
+"Email subscriptions require confirmation" (aws_sns_subscriptions.EmailSubscription,
+https://docs.amazonaws.cn/cdk/api/v1/dotnet/api/Amazon.CDK.AWS.SNS.Subscriptions.EmailSubscription.html):
+the address first gets a link to confirm. The run's own mails (training started, the run ended)
 go to TrainStack's topic, which notifyEmail subscribes to (stacks/train/stack.py).
 """
 
