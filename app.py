@@ -19,7 +19,7 @@ from aws_cdk import App, Aspects, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.benchmark import benchmark_estimate
-from stacks.composition import HorovodFleet, checkpoint_plan, compose
+from stacks.composition import HorovodFleet, compose
 from stacks.config import ConfigError, FleetConfig
 from stacks.drill_plan import synthesis_lines as drill_lines
 from stacks.image.recipe import bake_estimate, jit_estimate
@@ -69,7 +69,7 @@ def capacity_note(config: FleetConfig) -> str:
     reservation = config.capacity_reservation
     kind = "Capacity Block for ML" if reservation.block else "On-Demand Capacity Reservation"
     return (
-        f"TrainStack launches into {kind} {reservation.id}; check it is active in {config.az} "
+        f"TrainStack launches into {kind} {reservation.id}; check it is active in {config.placement.az} "
         f"for {config.nodes} x {config.gpu.name}: aws ec2 describe-capacity-reservations "
         f"--region {config.region} --capacity-reservation-ids {reservation.id} --query "
         "'CapacityReservations[].[State,AvailabilityZone,InstanceType,AvailableInstanceCount]'"
@@ -113,8 +113,8 @@ def estimates(config: FleetConfig) -> list[str]:
                 image_size=config.image_size,
             )
         )
-        interval_s, training_s = checkpoint_plan(config)
-        lines.append(checkpoint_note(interval_s, training_s, config.checkpoint_every_s is not None))
+        plan = config.checkpoint
+        lines.append(checkpoint_note(plan.every_s, plan.training_s, plan.chosen))
     # Each start-up phase's budget and its source (docs/cost.md, Start-up); a drill pulls a few
     # MB, onto roots that load lazily.
     lines += startup_lines(
@@ -131,7 +131,7 @@ def estimates(config: FleetConfig) -> list[str]:
     quota_nodes = config.nodes + 1 if config.drill else config.nodes
     lines += [
         quota_note(config.gpu, quota_nodes, config.market),
-        zone_note(config.gpu, config.region, config.az if config.az_chosen else None),
+        zone_note(config.gpu, config.region, config.placement.preferred_zone or None),
     ]
     if config.capacity_reservation:
         lines.append(capacity_note(config))

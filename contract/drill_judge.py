@@ -54,14 +54,6 @@ TIMES = ("fault", "detection", "training_again", "replacement_joined")
 THROUGHOUT = (drill.ONE_ATTEMPT,)
 
 
-def parse_stamp(text: str) -> float:
-    return runs.parse_stamp(text).timestamp()
-
-
-def stamp_at(seconds: float) -> str:
-    return runs.stamp_at(seconds)
-
-
 def record_key(runs_prefix: str, name: str) -> str:
     """runs/<run>/drill/<name>.json, from node.json's `runs_prefix` (runs/<run>/)."""
     return f"{runs_prefix}{DRILL}{name}.json"
@@ -125,7 +117,7 @@ class Reader:
         if done.get("attempt") == status.get("attempt"):  # the attempt's final list
             resets += [r for r in done.get("resets") or [] if r not in resets]
         since = sorted(
-            (r for r in resets if r.get("at") and parse_stamp(r["at"]) >= started),
+            (r for r in resets if r.get("at") and runs.parse_stamp_s(r["at"]) >= started),
             key=lambda r: r["at"],
         )
         self.joins = since  # a node added comes in a reset of its own (a host update)
@@ -135,13 +127,13 @@ class Reader:
             (
                 r
                 for r in controller.get("replacements") or []
-                if r.get("at") and parse_stamp(r["at"]) >= started and r.get("instance_id")
+                if r.get("at") and runs.parse_stamp_s(r["at"]) >= started and r.get("instance_id")
             ),
             key=lambda r: r["at"],
         )
 
     def at(self, entry: dict) -> float:
-        return parse_stamp(entry["at"])
+        return runs.parse_stamp_s(entry["at"])
 
     def read(self) -> Reading:
         reading = Reading()
@@ -179,8 +171,12 @@ class Reader:
                     joined.append(self.at(reset))
             for record in self.records.phases.values():
                 end = ((record.get("phases") or {}).get("first_step") or {}).get("end")
-                if record.get("instance_id") == instance and end and parse_stamp(end) >= launched:
-                    joined.append(parse_stamp(end))
+                if (
+                    record.get("instance_id") == instance
+                    and end
+                    and runs.parse_stamp_s(end) >= launched
+                ):
+                    joined.append(runs.parse_stamp_s(end))
         return min(joined) if joined else None
 
     def one_replacement_per_loss(self) -> float | str | None:
@@ -226,7 +222,7 @@ class Reader:
             return None
         if status.get("phase") not in ("training", "evaluating") or not progress.get("updated_at"):
             return None
-        logged = parse_stamp(progress["updated_at"])
+        logged = runs.parse_stamp_s(progress["updated_at"])
         return logged if logged >= since else None
 
     def later_relaunch(self) -> dict | None:
@@ -246,13 +242,13 @@ class Reader:
         waiting = controller.get("controller_state") == "WaitForCapacity"
         next_attempt = controller.get("attempt")
         if waiting and isinstance(next_attempt, int) and next_attempt > self.attempt:
-            return parse_stamp(controller["updated_at"])
+            return runs.parse_stamp_s(controller["updated_at"])
         relaunch = self.later_relaunch()
         if relaunch and (relaunch.get("try") or 1) > 1 and relaunch.get("nodes"):
             status = self.records.status or {}
             if status.get("attempt") == relaunch["attempt"] and status.get("attempt_started_at"):
-                return parse_stamp(status["attempt_started_at"])
-            return parse_stamp(controller["updated_at"])
+                return runs.parse_stamp_s(status["attempt_started_at"])
+            return runs.parse_stamp_s(controller["updated_at"])
         return None
 
     # --- the table's times ------------------------------------------------------------------
@@ -265,10 +261,10 @@ class Reader:
         reacted = [self.at(r) for r in [*self.resets[:1], *self.replacements[:1]]]
         entries = (self.records.attempts or {}).get("attempts") or []
         ended = [e for e in entries if e.get("attempt") == self.attempt and e.get("ended_at")]
-        reacted += [parse_stamp(e["ended_at"]) for e in ended]
+        reacted += [runs.parse_stamp_s(e["ended_at"]) for e in ended]
         done = self.records.done or {}
         if done.get("attempt") == self.attempt and done.get("status") != "succeeded":
-            reacted += [parse_stamp(done["finished_at"])] if done.get("finished_at") else []
+            reacted += [runs.parse_stamp_s(done["finished_at"])] if done.get("finished_at") else []
         if reacted:
             found["detection"] = min(reacted)
         again = seen.get(drill.TRAINING_AGAIN) or seen.get(drill.NEW_HEAD)
@@ -289,15 +285,15 @@ def judge(experiment: drill.Experiment, record: dict, records: Records, now: flo
     not started (no `started_at`), comes back as it is."""
     if record.get("verdict") or not record.get("started_at"):
         return record
-    started = parse_stamp(record["started_at"])
+    started = runs.parse_stamp_s(record["started_at"])
     reading = Reader(experiment, started, record.get("attempt") or 1, records).read()
     observed = dict(record.get("observed") or {})
     for code, at in sorted(reading.seen.items(), key=lambda item: item[1]):
-        observed.setdefault(code, stamp_at(at))
+        observed.setdefault(code, runs.stamp_at(at))
     broken = {**(record.get("broken") or {}), **reading.broken}
     times = dict(record.get("times") or {})
     for name, at in reading.times.items():
-        times.setdefault(name, stamp_at(at))
+        times.setdefault(name, runs.stamp_at(at))
     updated = {**record, "observed": observed, "broken": broken, "times": times}
     missing = [c for c in experiment.observe if c not in observed and c not in THROUGHOUT]
     verdict, why = None, None
@@ -307,13 +303,13 @@ def judge(experiment: drill.Experiment, record: dict, records: Records, now: flo
         verdict, why = FAIL, "; ".join(f"not {code}: {text}" for code, text in broken.items())
     elif not missing:
         for code in experiment.observe:
-            observed.setdefault(code, stamp_at(now))  # held throughout
+            observed.setdefault(code, runs.stamp_at(now))  # held throughout
         verdict, why = PASS, "every observation seen"
     elif now > started + experiment.within_s:
         verdict = FAIL
         why = f"not seen within {experiment.within_s} s: {', '.join(missing)}"
     if verdict is not None:
-        updated.update(verdict=verdict, judged_at=stamp_at(now), why=why)
+        updated.update(verdict=verdict, judged_at=runs.stamp_at(now), why=why)
     return updated
 
 
@@ -327,10 +323,10 @@ def row(experiment: drill.Experiment, record: dict | None) -> tuple[str, ...]:
     actions = ", ".join(experiment.action_ids)
     if not record or not record.get("started_at"):
         return experiment.name, actions, expected, "never started", "-", FAIL
-    started = parse_stamp(record["started_at"])
+    started = runs.parse_stamp_s(record["started_at"])
     observed = record.get("observed") or {}
     parts = [
-        f"{code} +{parse_stamp(observed[code]) - started:.0f} s"
+        f"{code} +{runs.parse_stamp_s(observed[code]) - started:.0f} s"
         if code in observed
         else f"{code} not seen"
         for code in experiment.observe
@@ -340,7 +336,7 @@ def row(experiment: drill.Experiment, record: dict | None) -> tuple[str, ...]:
         parts.append(f"FIS {record['fis_state']}")
     times = record.get("times") or {}
     shown = ", ".join(
-        f"{name.replace('_', ' ')} +{parse_stamp(times[name]) - started:.0f} s"
+        f"{name.replace('_', ' ')} +{runs.parse_stamp_s(times[name]) - started:.0f} s"
         if name in times
         else f"{name.replace('_', ' ')} -"
         for name in TIMES[1:]

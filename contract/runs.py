@@ -44,3 +44,8 @@ def stamp_at(seconds: float) -> str:
 
 def parse_stamp(text: str) -> datetime.datetime:
     return datetime.datetime.strptime(text, TIME_FORMAT).replace(tzinfo=datetime.timezone.utc)
+
+
+def parse_stamp_s(text: str) -> float:
+    """A record's time as a wall time (time.time()): stamp_at's inverse."""
+    return parse_stamp(text).timestamp()

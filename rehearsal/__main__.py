@@ -21,6 +21,7 @@ Cleans up its processes, namespaces and bridge on exit, Ctrl-C included.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 from pathlib import Path
@@ -129,8 +130,16 @@ def build_parser() -> OneLineErrorParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup.
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    # Ctrl-C and SIGTERM both end up in Rehearsal.run's cleanup; a caller in the same process
+    # (the tests) gets its own SIGTERM handler back.
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return rehearse(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def rehearse(args: argparse.Namespace) -> int:
     if args.benchmark:
         from rehearsal.benchmark import BenchmarkRehearsal
 

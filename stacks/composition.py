@@ -22,7 +22,6 @@ from stacks.dataset.stack import DatasetStack
 from stacks.image.stack import ImageStack
 from stacks.instance_types import fleet_usd_per_hour
 from stacks.preprocess.stack import PreprocessStack
-from stacks.run_estimate import checkpoint_every_s, estimated_seconds, recipe_plan
 from stacks.teardown.stack import TeardownStack
 from stacks.train.stack import TrainStack
 
@@ -45,25 +44,6 @@ def budget_limit_usd(config: FleetConfig) -> float:
     node = config.preprocess
     preprocessing = (node.usd_per_hour + node.max_surplus_usd_per_hour) * 24
     return float(math.ceil(fleet + preprocessing))
-
-
-def checkpoint_plan(config: FleetConfig) -> tuple[int, float | None]:
-    """The trainer's checkpoint interval (-c checkpointEveryS, else from the estimate) and the
-    estimated seconds of training and evaluation it was taken from (None: none estimated)."""
-    if config.benchmark:
-        return 0, None  # a benchmark trains nothing it keeps
-    if config.drill:  # its epochs are a bound, not an estimate: the longest interval
-        return config.checkpoint_every_s or checkpoint_every_s(None), None
-    global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
-    epochs, pixel_fraction = recipe_plan(
-        config.recipe, global_batch, config.epochs, config.image_size
-    )
-    timed = estimated_seconds(
-        config.gpu, config.nodes, epochs=epochs, pixel_fraction=pixel_fraction,
-        eval_every=config.eval_every, arch=config.arch, image_size=config.image_size,
-    )  # fmt: skip
-    training_s = timed[1] + timed[2] if timed else None
-    return config.checkpoint_every_s or checkpoint_every_s(training_s), training_s
 
 
 def compose(app: App, config: FleetConfig) -> HorovodFleet:
@@ -116,9 +96,7 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         IMAGE_STACK,
         test_type=config.image_test,
         revision=config.image_revision,
-        az=config.az,
-        vpc_id=config.vpc_id,
-        subnet_id=config.subnet_id,
+        placement=config.placement,
         jit_type=config.image_jit,
         env=env,
         description="horovod-fleet: the training AMI, baked by Image Builder and proven on a GPU",
@@ -132,7 +110,6 @@ def compose(app: App, config: FleetConfig) -> HorovodFleet:
         # Your AMI, else the one ImageStack baked, read when TrainStack deploys (image_check.py).
         image_id=config.ami,
         image_version=None if config.ami else image.version,
-        checkpoint_every_s=checkpoint_plan(config)[0],
         env=env,
         description=f"horovod-fleet: run {config.run} on {config.nodes} x {config.gpu.name}",
     )

@@ -18,6 +18,7 @@ from stacks.config_values import (
     CapacityReservation,
     ConfigError,
     Getter,
+    Placement,
     benchmark_mode,
     boolean,
     burstable_type,
@@ -40,7 +41,12 @@ from stacks.instance_types import (
     GpuType,
     JitProofType,
 )
-from stacks.run_estimate import MIN_CHECKPOINT_EVERY_S
+from stacks.run_estimate import (
+    MIN_CHECKPOINT_EVERY_S,
+    checkpoint_every_s,
+    estimated_seconds,
+    recipe_plan,
+)
 
 # key -> meaning; the README's table and the unknown-key check both come from here.
 KEYS: dict[str, str] = {
@@ -129,17 +135,24 @@ def max_batch_per_gpu(gpu: GpuType, image_size: int) -> int:
 
 
 @dataclass(frozen=True)
+class CheckpointPlan:
+    """The trainer's checkpoint interval (node.json `trainer.checkpoint_every_s`; 0: none, as a
+    benchmark keeps nothing) and the estimated seconds of training and evaluation (None: nothing
+    estimated), from which it was taken unless -c checkpointEveryS chose it."""
+
+    every_s: int
+    training_s: float | None = None
+    chosen: bool = False  # -c checkpointEveryS gave it
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """Everything the stacks need, as plain validated values."""
 
     region: str
-    # The preferred zone; when not chosen (az empty), the region's first zone by name, which
-    # synthesis names where it needs one, and the deploy answers the zone that offers the type.
-    az: str
+    placement: Placement
     nodes: int
     gpu: GpuType
-    vpc_id: str | None
-    subnet_id: str | None
     ami: str | None
     image_test: GpuType
     image_revision: int
@@ -167,13 +180,10 @@ class FleetConfig:
     image_jit: JitProofType | None = None  # None: no JIT proof stage
     # The elastic fleet: a reset trains on at least this many nodes; fewer ends the attempt.
     min_nodes: int = 1
-    # Seconds between the trainer's checkpoints (None: from the run's estimate, run_estimate.py).
-    checkpoint_every_s: int | None = None
+    # The trainer's checkpoint interval, resolved once at the end of from_context.
+    checkpoint: CheckpointPlan = CheckpointPlan(0)
     # -c drill=true: the experiments TrainStack synthesizes and the head plays (None: no drill).
     drill: drill_plan.DrillPlan | None = None
-    # False: -c az was empty, so the deploy-time zone answers take the region's first zone that
-    # offers the type (stacks/train/stack.py, stacks/preprocess/stack.py), whatever `az` says.
-    az_chosen: bool = True
     # -c allowChange: a redeploy of a run may change its training values (stacks/train/run_record.py).
     allow_change: bool = False
     # Every key of KEYS as the deploy got it (cdk.json's default or -c): runs/<run>/config.json.
@@ -202,7 +212,7 @@ class FleetConfig:
             "eval_every": self.eval_every,
             "target_top1": self.target_top1,
             "data_wait_s": DATA_WAIT_S,
-        }
+        } | ({"checkpoint_every_s": self.checkpoint.every_s} if self.checkpoint.every_s else {})
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> "FleetConfig":
@@ -224,13 +234,16 @@ class FleetConfig:
             raise ConfigError(key, value, "vpcId and subnetId are given together or not at all")
         config = cls(
             region=region,
-            az=get("az", optional(zone_of(region))) or f"{region}a",
+            placement=Placement(
+                az=get("az", optional(zone_of(region))) or f"{region}a",
+                az_chosen=context.get("az") not in (None, ""),
+                vpc_id=vpc_id,
+                subnet_id=subnet_id,
+            ),
             nodes=get("nodes", optional(integer(1, MAX_NODES)))
             or (drill_plan.DEFAULT_NODES if drilling else DEFAULT_NODES),
             gpu=get("instanceType", optional(gpu_type(DEFAULT_FLEET_TYPE)))
             or GPU_TYPES[drill_plan.DEFAULT_TYPE if drilling else DEFAULT_FLEET_TYPE],
-            vpc_id=vpc_id,
-            subnet_id=subnet_id,
             ami=get(
                 "ami",
                 optional(
@@ -283,15 +296,11 @@ class FleetConfig:
             capacity_reservation=get("capacityReservationId", optional(capacity_reservation)),
             benchmark=mode,
             image_jit=get("imageJitInstanceType", optional(jit_proof_type)),
-            checkpoint_every_s=get(
-                "checkpointEveryS", optional(integer(MIN_CHECKPOINT_EVERY_S, 86400))
-            ),
         )
         nodes = config.nodes
         config = replace(
             config,
             min_nodes=get("minNodes", optional(integer(1, nodes))) or default_min_nodes(nodes),
-            az_chosen=context.get("az") not in (None, ""),
             allow_change=get("allowChange", optional(boolean)) or False,
             context=tuple((key, context.get(key)) for key in KEYS),
         )
@@ -307,7 +316,8 @@ class FleetConfig:
         except drill_plan.Refused as refused:
             raise ConfigError(*refused.args) from None
         _refuse_conflicts(config, context)
-        return config
+        chosen = get("checkpointEveryS", optional(integer(MIN_CHECKPOINT_EVERY_S, 86400)))
+        return replace(config, checkpoint=checkpoint_plan(config, chosen))
 
 
 def _reject_unknown_keys(context: Mapping[str, Any]) -> None:
@@ -336,8 +346,9 @@ def _refuse_conflicts(config: FleetConfig, context: Mapping[str, Any]) -> None:
             "on-demand with capacityReservationId: a reservation holds On-Demand capacity, "
             "and a Spot Instance cannot launch into it",
         )
-    if not config.az_chosen and (config.vpc_id or config.capacity_reservation):
-        fixed_by = "subnetId" if config.vpc_id else "capacityReservationId"
+    placement = config.placement
+    if not placement.az_chosen and (placement.vpc_id or config.capacity_reservation):
+        fixed_by = "subnetId" if placement.vpc_id else "capacityReservationId"
         raise ConfigError(
             "az",
             context.get("az"),
@@ -352,3 +363,21 @@ def _refuse_conflicts(config: FleetConfig, context: Mapping[str, Any]) -> None:
             f"at most {fits} on {config.gpu.name} ({config.gpu.gpu_model}) at "
             f"imageSize={config.image_size}: a larger batch does not fit the GPU's memory",
         )
+
+
+def checkpoint_plan(config: FleetConfig, chosen: int | None) -> CheckpointPlan:
+    """-c checkpointEveryS (`chosen`), else a tenth of the run's estimate (run_estimate.py)."""
+    if config.benchmark:
+        return CheckpointPlan(0)  # a benchmark trains nothing it keeps
+    if config.drill:  # its epochs are a bound, not an estimate: the longest interval
+        return CheckpointPlan(chosen or checkpoint_every_s(None), None, chosen is not None)
+    global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
+    epochs, pixel_fraction = recipe_plan(
+        config.recipe, global_batch, config.epochs, config.image_size
+    )
+    timed = estimated_seconds(
+        config.gpu, config.nodes, epochs=epochs, pixel_fraction=pixel_fraction,
+        eval_every=config.eval_every, arch=config.arch, image_size=config.image_size,
+    )  # fmt: skip
+    training_s = timed[1] + timed[2] if timed else None
+    return CheckpointPlan(chosen or checkpoint_every_s(training_s), training_s, chosen is not None)

@@ -160,6 +160,26 @@ def is_zone_id(az: str) -> bool:
     return _ZONE_ID.fullmatch(az) is not None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the stacks' instances go: a zone, and the user's own VPC and subnet in it (both or
+    neither; None: each stack makes its own)."""
+
+    # A zone name or a zone ID (use1-az4). When not chosen (-c az empty), the region's first zone
+    # by name, which synthesis names where it needs one, while the deploy-time zone answers take
+    # the region's first zone that offers the type (stacks/train/stack.py,
+    # stacks/preprocess/stack.py).
+    az: str
+    az_chosen: bool = True
+    vpc_id: str | None = None
+    subnet_id: str | None = None
+
+    @property
+    def preferred_zone(self) -> str:
+        """The zone the deploy-time answers prefer; "" for none."""
+        return self.az if self.az_chosen else ""
+
+
 def zone_of(region: str) -> Parser:
     letters = ZONE_LETTERS.get(region)
     prefix = ZONE_ID_PREFIXES.get(region)

@@ -294,10 +294,10 @@ def _refuse_what_the_plan_cannot_play(config: Any, experiments: tuple) -> None:
             "fleet training",
         )
     cuts = [e.name for e in experiments if drill.DISRUPT_CONNECTIVITY in e.action_ids]
-    if cuts and config.vpc_id is not None:
+    if cuts and config.placement.vpc_id is not None:
         raise Refused(
             "vpcId",
-            config.vpc_id,
+            config.placement.vpc_id,
             f"empty with drill=true while it plays {', '.join(cuts)}: FIS cuts the whole subnet "
             "off S3, whatever else runs in it; or leave it out with -c drillExperiments",
         )

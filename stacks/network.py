@@ -7,7 +7,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from contract.names import FLEET_TAG
-from stacks.config_values import ZONE_LETTERS, is_zone_id
+from stacks.config_values import ZONE_LETTERS, Placement, is_zone_id
 from stacks.nag import allow_fixed_zone
 
 VPC_CIDR = "10.42.0.0/16"
@@ -39,13 +39,12 @@ class SingleZoneNetwork(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        az: str,
+        placement: Placement,
         private: bool,
-        vpc_id: str | None,
-        subnet_id: str | None,
         deploy_time_zone: str | None = None,
     ) -> None:
-        """`deploy_time_zone` (a token) replaces `az` in the new VPC's subnets: the zone found
+        """`placement`: the zone, and the user's own VPC and subnet if given.
+        `deploy_time_zone` (a token) replaces `az` in the new VPC's subnets: the zone found
         at deploy time; `az` still names the zone at synthesis.
 
         `az` may be a zone ID (use1-az4, stacks/config.py): without `deploy_time_zone` the new
@@ -55,6 +54,7 @@ class SingleZoneNetwork(Construct):
         https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-ec2-subnet.html
         A given subnet has no such attribute: its caller passes the name as `deploy_time_zone`."""
         super().__init__(scope, construct_id)
+        az, vpc_id, subnet_id = placement.az, placement.vpc_id, placement.subnet_id
         by_id = is_zone_id(az) and deploy_time_zone is None
         # The zone's name in this account, for resources that take no zone ID.
         self.availability_zone: str = deploy_time_zone or az

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import urllib.request
 import uuid
 from pathlib import Path
@@ -75,6 +76,26 @@ def tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
             "the piece in process",
             pytrace=False,
         )
+
+
+# The handlers a test may set only for its own time: a SIGINT handler left behind makes a later
+# Ctrl-C test in the same worker (tests/watch/test_drill_command.py) see another terminal.
+RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored(request: pytest.FixtureRequest):
+    before = {signum: signal.getsignal(signum) for signum in RESTORED_SIGNALS}
+    yield
+    left = [
+        f"{signal.Signals(signum).name} handler {signal.getsignal(signum)!r} (was {handler!r})"
+        for signum, handler in before.items()
+        if signal.getsignal(signum) != handler
+    ]
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    if left:
+        pytest.fail(f"{request.node.nodeid} left {'; '.join(left)}: restore it", pytrace=False)
 
 
 @pytest.fixture

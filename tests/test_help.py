@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import signal
 
 import pytest
 
@@ -58,7 +59,12 @@ def printed_help(module: str, argv: list[str]) -> tuple[argparse.ArgumentParser,
         contextlib.suppress(SystemExit),
     ):
         patch.setattr(argparse.ArgumentParser, "print_help", record)
-        importlib.import_module(module).main([*argv, "--help"])
+        # A command's main may set its process's SIGTERM handler; this process keeps its own.
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            importlib.import_module(module).main([*argv, "--help"])
+        finally:
+            signal.signal(signal.SIGTERM, handler)
     assert len(printed) == 1, f"{module} {argv}: printed no help"
     return printed[0], out.getvalue()
 

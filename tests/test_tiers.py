@@ -75,3 +75,31 @@ def test_the_default_tier_refuses_tensorflow_and_horovodrun_processes(pytester, 
     result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_horovodrun_in_the_slow_tier"])
     result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_a_plain_child_process"])
     result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_a_stub_named_horovodrun_*"])
+
+
+LEAVES_A_HANDLER = """
+import signal
+
+def test_leaves_sigint_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def test_restores_its_sigterm_handler():
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.signal(signal.SIGTERM, previous)
+
+def test_after_it_python_s_own_ctrl_c_again():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+"""
+
+
+def test_a_test_that_leaves_a_signal_handler_behind_fails_and_the_next_sees_it_restored(pytester):
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.makepyfile(tier_guard=(TESTS / "tier_guard.py").read_text())
+    pytester.makepyfile(test_handlers=LEAVES_A_HANDLER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_leaves_sigint_ignored left SIGINT handler <Handlers.SIG_IGN: 1> (was *: restore it*"
+        ]
+    )

@@ -48,8 +48,8 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from contract import drill
-from contract.drill_judge import parse_stamp
 from contract.names import DEADLINE_OUTPUT_KEY
+from contract.runs import parse_stamp_s
 from watch import drill_report
 from watch.aws import Fleet, RunStore, WatchError, explain, region_of
 from watch.drill_teardown import BILLS_BY_THE_HOUR, Teardown, account_check, stack_status
@@ -382,7 +382,7 @@ class Drill:
         if not deadline:
             raise DrillFailed(f"TrainStack has no {DEADLINE_OUTPUT_KEY} output: no hard cap to "
                               "wait within")  # fmt: skip
-        bound = parse_stamp(deadline) + WAIT_MARGIN_S
+        bound = parse_stamp_s(deadline) + WAIT_MARGIN_S
         self.say(f"waiting for runs/{run}/DONE.json (the hard cap is {deadline}; "
                  f"waiting at most until {WAIT_MARGIN_S // 60} min after it)")  # fmt: skip
         shown, shown_at = None, 0.0

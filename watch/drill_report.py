@@ -16,16 +16,8 @@ from __future__ import annotations
 import json
 
 from contract import drill
-from contract.drill_judge import (
-    DRILL,
-    HEADER,
-    PASS,
-    Records,
-    format_table,
-    judge,
-    row,
-    stamp_at,
-)
+from contract.drill_judge import DRILL, HEADER, PASS, Records, format_table, judge, row
+from contract.runs import stamp_at
 from watch.aws import RunStore
 from watch.screen import drill_summary, phases_table
 

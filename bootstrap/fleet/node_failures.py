@@ -20,8 +20,8 @@ from bootstrap import aws
 from bootstrap.fleet.rendezvous import read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import causes, runs
+from contract.runs import parse_stamp_s, stamp_at
 
 PREFIX = runs.FAILURES
 WATCH_S = 5.0
@@ -42,7 +42,7 @@ def write(s3, cfg: TrainConfig, ip: str, instance_id: str, cause: str, reason: s
         "ip": ip,
         "cause": cause,
         "reason": reason,
-        "at": utc_stamp(now),
+        "at": stamp_at(now),
     }
     key = f"{cfg.runs_prefix}{PREFIX}{cfg.node_index}.json"
     s3.put_object(Bucket=cfg.bucket, Key=key, Body=json.dumps(doc).encode())
@@ -55,7 +55,7 @@ def read_since(s3, cfg: TrainConfig, since: float) -> list[dict]:
     for name in aws.list_sizes(s3, cfg.bucket, prefix):
         with contextlib.suppress(ValueError, KeyError, TypeError):
             doc = json.loads(read_object(s3, cfg.bucket, prefix + name) or b"")
-            if parse_stamp(doc["at"]) >= math.floor(since):  # stamps are whole seconds
+            if parse_stamp_s(doc["at"]) >= math.floor(since):  # stamps are whole seconds
                 found.append(doc)
     return sorted(found, key=lambda doc: doc["at"])
 

@@ -51,9 +51,16 @@ def main(argv: list[str]) -> int:
         print("usage: python3 -m bootstrap.fleet.rank PROGRAM [ARG...]", file=sys.stderr)
         return 2
     child = subprocess.Popen(argv, env=node_env(dict(os.environ)))
-    for passed_on in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(passed_on, lambda signum, frame: child.send_signal(signum))
-    code = child.wait()
+    # Passed on to the child while it runs; a caller in the same process gets its own back.
+    previous = {
+        passed_on: signal.signal(passed_on, lambda signum, frame: child.send_signal(signum))
+        for passed_on in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    }
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if code < 0:
         print(f"{MARK} rank {rank()} killed by {signal.Signals(-code).name}", file=sys.stderr)
         return 128 - code

@@ -29,8 +29,8 @@ from botocore.exceptions import ClientError
 from bootstrap import aws
 from bootstrap.aws import poll_until
 from bootstrap.node_config import TrainConfig
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import causes, runs
+from contract.runs import parse_stamp_s, stamp_at
 
 
 class RendezvousError(RuntimeError):
@@ -79,7 +79,7 @@ def register_node(
         "ip": ip,
         "gpus": cfg.gpus_per_node,
         "instance_id": instance_id,
-        "registered_at": utc_stamp(now),
+        "registered_at": stamp_at(now),
         "head_key_sha256": head_key,
         "shards": shards,
         "interface": interface,
@@ -101,7 +101,7 @@ def register_head(s3, cfg: TrainConfig, ip: str, instance_id: str, now: float, k
     entry = {
         "ip": ip,
         "instance_id": instance_id,
-        "registered_at": utc_stamp(now),
+        "registered_at": stamp_at(now),
         "head_key_sha256": key,
     }
     s3.put_object(
@@ -166,7 +166,7 @@ def live_nodes(
     nodes = {}
     for obj in listing.get("Contents", []):
         entry = json.loads(read_object(s3, cfg.bucket, obj["Key"]) or b"{}")
-        registered = parse_stamp(entry["registered_at"])
+        registered = parse_stamp_s(entry["registered_at"])
         fresh = (
             now - registered <= cfg.heartbeat_timeout_s
             and (since is None or registered >= int(since))
@@ -269,7 +269,7 @@ def signal_fleet_ready(cfg: TrainConfig, detail: str, log=aws.log) -> None:
 def write_fleet_check(s3, cfg: TrainConfig, detail: str, now: float) -> None:
     """The head's word that the fleet passed its checks (every node met, the allreduce crossed
     the nodes as the type requires): each node signals CloudFormation SUCCESS on it."""
-    document = {"passed": True, "detail": detail, "at": utc_stamp(now)}
+    document = {"passed": True, "detail": detail, "at": stamp_at(now)}
     s3.put_object(
         Bucket=cfg.bucket, Key=f"{cfg.runs_prefix}{FLEET_CHECK}", Body=json.dumps(document).encode()
     )
@@ -282,7 +282,7 @@ def read_fleet_check(s3, cfg: TrainConfig, since: float) -> dict | None:
         return None
     document = json.loads(body)
     # Stamps have whole seconds: a check written in the second this node started counts.
-    return document if parse_stamp(document["at"]) >= int(since) else None
+    return document if parse_stamp_s(document["at"]) >= int(since) else None
 
 
 def serve_as_member(

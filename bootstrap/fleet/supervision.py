@@ -39,8 +39,8 @@ from bootstrap import aws
 from bootstrap.fleet.rendezvous import read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
-from bootstrap.records.stamps import parse_stamp
 from contract import runs
+from contract.runs import parse_stamp_s
 
 JOB_ENV = "HOROVOD_FLEET_JOB"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>; prctl(2)
@@ -241,7 +241,7 @@ class HeadWatch:
     def lost(self, entry: dict | None, now: float) -> str | None:
         key = f"s3://{self.cfg.bucket}/{self.cfg.runs_prefix}{runs.HEAD}"
         timeout = self.cfg.heartbeat_timeout_s
-        beat = parse_stamp(entry["registered_at"]) if entry else None
+        beat = parse_stamp_s(entry["registered_at"]) if entry else None
         stepped = self.stepped()
         if beat is not None and now - beat <= timeout:
             if self.waiting_since is not None:
@@ -308,7 +308,7 @@ def lost_nodes(
             entry = read_entry(s3, cfg, index)
             # After the read, which may have waited through an outage.
             now, back = clock(), s3_back_at()
-            last = parse_stamp(entry["registered_at"]) if entry else 0.0
+            last = parse_stamp_s(entry["registered_at"]) if entry else 0.0
             if last >= math.floor(failed_at):  # heartbeats carry whole seconds
                 pending.discard(index)
             elif stale_for(last, now, back) > cfg.heartbeat_timeout_s:
@@ -335,7 +335,7 @@ def beaten_since(
     while True:
         for index in sorted(set(indexes) - alive):
             entry = read_entry(s3, cfg, index)
-            if entry and parse_stamp(entry["registered_at"]) >= math.floor(since):
+            if entry and parse_stamp_s(entry["registered_at"]) >= math.floor(since):
                 alive.add(index)
         if alive >= set(indexes) or clock() >= deadline:
             return alive

@@ -23,7 +23,7 @@ from bootstrap.head import launch
 from bootstrap.node.logs import upload_logs
 from bootstrap.node_config import Benchmark, BenchmarkSize, TrainConfig
 from bootstrap.records import allreduce_summary, results
-from bootstrap.records.stamps import utc_stamp
+from contract.runs import stamp_at
 
 FORMAT = "horovod-fleet/benchmark/1"
 # trainer/benchmark.py's RESULT_PREFIX (bootstrap never imports trainer/; a test keeps them equal).
@@ -147,7 +147,7 @@ def document(cfg: TrainConfig, rows: list[dict], result: dict, versions: dict, n
         },
         "image": versions,
         "rows": rows,
-        "finished_at": utc_stamp(now),
+        "finished_at": stamp_at(now),
     }
 
 

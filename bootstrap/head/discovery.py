@@ -55,8 +55,8 @@ from bootstrap.fleet.supervision import name_node, stale_for
 from bootstrap.head.hosts_file import ADMITTED_FILE, HOSTS_FILE, read_lines, write_atomically
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
+from contract.runs import parse_stamp_s, stamp_at
 
 REFRESH_S = 2.0  # how often the head reads the fleet's record: S3 lists and reads, one EC2 call
 # What a registration says of its data (bootstrap/node/data_pull.py): the shards of its own
@@ -150,7 +150,7 @@ def _why_not(
 ) -> str | None:  # fmt: skip
     if entry.get("head_key_sha256") != head_key:
         return "registered without the head's key"
-    beat = parse_stamp(entry["registered_at"])
+    beat = parse_stamp_s(entry["registered_at"])
     if beat < math.floor(since):  # stamps carry whole seconds
         return "registered before this attempt's rendezvous"
     if stale_for(beat, now, s3_back_at) > heartbeat_timeout_s:
@@ -308,7 +308,7 @@ class Discovery(threading.Thread):
         for entry in registrations:
             if entry.get("head_key_sha256") != self.head_key or not entry.get("ip"):
                 continue
-            if parse_stamp(entry["registered_at"]) < math.floor(self.since):
+            if parse_stamp_s(entry["registered_at"]) < math.floor(self.since):
                 continue
             seen = self.known.setdefault(entry["ip"], [])
             if not seen or seen[-1]["instance_id"] != entry.get("instance_id"):
@@ -316,7 +316,7 @@ class Discovery(threading.Thread):
                     {
                         "node": str(entry.get("index")),
                         "instance_id": entry.get("instance_id"),
-                        "since": utc_stamp(self.clock()),
+                        "since": stamp_at(self.clock()),
                     }
                 )
 
@@ -337,7 +337,7 @@ class Discovery(threading.Thread):
         for name in aws.list_sizes(self.s3, self.cfg.bucket, prefix):
             try:
                 doc = json.loads(read_object(self.s3, self.cfg.bucket, prefix + name) or b"{}")
-                if parse_stamp(doc["noticed_at"]) >= math.floor(self.since):
+                if parse_stamp_s(doc["noticed_at"]) >= math.floor(self.since):
                     found.add(doc["instance_id"])
             except (ValueError, KeyError, TypeError):
                 continue

@@ -41,8 +41,8 @@ from contract.drill_judge import (
     experiment_named,
     judge,
     record_key,
-    stamp_at,
 )
+from contract.runs import stamp_at
 
 # FIS's answers that mean the experiment will never start: recorded as its FAIL, and the drill
 # goes on (botocore's FIS model, StartExperiment's errors); any other error is tried again.

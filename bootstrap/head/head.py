@@ -32,9 +32,9 @@ from bootstrap.node.training_node import TrainingNode
 from bootstrap.records import goodput, results
 from bootstrap.records import timeline as fleet_view
 from bootstrap.records.files import read_json, read_list
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from bootstrap.steps import STEP_SECONDS, Interrupted, StepFailed, attempt_to, step
 from contract import causes
+from contract.runs import parse_stamp_s, stamp_at
 
 NO_VERDICT = Verdict((), {})
 # How often the head starts horovodrun again in one attempt after its elastic driver gave up
@@ -403,7 +403,7 @@ class Head(TrainingNode):
         self.earlier_resets += read_list(self.model_dir / RESETS_FILE)
         self.training_restarts.append(
             {
-                "at": utc_stamp(time.time()), "cause": cause, "reason": trim_reason(str(failure)),
+                "at": stamp_at(time.time()), "cause": cause, "reason": trim_reason(str(failure)),
                 "nodes": named, "reached_step": reached,
                 "resumed_from_step": checkpoints.step_of(resumed) if resumed else None,
             }
@@ -452,8 +452,8 @@ class Head(TrainingNode):
         first = read_json(self.model_dir / "startup.json").get("first_step_at")
         current = goodput.Attempt(
             ended_at=time.time(),
-            launched_at=parse_stamp(launched) if launched else self.attempt.started,
-            first_step_at=parse_stamp(first) if first else None,
+            launched_at=parse_stamp_s(launched) if launched else self.attempt.started,
+            first_step_at=parse_stamp_s(first) if first else None,
             start_step=self.resumes_at_step,
         )
         global_batch = (cfg.trainer.get("batch_per_gpu") or 0) * cfg.nodes * cfg.slots

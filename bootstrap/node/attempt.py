@@ -14,8 +14,8 @@ from bootstrap.fleet import supervision
 from bootstrap.node_config import TrainConfig
 from bootstrap.records import checkpoint_names
 from bootstrap.records.files import read_json, save_json, this_attempts
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from bootstrap.records.status import RunStatus
+from contract.runs import parse_stamp_s, stamp_at
 
 ATTEMPT_RECORD = "attempt.json"
 
@@ -64,9 +64,9 @@ class Attempt:
         record = read_json(self.record)
         left_open = "ended_at" not in record
         if left_open and (record.get("run"), record.get("attempt")) == (cfg.run, number):
-            since = parse_stamp(record["started_at"])
+            since = parse_stamp_s(record["started_at"])
             reached = this_attempts(model_dir / "progress.json", since).get("global_step")
-            restart = {"at": utc_stamp(self.started), "resumed_from_step": None,
+            restart = {"at": stamp_at(self.started), "resumed_from_step": None,
                        "reached_step": reached}  # fmt: skip
             record["restarts"] = [*record.get("restarts", []), restart]
         else:
@@ -76,10 +76,10 @@ class Attempt:
                     log(f"came back in place from {record.get('run')} attempt "
                         f"{record.get('attempt')}: removed its trainer outputs ({left}) from "
                         f"{model_dir}")  # fmt: skip
-            record = {"run": cfg.run, "attempt": number, "started_at": utc_stamp(self.started),
+            record = {"run": cfg.run, "attempt": number, "started_at": stamp_at(self.started),
                       "restarts": []}  # fmt: skip
         save_json(self.record, record)
-        self.started, self.restarts = parse_stamp(record["started_at"]), record["restarts"]
+        self.started, self.restarts = parse_stamp_s(record["started_at"]), record["restarts"]
         line = f"attempt {number} of run {cfg.run}"
         if self.restarts:
             line += (
@@ -105,7 +105,7 @@ class Attempt:
             return
         record = read_json(self.record)
         with contextlib.suppress(OSError):  # a full disk must not hide the failure reported
-            save_json(self.record, {**record, "ended_at": utc_stamp(time.time())})
+            save_json(self.record, {**record, "ended_at": stamp_at(time.time())})
 
 
 def forget_outputs(model_dir: Path) -> str:

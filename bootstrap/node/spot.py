@@ -30,8 +30,8 @@ from bootstrap.fleet.rendezvous import read_object
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 from bootstrap.records.files import this_attempts
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
+from contract.runs import parse_stamp_s, stamp_at
 
 POLL_S = 5
 NOTICE_PATH = "meta-data/spot/instance-action"
@@ -145,7 +145,7 @@ class SpotWatch(threading.Thread):
         return True
 
     def act(self, notice: dict) -> None:
-        noticed_at = utc_stamp(self.clock())
+        noticed_at = stamp_at(self.clock())
         self.log(f"Spot interruption notice: {notice.get('action')} at {notice.get('time')}")
         try:
             self.record(notice, noticed_at)
@@ -210,7 +210,7 @@ def interruptions_since(s3, cfg: TrainConfig, started: float) -> list[dict]:
         body = read_object(s3, cfg.bucket, prefix + name)
         with contextlib.suppress(ValueError, TypeError, KeyError):
             doc = json.loads(body or b"")
-            if parse_stamp(doc["noticed_at"]) >= math.floor(started):  # stamps are whole seconds
+            if parse_stamp_s(doc["noticed_at"]) >= math.floor(started):  # stamps are whole seconds
                 found.append(doc)
     return sorted(found, key=lambda doc: doc.get("index", 0))
 

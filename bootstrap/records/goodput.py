@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bootstrap.records.stamps import parse_stamp
+from contract.runs import parse_stamp_s
 
 # Where the time that was not productive went (DONE.json goodput_s.lost), in this order.
 BUCKETS = (
@@ -54,10 +54,10 @@ class Attempt:
             return None
 
         def stamp(key: str) -> float | None:
-            return parse_stamp(entry[key]) if entry.get(key) else None
+            return parse_stamp_s(entry[key]) if entry.get(key) else None
 
         return cls(
-            ended_at=parse_stamp(entry["ended_at"]),
+            ended_at=parse_stamp_s(entry["ended_at"]),
             launched_at=stamp("launched_at"),
             first_step_at=stamp("first_step_at"),
             start_step=entry.get("start_step"),
@@ -68,7 +68,7 @@ class Attempt:
 
 
 def _end(phases: dict, code: str) -> float | None:
-    return parse_stamp(phases[code]["end"]) if code in phases else None
+    return parse_stamp_s(phases[code]["end"]) if code in phases else None
 
 
 def _most(records: list[dict], code: str) -> float:

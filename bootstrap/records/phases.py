@@ -27,7 +27,7 @@ from bootstrap import aws
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
 from bootstrap.records.files import read_json, save_json
-from bootstrap.records.stamps import parse_stamp, utc_stamp
+from contract.runs import parse_stamp_s, stamp_at
 
 FORMAT = "horovod-fleet/phases/1"
 # The closed list, in start-up order (docs/contracts.md).
@@ -82,7 +82,7 @@ def launched_at(cfg: TrainConfig, instance_id: str, log=aws.log) -> float | None
     `launched_at` where there is no EC2 to ask (the rehearsal). None, said in one line, when EC2
     does not answer: the record then has no `launch` phase."""
     if cfg.launched_at:
-        return parse_stamp(cfg.launched_at)
+        return parse_stamp_s(cfg.launched_at)
     try:
         found = aws.client("ec2", cfg.region).describe_instances(InstanceIds=[instance_id])
         return found["Reservations"][0]["Instances"][0]["LaunchTime"].timestamp()
@@ -93,7 +93,7 @@ def launched_at(cfg: TrainConfig, instance_id: str, log=aws.log) -> float | None
 
 def span(start: float, end: float, **extra) -> dict:
     """One phase as the record holds it."""
-    return {"start": utc_stamp(start), "end": utc_stamp(end), "s": round(end - start, 1), **extra}
+    return {"start": stamp_at(start), "end": stamp_at(end), "s": round(end - start, 1), **extra}
 
 
 class PhaseRecord:
@@ -144,7 +144,7 @@ class PhaseRecord:
         steps = read_shell_steps(Path(self.cfg.state_dir) / SHELL_STEPS, booted or 0.0)
         with self.lock:
             if "launch" not in self.phases and launched is not None and booted is not None:
-                self.doc["launched_at"] = utc_stamp(launched)
+                self.doc["launched_at"] = stamp_at(launched)
                 self.phases["launch"] = span(launched, booted)
             first = min((start for start, _ in steps.values()), default=None)
             if "boot" not in self.phases and booted is not None and first is not None:
@@ -215,8 +215,8 @@ class PhaseRecord:
         """The trainer's startup.json as the `framework_start` and `first_step` phases; False
         while it lacks them."""
         try:
-            started = parse_stamp(startup["started_at"])
-            first_end = parse_stamp(startup["first_step_at"])
+            started = parse_stamp_s(startup["started_at"])
+            first_end = parse_stamp_s(startup["first_step_at"])
             framework_s, first_s = (
                 float(startup["framework_start_s"]),
                 float(startup["first_step_s"]),

@@ -22,8 +22,8 @@ from bootstrap.node_config import TrainConfig
 from bootstrap.records import allreduce_summary, goodput
 from bootstrap.records import timeline as fleet_view
 from bootstrap.records.files import this_attempts
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
+from contract.runs import parse_stamp_s, stamp_at
 
 
 def done_document(
@@ -85,8 +85,8 @@ def done_document(
         "target_top1": training.get("target_top1"),
         "reached_target_at_epoch": training.get("reached_target_at_epoch"),
         "time_to_target_s": training.get("time_to_target_s"),
-        "attempt_started_at": utc_stamp(started),
-        "finished_at": utc_stamp(now),
+        "attempt_started_at": stamp_at(started),
+        "finished_at": stamp_at(now),
         "timeline": timeline,
         "resets": fleet_view.resets(training, records, hosts),
         **figures,
@@ -170,8 +170,8 @@ def run_goodput(
     attempts.append(
         goodput.Attempt(
             ended_at=now,
-            launched_at=parse_stamp(launched) if launched else started,
-            first_step_at=parse_stamp(first) if first else None,
+            launched_at=parse_stamp_s(launched) if launched else started,
+            first_step_at=parse_stamp_s(first) if first else None,
             start_step=training.get("start_step"),
             end_step=training.get("end_step"),
             step_s=training.get("step_s"),

@@ -30,9 +30,9 @@ from pathlib import Path
 from bootstrap import aws
 from bootstrap.lines import one_line
 from bootstrap.node_config import TrainConfig
-from bootstrap.records.stamps import parse_stamp, utc_stamp
 from contract import runs
 from contract.records import STATUS_FORMAT
+from contract.runs import parse_stamp_s, stamp_at
 
 PHASES = (
     "booting", "pulling_data", "allreduce_check", "training", "evaluating", "uploading",
@@ -75,14 +75,14 @@ class OutageLog:
             if self.since is None:
                 self.since, self.next_note = now, now + self.every_s
                 self.log(
-                    f"status: S3 unreachable since {utc_stamp(now)} (could not {what}: {last}); "
+                    f"status: S3 unreachable since {stamp_at(now)} (could not {what}: {last}); "
                     "status.json is rewritten once it answers"
                 )
             elif now >= self.next_note:
                 self.next_note = now + self.every_s
                 self.log(
                     f"status: S3 unreachable for {now - self.since:.0f} s (since "
-                    f"{utc_stamp(self.since)}); last error: {last}"
+                    f"{stamp_at(self.since)}); last error: {last}"
                 )
 
     def answered(self) -> None:
@@ -189,8 +189,8 @@ class RunStatus:
             "run": cfg.run,
             "attempt": self._attempt(),
             "phase": phase,
-            "updated_at": utc_stamp(self.clock()),
-            "attempt_started_at": utc_stamp(self.attempt_started),
+            "updated_at": stamp_at(self.clock()),
+            "attempt_started_at": stamp_at(self.attempt_started),
             "instance_type": cfg.instance_type,
             "nodes": cfg.nodes,
             "gpus_per_node": cfg.gpus_per_node,
@@ -294,7 +294,7 @@ class RunStatus:
         for obj in listing.get("Contents", []):
             body = self.s3.with_policy(QUICK).get_object(Bucket=self.cfg.bucket, Key=obj["Key"])
             entry = json.loads(body["Body"].read())
-            if now - parse_stamp(entry["registered_at"]) <= self.cfg.heartbeat_timeout_s:
+            if now - parse_stamp_s(entry["registered_at"]) <= self.cfg.heartbeat_timeout_s:
                 healthy.add(entry["index"])
         return len(healthy)
 

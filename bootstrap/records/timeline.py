@@ -6,7 +6,7 @@ train.json, so whichever instance writes DONE.json (the head, or a node that fou
 from __future__ import annotations
 
 from bootstrap.records.phases import PHASES
-from bootstrap.records.stamps import parse_stamp, utc_stamp
+from contract.runs import parse_stamp_s, stamp_at
 
 
 def who(record: dict) -> str:
@@ -45,7 +45,7 @@ def fleet_phases(records: list[dict]) -> dict[str, dict]:
 
 def launched_at(records: list[dict]) -> float | None:
     """The attempt's first launch: the earliest of its nodes'."""
-    stamps = [parse_stamp(r["launched_at"]) for r in records if r.get("launched_at")]
+    stamps = [parse_stamp_s(r["launched_at"]) for r in records if r.get("launched_at")]
     return min(stamps) if stamps else None
 
 
@@ -53,11 +53,11 @@ def first_step_at(training: dict, records: list[dict]) -> float | None:
     """Rank 0's first step's end: train.json's, else node 0's record's (the trainer wrote its
     startup.json but no train.json: it failed after its first step)."""
     if training.get("first_step_at"):
-        return parse_stamp(training["first_step_at"])
+        return parse_stamp_s(training["first_step_at"])
     for record in records:
         step = (record.get("phases") or {}).get("first_step")
         if record.get("node") == "0" and step:
-            return parse_stamp(step["end"])
+            return parse_stamp_s(step["end"])
     return None
 
 
@@ -95,4 +95,4 @@ def resets(
 
 
 def stamp(seconds: float | None) -> str | None:
-    return utc_stamp(seconds) if seconds is not None else None
+    return stamp_at(seconds) if seconds is not None else None

@@ -11,6 +11,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from contract.names import PROJECT, PROJECT_TAG
+from stacks.config_values import Placement
 from stacks.nag import (
     SSM_MANAGED_POLICY,
     acknowledge_managed_policy,
@@ -30,15 +31,11 @@ class BakeInfrastructure(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        az: str,
-        vpc_id: str | None,
-        subnet_id: str | None,
+        placement: Placement,
         assets: Iterable[s3_assets.Asset],
     ) -> None:
         super().__init__(scope, construct_id)
-        network = SingleZoneNetwork(
-            self, "Network", az=az, private=False, vpc_id=vpc_id, subnet_id=subnet_id
-        )
+        network = SingleZoneNetwork(self, "Network", placement=placement, private=False)
         self.subnet = network.subnet
         self.security_group = web_egress_security_group(
             self,

@@ -18,6 +18,7 @@ from contract.names import (
     PROJECT,
     PROJECT_TAG,
 )
+from stacks.config_values import Placement
 from stacks.image.recipe import BASE_NAME, PROVEN_NAME
 from stacks.image.training_image import TrainingImage
 from stacks.instance_types import GpuType, JitProofType
@@ -33,9 +34,7 @@ class ImageStack(Stack):
         *,
         test_type: GpuType,
         revision: int,
-        az: str,
-        vpc_id: str | None,
-        subnet_id: str | None,
+        placement: Placement,
         jit_type: JitProofType | None = None,
         **kwargs: Any,
     ) -> None:
@@ -46,9 +45,7 @@ class ImageStack(Stack):
             "TrainingImage",
             test_type=test_type,
             revision=revision,
-            az=az,
-            vpc_id=vpc_id,
-            subnet_id=subnet_id,
+            placement=placement,
             jit_type=jit_type,
         )
         self.image_id = image.image_id

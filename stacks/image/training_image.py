@@ -18,6 +18,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from contract.names import PROJECT, PROJECT_TAG
+from stacks.config_values import Placement
 from stacks.image.infrastructure import BakeInfrastructure
 from stacks.image.recipe import (
     BASE_NAME,
@@ -62,9 +63,7 @@ class TrainingImage(Construct):
         *,
         test_type: GpuType,
         revision: int,
-        az: str,
-        vpc_id: str | None,
-        subnet_id: str | None,
+        placement: Placement,
         jit_type: JitProofType | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -89,9 +88,7 @@ class TrainingImage(Construct):
         bake = BakeInfrastructure(
             self,
             "Bake",
-            az=az,
-            vpc_id=vpc_id,
-            subnet_id=subnet_id,
+            placement=placement,
             assets=[recipe_asset, proof_asset, trainer_asset],
         )
         base_version = semantic_version(base_sha256)

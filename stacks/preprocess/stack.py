@@ -41,8 +41,8 @@ class PreprocessStack(Stack):
         # name at deploy, the zone answer TrainStack uses (Fixed: the subnet decides).
         # Without -c az, the same answer takes the region's first zone that offers the node's type
         # (PreferredZone empty, not Fixed): no zone is assumed to exist or to offer it.
-        zone_name = None
-        if (config.vpc_id is not None and is_zone_id(config.az)) or not config.az_chosen:
+        zone_name, placement = None, config.placement
+        if (placement.vpc_id is not None and is_zone_id(placement.az)) or not placement.az_chosen:
             zone_name = answered(
                 self,
                 "Zone",
@@ -50,17 +50,15 @@ class PreprocessStack(Stack):
                 resource_type=ZONE_TYPE,
                 properties={
                     "InstanceType": config.preprocess.name,
-                    "PreferredZone": config.az if config.az_chosen else "",
-                    "Fixed": str(config.vpc_id is not None).lower(),
+                    "PreferredZone": placement.preferred_zone,
+                    "Fixed": str(placement.vpc_id is not None).lower(),
                 },
             ).get_att_string("Zone")
         network = SingleZoneNetwork(
             self,
             "Network",
-            az=config.az,
+            placement=config.placement,
             private=False,
-            vpc_id=config.vpc_id,
-            subnet_id=config.subnet_id,
             deploy_time_zone=zone_name,
         )
         # A drill converts its own dataset, under its own prefixes (contract/drill.py DATASET).

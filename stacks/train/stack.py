@@ -77,7 +77,6 @@ class TrainStack(Stack):
         guards: FleetGuards,
         image_id: str | None,
         image_version: str | None = None,
-        checkpoint_every_s: int = 0,
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -86,7 +85,7 @@ class TrainStack(Stack):
         self._controller_tags(config)
         # Construct ids and their order are the template's logical ids: the parts below keep
         # the ids and scope the one constructor had, so a split changes no resource.
-        fixed_zone = config.vpc_id is not None or config.capacity_reservation is not None
+        fixed_zone = config.placement.vpc_id is not None or config.capacity_reservation is not None
         slots = 0 if fixed_zone else move_slots(config.region)
         zone = self._zone(config, guards, fixed_zone, slots)
         prerequisites = [zone]  # answered before any instance launches
@@ -98,10 +97,8 @@ class TrainStack(Stack):
         network = SingleZoneNetwork(
             self,
             "Network",
-            az=config.az,
+            placement=config.placement,
             private=True,
-            vpc_id=config.vpc_id,
-            subnet_id=config.subnet_id,
             deploy_time_zone=None if fixed_zone else zone.get_att_string("Zone"),
         )
         move_zones = [zone.get_att_string(f"Zone{slot}") for slot in range(1, slots + 1)]
@@ -118,9 +115,7 @@ class TrainStack(Stack):
             bucket=bucket,
             dataset_prefix=config.dataset_prefix,
             run=config.run,
-            # 0: no interval (a benchmark keeps no checkpoint).
-            trainer=config.trainer
-            | ({"checkpoint_every_s": checkpoint_every_s} if checkpoint_every_s else {}),
+            trainer=config.trainer,
             capacity_reservation=config.capacity_reservation,
             market=config.market,
             benchmark=config.benchmark_plan,
@@ -262,9 +257,9 @@ class TrainStack(Stack):
 
     def _zone(self, config: FleetConfig, guards: FleetGuards, fixed: bool, slots: int):
         """The fleet's zone, answered at deploy. Not every zone offers every GPU type, and zone
-        names differ between accounts: the answer is config.az if it offers the type, else one
+        names differ between accounts: the answer is the placement's zone if it offers the type, else one
         that does. A given subnet or capacity reservation fixes the zone; then the type must be
-        there. config.az may be a zone ID (use1-az4): the answer is this account's zone name.
+        there. That zone may be a zone ID (use1-az4): the answer is this account's zone name.
         It also answers the zone of each move slot (Zone1, ...): where the fleet may go when
         its zone has no capacity. Which zones offer the type is known only at deploy, and
         CloudFormation cannot make a resource per element of a deploy-time list, so the slots
@@ -278,7 +273,7 @@ class TrainStack(Stack):
             properties={
                 "InstanceType": config.gpu.name,
                 # Empty without -c az: the region's first zone that offers both types.
-                "PreferredZone": config.az if config.az_chosen else "",
+                "PreferredZone": config.placement.preferred_zone,
                 "Fixed": str(fixed).lower(),
                 # The head stays in the deployed zone: that zone must offer its type too.
                 "HeadInstanceType": HEAD_TYPE.name,

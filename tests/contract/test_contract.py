@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from source_tree import imported_roots, sources
 
 from contract import causes, names, runs
 
@@ -16,20 +17,6 @@ CONTRACT = ROOT / "contract"
 # the training image, whose bake fetches them alone): docs/layout.md says why.
 ROOMS = ("contract", "controller", "stacks", "bootstrap", "watch", "rehearsal")
 NOT_SHIPPED = (ROOT / "bootstrap" / "image", ROOT / "bootstrap" / "image_proof")
-
-
-def sources(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def imported_roots(path: Path) -> set[str]:
-    roots = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            roots |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            roots.add(node.module.split(".")[0])
-    return roots
 
 
 @pytest.mark.parametrize("path", sources(CONTRACT), ids=lambda p: p.name)
@@ -121,3 +108,32 @@ def test_a_stamp_reads_back_as_the_moment_it_was():
     assert stamp == "2026-11-18T11:06:40Z"
     assert runs.parse_stamp(stamp).timestamp() == 1_795_000_000.0
     assert runs.key("*", runs.DONE) == "runs/*/DONE.json"
+
+
+# The stamp's copies where contract/ cannot go: the training image's own code, whose bake
+# follows bootstrap/image/, bootstrap/image_proof/ and trainer/ alone (stacks/image/recipe.py),
+# so that a change of contract/ never rebakes an image (hours on a GPU instance). Each writes the
+# same format, which contract.runs reads back.
+IMAGE_S_COPIES = [
+    "bootstrap/image/manifest.py",
+    "bootstrap/image_proof/jit_cache.py",
+    "bootstrap/image_proof/proof.py",
+    "trainer/preprocess/output.py",
+    "trainer/progress.py",
+]
+
+
+def test_the_stamp_is_written_in_contract_and_else_only_in_the_image_s_own_code():
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in (*ROOMS, "trainer")
+        for path in sources(ROOT / folder)
+        if runs.TIME_FORMAT in literals(path)
+    ]
+    assert sorted(found) == sorted(["contract/runs.py", *IMAGE_S_COPIES])
+
+
+def test_the_trainer_s_stamp_reads_back_with_contract_s():
+    from trainer.progress import utc_stamp
+
+    assert runs.parse_stamp_s(utc_stamp(1_795_000_000.0)) == 1_795_000_000.0

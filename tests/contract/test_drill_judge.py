@@ -11,13 +11,12 @@ from contract.drill_judge import (
     experiment_named,
     format_table,
     judge,
-    parse_stamp,
     row,
-    stamp_at,
     table,
 )
+from contract.runs import parse_stamp_s, stamp_at
 
-T0 = parse_stamp("2026-12-01T10:00:00Z")
+T0 = parse_stamp_s("2026-12-01T10:00:00Z")
 
 
 def at(seconds: float) -> str:

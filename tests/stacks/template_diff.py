@@ -24,6 +24,8 @@ CONFIGURATIONS = {
     "default": {},
     "spot": {"market": "spot"},
     "notify": {"notifyEmail": "ops@example.com"},
+    "own-subnet": {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "az": "use1-az4"},
+    "drill": {"drill": "true"},
 }
 # Run in the tree being synthesized: its own app.py and stacks/, its context and cdk-nag.
 SYNTH = (

@@ -27,9 +27,11 @@ def config(**overrides) -> FleetConfig:
 def test_a_region_alone_prefers_no_zone():
     assert DEFAULTS["az"] is None
     west = config(region="us-west-2")
-    assert (west.region, west.az_chosen) == ("us-west-2", False)
-    assert west.az == "us-west-2a"  # where synthesis needs a name; the deploy answers the zone
-    assert config(region="us-west-2", az="us-west-2c").az_chosen
+    assert (west.region, west.placement.az_chosen) == ("us-west-2", False)
+    assert (
+        west.placement.az == "us-west-2a"
+    )  # where synthesis needs a name; the deploy answers the zone
+    assert config(region="us-west-2", az="us-west-2c").placement.az_chosen
 
 
 @pytest.mark.parametrize(

@@ -130,8 +130,12 @@ def copy_sources(source: Path) -> Path:
     source.mkdir()
     for name in ("app.py", "cdk.json"):
         shutil.copy(ROOT / name, source / name)
-    for name in ("stacks", "contract", "bootstrap", "trainer"):
-        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    # Every package of the checkout: the stacks stage assets from several (the controller, the
+    # contract, the node code), and a package added later must not be missed here.
+    for package in sorted(path.parent.name for path in ROOT.glob("*/__init__.py")):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     return source
 
 

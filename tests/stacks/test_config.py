@@ -70,9 +70,14 @@ def test_the_readme_lists_every_key_with_cdk_json_s_default():
 def test_defaults():
     c = config()
     assert (c.nodes, c.gpu.name, c.gpu.gpus, c.gpu.efa) == (8, "p4d.24xlarge", 8, True)
-    assert (c.region, c.az, c.max_hours, c.data_volume_gib) == ("us-east-1", "us-east-1a", 4, 1000)
+    assert (c.region, c.placement.az, c.max_hours, c.data_volume_gib) == (
+        "us-east-1",
+        "us-east-1a",
+        4,
+        1000,
+    )
     assert c.preprocess.name == "t2.large"
-    assert c.budget_email is None and c.snapshot_data_volume is False and c.vpc_id is None
+    assert c.budget_email is None and c.snapshot_data_volume is False and c.placement.vpc_id is None
     assert c.runs_prefix == "runs/resnet50-1/"
 
 
@@ -88,7 +93,7 @@ def test_command_line_strings_are_parsed():
 
 def test_imported_network_needs_both_ids():
     c = config(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", az="us-east-1a")
-    assert (c.vpc_id, c.subnet_id) == ("vpc-0123abcd", "subnet-0123abcd")
+    assert (c.placement.vpc_id, c.placement.subnet_id) == ("vpc-0123abcd", "subnet-0123abcd")
     with pytest.raises(ConfigError, match="vpcId and subnetId"):
         config(vpcId="vpc-0123abcd")
 
@@ -171,9 +176,9 @@ def test_instance_table_is_consistent():
 
 
 def test_every_zone_of_a_known_region_is_accepted_and_others_by_shape():
-    assert config(az="us-east-1f").az == "us-east-1f"
-    assert config(region="us-west-2", az="us-west-2d").az == "us-west-2d"
-    assert config(region="eu-north-1", az="eu-north-1c").az == "eu-north-1c"
+    assert config(az="us-east-1f").placement.az == "us-east-1f"
+    assert config(region="us-west-2", az="us-west-2d").placement.az == "us-west-2d"
+    assert config(region="eu-north-1", az="eu-north-1c").placement.az == "eu-north-1c"
     with pytest.raises(ConfigError, match="us-west-2a to us-west-2d"):
         config(region="us-west-2", az="us-west-2e")
 
@@ -193,8 +198,8 @@ def test_every_zone_of_a_known_region_is_accepted_and_others_by_shape():
 )
 def test_a_zone_id_of_the_region_is_accepted_as_given(region, az):
     c = config(region=region, az=az)
-    assert (c.region, c.az) == (region, az)
-    assert is_zone_id(c.az)
+    assert (c.region, c.placement.az) == (region, az)
+    assert is_zone_id(c.placement.az)
     assert not is_zone_id("us-east-1d")
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from source_tree import imported_roots, sources
 
 STACKS = ROOT / "stacks"
-MODULES = sorted(path for path in STACKS.rglob("*.py") if "__pycache__" not in path.parts)
+MODULES = sources(STACKS)
 CONSTRUCT_BASES = {"Construct", "Stack"}
 CONTROLLER = ROOT / "controller"
 CONTROLLER_MODULES = sorted(p for p in CONTROLLER.glob("*.py") if p.name != "__init__.py")
@@ -28,16 +29,6 @@ def constructs_in(path: Path) -> list[str]:
         if isinstance(node, ast.ClassDef)
         and any(isinstance(base, ast.Name) and base.id in CONSTRUCT_BASES for base in node.bases)
     ]
-
-
-def imported_roots(path: Path) -> set[str]:
-    roots = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            roots |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            roots.add(node.module.split(".")[0])
-    return roots
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(ROOT)))

@@ -1,8 +1,10 @@
 """bootstrap.fleet.rank: a rank's program in its node's own environment."""
 
+import signal
 import subprocess
 import sys
 
+from bootstrap.fleet import rank
 from bootstrap.fleet.rank import NODE_ENV, node_env
 
 
@@ -33,3 +35,12 @@ def test_the_program_sees_them(tmp_path):
         check=True,
     )  # fmt: skip
     assert result.stdout == "4294967296\n"
+
+
+def test_main_gives_its_caller_its_signal_handlers_back():
+    # It once left its SIGINT handler (pass it on to a child long gone) in the test process,
+    # and a later Ctrl-C test in the same worker saw no KeyboardInterrupt.
+    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in watched}
+    assert rank.main(["bash", "-c", "exit 0"]) == 0
+    assert {signum: signal.getsignal(signum) for signum in watched} == before

@@ -19,6 +19,7 @@ import pytest
 from bootstrap_helpers import BUCKET
 
 from bootstrap.fleet import rendezvous, supervision
+from contract import runs
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -106,11 +107,11 @@ def test_the_leader_heartbeats_until_stopped(s3, train_config):
 
 def entry(index, at, ip="10.0.0.1", instance="i-0lead"):
     return {"index": index, "ip": ip, "gpus": 8, "instance_id": instance,
-            "registered_at": rendezvous.utc_stamp(at)}  # fmt: skip
+            "registered_at": runs.stamp_at(at)}  # fmt: skip
 
 
 def head(at, ip="10.0.0.1", instance="i-0head"):
-    return {"ip": ip, "instance_id": instance, "registered_at": rendezvous.utc_stamp(at)}
+    return {"ip": ip, "instance_id": instance, "registered_at": runs.stamp_at(at)}
 
 
 def test_a_node_names_its_head_once_the_head_s_heartbeat_goes_stale(train_config):

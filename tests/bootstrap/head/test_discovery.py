@@ -14,7 +14,7 @@ from bootstrap.head import hosts_file
 from bootstrap.head.discovery import Discovery, live_hosts
 from bootstrap.head.hosts_file import admit, print_hosts
 from bootstrap.node_config import parse
-from bootstrap.records.stamps import utc_stamp
+from contract.runs import stamp_at
 
 NOW = 1_800_000_000.0
 KEY = "k" * 64
@@ -26,7 +26,7 @@ def entry(index, ip=None, *, age=5.0, key=KEY, instance=None, shards=None, gpus=
         "ip": ip or f"10.0.0.{10 + index}",
         "gpus": gpus,
         "instance_id": instance or f"i-{index:04d}",
-        "registered_at": utc_stamp(NOW - age),
+        "registered_at": stamp_at(NOW - age),
         "head_key_sha256": key,
     }
     if shards is not None:
@@ -176,7 +176,7 @@ def test_the_thread_writes_the_hosts_from_s3_and_ec2_and_logs_who_comes_and_goes
         launched = ec2.run_instances(ImageId="ami-12c6146b", MinCount=2, MaxCount=2)
         ids = [i["InstanceId"] for i in launched["Instances"]]
         for index, instance in enumerate(ids):
-            register(s3, entry(index, instance=instance) | {"registered_at": utc_stamp(NOW)})
+            register(s3, entry(index, instance=instance) | {"registered_at": stamp_at(NOW)})
         found = Discovery(
             cfg, s3, head_key=KEY, since=NOW - 10, ec2=ec2, log=lines.append,
             clock=lambda: NOW, s3_back_at=lambda: None,
@@ -186,7 +186,7 @@ def test_the_thread_writes_the_hosts_from_s3_and_ec2_and_logs_who_comes_and_goes
         ec2.terminate_instances(InstanceIds=[ids[1]])
         s3.put_object(
             Bucket=BUCKET, Key="runs/r1/interruptions/0.json",
-            Body=json.dumps({"instance_id": ids[0], "noticed_at": utc_stamp(NOW)}).encode(),
+            Body=json.dumps({"instance_id": ids[0], "noticed_at": stamp_at(NOW)}).encode(),
         )  # fmt: skip
         verdict = found.refresh()
     assert verdict.lines() == [] and (tmp_path / "state0" / "hosts").read_text() == ""
@@ -219,8 +219,8 @@ def test_a_replacement_joins_only_once_its_heartbeat_is_steady_and_the_head_reac
 
     def beat(at: float) -> list[str]:
         clock[0] = at
-        register(s3, entry(0, age=NOW - at) | {"registered_at": utc_stamp(at)})
-        register(s3, entry(1, "10.0.0.99", instance="i-new") | {"registered_at": utc_stamp(at)})
+        register(s3, entry(0, age=NOW - at) | {"registered_at": stamp_at(at)})
+        register(s3, entry(1, "10.0.0.99", instance="i-new") | {"registered_at": stamp_at(at)})
         return found.refresh().lines()
 
     assert beat(NOW + 1) == ["10.0.0.10:8"]
@@ -251,7 +251,7 @@ def test_a_joiner_that_dies_before_it_is_steady_is_never_listed(fleet, tmp_path)
     listed = []
     for at in range(0, 123, 2):  # two minutes of refreshes: only its one beat, growing old
         clock[0] = NOW + at
-        register(s3, entry(0, age=0) | {"registered_at": utc_stamp(NOW + at)})
+        register(s3, entry(0, age=0) | {"registered_at": stamp_at(NOW + at)})
         listed += found.refresh().lines()
     assert "10.0.0.99:8" not in listed
     assert found.verdict.silent == (1,)  # stale now: the run controller replaces it
@@ -275,7 +275,7 @@ def test_two_refreshes_at_once_both_write_the_hosts_file(fleet, tmp_path):
     import threading
 
     cfg, s3 = fleet
-    register(s3, entry(0, age=0) | {"registered_at": utc_stamp(NOW)})
+    register(s3, entry(0, age=0) | {"registered_at": stamp_at(NOW)})
     found = Discovery(
         cfg, s3, head_key=KEY, since=NOW - 600, log=lambda line: None, clock=lambda: NOW,
         s3_back_at=lambda: None,

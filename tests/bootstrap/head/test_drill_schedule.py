@@ -15,7 +15,7 @@ from bootstrap.fleet.rendezvous import read_object
 from bootstrap.head import drill as schedule
 from bootstrap.node_config import ConfigError
 from contract import drill
-from contract.drill_judge import parse_stamp, stamp_at
+from contract.runs import parse_stamp_s, stamp_at
 
 # moto's FIS stamps an experiment's start with the real clock: each test's clock starts there,
 # at the test's own start (`real_start`). A time taken at import is minutes old when a busy
@@ -144,7 +144,7 @@ def test_each_next_experiment_starts_once_the_one_before_is_judged(head, s3, fis
     training(s3, cfg, epoch=3, logged=T0)
     first = make()
     first.tick()
-    started = parse_stamp(record(s3, cfg, PLAN[0].name)["started_at"])
+    started = parse_stamp_s(record(s3, cfg, PLAN[0].name)["started_at"])
     clock.now = started + 30
     lost = {"at": stamp_at(started + 10), "lost": [{"node": "2", "instance_id": "i-2"}],
             "added": [], "steps_redone": 2}  # fmt: skip

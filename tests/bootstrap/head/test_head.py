@@ -24,8 +24,8 @@ from bootstrap.head import checkpoints, discovery, launch, mirror
 from bootstrap.head.head import Head, InterfacesDiffer
 from bootstrap.node.attempt import Attempt
 from bootstrap.node_config import parse
-from bootstrap.records.stamps import utc_stamp
 from bootstrap.steps import StepFailed
+from contract.runs import stamp_at
 
 NODE = {"index": 0, "ip": "10.0.0.6", "gpus": 8, "instance_id": "i-n0", "interface": None}
 
@@ -178,7 +178,7 @@ def test_training_ended_by_a_spot_notice_is_interrupted_and_names_the_node(
         if noticed:
             record = {"index": 1, "instance_id": "i-0abc", "ip": "10.0.1.23",
                       "action": "terminate", "time": "2026-11-25T14:02:00Z",
-                      "noticed_at": utc_stamp(time.time())}  # fmt: skip
+                      "noticed_at": stamp_at(time.time())}  # fmt: skip
             s3.put_object(Bucket=cfg.bucket, Key="runs/r1/interruptions/1.json",
                           Body=json.dumps(record).encode())  # fmt: skip
         stop = Path(cfg.mount_point) / "model" / "interrupted.json"
@@ -210,7 +210,7 @@ def test_a_head_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
 ):
     cfg, _events, monkeypatch, attempt = head_up_to_the_check
     began = time.time() - 3600
-    record = {"run": "r1", "attempt": 1, "started_at": utc_stamp(began), "restarts": []}
+    record = {"run": "r1", "attempt": 1, "started_at": stamp_at(began), "restarts": []}
     Path(cfg.state_dir).mkdir(parents=True)
     (Path(cfg.state_dir) / "attempt.json").write_text(json.dumps(record))
     tcp = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
@@ -222,11 +222,11 @@ def test_a_head_restarted_in_place_keeps_the_attempt_s_start_on_the_record(
     Head(cfg, attempt).report(failed.value)
     read = lambda key: json.loads(s3.get_object(Bucket=cfg.bucket, Key=key)["Body"].read())  # noqa: E731
     done, status = read("runs/r1/DONE.json"), read("runs/r1/status.json")
-    assert done["attempt_started_at"] == status["attempt_started_at"] == utc_stamp(began)
+    assert done["attempt_started_at"] == status["attempt_started_at"] == stamp_at(began)
     assert done["restarts"] == [
         {"at": done["restarts"][0]["at"], "resumed_from_step": None, "reached_step": None}
     ]
-    assert done["restarts"][0]["at"] >= utc_stamp(time.time() - 60)
+    assert done["restarts"][0]["at"] >= stamp_at(time.time() - 60)
 
 
 def test_a_restarted_head_whose_attempt_a_node_already_ended_adds_nothing(
@@ -319,7 +319,7 @@ def register(s3, cfg, *, age_s: float = 0.0, **entry) -> None:
     """Node 0's registration as the node writes it, naming the head's published key."""
     head = json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/head.json")["Body"].read())
     doc = {**NODE, "interface": "ens5", "shards": "own", "registered_at":
-           utc_stamp(time.time() - age_s), "head_key_sha256": head["head_key_sha256"], **entry}  # fmt: skip
+           stamp_at(time.time() - age_s), "head_key_sha256": head["head_key_sha256"], **entry}  # fmt: skip
     s3.put_object(Bucket=cfg.bucket, Key="runs/r1/nodes/0.json", Body=json.dumps(doc).encode())
 
 

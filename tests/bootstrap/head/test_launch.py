@@ -17,7 +17,7 @@ from bootstrap.node import spot
 from bootstrap.node_config import parse
 from bootstrap.records import results
 from bootstrap.records.phases import PHASES
-from bootstrap.records.stamps import utc_stamp
+from contract.runs import stamp_at
 from stacks.instance_types import GPU_TYPES, GpuType
 
 
@@ -139,7 +139,7 @@ def test_done_document_on_success_and_failure(tmp_path):
         [{"attempt": 1, "status": "succeeded", "cause": None, "reason": None}],
     )
     assert (ok["cause"], ok["written_by"], ok["restarts"]) == (None, "head", [])
-    assert ok["attempt_started_at"] == utc_stamp(started)
+    assert ok["attempt_started_at"] == stamp_at(started)
     assert (ok["top1"], ok["top5"], ok["images_per_s"], ok["duration_s"]) == (
         0.76,
         0.93,
@@ -529,8 +529,8 @@ def test_a_spot_interruption_of_this_attempt_names_the_node_and_the_step(
     )
     # The trainer stopped, but no notice: not a Spot interruption.
     assert spot.interruption_reason(s3, cfg, tmp_path, started, started) is None
-    interruption_record(s3, 2, utc_stamp(started - 3600))  # an earlier attempt's
-    interruption_record(s3, 1, utc_stamp(started + 5))
+    interruption_record(s3, 2, stamp_at(started - 3600))  # an earlier attempt's
+    interruption_record(s3, 1, stamp_at(started + 5))
     assert spot.interruption_reason(s3, cfg, tmp_path, started, started) == (
         "Spot interruption of node 1 (i-1, 10.0.1.1), terminate at 2026-11-25T14:02:00Z: every "
         "rank stopped at step 1234 and its checkpoint was saved"

@@ -22,8 +22,8 @@ from test_head import (
 from bootstrap.fleet import rendezvous
 from bootstrap.head import checkpoints, discovery, head, launch, mirror
 from bootstrap.head.head import Head
-from bootstrap.records.stamps import utc_stamp
 from bootstrap.steps import StepFailed
+from contract.runs import stamp_at
 
 OFI = "NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Libfabric/0\n"
 NODES = [dict(NODE, index=i, ip=f"10.0.0.{6 + i}", instance_id=f"i-n{i}") for i in range(3)]
@@ -42,7 +42,7 @@ Process 1 exit with status code 134
 
 def registration(s3, cfg, index: int, at: float) -> None:
     key = json.loads(s3.get_object(Bucket=cfg.bucket, Key="runs/r1/head.json")["Body"].read())
-    doc = {**NODES[index], "interface": "ens5", "shards": "all", "registered_at": utc_stamp(at),
+    doc = {**NODES[index], "interface": "ens5", "shards": "all", "registered_at": stamp_at(at),
            "head_key_sha256": key["head_key_sha256"]}  # fmt: skip
     s3.put_object(Bucket=cfg.bucket, Key=f"runs/r1/nodes/{index}.json", Body=json.dumps(doc))
 

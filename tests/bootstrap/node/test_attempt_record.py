@@ -20,9 +20,9 @@ from bootstrap.fleet import rendezvous
 from bootstrap.member import Member
 from bootstrap.node.attempt import Attempt
 from bootstrap.records import results
-from bootstrap.records.stamps import utc_stamp
 from bootstrap.records.status import RunStatus
 from bootstrap.steps import StepFailed, step
+from contract.runs import stamp_at
 
 KEY = "runs/r1/DONE.json"
 LOST = (
@@ -83,7 +83,7 @@ def test_a_member_that_finds_its_leader_lost_writes_the_attempt_s_done_json(flee
     assert done["attempt"] == 2 and [a["attempt"] for a in done["attempts"]] == [1, 2]
     assert done["attempts"][-1] == {"attempt": 2, "status": "failed", "cause": "node_lost",
                                     "reason": done["reason"]}  # fmt: skip
-    assert done["attempt_started_at"] == utc_stamp(attempt.started)
+    assert done["attempt_started_at"] == stamp_at(attempt.started)
     assert (done["top1"], done["epochs"], done["restarts"]) == (None, None, [])
     assert "wrote s3://fleet-data/runs/r1/DONE.json (status failed)" in capsys.readouterr().out
 
@@ -186,16 +186,16 @@ def test_a_bootstrap_restarted_in_place_keeps_its_start_and_records_the_restart(
     (model_dir / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1200"\n')
     restarted.resumes_from(model_dir)
     assert restarted.restarts == [
-        {"at": utc_stamp(time.time()), "resumed_from_step": 1200, "reached_step": 1234}
+        {"at": stamp_at(time.time()), "resumed_from_step": 1200, "reached_step": 1234}
     ]
     assert lines[1] == (
         f"attempt 1 of run r1, restarted in place (restart 1): the attempt began at "
-        f"{utc_stamp(first.started)}, its trainer had reached step 1234"
+        f"{stamp_at(first.started)}, its trainer had reached step 1234"
     )
     done = results.done_document(cfg, "succeeded", None, model_dir, time.time(),
                                  restarted.started, restarts=restarted.restarts)  # fmt: skip
     assert done["restarts"] == restarted.restarts
-    assert done["attempt_started_at"] == utc_stamp(first.started)
+    assert done["attempt_started_at"] == stamp_at(first.started)
     # A bootstrap that ended its attempt leaves it ended: a rerun after a reboot begins anew.
     restarted.end()
     rerun = Attempt()

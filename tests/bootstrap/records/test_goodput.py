@@ -10,7 +10,7 @@ import pytest
 from bootstrap.records import goodput, timeline
 from bootstrap.records.goodput import Attempt
 from bootstrap.records.phases import PHASES
-from bootstrap.records.stamps import utc_stamp
+from contract.runs import stamp_at
 
 T0 = 1_800_000_000.0
 
@@ -51,8 +51,8 @@ def record(node, start, **phases):
     """A phases record: each phase (start offset, seconds)."""
     return {
         "node": node, "instance_id": f"i-{node}", "ip": f"10.0.0.{node}",
-        "launched_at": utc_stamp(T0 + start),
-        "phases": {code: {"start": utc_stamp(T0 + a), "end": utc_stamp(T0 + a + s), "s": float(s)}
+        "launched_at": stamp_at(T0 + start),
+        "phases": {code: {"start": stamp_at(T0 + a), "end": stamp_at(T0 + a + s), "s": float(s)}
                    for code, (a, s) in phases.items()},
     }  # fmt: skip
 
@@ -136,9 +136,9 @@ def test_an_attempt_that_wrote_no_train_json_still_counts_what_the_next_resumed_
 
 def test_attempts_json_entries_carry_the_controller_s_copies():
     entries = [
-        {"attempt": 1, "started_at": utc_stamp(T0 + 60), "ended_at": utc_stamp(T0 + 900)},
-        {"attempt": 2, "launched_at": utc_stamp(T0 + 1000), "first_step_at": utc_stamp(T0 + 1200),
-         "ended_at": utc_stamp(T0 + 2000), "start_step": 0, "end_step": 500, "step_s": 0.5,
+        {"attempt": 1, "started_at": stamp_at(T0 + 60), "ended_at": stamp_at(T0 + 900)},
+        {"attempt": 2, "launched_at": stamp_at(T0 + 1000), "first_step_at": stamp_at(T0 + 1200),
+         "ended_at": stamp_at(T0 + 2000), "start_step": 0, "end_step": 500, "step_s": 0.5,
          "lost_s": {"boot": 80.0, "nonsense": 5.0}},
         {"attempt": 3, "status": "failed"},  # no ended_at: not an attempt's figures
     ]  # fmt: skip

@@ -16,7 +16,7 @@ from bootstrap_helpers import BUCKET
 
 from bootstrap import aws
 from bootstrap.records import phases
-from bootstrap.records.stamps import parse_stamp, utc_stamp
+from contract.runs import parse_stamp_s, stamp_at
 
 REPO = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0
@@ -76,19 +76,19 @@ def test_a_node_records_launch_boot_and_the_shell_steps(s3, train_config):
     doc = record_of(s3, "2")
     assert (doc["format"], doc["node"], doc["attempt"]) == ("horovod-fleet/phases/1", "2", 1)
     assert (doc["instance_id"], doc["ip"], doc["launched_at"]) == ("i-0abc", "10.0.0.7",
-                                                                   utc_stamp(T0 - 20))  # fmt: skip
+                                                                   stamp_at(T0 - 20))  # fmt: skip
     got = {code: phase["s"] for code, phase in doc["phases"].items()}
     assert got == {"launch": 20.0, "boot": 60.0, "image_check": 2.0, "instance_store": 17.0,
                    "health": 15.0, "data_pull": 31.4}  # fmt: skip
     # health: the fabric step and the Python checks, not the agent's start between them
-    assert doc["phases"]["health"]["start"] == utc_stamp(T0 + 80)
+    assert doc["phases"]["health"]["start"] == stamp_at(T0 + 80)
     assert doc["phases"]["data_pull"]["mb_per_s"] == 4777.0
 
 
 def test_a_kernel_older_than_the_launch_is_the_rehearsal_s_host(s3, train_config):
     """The rehearsal's nodes are processes: the machine booted days ago, so the node's boot
     runs from its process's start (node.json launched_at), and its launch takes no time."""
-    cfg = train_config(launched_at=utc_stamp(T0))
+    cfg = train_config(launched_at=stamp_at(T0))
     write_steps(cfg, [("read node.json", T0 + 0.5, T0 + 1)])
     record = phases.PhaseRecord(cfg, aws.RetryingS3(s3), 1, "i-0", "127.0.0.1")
     record.begin(phases.launched_at(cfg, "i-0"), kernel_started=T0 - 86400 * 3, now=T0 + 2)
@@ -130,8 +130,8 @@ def test_the_trainer_s_start_up_is_copied_once_this_attempt_writes_it(s3, train_
     record = phases.PhaseRecord(cfg, aws.RetryingS3(s3), 1, "i-0", "10.0.0.5")
     model = tmp_path / "model"
     model.mkdir()
-    startup = {"started_at": utc_stamp(T0), "framework_start_s": 95.0, "first_step_s": 41.5,
-               "first_step_at": utc_stamp(T0 + 140)}  # fmt: skip
+    startup = {"started_at": stamp_at(T0), "framework_start_s": 95.0, "first_step_s": 41.5,
+               "first_step_at": stamp_at(T0 + 140)}  # fmt: skip
     (model / phases.STARTUP).write_text(json.dumps(startup))
     os.utime(model / phases.STARTUP, (T0, T0))
     follower = phases.TrainerFollower(record, model / phases.STARTUP, since=T0 + 1)
@@ -140,10 +140,10 @@ def test_the_trainer_s_start_up_is_copied_once_this_attempt_writes_it(s3, train_
     os.utime(model / phases.STARTUP, (T0 + 200, T0 + 200))
     follower.poll()
     doc = record_of(s3)
-    assert doc["phases"]["framework_start"] == {"start": utc_stamp(T0), "end": utc_stamp(T0 + 95),
+    assert doc["phases"]["framework_start"] == {"start": stamp_at(T0), "end": stamp_at(T0 + 95),
                                                 "s": 95.0}  # fmt: skip
-    assert doc["phases"]["first_step"]["end"] == utc_stamp(T0 + 140)
-    assert parse_stamp(doc["phases"]["first_step"]["start"]) == T0 + 98  # whole seconds
+    assert doc["phases"]["first_step"]["end"] == stamp_at(T0 + 140)
+    assert parse_stamp_s(doc["phases"]["first_step"]["start"]) == T0 + 98  # whole seconds
 
 
 def test_a_record_s3_did_not_take_is_written_with_the_next(s3, train_config):

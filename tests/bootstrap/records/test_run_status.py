@@ -8,9 +8,9 @@ from bootstrap_helpers import BUCKET
 from botocore.exceptions import EndpointConnectionError
 
 from bootstrap import aws
-from bootstrap.records.stamps import utc_stamp
 from bootstrap.records.status import RunStatus, emf_line
 from contract.records import STATUS_FORMAT as FORMAT
+from contract.runs import stamp_at
 
 COST = {"usd_per_hour": 31.212, "prices_as_of": "2025-06", "max_hours": 4}
 TOPIC = "arn:aws:sns:us-east-1:123456789012:run-r1"
@@ -27,7 +27,7 @@ class RecordingSns:
 
 def heartbeat(s3, index, age_s, now):
     entry = {"index": index, "ip": f"10.0.0.{index}", "gpus": 8, "instance_id": f"i-{index}"}
-    entry["registered_at"] = utc_stamp(now - age_s)
+    entry["registered_at"] = stamp_at(now - age_s)
     s3.put_object(Bucket=BUCKET, Key=f"runs/r1/nodes/{index}.json", Body=json.dumps(entry))
 
 
@@ -221,7 +221,7 @@ def test_an_outage_is_a_line_when_it_begins_about_one_a_minute_and_one_when_it_e
         status.publish()
         now[0] += 1
     assert len(lines) == expected, lines
-    assert lines[0].startswith(f"status: S3 unreachable since {utc_stamp(1_800_000_000)} (")
+    assert lines[0].startswith(f"status: S3 unreachable since {stamp_at(1_800_000_000)} (")
     assert "EndpointConnectionError" in lines[0] and "for 0 s" not in lines[0]
     assert [line.split(" (")[0] for line in lines[1:-1]] == [
         f"status: S3 unreachable for {minute * 60} s" for minute in range(1, expected - 1)
