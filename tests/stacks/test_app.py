@@ -157,6 +157,7 @@ def cli_synth(tmp_path_factory):
     return result, outdir, before == after
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_cdk_synth_works_offline_and_passes_cdk_nag(cli_synth):
     result, outdir, _ = cli_synth
     assert result.returncode == 0, result.stdout + result.stderr
@@ -171,6 +172,7 @@ def test_cdk_synth_works_offline_and_passes_cdk_nag(cli_synth):
     assert "AwsSolutions" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_cdk_synth_needs_no_lookups(cli_synth):
     _, outdir, context_unchanged = cli_synth
     manifest = json.loads((outdir / "manifest.json").read_text())
@@ -178,6 +180,7 @@ def test_cdk_synth_needs_no_lookups(cli_synth):
     assert context_unchanged
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_synthesis_prints_the_cost_estimate(cli_synth):
     result, _, _ = cli_synth
     assert (
@@ -219,6 +222,7 @@ def test_synthesis_prints_the_cost_estimate(cli_synth):
     assert "launch             120 s  unmeasured" in result.stderr
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_dataset_stack_is_termination_protected(cli_synth):
     _, outdir, _ = cli_synth
     artifacts = json.loads((outdir / "manifest.json").read_text())["artifacts"]
@@ -227,6 +231,7 @@ def test_dataset_stack_is_termination_protected(cli_synth):
         assert not artifacts[name]["properties"].get("terminationProtection"), name
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_stack_dependencies(cli_synth):
     _, outdir, _ = cli_synth
     artifacts = json.loads((outdir / "manifest.json").read_text())["artifacts"]
@@ -252,6 +257,7 @@ def cfn_lint(templates: list[Path]) -> list[dict]:
     return json.loads(result.stdout or "[]")
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_cfn_lint_finds_no_errors(cli_synth):
     _, outdir, _ = cli_synth
     findings = cfn_lint(sorted(outdir.glob("*.template.json")))
@@ -286,6 +292,7 @@ def other_configurations(tmp_path_factory) -> dict[str, Path]:
     return synthesized
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_other_configurations_pass_cdk_nag_and_cfn_lint(other_configurations):
     templates = [
         t for d in other_configurations.values() for t in sorted(d.glob("*.template.json"))
@@ -295,6 +302,7 @@ def test_other_configurations_pass_cdk_nag_and_cfn_lint(other_configurations):
     assert not [f for f in findings if f["Level"] == "Error"], findings
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_synthesis_is_deterministic(tmp_path):
     """`python app.py` in another process writes exactly what this process synthesizes: no set
     order, hash seed or clock reaches a template (the assets' hashes follow the code alone)."""

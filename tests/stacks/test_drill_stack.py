@@ -261,6 +261,7 @@ def test_without_a_drill_nothing_of_it_is_synthesized(default):
     assert "TickErrorsAlarm" not in teardown and "StepsRole" not in teardown
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill_cli):
     result, outdir, _ = drill_cli
     assert result.returncode == 0, result.stdout + result.stderr
@@ -276,6 +277,7 @@ def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill
     assert len(list(outdir.glob("*.template.json"))) == 5
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_cfn_lint_finds_no_errors_in_the_drill_s_templates(drill_cli):
     _, outdir, _ = drill_cli
     findings = cfn_lint(sorted(outdir.glob("*.template.json")))

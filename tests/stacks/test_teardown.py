@@ -834,6 +834,7 @@ def test_cdk_nag_has_no_unacknowledged_findings(env):
     cdk.App.of(stacks["TeardownStack"]).synth()
 
 
+@pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
 def test_cfn_lint_finds_no_errors(templates):
     for name, template in templates.items():
         matches = lint(json.dumps(template.to_json()), regions=["us-east-1"])
