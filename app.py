@@ -33,7 +33,7 @@ from stacks.instance_types import (
 )
 from stacks.nag import LogGroupReasons
 from stacks.root_volume import init_rate
-from stacks.run_estimate import checkpoint_note, recipe_plan, training_estimate
+from stacks.run_estimate import checkpoint_note, training_estimate
 from stacks.startup_estimate import startup_lines, startup_phases
 from stacks.teardown.controller_cost import controller_estimate
 from stacks.teardown.failure_mail import mail_note
@@ -97,20 +97,9 @@ def estimates(config: FleetConfig) -> list[str]:
             volume_gib=config.data_volume_gib,
         )
     else:
-        global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
-        epochs, pixel_fraction = recipe_plan(
-            config.recipe, global_batch, config.epochs, config.image_size
-        )
         lines.append(
             training_estimate(
-                config.gpu,
-                config.nodes,
-                recipe=config.recipe,
-                epochs=epochs,
-                pixel_fraction=pixel_fraction,
-                eval_every=config.eval_every,
-                arch=config.arch,
-                image_size=config.image_size,
+                config.gpu, config.nodes, recipe=config.recipe, arch=config.arch, plan=config.plan
             )
         )
         plan = config.checkpoint

@@ -43,9 +43,9 @@ from stacks.instance_types import (
 )
 from stacks.run_estimate import (
     MIN_CHECKPOINT_EVERY_S,
+    RunPlan,
     checkpoint_every_s,
-    estimated_seconds,
-    recipe_plan,
+    run_plan,
 )
 
 # key -> meaning; the README's table and the unknown-key check both come from here.
@@ -134,6 +134,9 @@ def max_batch_per_gpu(gpu: GpuType, image_size: int) -> int:
     return max(1, gpu.max_batch_per_gpu * 224 * 224 // (image_size * image_size))
 
 
+UNPLANNED = RunPlan(0)  # FleetConfig.plan until from_context resolves it
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """The trainer's checkpoint interval (node.json `trainer.checkpoint_every_s`; 0: none, as a
@@ -180,7 +183,9 @@ class FleetConfig:
     image_jit: JitProofType | None = None  # None: no JIT proof stage
     # The elastic fleet: a reset trains on at least this many nodes; fewer ends the attempt.
     min_nodes: int = 1
-    # The trainer's checkpoint interval, resolved once at the end of from_context.
+    # What the recipe makes of the fleet and the trainer's checkpoint interval, resolved once at
+    # the end of from_context.
+    plan: RunPlan = UNPLANNED
     checkpoint: CheckpointPlan = CheckpointPlan(0)
     # -c drill=true: the experiments TrainStack synthesizes and the head plays (None: no drill).
     drill: drill_plan.DrillPlan | None = None
@@ -317,6 +322,14 @@ class FleetConfig:
             raise ConfigError(*refused.args) from None
         _refuse_conflicts(config, context)
         chosen = get("checkpointEveryS", optional(integer(MIN_CHECKPOINT_EVERY_S, 86400)))
+        config = replace(
+            config,
+            plan=run_plan(
+                config.gpu, config.nodes, recipe=config.recipe, batch_per_gpu=config.batch_per_gpu,
+                epochs=config.epochs, image_size=config.image_size, eval_every=config.eval_every,
+                arch=config.arch,
+            ),
+        )  # fmt: skip
         return replace(config, checkpoint=checkpoint_plan(config, chosen))
 
 
@@ -366,18 +379,10 @@ def _refuse_conflicts(config: FleetConfig, context: Mapping[str, Any]) -> None:
 
 
 def checkpoint_plan(config: FleetConfig, chosen: int | None) -> CheckpointPlan:
-    """-c checkpointEveryS (`chosen`), else a tenth of the run's estimate (run_estimate.py)."""
+    """-c checkpointEveryS (`chosen`), else a tenth of the run plan's estimate (run_estimate.py)."""
     if config.benchmark:
         return CheckpointPlan(0)  # a benchmark trains nothing it keeps
     if config.drill:  # its epochs are a bound, not an estimate: the longest interval
         return CheckpointPlan(chosen or checkpoint_every_s(None), None, chosen is not None)
-    global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
-    epochs, pixel_fraction = recipe_plan(
-        config.recipe, global_batch, config.epochs, config.image_size
-    )
-    timed = estimated_seconds(
-        config.gpu, config.nodes, epochs=epochs, pixel_fraction=pixel_fraction,
-        eval_every=config.eval_every, arch=config.arch, image_size=config.image_size,
-    )  # fmt: skip
-    training_s = timed[1] + timed[2] if timed else None
+    training_s = config.plan.training_s
     return CheckpointPlan(chosen or checkpoint_every_s(training_s), training_s, chosen is not None)

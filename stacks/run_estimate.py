@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from stacks import root_volume, startup_estimate
@@ -47,8 +48,44 @@ SAVE_SHARE = 0.01  # the most of the training the saves may cost
 DEFAULT_MIN_CHECKPOINT_EVERY_S = math.ceil(CHECKPOINT_PAUSE_S / SAVE_SHARE)  # 100 s
 
 
-@functools.lru_cache(maxsize=64)
-@functools.cache  # a process per question, asked again by each part of one synthesis
+@dataclass(frozen=True)
+class RunPlan:
+    """What the recipe makes of a fleet, resolved once (stacks/config.py): the epochs the
+    trainer will run, the share of image_size's pixels they train on, and their (images/s,
+    training s, evaluation s) at the published per-GPU rate (None: no published figure)."""
+
+    epochs: int
+    pixel_fraction: float = 1.0
+    timed: tuple[float, float, float] | None = None
+
+    @property
+    def training_s(self) -> float | None:
+        """The estimated seconds of training and evaluation, or None."""
+        return self.timed[1] + self.timed[2] if self.timed else None
+
+
+def run_plan(
+    gpu: GpuType,
+    nodes: int,
+    *,
+    recipe: str,
+    batch_per_gpu: int,
+    epochs: int | None,
+    image_size: int,
+    eval_every: int,
+    arch: str,
+) -> RunPlan:
+    """The recipe's epochs and pixels at this fleet's global batch, and their estimated time."""
+    global_batch = nodes * gpu.gpus * batch_per_gpu
+    planned, pixel_fraction = recipe_plan(recipe, global_batch, epochs, image_size)
+    timed = estimated_seconds(
+        gpu, nodes, epochs=planned, pixel_fraction=pixel_fraction, eval_every=eval_every,
+        arch=arch, image_size=image_size,
+    )  # fmt: skip
+    return RunPlan(planned, pixel_fraction, timed)
+
+
+@functools.cache  # a process per question: each distinct one is asked once per process
 def recipe_plan(
     recipe: str, global_batch: int, epochs: int | None, image_size: int
 ) -> tuple[int, float]:
@@ -67,24 +104,11 @@ def recipe_plan(
     return settled["epochs"], settled["pixel_fraction"]
 
 
-def training_estimate(
-    gpu: GpuType,
-    nodes: int,
-    *,
-    recipe: str,
-    epochs: int,
-    pixel_fraction: float = 1.0,
-    eval_every: int,
-    arch: str,
-    image_size: int,
-) -> str:
-    """The synthesis line: minutes and dollars for `epochs` of `recipe` at the published
+def training_estimate(gpu: GpuType, nodes: int, *, recipe: str, arch: str, plan: RunPlan) -> str:
+    """The synthesis line: minutes and dollars for the plan's epochs of `recipe` at the published
     per-GPU rate."""
     per_gpu = PER_GPU_IMAGES_PER_S.get(gpu.gpu_model)
-    timed = estimated_seconds(
-        gpu, nodes, epochs=epochs, pixel_fraction=pixel_fraction, eval_every=eval_every,
-        arch=arch, image_size=image_size,
-    )  # fmt: skip
+    timed, epochs, pixel_fraction = plan.timed, plan.epochs, plan.pixel_fraction
     if per_gpu is None or timed is None:
         what = f"{arch} on {gpu.gpu_model}"
         return (

@@ -98,14 +98,20 @@ def signal_handlers_restored(request: pytest.FixtureRequest):
         pytest.fail(f"{request.node.nodeid} left {'; '.join(left)}: restore it", pytrace=False)
 
 
-@pytest.fixture
-def moto_endpoint():
-    """A moto server for processes the test starts (s5cmd, node scripts, the rehearsal's proxy),
-    on an empty account: moto keeps its state per process, across servers and mock_aws."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+@pytest.fixture(scope="session")
+def moto_server():
+    """One moto server for the worker's session: a server's start and stop cost about 0.5 s
+    (its poll interval), and moto keeps its state per process, across servers and mock_aws."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
-    yield url
+    yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture
+def moto_endpoint(moto_server: str):
+    """A moto server for processes the test starts (s5cmd, node scripts, the rehearsal's proxy),
+    on an empty account."""
+    urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST"))
+    return moto_server

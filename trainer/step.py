@@ -108,11 +108,16 @@ class Trainer:
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped")
         self.decayed = decayed_variables(self.model)
         self.lars_ids = {id(v) for v in self.decayed}
-        self.forward = tf.function(self._forward, jit_compile=self.xla)
+        # No AutoGraph: these steps branch on Python values only (precision, LARS, the recipe), and
+        # converting every Keras and Horovod function they call was half of each rank's trace
+        # (ResNet-18 on a CPU: 10 s to 5.7 s, docs/test-tiers.md).
+        self.forward = tf.function(self._forward, jit_compile=self.xla, autograph=False)
         # Traced once for every world: nothing in it depends on the world's size (the LR is the
         # schedule's variables, the pre-divide the planned world's: distributed_tape).
-        self.train_step = tf.function(self._train_step)
-        self.eval_step = tf.function(self._eval_step, jit_compile=self.xla, reduce_retracing=True)
+        self.train_step = tf.function(self._train_step, autograph=False)
+        self.eval_step = tf.function(
+            self._eval_step, jit_compile=self.xla, reduce_retracing=True, autograph=False
+        )
         self.set_world(hvd.size(), steps_per_epoch)
 
     def set_world(self, ranks: int, steps_per_epoch: int) -> None:

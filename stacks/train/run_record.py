@@ -20,7 +20,6 @@ from constructs import Construct
 
 from contract.names import RUN_CHECK_TYPE, RUN_RECORD_TYPE
 from stacks.config import FleetConfig
-from stacks.run_estimate import recipe_plan
 from stacks.teardown.answered import answered
 from stacks.teardown.guards import FleetGuards
 
@@ -28,13 +27,11 @@ from stacks.teardown.guards import FleetGuards
 def training_values(config: FleetConfig) -> dict[str, Any]:
     """What a run trains, by context key, as resolved (the recipe's epochs at this global batch):
     the values a redeploy of the run may change only with allowChange."""
-    global_batch = config.nodes * config.gpu.gpus * config.batch_per_gpu
-    epochs, _ = recipe_plan(config.recipe, global_batch, config.epochs, config.image_size)
     return {
         "recipe": config.recipe,
         "nodes": config.nodes,
         "instanceType": config.gpu.name,
-        "epochs": epochs,
+        "epochs": config.plan.epochs,
         "batchPerGpu": config.batch_per_gpu,
         "arch": config.arch,
         "imageSize": config.image_size,

@@ -8,7 +8,13 @@ from conftest import fleet_nodes, node_document
 from stacks import startup_estimate
 from stacks.config import RECIPES
 from stacks.instance_types import GPU_TYPES
-from stacks.run_estimate import checkpoint_every_s, recipe_plan, training_estimate
+from stacks.run_estimate import (
+    RunPlan,
+    checkpoint_every_s,
+    estimated_seconds,
+    recipe_plan,
+    training_estimate,
+)
 
 P4D = GPU_TYPES["p4d.24xlarge"]
 
@@ -23,16 +29,12 @@ def estimate(
     pixels=1.0,
     recipe="goyal",
 ) -> str:
-    return training_estimate(
-        gpu,
-        nodes,
-        recipe=recipe,
-        epochs=epochs,
-        pixel_fraction=pixels,
-        eval_every=eval_every,
-        arch=arch,
+    timed = estimated_seconds(
+        gpu, nodes, epochs=epochs, pixel_fraction=pixels, eval_every=eval_every, arch=arch,
         image_size=image_size,
-    )
+    )  # fmt: skip
+    plan = RunPlan(epochs, pixels, timed)
+    return training_estimate(gpu, nodes, recipe=recipe, arch=arch, plan=plan)
 
 
 def figures(line: str) -> tuple[float, float, float]:
