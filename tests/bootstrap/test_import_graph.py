@@ -11,6 +11,8 @@ functions included), and neither a `__main__` target nor a cycle in it.
 import ast
 from pathlib import Path
 
+from source_tree import imported_names
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("contract", "controller", "stacks", "bootstrap", "trainer", "rehearsal", "watch")
 SCRIPTS = ("app.py",)
@@ -40,26 +42,9 @@ def resolve(name: str, modules: set[str]) -> str | None:
 
 
 def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            # `from pkg import mod` imports the submodule pkg.mod when there is one.
-            targets = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
-            targets.append(base)
-        for target in targets:
-            module = resolve(target, modules) if target else None
-            if module and module != name:
-                found.add(module)
-    return found
+    """The project's modules that `name` imports, itself left out."""
+    found = {resolve(target, modules) for target in imported_names(path, name)}
+    return {module for module in found if module and module != name}
 
 
 def import_graph() -> dict[str, set[str]]:
