@@ -78,6 +78,12 @@ def tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
         )
 
 
+# A suite started in the background by a shell without job control (`make test &` in a script,
+# nohup) inherits SIGINT ignored (POSIX: such commands ignore SIGINT), and Python keeps it so:
+# the tests of Ctrl-C would send theirs into nothing. Python's own handler, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # The handlers a test may set only for its own time: a SIGINT handler left behind makes a later
 # Ctrl-C test in the same worker (tests/watch/test_drill_command.py) see another terminal.
 RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)

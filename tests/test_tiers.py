@@ -4,6 +4,7 @@ runs horovodrun or loads TensorFlow fails, naming it; marked slow, the same test
 TensorFlow's library is recognised by name in a process's memory map, so a child that maps a
 file of that name stands in for one that imported TensorFlow (seconds cheaper)."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ TESTS = Path(__file__).parent
 
 GUARDED = f"""
 import subprocess
+import signal
 import sys
 from pathlib import Path
 import pytest
@@ -103,3 +105,20 @@ def test_a_test_that_leaves_a_signal_handler_behind_fails_and_the_next_sees_it_r
             "*test_leaves_sigint_ignored left SIGINT handler <Handlers.SIG_IGN: 1> (was *: restore it*"
         ]
     )
+
+
+def test_a_suite_started_with_sigint_ignored_has_python_s_ctrl_c(pytester):
+    """A shell's background job without job control starts with SIGINT ignored, and so would
+    every worker's Ctrl-C tests (tests/watch/test_drill_command.py) without conftest.py's reset."""
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.makepyfile(tier_guard=(TESTS / "tier_guard.py").read_text())
+    pytester.makepyfile(
+        test_ctrl_c="import signal\n\n\ndef test_ctrl_c():\n"
+        "    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+    )
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the child inherits
+    try:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    result.assert_outcomes(passed=1)
