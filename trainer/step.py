@@ -110,7 +110,7 @@ class Trainer:
         self.lars_ids = {id(v) for v in self.decayed}
         # No AutoGraph: these steps branch on Python values only (precision, LARS, the recipe), and
         # converting every Keras and Horovod function they call was half of each rank's trace
-        # (ResNet-18 on a CPU: 10 s to 5.7 s, docs/test-tiers.md).
+        # (ResNet-18 on a CPU: 10.05 s to 5.88 s, docs/test-tiers.md).
         self.forward = tf.function(self._forward, jit_compile=self.xla, autograph=False)
         # Traced once for every world: nothing in it depends on the world's size (the LR is the
         # schedule's variables, the pre-divide the planned world's: distributed_tape).
