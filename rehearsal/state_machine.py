@@ -17,8 +17,12 @@ How (notes of the research that found it, /work/notes/run-engine-research.md §1
   what Lambda itself answers (`Lambda.TooManyRequestsException`: the function never ran).
 - DescribeInstances' `client-token` filter, which moto does not implement, filters on the
   instance's ClientToken.
+- moto parses the definition with ANTLR at CreateStateMachine and again at each execution's
+  start, about 0.3 s each on this machine: the parse tree of a definition is kept, and each
+  caller still gets evaluation components of its own (`parse_once`).
 """
 
+import functools
 import importlib
 import json
 import os
@@ -34,7 +38,11 @@ from moto.awslambda.models import LambdaFunction
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2 import utils as ec2_utils
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
+from moto.stepfunctions.parser.asl.parse import asl_parser
+from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
+from moto.stepfunctions.parser.asl.utils.boto_client import boto_client_for
 
 from controller import clients
 
@@ -65,6 +73,30 @@ def resolve(node, arns: dict[str, str]):
     raise ValueError(f"unsupported token {node}")
 
 
+@functools.cache
+def client(service: str):
+    """One client per service for the process: moto's mock serves a client whenever it was made,
+    and making one costs more than most calls."""
+    return boto3.client(service, region_name=REGION)
+
+
+TREES: dict[str, object] = {}  # a definition -> its ANTLR parse tree, for the process
+
+
+def parse_once(definition: str) -> tuple[object, object]:
+    """AmazonStateLanguageParser.parse, the tree made once per definition: the tree is only read
+    by the Preprocessor, which makes new evaluation components each time (they are not shared
+    between executions, which run in threads of their own)."""
+    tree = TREES.get(definition)
+    if tree is None:
+        _, tree = PARSE(definition)  # a definition that does not parse raises here, every time
+        TREES[definition] = tree
+    return Preprocessor().visit(tree), tree
+
+
+PARSE = asl_parser.AmazonStateLanguageParser.parse
+
+
 class Workflow:
     """The synthesized run controller in moto; use inside mock_aws(config=CONFIG)."""
 
@@ -84,6 +116,20 @@ class Workflow:
     # --- setup ---------------------------------------------------------------------------
 
     def __enter__(self) -> "Workflow":
+        self.stack.enter_context(
+            mock.patch.object(
+                asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_once)
+            )
+        )
+        # moto makes a Lambda client for each Task state it runs: one for the workflow's life.
+        made = functools.cache(boto_client_for)
+
+        def lambda_client(region: str, service: str, state_credentials=None):
+            return made(region, service)  # the credentials are moto's fakes
+
+        self.stack.enter_context(
+            mock.patch.object(lambda_eval_utils, "boto_client_for", lambda_client)
+        )
         resources = self.template["Resources"]
         functions = {
             logical_id: resource["Properties"]
@@ -91,12 +137,12 @@ class Workflow:
             if resource["Type"] == "AWS::Lambda::Function"
             and resource["Properties"]["Runtime"].startswith("python")
         }
-        iam = boto3.client("iam", region_name=REGION)
-        role = iam.create_role(RoleName="controller", AssumeRolePolicyDocument="{}")["Role"]
-        lam = boto3.client("lambda", region_name=REGION)
+        role = client("iam").create_role(RoleName="controller", AssumeRolePolicyDocument="{}")[
+            "Role"
+        ]
         arns, environment = {}, {}
         for logical_id, props in functions.items():
-            arns[logical_id] = lam.create_function(
+            arns[logical_id] = client("lambda").create_function(
                 FunctionName=logical_id,
                 Runtime="python3.12",
                 Role=role["Arn"],
@@ -115,7 +161,7 @@ class Workflow:
         [machine] = [r["Properties"] for r in resources.values()
                      if r["Type"] == "AWS::StepFunctions::StateMachine"]  # fmt: skip
         definition = resolve(machine["DefinitionString"], arns)
-        self.sfn = boto3.client("stepfunctions", region_name=REGION)
+        self.sfn = client("stepfunctions")
         self.arn = self.sfn.create_state_machine(
             name=machine["StateMachineName"], definition=definition, roleArn=role["Arn"]
         )["stateMachineArn"]
@@ -203,7 +249,7 @@ class Workflow:
         deadline = time.monotonic() + timeout
         while self.running():
             assert time.monotonic() < deadline, f"still running: {self.running()}"
-            time.sleep(0.02)
+            time.sleep(0.05)  # each poll is a ListExecutions, served by moto in this process
         return self.executions()
 
     def executions(self) -> list[dict]:

@@ -1,7 +1,8 @@
 """Synthesize each configuration once per session; tests read the templates."""
 
+import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,15 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-Templates = dict[str, Any]  # stack name -> aws_cdk.assertions.Template
 
-
-def synthesize(tmp: Path, overrides: dict[str, Any] | None = None) -> Templates:
+def synthesize(tmp: Path, overrides: dict[str, Any] | None = None) -> dict[str, dict]:
     """The app's stacks for cdk.json's context plus overrides, without the cdk-nag plugin
-    (test_app.py runs it on the real app) so each test fails for its own reason."""
+    (test_app.py runs it on the real app) so each test fails for its own reason:
+    {stack name: template}."""
     # Imported here: the controller's unit tests share this directory and need none of this.
     from aws_cdk import App
-    from aws_cdk.assertions import Template
 
     import app as fleet_app
     from stacks.composition import compose
@@ -26,18 +25,58 @@ def synthesize(tmp: Path, overrides: dict[str, Any] | None = None) -> Templates:
     app = App(context={**fleet_app.default_context(), **(overrides or {})}, outdir=str(tmp))
     compose(app, FleetConfig.from_context(app.node.get_all_context()))
     assembly = app.synth()
-    return {s.stack_name: Template.from_json(s.template) for s in assembly.stacks}
+    return {s.stack_name: s.template for s in assembly.stacks}
+
+
+class Templates(Mapping[str, Any]):
+    """{stack name: aws_cdk.assertions.Template}, each made on first use: most tests read one or
+    two stacks of a configuration, and each Template is a round trip to jsii's Node process."""
+
+    def __init__(self, documents: dict[str, dict]) -> None:
+        self.documents = documents
+        self.made: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.made:
+            from aws_cdk.assertions import Template
+
+            self.made[name] = Template.from_json(self.documents[name])
+        return self.made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.documents)
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+
+def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The directory every xdist worker of this session shares."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
 
 
 @pytest.fixture(scope="session")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Templates]:
-    """synth(**overrides) -> {stack name: Template}, cached per distinct configuration."""
+def synth(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Callable[..., Templates]:
+    """synth(**overrides) -> Templates, synthesized once per distinct configuration for the whole
+    session: the first worker to ask makes it under a lock and the others read it (the suite is
+    CPU-bound, and a synthesis is about 3 s)."""
+    import fcntl
+
+    shared = shared_root(tmp_path_factory, worker_id)
     cache: dict[str, Templates] = {}
 
     def run(**overrides: Any) -> Templates:
         key = json.dumps(overrides, sort_keys=True)
         if key not in cache:
-            cache[key] = synthesize(tmp_path_factory.mktemp("cdk.out"), overrides)
+            name = hashlib.sha256(key.encode()).hexdigest()[:16]
+            record = shared / f"synth-{name}.json"
+            with (shared / f"synth-{name}.lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not record.exists():
+                    documents = synthesize(tmp_path_factory.mktemp("cdk.out"), overrides)
+                    record.write_text(json.dumps(documents))
+            cache[key] = Templates(json.loads(record.read_text()))
         return cache[key]
 
     return run
@@ -59,8 +98,7 @@ def drill_cli(tmp_path_factory: pytest.TempPathFactory, worker_id: str):
     from aws_cdk.assertions import Template
     from test_app import offline_env
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent  # every worker's common root
+    shared = shared_root(tmp_path_factory, worker_id)
     outdir, record = shared / "drill-cli", shared / "drill-cli.json"
     with (shared / "drill-cli.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

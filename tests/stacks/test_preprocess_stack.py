@@ -3,7 +3,15 @@
 import json
 
 import pytest
-from conftest import as_text, node_document, resources, statements, synthesize, user_data
+from conftest import (
+    Templates,
+    as_text,
+    node_document,
+    resources,
+    statements,
+    synthesize,
+    user_data,
+)
 
 from stacks.preprocess.preprocessor import (
     DATA_VOLUME_LOGICAL_ID,
@@ -167,7 +175,7 @@ def test_a_second_synth_with_the_same_inputs_leaves_every_instance_untouched(tmp
     """CloudFormation updates (or replaces) an instance only when its properties change."""
 
     def instance_properties() -> str:
-        templates = synthesize(tmp_path / f"out{len(list(tmp_path.iterdir()))}")
+        templates = Templates(synthesize(tmp_path / f"out{len(list(tmp_path.iterdir()))}"))
         found = {
             f"{name}/{logical_id}": resource
             for name in ("PreprocessStack", "TrainStack")
