@@ -80,6 +80,7 @@ def client(service: str):
     return boto3.client(service, region_name=REGION)
 
 
+PARSE = asl_parser.AmazonStateLanguageParser.parse  # moto's own, which parse_once stands in for
 TREES: dict[str, object] = {}  # a definition -> its ANTLR parse tree, for the process
 
 
@@ -92,9 +93,6 @@ def parse_once(definition: str) -> tuple[object, object]:
         _, tree = PARSE(definition)  # a definition that does not parse raises here, every time
         TREES[definition] = tree
     return Preprocessor().visit(tree), tree
-
-
-PARSE = asl_parser.AmazonStateLanguageParser.parse
 
 
 class Workflow:

@@ -56,27 +56,33 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
     return base if worker_id == "master" else base.parent
 
 
+def made_once(record: Path, make: Callable[[], Any]) -> Any:
+    """make()'s JSON value, made by the first xdist worker to ask (under a lock beside `record`)
+    and read from `record` by every other."""
+    import fcntl
+
+    with record.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            record.write_text(json.dumps(make()))
+    return json.loads(record.read_text())
+
+
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Callable[..., Templates]:
     """synth(**overrides) -> Templates, synthesized once per distinct configuration for the whole
     session: the first worker to ask makes it under a lock and the others read it (the suite is
     CPU-bound, and a synthesis is about 3 s)."""
-    import fcntl
-
     shared = shared_root(tmp_path_factory, worker_id)
     cache: dict[str, Templates] = {}
 
     def run(**overrides: Any) -> Templates:
         key = json.dumps(overrides, sort_keys=True)
         if key not in cache:
-            name = hashlib.sha256(key.encode()).hexdigest()[:16]
-            record = shared / f"synth-{name}.json"
-            with (shared / f"synth-{name}.lock").open("w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not record.exists():
-                    documents = synthesize(tmp_path_factory.mktemp("cdk.out"), overrides)
-                    record.write_text(json.dumps(documents))
-            cache[key] = Templates(json.loads(record.read_text()))
+            record = shared / f"synth-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+            cache[key] = Templates(
+                made_once(record, lambda: synthesize(tmp_path_factory.mktemp("cdk.out"), overrides))
+            )
         return cache[key]
 
     return run
@@ -92,30 +98,28 @@ def drill_cli(tmp_path_factory: pytest.TempPathFactory, worker_id: str):
     """`npx cdk synth --quiet -c drill=true` as a user runs it, offline, cdk-nag included:
     (the finished process, its output directory, {stack name: Template}). Made once per test
     session: the xdist workers share it (the first makes it under a lock, the others read it)."""
-    import fcntl
     import subprocess
 
     from aws_cdk.assertions import Template
     from test_app import offline_env
 
     shared = shared_root(tmp_path_factory, worker_id)
-    outdir, record = shared / "drill-cli", shared / "drill-cli.json"
-    with (shared / "drill-cli.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not record.exists():
-            result = subprocess.run(
-                ["npx", "--no-install", "cdk", "synth", "--no-notices", "--quiet", "-c",
-                 "drill=true", "-o", str(outdir)],
-                cwd=ROOT,
-                env=offline_env(outdir),
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )  # fmt: skip
-            finished = {"args": result.args, "returncode": result.returncode,
-                        "stdout": result.stdout, "stderr": result.stderr}  # fmt: skip
-            record.write_text(json.dumps(finished))
-    result = subprocess.CompletedProcess(**json.loads(record.read_text()))
+    outdir = shared / "drill-cli"
+
+    def cdk_synth() -> dict:
+        result = subprocess.run(
+            ["npx", "--no-install", "cdk", "synth", "--no-notices", "--quiet", "-c",
+             "drill=true", "-o", str(outdir)],
+            cwd=ROOT,
+            env=offline_env(outdir),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )  # fmt: skip
+        return {"args": result.args, "returncode": result.returncode,
+                "stdout": result.stdout, "stderr": result.stderr}  # fmt: skip
+
+    result = subprocess.CompletedProcess(**made_once(shared / "drill-cli.json", cdk_synth))
     templates = {
         path.name.removesuffix(".template.json"): Template.from_json(json.loads(path.read_text()))
         for path in outdir.glob("*.template.json")

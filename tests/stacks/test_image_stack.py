@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from conftest import Templates, resources, statements, synthesize
+from conftest import resources, statements, synthesize
 from test_app import copy_sources, run_app
 
 import stacks.image.training_image as image_module
@@ -322,7 +322,7 @@ def synth_with(monkeypatch, tmp_path: Path, sources: Path, **edits: str) -> dict
                 }[name]
             )
             target.write_text(target.read_text() + edits[name])
-    return versions(Templates(synthesize(tmp_path / "out", {}))["ImageStack"])
+    return versions(Template.from_json(synthesize(tmp_path / "out", {})["ImageStack"]))
 
 
 @pytest.mark.parametrize(
