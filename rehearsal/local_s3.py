@@ -87,12 +87,16 @@ class LocalS3:
         self.s3.create_bucket(Bucket=BUCKET)
         say(f"S3 endpoint {self.endpoint}, bucket {BUCKET}")
 
+    @staticmethod
+    def context(nodes: int) -> dict:
+        """The app's context for the rehearsal's bucket, run and nodes."""
+        return {"datasetBucket": BUCKET, "run": RUN, "nodes": nodes, "region": REGION}
+
     def synthesize(self) -> list[dict]:
         """The app's templates for the rehearsal's bucket, run and nodes (`python app.py`, as
         `cdk synth` runs it): the IAM policies the local S3 enforces come from them."""
         out = self.workdir / "cdk.out"
-        context = {"datasetBucket": BUCKET, "run": RUN, "nodes": self.args.nodes,
-                   "region": REGION}  # fmt: skip
+        context = self.context(self.args.nodes)
         env = {**self.env(), "CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context),
                "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}  # fmt: skip
         result = subprocess.run(

@@ -28,7 +28,9 @@ import pytest
 from moto.server import ThreadedMotoServer
 from tier_guard import TEST_ENV, ProcessWatcher
 
-pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the guard on tests of its own
+# pytester: tests/test_tiers.py runs the guard on tests of its own; synthesis: the `synth` fixture,
+# the app's templates once per configuration for the session, in every folder.
+pytest_plugins = ["pytester", "synthesis"]
 
 TIERS = ("slow", "e2e")
 

@@ -3,6 +3,7 @@ imports (tests/contract/test_contract.py, tests/stacks/test_layout.py,
 tests/bootstrap/test_import_graph.py)."""
 
 import ast
+import functools
 from pathlib import Path
 
 
@@ -11,7 +12,8 @@ def sources(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def imported_names(path: Path, name: str | None = None) -> set[str]:
+@functools.cache  # several tests read every module; the tree does not change during a session
+def imported_names(path: Path, name: str | None = None) -> frozenset[str]:
     """Every dotted name the module imports, lazy imports inside functions included: `import
     a.b` gives a.b, `from a import b` gives a and a.b (b may be a submodule). Relative imports
     are resolved against `name`, the module's own dotted name, and left out without it."""
@@ -32,7 +34,7 @@ def imported_names(path: Path, name: str | None = None) -> set[str]:
             found |= {f"{base}.{alias.name}" if base else alias.name for alias in node.names}
             if base:
                 found.add(base)
-    return found
+    return frozenset(found)
 
 
 def imported_roots(path: Path) -> set[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from contract import names
 from rehearsal import common, core
 from rehearsal.cloud import Cloud
 
@@ -22,13 +23,10 @@ NODES = 2
 
 
 @pytest.fixture(scope="module")
-def teardown(tmp_path_factory) -> dict:
-    """TeardownStack as the rehearsal synthesizes it for its bucket and run (`python app.py`)."""
-    workdir = tmp_path_factory.mktemp("rehearsal")
-    rehearsal = core.Rehearsal(argparse.Namespace(workdir=workdir, nodes=NODES))
-    workdir.mkdir(exist_ok=True)
-    rehearsal.synthesize()
-    return json.loads((workdir / "cdk.out" / "TeardownStack.template.json").read_text())
+def teardown(synth) -> dict:
+    """TeardownStack for the rehearsal's bucket, run and nodes: the context the rehearsal gives
+    `python app.py` (LocalS3.synthesize), synthesized in this process."""
+    return synth(**core.Rehearsal.context(NODES)).documents[names.TEARDOWN_STACK]
 
 
 @pytest.fixture(scope="module")

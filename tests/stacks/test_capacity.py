@@ -1,11 +1,8 @@
 """capacityReservationId: the fleet launches into an On-Demand Capacity Reservation or a
 Capacity Block for ML, and a bad value is one line naming what is allowed."""
 
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT, fleet_launch_template
+from conftest import fleet_launch_template
 
 from stacks.config import CapacityReservation, ConfigError, FleetConfig
 
@@ -81,16 +78,14 @@ def test_capacity_block_needs_its_market_type(synth):
 
 
 def test_synth_names_the_reservation_check():
-    result = subprocess.run(
-        [sys.executable, "-c", "import app, sys; sys.argv=['app']; "
-         "from stacks.config import FleetConfig; "
-         f"c = FleetConfig.from_context(app.default_context() | {{'capacityReservationId': 'block:{RESERVATION}', 'az': 'us-east-1a'}}); "
-         "print(app.capacity_note(c))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert f"Capacity Block for ML {RESERVATION}" in result.stdout
+    import app
+
+    config = FleetConfig.from_context(
+        context(capacityReservationId=f"block:{RESERVATION}", az="us-east-1a")
+    )
+    note = app.capacity_note(config)
+    assert f"Capacity Block for ML {RESERVATION}" in note
     assert (
         f"describe-capacity-reservations --region us-east-1 --capacity-reservation-ids {RESERVATION}"
-        in result.stdout
+        in note
     )

@@ -21,10 +21,10 @@ RUN_TAG = {"horovod-fleet:stack": {"Ref": "AWS::StackId"}}
 
 
 @pytest.fixture(scope="module")
-def drill_app(drill_cli):
-    result, _, templates = drill_cli
-    assert result.returncode == 0, result.stdout + result.stderr
-    return templates
+def drill_app(synth):
+    """A drill's templates, synthesized in process (as test_drill_executors.py's): the slow
+    tests below prove that `npx cdk synth -c drill=true` makes them, cdk-nag and all."""
+    return synth(drill="true")
 
 
 @pytest.fixture(scope="module")
@@ -261,10 +261,27 @@ def test_without_a_drill_nothing_of_it_is_synthesized(default):
     assert "TickErrorsAlarm" not in teardown and "StepsRole" not in teardown
 
 
+def deployed(template: dict) -> dict:
+    """The template without resource metadata and the CDK's own CDKMetadata resource."""
+    resources = {
+        logical_id: {key: value for key, value in resource.items() if key != "Metadata"}
+        for logical_id, resource in template["Resources"].items()
+        if logical_id != "CDKMetadata"
+    }
+    conditions = {k: v for k, v in template.get("Conditions", {}).items()
+                  if k != "CDKMetadataAvailable"}  # fmt: skip
+    return {**template, "Resources": resources, "Conditions": conditions}
+
+
 @pytest.mark.slow  # the app as `npx cdk synth` makes it: make check's work too
-def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill_cli):
-    result, outdir, _ = drill_cli
+def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill_cli, drill_app):
+    result, outdir, templates = drill_cli
     assert result.returncode == 0, result.stdout + result.stderr
+    # The templates the default tier's tests read are the CLI's, but for the metadata the CLI
+    # (construct paths, asset paths, its CDKMetadata resource) and cdk-nag (checkov's reasons) add.
+    assert {name: deployed(t.to_json()) for name, t in templates.items()} == {
+        name: deployed(t.to_json()) for name, t in drill_app.items()
+    }
     printed = result.stderr
     assert "AwsSolutions" not in printed + result.stdout
     for experiment in drill.plan("on-demand"):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from conftest import resources, statements, synthesize
+from conftest import resources, statements
+from synthesis import synthesize
 from test_app import copy_sources, run_app
 
 import stacks.image.training_image as image_module

@@ -3,15 +3,8 @@
 import json
 
 import pytest
-from conftest import (
-    Templates,
-    as_text,
-    node_document,
-    resources,
-    statements,
-    synthesize,
-    user_data,
-)
+from conftest import as_text, node_document, resources, statements, user_data
+from synthesis import Templates, synthesize
 
 from stacks.preprocess.preprocessor import (
     DATA_VOLUME_LOGICAL_ID,

@@ -130,6 +130,7 @@ def test_a_smaller_world_keeps_the_batch_per_rank_and_scales_the_lr_by_the_recip
     assert trainer.learning_rate() == pytest.approx(lr_at_half * scaling, rel=1e-3)
 
 
+@pytest.mark.slow  # trains: a trace of ResNet-18 and two steps, 7 s
 def test_the_step_traced_in_one_world_applies_the_next_world_s_lr_without_a_new_trace(tmp_path):
     trainer = elastic_trainer(tmp_path, "--warmup-epochs", "0")
     images, labels = data.synthetic_batch(4, 32, 10)
