@@ -14,7 +14,7 @@ def synthesize(tmp: Path, overrides: dict[str, Any] | None = None) -> dict[str, 
     """The app's stacks for cdk.json's context plus overrides, without the cdk-nag plugin
     (test_app.py runs it on the real app) so each test fails for its own reason:
     {stack name: template}."""
-    # Imported here: the controller's unit tests share this directory and need none of this.
+    # Imported here: most tests of the session need none of this.
     from aws_cdk import App
 
     import app as fleet_app

@@ -143,16 +143,6 @@ def test_the_spot_quota_of_a_g_type_is_named_with_its_code():
     assert "--quota-code L-3819A6DF" in line
 
 
-def test_a_bad_drill_is_one_line():
-    """What `npx cdk synth -c drill=true -c instanceType=p4d.24xlarge` prints (the app prints
-    the ConfigError, exits 2 and writes nothing: tests/stacks/test_app.py proves it once)."""
-    with pytest.raises(ConfigError) as error:
-        config(**DRILL, instanceType="p4d.24xlarge")
-    [line] = str(error.value).splitlines()
-    assert line.startswith("error: context key instanceType='p4d.24xlarge' is invalid; allowed: ")
-    assert "drillConfirmCost=true" in line
-
-
 @pytest.mark.parametrize(
     ("overrides", "key", "allowed"),
     [

@@ -278,7 +278,8 @@ def test_cdk_synth_of_a_drill_prints_its_plan_and_a_cost_within_the_budget(drill
     result, outdir, templates = drill_cli
     assert result.returncode == 0, result.stdout + result.stderr
     # The templates the default tier's tests read are the CLI's, but for the metadata the CLI
-    # (construct paths, asset paths, its CDKMetadata resource) and cdk-nag (checkov's reasons) add.
+    # (construct paths, asset paths, its CDKMetadata resource) and app.py's aspects (checkov's
+    # reasons, stacks/nag.py) add.
     assert {name: deployed(t.to_json()) for name, t in templates.items()} == {
         name: deployed(t.to_json()) for name, t in drill_app.items()
     }
