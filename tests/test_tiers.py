@@ -13,6 +13,13 @@ from tier_guard import TENSORFLOW_LIBRARY, TEST_ENV
 TESTS = Path(__file__).parent
 HELPERS = ("tier_guard", "synthesis")  # the modules tests/conftest.py imports
 
+
+def with_this_conftest(pytester) -> None:
+    """The inner suite gets tests/conftest.py and the modules it imports."""
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.makepyfile(**{name: (TESTS / f"{name}.py").read_text() for name in HELPERS})
+
+
 GUARDED = f"""
 import subprocess
 import signal
@@ -61,8 +68,7 @@ def test_a_plain_child_process():
 
 def test_the_default_tier_refuses_tensorflow_and_horovodrun_processes(pytester, monkeypatch):
     monkeypatch.delenv(TEST_ENV)  # the inner tests' processes are theirs to judge, not ours
-    pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makepyfile(**{name: (TESTS / f"{name}.py").read_text() for name in HELPERS})
+    with_this_conftest(pytester)
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    e2e: e2e\n")
     pytester.makepyfile(test_guarded=GUARDED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
@@ -96,8 +102,7 @@ def test_after_it_python_s_own_ctrl_c_again():
 
 
 def test_a_test_that_leaves_a_signal_handler_behind_fails_and_the_next_sees_it_restored(pytester):
-    pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makepyfile(**{name: (TESTS / f"{name}.py").read_text() for name in HELPERS})
+    with_this_conftest(pytester)
     pytester.makepyfile(test_handlers=LEAVES_A_HANDLER)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
     result.assert_outcomes(passed=3, errors=1)
@@ -111,8 +116,7 @@ def test_a_test_that_leaves_a_signal_handler_behind_fails_and_the_next_sees_it_r
 def test_a_suite_started_with_sigint_ignored_has_python_s_ctrl_c(pytester):
     """A shell's background job without job control starts with SIGINT ignored, and so would
     every worker's Ctrl-C tests (tests/watch/test_drill_command.py) without conftest.py's reset."""
-    pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makepyfile(**{name: (TESTS / f"{name}.py").read_text() for name in HELPERS})
+    with_this_conftest(pytester)
     pytester.makepyfile(
         test_ctrl_c="import signal\n\n\ndef test_ctrl_c():\n"
         "    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
