@@ -19,7 +19,9 @@ How (notes of the research that found it, /work/notes/run-engine-research.md §1
   instance's ClientToken.
 - moto parses the definition with ANTLR at CreateStateMachine and again at each execution's
   start, about 0.3 s each on this machine: the parse tree of a definition is kept, and each
-  caller still gets evaluation components of its own (`parse_once`).
+  caller still gets evaluation components of its own (`parse_once`). CreateStateMachine's
+  validation (that parse, then a visit that builds components it throws away, about 0.1 s)
+  is done once per definition for the process (`validate_once`).
 """
 
 import functools
@@ -43,6 +45,7 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wai
 from moto.stepfunctions.parser.asl.parse import asl_parser
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.asl.utils.boto_client import boto_client_for
+from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
 from controller import clients
 
@@ -95,6 +98,19 @@ def parse_once(definition: str) -> tuple[object, object]:
     return Preprocessor().visit(tree), tree
 
 
+# moto's own check, which validate_once stands in for
+VALIDATE = StepFunctionsParserBackend._validate_definition
+VALID: set[str] = set()  # the definitions that passed it, for the process
+
+
+def validate_once(definition: str) -> None:
+    """CreateStateMachine's check of a definition, once per definition: the same text passes or
+    fails the same way (one that fails is checked, and refused, every time)."""
+    if definition not in VALID:
+        VALIDATE(definition=definition)
+        VALID.add(definition)
+
+
 class Workflow:
     """The synthesized run controller in moto; use inside mock_aws(config=CONFIG)."""
 
@@ -117,6 +133,11 @@ class Workflow:
         self.stack.enter_context(
             mock.patch.object(
                 asl_parser.AmazonStateLanguageParser, "parse", staticmethod(parse_once)
+            )
+        )
+        self.stack.enter_context(
+            mock.patch.object(
+                StepFunctionsParserBackend, "_validate_definition", staticmethod(validate_once)
             )
         )
         # moto makes a Lambda client for each Task state it runs: one for the workflow's life.

@@ -71,7 +71,7 @@ def failure(s3, index=0):
 
 
 def test_missing_nodes_fail_the_run_naming_them(node):
-    result, s3 = node("train_node.sh", role="head", nodes=2, rendezvous_timeout_s=3)
+    result, s3 = node("train_node.sh", role="head", nodes=2, rendezvous_timeout_s=1)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the head holds no dataset" in result.stdout and "data pull" not in result.stdout
     assert "step 'rendezvous' failed" in result.stdout
@@ -83,7 +83,7 @@ def test_missing_nodes_fail_the_run_naming_them(node):
 
 
 def test_a_node_without_its_head_says_so_where_the_head_would_read_it(node, tmp_path):
-    result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=3)
+    result, s3 = node("train_node.sh", nodes=2, rendezvous_timeout_s=1)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "(S3 outages are retried for up to 330 s, each call times out)" in result.stdout
     assert "pulled and verified 1 shards, 2 records" in result.stdout

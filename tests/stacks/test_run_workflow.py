@@ -3,8 +3,10 @@ real step code (rehearsal/state_machine.py) and started by the real tick: what e
 in, and the failures of AWS's ordinary behaviour it must survive."""
 
 import copy
+import json
 
 import pytest
+from botocore.exceptions import ClientError
 from run_controller_fleet import (
     CAP_EVENT,
     RUN,
@@ -21,6 +23,7 @@ from run_controller_fleet import (
 )
 
 from controller import act, clients, tick
+from rehearsal import state_machine
 
 # ruff: noqa: F811  (ticks is a fixture)
 
@@ -304,3 +307,17 @@ def test_a_whole_fleet_spot_reclaim_without_done_json_relaunches_from_ec2s_own_e
     assert [
         (r["LaunchTemplate"]["LaunchTemplateId"], r["MinCount"], r["MaxCount"]) for r in launches
     ] == [(fleet.template, 2, 2)]
+
+
+def test_a_definition_moto_refuses_is_refused_again_while_a_good_one_is_checked_once(workflow):
+    """validate_once (rehearsal/state_machine.py) keeps moto's CreateStateMachine check: a
+    definition that fails it fails every time; the deployed one is checked once."""
+    role = "arn:aws:iam::123456789012:role/controller"
+    bad = json.dumps({"StartAt": "Go", "States": {"Go": {"Type": "NoSuchType", "End": True}}})
+    for _ in range(2):
+        with pytest.raises(ClientError, match=r"ASLParserException.*NoSuchType"):
+            workflow.sfn.create_state_machine(name="bad", definition=bad, roleArn=role)
+    assert bad not in state_machine.VALID
+    deployed = workflow.sfn.describe_state_machine(stateMachineArn=workflow.arn)["definition"]
+    assert deployed in state_machine.VALID
+    workflow.sfn.create_state_machine(name="again", definition=deployed, roleArn=role)
