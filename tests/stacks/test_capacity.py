@@ -60,7 +60,8 @@ def test_launch_template_requires_imdsv2(default):
 
 
 def test_on_demand_reservation_is_targeted(synth):
-    data = launch_template_data(synth(capacityReservationId=RESERVATION, az="us-east-1a"))
+    # test_train_stack.py's configuration of a reservation: one synthesis for both files.
+    data = launch_template_data(synth(capacityReservationId=RESERVATION, az="use1-az4", nodes=2))
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}
     }

@@ -48,7 +48,9 @@ def nodes(template) -> list[dict]:
     ],
 )
 def test_every_train_node_document_is_valid_for_bootstrap(synth, tmp_path, key, expected):
-    nodes = instances(synth(nodes=3)["TrainStack"])
+    # The default type (stacks/instance_types.py DEFAULT_FLEET_TYPE), named: test_train_stack.py's
+    # P4D, one synthesis for both files.
+    nodes = instances(synth(instanceType="p4d.24xlarge", nodes=3)["TrainStack"])
     assert len(nodes) == 4  # and the head, whose node.json has no index (below)
     indexes = set()
     for node in nodes:

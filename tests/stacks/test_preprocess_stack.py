@@ -58,8 +58,9 @@ def test_volume_attached_at_sdf_in_the_instance_zone(template, instance):
 
 
 def test_a_zone_id_places_the_subnet_by_id_and_the_volume_in_its_zone(synth):
-    # Volumes and instances take no zone ID: both read the name back from the subnet.
-    template = synth(az="use1-az4")["PreprocessStack"]
+    # Volumes and instances take no zone ID: both read the name back from the subnet. nodes=2:
+    # test_train_stack.py's configuration, one synthesis (PreprocessStack does not read it).
+    template = synth(az="use1-az4", nodes=2)["PreprocessStack"]
     [(subnet_id, subnet)] = template.find_resources("AWS::EC2::Subnet").items()
     assert subnet["Properties"]["AvailabilityZoneId"] == "use1-az4"
     assert "AvailabilityZone" not in subnet["Properties"]
@@ -87,9 +88,9 @@ def test_a_zone_id_with_a_given_subnet_is_named_by_the_zone_check(synth):
 
 
 def test_a_zone_name_with_a_given_subnet_needs_no_answer(synth):
-    template = synth(vpcId="vpc-0123abcd", subnetId="subnet-0123abcd", az="us-east-1a")[
-        "PreprocessStack"
-    ]
+    # nodes=2: test_train_stack.py's configuration, one synthesis (PreprocessStack does not read it)
+    given = {"vpcId": "vpc-0123abcd", "subnetId": "subnet-0123abcd", "az": "us-east-1a"}
+    template = synth(**given, nodes=2)["PreprocessStack"]
     assert not template.find_resources("Custom::HorovodFleetZone")
     volume = template.to_json()["Resources"]["DataVolume"]["Properties"]
     assert volume["AvailabilityZone"] == "us-east-1a"
