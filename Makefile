@@ -30,7 +30,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 help:
 	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
 	@echo "make rehearsal        the whole run offline: local S3, preprocessing, 2 simulated nodes train over Horovod"
-	@echo "make test             the default tier: every test that trains nothing (about 5.5 minutes; its bound is 5)"
+	@echo "make test             the default tier: every test that trains nothing (about 5 minutes, its bound)"
 	@echo "make test-slow        training runs, Horovod ranks and benchmarks"
 	@echo "make test-e2e         the rehearsals, and as root the fault rehearsal"
 	@echo "make test-all         all three tiers"
