@@ -309,15 +309,24 @@ def test_a_whole_fleet_spot_reclaim_without_done_json_relaunches_from_ec2s_own_e
     ] == [(fleet.template, 2, 2)]
 
 
-def test_a_definition_moto_refuses_is_refused_again_while_a_good_one_is_checked_once(workflow):
+def test_a_definition_moto_refuses_is_refused_again_while_a_good_one_is_checked_once(
+    workflow, monkeypatch
+):
     """validate_once (rehearsal/state_machine.py) keeps moto's CreateStateMachine check: a
     definition that fails it fails every time; the deployed one is checked once."""
+    checked = []
+
+    def validate(definition):
+        checked.append(definition)
+        return moto_check(definition=definition)
+
+    moto_check = state_machine.VALIDATE
+    monkeypatch.setattr(state_machine, "VALIDATE", validate)
     role = "arn:aws:iam::123456789012:role/controller"
     bad = json.dumps({"StartAt": "Go", "States": {"Go": {"Type": "NoSuchType", "End": True}}})
     for _ in range(2):
         with pytest.raises(ClientError, match=r"ASLParserException.*NoSuchType"):
             workflow.sfn.create_state_machine(name="bad", definition=bad, roleArn=role)
-    assert bad not in state_machine.VALID
     deployed = workflow.sfn.describe_state_machine(stateMachineArn=workflow.arn)["definition"]
-    assert deployed in state_machine.VALID
     workflow.sfn.create_state_machine(name="again", definition=deployed, roleArn=role)
+    assert checked == [bad, bad]  # the deployed one was checked when the workflow deployed it
