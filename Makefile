@@ -24,14 +24,14 @@ WHEEL_CACHE ?= $(HOME)/.cache/horovod-fleet/wheels/horovod-$(HOROVOD_VERSION)-tf
 HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 
-.PHONY: help setup test test-slow test-e2e test-all rehearsal check fix synth bench-input \
-	bench-preprocess image-lock clean
+.PHONY: help setup test test-slow test-e2e test-all rehearsal check check-templates \
+	check-templates-spot check-templates-drill fix synth bench-input bench-preprocess image-lock clean
 
 help:
 	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
 	@echo "make rehearsal        the whole run offline: local S3, preprocessing, 2 simulated nodes train over Horovod"
 	@echo "make test             the default tier: every test that trains nothing (about 5 minutes, its bound)"
-	@echo "make test-slow        training runs, Horovod ranks and benchmarks"
+	@echo "make test-slow        training runs, Horovod ranks and benchmarks (about 15 minutes on 2 cores)"
 	@echo "make test-e2e         the rehearsals, and as root the fault rehearsal"
 	@echo "make test-all         all three tiers"
 	@echo "make check            ruff lint + format check, shellcheck, cdk synth + cfn-lint + checkov"
@@ -75,8 +75,11 @@ TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: setup
 	$(PYTEST) -m "not slow and not e2e" --timeout=$(TEST_TIMEOUT_S) -n $(TEST_WORKERS) --dist loadfile
 
+# The slow tier's files that start several Horovod ranks run one after the other on one worker,
+# and the rest (syntheses, single processes: a quarter of the 2 cores idle when the tier ran
+# serially) beside them on the others (tests/conftest.py RANKS_FILES).
 test-slow: setup
-	$(PYTEST) -m slow
+	$(PYTEST) -m slow -n $(TEST_WORKERS) --dist loadfile
 
 # The fault rehearsal needs root (network namespaces, one per simulated host; docs/rehearsal.md).
 # FAULT_ROWS=ci runs CI's subset of its rows (docs/rehearsal.md says which).
@@ -103,15 +106,26 @@ check: setup $(CHECKOV_VENV)/.ready
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/shellcheck bootstrap/*.sh bootstrap/head/*.sh bootstrap/node/*.sh bootstrap/preprocess/*.sh bootstrap/image/*.sh bootstrap/image_proof/*.sh .ci/run
+	@$(MAKE) --no-print-directory --output-sync=target -j$(TEST_WORKERS) check-templates \
+		check-templates-spot check-templates-drill
+
+# Each configuration's templates: synthesized (cdk-nag fails on a finding), cfn-lint, checkov. The
+# three write their own cdk.out* and run side by side under make check: each alone leaves a core
+# mostly idle (Node.js and Python take turns).
+check-templates: setup $(CHECKOV_VENV)/.ready
 	npx cdk synth --quiet
 	$(VENV)/bin/cfn-lint cdk.out/*.template.json
 	$(CHECKOV_VENV)/bin/checkov --directory cdk.out --framework cloudformation --quiet --compact --skip-download
-	# The Spot fleet's templates differ in their launch templates: checked on their own.
+
+# The Spot fleet's templates differ in their launch templates: checked on their own.
+check-templates-spot: setup $(CHECKOV_VENV)/.ready
 	npx cdk synth --quiet -c market=spot --output cdk.out.spot
 	$(VENV)/bin/cfn-lint cdk.out.spot/TrainStack.template.json
 	$(CHECKOV_VENV)/bin/checkov --file cdk.out.spot/TrainStack.template.json --framework cloudformation --quiet --compact --skip-download
-	# A drill's (-c drill=true) differ in TrainStack's FIS templates and roles, PreprocessStack's
-	# dataset and TeardownStack's exports: checked on their own.
+
+# A drill's (-c drill=true) differ in TrainStack's FIS templates and roles, PreprocessStack's
+# dataset and TeardownStack's exports: checked on their own.
+check-templates-drill: setup $(CHECKOV_VENV)/.ready
 	npx cdk synth --quiet -c drill=true --output cdk.out.drill
 	$(VENV)/bin/cfn-lint cdk.out.drill/*.template.json
 	$(CHECKOV_VENV)/bin/checkov --directory cdk.out.drill --framework cloudformation --quiet --compact --skip-download

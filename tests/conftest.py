@@ -28,6 +28,7 @@ import botocore.session
 import pytest
 from moto.server import ThreadedMotoServer
 from tier_guard import TEST_ENV, ProcessWatcher
+from xdist.scheduler import LoadFileScheduling
 
 # pytester: tests/test_tiers.py runs the guard on tests of its own; synthesis: the `synth` fixture,
 # the app's templates once per configuration for the session, in every folder.
@@ -73,6 +74,30 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         gc.collect()
         gc.freeze()
     return torn_down
+
+
+# The test files whose tests start several Horovod ranks: each such test keeps the 2 cores busy,
+# and some wait on Gloo's 30 s timeouts. Under `--dist loadfile` (both tiers that use workers) they
+# are one work unit: one after the other on one worker, while the other workers take the rest
+# (syntheses and single processes; Makefile test-slow). Their session fixtures, the shared
+# two-rank run among them, are then made once.
+RANKS_FILES = ("tests/trainer/test_train_horovod.py", "tests/trainer/test_train_elastic.py")
+RANKS_UNIT = "several Horovod ranks"
+
+
+class RankFilesTogether(LoadFileScheduling):
+    """xdist's loadfile, with RANKS_FILES one work unit. (An xdist_group mark with `--dist
+    loadgroup` would say the same, but on pytest 9.2 it groups nothing:
+    https://github.com/pytest-dev/pytest-xdist/issues/1386.) `_split_scope` is how xdist's own
+    schedulers define their units."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = super()._split_scope(nodeid)
+        return RANKS_UNIT if path in RANKS_FILES else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
+    return RankFilesTogether(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def tier(item: pytest.Item) -> str:

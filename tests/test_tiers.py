@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from tier_guard import TENSORFLOW_LIBRARY, TEST_ENV
 
 TESTS = Path(__file__).parent
@@ -127,3 +128,37 @@ def test_a_suite_started_with_sigint_ignored_has_python_s_ctrl_c(pytester):
     finally:
         signal.signal(signal.SIGINT, previous)
     result.assert_outcomes(passed=1)
+
+
+RECORDS_ITS_WORKER = """
+import os
+import time
+from pathlib import Path
+
+def test_records_its_worker():
+    Path({out!r}, {name!r}).write_text(os.environ["PYTEST_XDIST_WORKER"])
+    time.sleep({busy_s})  # a file that keeps its worker busy: the next unit goes elsewhere
+"""
+
+
+@pytest.mark.slow  # the slow tier's scheduling (Makefile test-slow); xdist starts two workers
+def test_the_files_that_start_ranks_are_one_work_unit_on_one_worker(pytester, tmp_path):
+    """Under `--dist loadfile`, xdist's own scheduler sends these two files, collected one after
+    the other and each keeping its worker busy, to two workers; conftest.py's sends them to one.
+    The other files stay a unit each."""
+    with_this_conftest(pytester)
+    names = ["test_train_elastic.py", "test_train_horovod.py", "test_a.py", "test_b.py"]
+    for name in names:
+        folder = pytester.path / "tests" / "trainer"
+        folder.mkdir(parents=True, exist_ok=True)
+        busy_s = 1 if "train" in name else 0
+        (folder / name).write_text(
+            RECORDS_ITS_WORKER.format(out=str(tmp_path), name=name, busy_s=busy_s)
+        )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"
+    )
+    result.assert_outcomes(passed=4)
+    worker = {name: (tmp_path / name).read_text() for name in names}
+    assert worker["test_train_elastic.py"] == worker["test_train_horovod.py"], worker
+    assert len(set(worker.values())) == 2, worker  # the other files went to the other worker

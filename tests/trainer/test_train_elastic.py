@@ -154,10 +154,10 @@ def test_rank_0_s_host_killed_then_back_then_dropped_trains_on_with_the_same_sta
       step, rank 0 keeps that step on disk, no step is redone, the dropped ranks are aborted.
     After every reset every rank holds the same digest of every variable; the run finishes."""
     args = ["--data-dir", str(digits_data), "--arch", "resnet18", "--image-size", "32"]
-    args += ["--batch-size", "4", "--epochs", "2", "--steps-per-epoch", "24", "--log-every", "2"]
+    args += ["--batch-size", "4", "--epochs", "2", "--steps-per-epoch", "12", "--log-every", "2"]
     args += ["--precision", "fp16", "--eval-every", "2"]
     job = elastic_job(2, args)
-    job.wait_for(r"\]<stdout>: +2 +0\.08 ")  # mid-epoch 1
+    job.wait_for(r"\]<stdout>: +2 +0\.17 ")  # mid-epoch 1
     lost = job.first_rank_0_host()
     kept = next(host for host in HOSTS if host != lost)
     [rank_0] = [p for p in job.ranks_on(lost) if p.environ().get("HOROVOD_RANK") == "0"]
