@@ -148,9 +148,9 @@ def test_the_files_that_start_ranks_are_one_work_unit_on_one_worker(pytester, tm
     The other files stay a unit each."""
     with_this_conftest(pytester)
     names = ["test_train_elastic.py", "test_train_horovod.py", "test_a.py", "test_b.py"]
+    folder = pytester.path / "tests" / "trainer"
+    folder.mkdir(parents=True)
     for name in names:
-        folder = pytester.path / "tests" / "trainer"
-        folder.mkdir(parents=True, exist_ok=True)
         busy_s = 1 if "train" in name else 0
         (folder / name).write_text(
             RECORDS_ITS_WORKER.format(out=str(tmp_path), name=name, busy_s=busy_s)
