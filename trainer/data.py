@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ _LABEL_ERROR = re.compile(r"(label -?\d+ outside \d+\.\.\d+ in [^\]\n]+)")
 SPLITS = ("train", "validation")
 # A rank waiting for its shard files says which every this many seconds, and looks every second.
 WAIT_REPORT_EVERY_S = 30
+# Batches made ahead of the step on the host (the device copy keeps 2 more, to_device): enough to
+# ride out a slow batch; each is a batch_size x S x S x 3 uint8 tensor (38 MB at 256 x 224).
+PREFETCH_BATCHES = 4
 WAIT_POLL_S = 1.0
 
 
@@ -358,15 +362,16 @@ def train_dataset(
 
     dataset = tf.data.Dataset.from_tensor_slices(files)
     dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+    cycle = min(len(files), 16)
     dataset = dataset.interleave(
         lambda filename: _records_with_filename(filename, ways, index),
-        cycle_length=min(len(files), 16),
-        num_parallel_calls=tf.data.AUTOTUNE,
+        cycle_length=cycle,
+        num_parallel_calls=cycle,
         deterministic=False,
     )
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.map(preprocess, num_parallel_calls=_calls(threads), deterministic=False)
+    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES)
     return to_device(dataset.with_options(_fast_options(threads)), device)
 
 
@@ -388,14 +393,15 @@ def eval_dataset(
         image_bytes, label = _parse(record, filename, num_classes, label_base)
         return _eval_image(image_bytes, image_size), label
 
+    cycle = min(len(files), 8)
     dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
         lambda filename: _records_with_filename(filename, ways, index),
-        cycle_length=min(len(files), 8),
-        num_parallel_calls=tf.data.AUTOTUNE,
+        cycle_length=cycle,
+        num_parallel_calls=cycle,
         deterministic=False,
     )
-    dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.map(preprocess, num_parallel_calls=_calls(threads), deterministic=False)
+    dataset = dataset.batch(batch_size).prefetch(PREFETCH_BATCHES)
     return to_device(dataset.with_options(_fast_options(threads)), device)
 
 
@@ -406,10 +412,21 @@ def to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
     return dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2))
 
 
+def _calls(threads: int | None) -> int:
+    """A map's parallel calls: one per thread of this rank's pool (None: of the machine)."""
+    return threads or len(os.sched_getaffinity(0))
+
+
 def _fast_options(threads: int | None) -> tf.data.Options:
+    """No autotuning: its thread (tf_data_model, TF 2.15) sleeps out an optimization period that
+    doubles up to 60 s, and deleting the iterator may wait for that sleep to end. It did: 25 to
+    45 s at the end of a run on one rank while the others waited in a collective, and so at every
+    resolution change and elastic reset, which make a new pipeline (docs/trainer.md, "The input
+    pipeline"). The parallelism is set instead, a call per thread of the pool."""
     options = tf.data.Options()
     if threads:
         options.threading.private_threadpool_size = threads
+    options.autotune.enabled = False
     options.deterministic = False
     options.experimental_optimization.map_parallelization = True
     return options

@@ -44,6 +44,37 @@ def test_eval_reads_every_record_once_centre_cropped(tiny_data):
     assert all(images.shape[1:] == (24, 24, 3) for images, _ in batches)
 
 
+def pipeline_stages(dataset: tf.data.Dataset) -> list[tuple[str, dict[str, int]]]:
+    """Each stage of `dataset`, outermost first, with its parallelism and buffer settings."""
+    stages = []
+    while dataset is not None:
+        names = ("_num_parallel_calls", "_buffer_size", "_cycle_length")
+        knobs = {name: int(getattr(dataset, name)) for name in names if hasattr(dataset, name)}
+        stages.append((type(dataset).__name__, knobs))
+        dataset = getattr(dataset, "_input_dataset", None)
+    return stages
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_pipelines_set_their_parallelism_and_run_no_autotune_thread(tiny_data, split):
+    """TF 2.15's autotune thread can hold an iterator's deletion for up to 60 s, a rank's last
+    seconds or a reset's (docs/trainer.md, "The input pipeline"): off, every knob set instead,
+    the map's calls one per thread of the rank's pool."""
+    info = info_for(tiny_data)
+    common = {"batch_size": 4, "image_size": 16, "num_classes": 4, "label_base": 1, "threads": 3}
+    if split == "train":
+        dataset = data.train_dataset(info.train_files, shuffle_buffer=8, **common)
+    else:
+        dataset = data.eval_dataset(info.validation_files, **common)
+    options = dataset.options()
+    assert options.autotune.enabled is False and options.threading.private_threadpool_size == 3
+    stages = pipeline_stages(dataset)
+    assert all(value > 0 for _, knobs in stages for value in knobs.values()), stages  # -1: AUTOTUNE
+    assert ("_ParallelMapDataset", {"_num_parallel_calls": 3}) in stages
+    assert ("_PrefetchDataset", {"_buffer_size": data.PREFETCH_BATCHES}) in stages
+    assert len(next(iter(dataset))[1]) == 4
+
+
 def test_manifest_gives_classes_and_base_and_flags_override(tiny_data):
     manifest = {
         "num_classes": 7,
