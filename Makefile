@@ -28,7 +28,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHO
 	check-templates-spot check-templates-drill fix synth bench-input bench-preprocess image-lock clean
 
 help:
-	@echo "make setup            create .venv (Python deps + cached Horovod wheel) and node_modules (pinned CDK CLI)"
+	@echo "make setup            create .venv (Python deps + cached Horovod wheel), node_modules (pinned CDK CLI) and .venv-checkov"
 	@echo "make rehearsal        the whole run offline: local S3, preprocessing, 2 simulated nodes train over Horovod"
 	@echo "make test             the default tier: every test that trains nothing (about 5 minutes, its bound)"
 	@echo "make test-slow        training runs, Horovod ranks and benchmarks (about 15 minutes on 2 cores)"
@@ -40,7 +40,12 @@ help:
 	@echo "make bench-input      the trainer's input pipeline alone, images/s per core"
 	@echo "make image-lock       resolve the training image's venv into bootstrap/image/requirements.lock"
 
-setup: $(VENV)/.ready node_modules/.ready
+# The three installs share nothing, so they run side by side (mostly downloads and unpacking:
+# together they take about the longest one's time, not the sum; docs/test-tiers.md).
+SETUP_READY := $(VENV)/.ready node_modules/.ready $(CHECKOV_VENV)/.ready
+setup:
+	@$(MAKE) --question $(SETUP_READY) 2>/dev/null || \
+		$(MAKE) --no-print-directory --output-sync=line -j3 $(SETUP_READY)
 
 $(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt bootstrap/requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v <= (3, 11) else "error: $(PYTHON) is Python %d.%d; the app needs 3.10 or 3.11 (TensorFlow 2.15.1 has no wheels past 3.11, aws-cdk-lib 2.275 none before 3.10): run make PYTHON=python3.11 ..." % v)'
@@ -102,7 +107,7 @@ $(CHECKOV_VENV)/.ready: requirements-checkov.txt
 
 # checkov fails on any finding without a reason; the reasons are in the templates' Metadata
 # (stacks/nag.py). --skip-download: no Prisma Cloud account, and CI may be offline.
-check: setup $(CHECKOV_VENV)/.ready
+check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/shellcheck bootstrap/*.sh bootstrap/head/*.sh bootstrap/node/*.sh bootstrap/preprocess/*.sh bootstrap/image/*.sh bootstrap/image_proof/*.sh .ci/run
@@ -112,20 +117,20 @@ check: setup $(CHECKOV_VENV)/.ready
 # Each configuration's templates: synthesized (cdk-nag fails on a finding), cfn-lint, checkov. The
 # three write their own cdk.out* and run side by side under make check: each alone leaves a core
 # mostly idle (Node.js and Python take turns).
-check-templates: setup $(CHECKOV_VENV)/.ready
+check-templates: setup
 	npx cdk synth --quiet
 	$(VENV)/bin/cfn-lint cdk.out/*.template.json
 	$(CHECKOV_VENV)/bin/checkov --directory cdk.out --framework cloudformation --quiet --compact --skip-download
 
 # The Spot fleet's templates differ in their launch templates: checked on their own.
-check-templates-spot: setup $(CHECKOV_VENV)/.ready
+check-templates-spot: setup
 	npx cdk synth --quiet -c market=spot --output cdk.out.spot
 	$(VENV)/bin/cfn-lint cdk.out.spot/TrainStack.template.json
 	$(CHECKOV_VENV)/bin/checkov --file cdk.out.spot/TrainStack.template.json --framework cloudformation --quiet --compact --skip-download
 
 # A drill's (-c drill=true) differ in TrainStack's FIS templates and roles, PreprocessStack's
 # dataset and TeardownStack's exports: checked on their own.
-check-templates-drill: setup $(CHECKOV_VENV)/.ready
+check-templates-drill: setup
 	npx cdk synth --quiet -c drill=true --output cdk.out.drill
 	$(VENV)/bin/cfn-lint cdk.out.drill/*.template.json
 	$(CHECKOV_VENV)/bin/checkov --directory cdk.out.drill --framework cloudformation --quiet --compact --skip-download
