@@ -418,11 +418,10 @@ def _calls(threads: int | None) -> int:
 
 
 def _fast_options(threads: int | None) -> tf.data.Options:
-    """No autotuning: its thread (tf_data_model, TF 2.15) sleeps out an optimization period that
-    doubles up to 60 s, and deleting the iterator may wait for that sleep to end. It did: 25 to
-    45 s at the end of a run on one rank while the others waited in a collective, and so at every
-    resolution change and elastic reset, which make a new pipeline (docs/trainer.md, "The input
-    pipeline"). The parallelism is set instead, a call per thread of the pool."""
+    """No autotuning: its thread (TF 2.15) sleeps out an optimization period that doubles up to
+    60 s, and deleting the iterator may wait for that sleep to end: 25 to 45 s on one rank at a
+    run's end while the others waited in a collective (docs/trainer.md, "The input pipeline").
+    The parallelism is set instead, a call per thread of the pool."""
     options = tf.data.Options()
     if threads:
         options.threading.private_threadpool_size = threads
