@@ -28,10 +28,10 @@ _LABEL_ERROR = re.compile(r"(label -?\d+ outside \d+\.\.\d+ in [^\]\n]+)")
 SPLITS = ("train", "validation")
 # A rank waiting for its shard files says which every this many seconds, and looks every second.
 WAIT_REPORT_EVERY_S = 30
+WAIT_POLL_S = 1.0
 # Batches made ahead of the step on the host (the device copy keeps 2 more, to_device): enough to
 # ride out a slow batch; each is a batch_size x S x S x 3 uint8 tensor (38 MB at 256 x 224).
 PREFETCH_BATCHES = 4
-WAIT_POLL_S = 1.0
 
 
 class DataError(ValueError):
