@@ -40,8 +40,8 @@ help:
 	@echo "make bench-input      the trainer's input pipeline alone, images/s per core"
 	@echo "make image-lock       resolve the training image's venv into bootstrap/image/requirements.lock"
 
-# The three installs share nothing, so they run side by side (mostly downloads and unpacking:
-# together they take about the longest one's time, not the sum; docs/test-tiers.md).
+# The three installs share nothing, so they run side by side: with checkov's venv made here too,
+# a fresh clone's setup took the same 155 s as without it (docs/test-tiers.md).
 SETUP_READY := $(VENV)/.ready node_modules/.ready $(CHECKOV_VENV)/.ready
 setup:
 	@$(MAKE) --question $(SETUP_READY) 2>/dev/null || \
