@@ -21,6 +21,7 @@ HOROVOD_VERSION := 0.28.1
 # Horovod compiles against the installed TensorFlow (about 5 minutes on 2 cores), so its wheel is
 # kept outside the checkout and keyed by both versions: a fresh clone on the same machine reuses it.
 WHEEL_CACHE ?= $(HOME)/.cache/horovod-fleet/wheels/horovod-$(HOROVOD_VERSION)-tf-$(TF_VERSION)
+HOROVOD_BUILD_NOTE := building the Horovod $(HOROVOD_VERSION) wheel against TensorFlow $(TF_VERSION) (about 5 minutes, once per machine)
 HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 
@@ -52,8 +53,9 @@ $(VENV)/.ready: requirements.txt requirements-dev.txt trainer/requirements.txt b
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@# Its own line: make setup prints a line's output once the line has ended (--output-sync).
+	@ls $(WHEEL_CACHE)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1 || echo "$(HOROVOD_BUILD_NOTE)"
 	@if ! ls $(WHEEL_CACHE)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1; then \
-		echo "building the Horovod $(HOROVOD_VERSION) wheel against TensorFlow $(TF_VERSION) (about 5 minutes, once per machine)"; \
 		mkdir -p $(WHEEL_CACHE) && \
 		$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel --quiet --no-build-isolation --no-deps \
 			--wheel-dir $(WHEEL_CACHE) horovod==$(HOROVOD_VERSION); \

@@ -409,7 +409,10 @@ def to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
     """Copy batches to the device ahead of the step that needs them (it must come last)."""
     if device is None:
         return dataset
-    return dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2))
+    copied = dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2))
+    # The copy is a pipeline of its own (a generator on the device over the input's iterator):
+    # without the input's options its iterator would autotune again (_fast_options says why not).
+    return copied.with_options(dataset.options())
 
 
 def _calls(threads: int | None) -> int:

@@ -55,13 +55,16 @@ def pipeline_stages(dataset: tf.data.Dataset) -> list[tuple[str, dict[str, int]]
     return stages
 
 
-@pytest.mark.parametrize("split", ["train", "eval"])
-def test_pipelines_set_their_parallelism_and_run_no_autotune_thread(tiny_data, split):
+@pytest.mark.parametrize(
+    ("split", "device"), [("train", None), ("eval", None), ("train", "/cpu:0")]
+)
+def test_pipelines_set_their_parallelism_and_run_no_autotune_thread(tiny_data, split, device):
     """TF 2.15's autotune thread can hold an iterator's deletion for up to 60 s, a rank's last
-    seconds or a reset's (docs/trainer.md, "The input pipeline"): off, every knob set instead,
-    the map's calls one per thread of the rank's pool."""
+    seconds or a reset's (docs/trainer.md, "The input pipeline"): off, also in the copy to the
+    device, every knob set instead, the map's calls one per thread of the rank's pool."""
     info = info_for(tiny_data)
     common = {"batch_size": 4, "image_size": 16, "num_classes": 4, "label_base": 1, "threads": 3}
+    common["device"] = device
     if split == "train":
         dataset = data.train_dataset(info.train_files, shuffle_buffer=8, **common)
     else:
