@@ -71,6 +71,7 @@ def host_batches(batch_size: int, image_size: int, num_classes: int, device: str
     labels = rng.integers(0, num_classes, size=(HOST_POOL, batch_size), dtype=np.int32)
     with tf.device("/cpu:0"):
         dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat()
+    dataset = dataset.with_options(data.pipeline_options(None))  # as the trainer's: no autotuning
     return iter(data.to_device(dataset, device) if device else dataset.prefetch(2))
 
 

@@ -372,7 +372,7 @@ def train_dataset(
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     dataset = dataset.map(preprocess, num_parallel_calls=_calls(threads), deterministic=False)
     dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(PREFETCH_BATCHES)
-    return to_device(dataset.with_options(_fast_options(threads)), device)
+    return to_device(dataset.with_options(pipeline_options(threads)), device)
 
 
 def eval_dataset(
@@ -402,7 +402,7 @@ def eval_dataset(
     )
     dataset = dataset.map(preprocess, num_parallel_calls=_calls(threads), deterministic=False)
     dataset = dataset.batch(batch_size).prefetch(PREFETCH_BATCHES)
-    return to_device(dataset.with_options(_fast_options(threads)), device)
+    return to_device(dataset.with_options(pipeline_options(threads)), device)
 
 
 def to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
@@ -411,7 +411,7 @@ def to_device(dataset: tf.data.Dataset, device: str | None) -> tf.data.Dataset:
         return dataset
     copied = dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2))
     # The copy is a pipeline of its own (a generator on the device over the input's iterator):
-    # without the input's options its iterator would autotune again (_fast_options says why not).
+    # without the input's options its iterator would autotune again (pipeline_options: why not).
     return copied.with_options(dataset.options())
 
 
@@ -420,7 +420,7 @@ def _calls(threads: int | None) -> int:
     return threads or len(os.sched_getaffinity(0))
 
 
-def _fast_options(threads: int | None) -> tf.data.Options:
+def pipeline_options(threads: int | None) -> tf.data.Options:
     """No autotuning: its thread (TF 2.15) sleeps out an optimization period that doubles up to
     60 s, and deleting the iterator may wait for that sleep to end: 25 to 45 s on one rank at a
     run's end while the others waited in a collective (docs/trainer.md, "The input pipeline").

@@ -29,8 +29,11 @@ def test_summary_is_the_mean_and_horovods_spread_of_the_step_rates():
     assert summary["images_per_s_per_gpu"] == 11.0
 
 
-def test_host_batches_live_in_host_memory_and_cycle():
-    batches = benchmark.host_batches(3, 32, 10, None, seed=1)
+@pytest.mark.parametrize("device", [None, "/cpu:0"])
+def test_host_batches_live_in_host_memory_and_cycle(device):
+    batches = benchmark.host_batches(3, 32, 10, device, seed=1)
+    # Not autotuned, as the trainer's (docs/trainer.md, "The input pipeline").
+    assert batches._dataset.options().autotune.enabled is False
     first, second, third = (next(batches) for _ in range(3))
     images, labels = first
     assert images.shape == (3, 32, 32, 3) and images.dtype == tf.uint8
