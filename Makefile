@@ -92,7 +92,7 @@ test-slow: setup
 # FAULT_ROWS=ci runs CI's subset of its rows (docs/rehearsal.md says which).
 FAULT_ROWS ?= all
 test-e2e: setup
-	$(PYTEST) -m e2e
+	$(PYTEST) -m e2e tests/rehearsal
 	@if [[ $$(id -u) -eq 0 ]]; then \
 		$(PY) -m rehearsal --faults --rows $(FAULT_ROWS) --workdir "$${TMPDIR:-/tmp}/horovod-fleet-faults"; \
 	else echo "make test-e2e: the fault rehearsal needs root (network namespaces): not run"; fi

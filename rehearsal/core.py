@@ -86,7 +86,7 @@ class Rehearsal(Attempts, Nodes, LocalS3, NodeProcesses):
 
     def plan_steps(self) -> list:
         steps = [
-            ("local S3 endpoint", self.start_s3),
+            ("local S3 endpoint", lambda: self.start_s3(sample=True)),
             ("sample dataset", self.make_sample),
             ("preprocessing node", self.preprocess),
             ("training nodes", lambda: self.train_recovering(self.args.epochs)),

@@ -249,7 +249,7 @@ def run_drill(rehearsal) -> int:
     args.timeout = max(args.timeout, sum(e.within_s for e in experiments) + 1200)
     started, executor, failure = time.time(), None, None
     try:
-        for step, action in (("local S3 endpoint", rehearsal.start_s3),
+        for step, action in (("local S3 endpoint", lambda: rehearsal.start_s3(sample=True)),
                              ("sample dataset", rehearsal.make_sample),
                              ("preprocessing node", rehearsal.preprocess)):  # fmt: skip
             rehearsal.step = step

@@ -124,7 +124,7 @@ def run_faults(rehearsal: Rehearsal) -> int:
     rehearsal.fleet_size = max([rehearsal.args.nodes, *(row.nodes or 0 for row in chosen)])
     try:
         setup = [
-            ("local S3 endpoint", rehearsal.start_s3),
+            ("local S3 endpoint", lambda: rehearsal.start_s3(sample=True)),
             ("sample dataset", rehearsal.make_sample),
             ("preprocessing node", rehearsal.preprocess),
             (f"snapshot '{DATASET}'", lambda: rehearsal.save_snapshot(DATASET)),

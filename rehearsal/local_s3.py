@@ -30,10 +30,15 @@ from rehearsal.hosts import Fleet, namespaces_available
 class LocalS3:
     """The local S3 endpoint, what the run left in it, and its snapshots."""
 
-    def start_s3(self) -> None:
+    def start_s3(self, sample: bool = False) -> None:
+        """The local S3 and its IAM judge; with `sample`, the sample dataset's archives are
+        written meanwhile (make_sample uploads them): the app's synthesis below and the
+        images each keep one core busy, about 10 s apiece."""
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
+        if sample:
+            self.start_sample()
         usable, why = namespaces_available()
         if usable and not self.args.processes:
             self.fleet = Fleet(self.fleet_size or self.args.nodes, self.workdir, str(os.getpid()))

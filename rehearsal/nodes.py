@@ -33,12 +33,19 @@ RAW_FILES = (
 class Nodes:
     """The sample dataset, the preprocessing node, the training nodes and their fleet."""
 
-    def make_sample(self) -> None:
+    def start_sample(self) -> None:
+        """Start writing the sample's raw/ archives; make_sample waits for them."""
         raw = self.workdir / "raw"
         cmd = [sys.executable, "-m", "trainer.preprocess.sample", "--output", str(raw)]
         cmd += ["--classes", str(self.args.classes), "--train-per-class", str(self.args.per_class)]
         cmd += ["--val-images", str(self.args.val_images)]
-        self.wait({"sample": self.start("sample", cmd, self.env())}, 600)
+        self.start("sample", cmd, self.env())
+
+    def make_sample(self) -> None:
+        if "sample" not in self.named:
+            self.start_sample()
+        self.wait({"sample": self.named["sample"]}, 600)
+        raw = self.workdir / "raw"
         # What users do with the real archives: aws s3 cp FILE s3://<bucket>/raw/FILE
         for name in RAW_FILES:
             self.s3.upload_file(str(raw / name), BUCKET, f"raw/{name}")

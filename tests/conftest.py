@@ -57,6 +57,12 @@ botocore.session.Session._register_data_loader = register_shared_loader
 os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
 
+# The suite trains on this machine's CPUs, in its own process and in the trainers it starts: with
+# oneDNN, as the head gives a CPU fleet's ranks (bootstrap/head/launch.py CPU_ENV, which says why).
+# Read at TensorFlow's import, which comes later (tests/trainer/conftest.py).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+
 # Python's garbage collections walk the objects the process holds: TensorFlow's, jsii's and
 # moto's modules, imported once and never freed (48 s of the default tier's 593 s of CPU, 30 s
 # with this: docs/test-tiers.md). What is alive after collection, and again after each test
@@ -74,6 +80,26 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         gc.collect()
         gc.freeze()
     return torn_down
+
+
+# `make test-e2e` collects only this folder: the whole suite's collection (its imports) is 10 s
+# of CI for three tests. A test marked e2e elsewhere fails every run that collects it, `make test`
+# among them, instead of being skipped by that tier unnoticed.
+E2E_FOLDER = "tests/rehearsal/"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: whichever tier runs sees every test
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    stray = [i.nodeid for i in items if i.get_closest_marker("e2e") and not in_e2e_folder(i)]
+    if stray:
+        raise pytest.UsageError(
+            f"{', '.join(stray)}: marked e2e outside {E2E_FOLDER}, which is all `make test-e2e` "
+            f"collects (Makefile): move it there, or mark it slow"
+        )
+
+
+def in_e2e_folder(item: pytest.Item) -> bool:
+    return item.path.resolve().is_relative_to(Path(item.config.rootpath, E2E_FOLDER).resolve())
 
 
 # The test files whose tests start several Horovod ranks: each such test keeps the 2 cores busy,

@@ -87,6 +87,27 @@ def test_the_default_tier_refuses_tensorflow_and_horovodrun_processes(pytester, 
     result.stdout.fnmatch_lines(["PASSED test_guarded.py::test_a_stub_named_horovodrun_*"])
 
 
+def test_a_test_marked_e2e_outside_tests_rehearsal_stops_every_tier(pytester):
+    """`make test-e2e` collects tests/rehearsal alone (Makefile): an e2e test elsewhere would go
+    unrun there, so any run that collects it fails, naming it."""
+    with_this_conftest(pytester)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    e2e: e2e\n")
+    marked = "import pytest\n\n\n@pytest.mark.e2e\ndef test_whole_run():\n    pass\n"
+    folder = pytester.path / "tests" / "rehearsal"
+    folder.mkdir(parents=True)
+    (folder / "test_in_place.py").write_text(marked)
+    stray = pytester.makepyfile(test_stray=marked)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not e2e")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: test_stray.py::test_whole_run: marked e2e outside tests/rehearsal/, *"]
+    )
+    assert "test_in_place" not in result.stderr.str()
+    stray.unlink()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "e2e", "tests/rehearsal")
+    result.assert_outcomes(passed=1)
+
+
 LEAVES_A_HANDLER = """
 import signal
 

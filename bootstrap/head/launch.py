@@ -39,6 +39,14 @@ GPU_ENV = {
     # GPU i for CUDA is GPU i for nvidia-smi: each rank binds to the socket of its GPU by index.
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
 }
+# A CPU fleet (the rehearsal's, gpus_per_node 0) trains on its CPUs: oneDNN's kernels for them.
+# TensorFlow 2.15 on Linux turns oneDNN on by itself only where the CPU has AVX512_VNNI,
+# AVX512_BF16, AVX_VNNI or AMX (DefaultOneDnnPolicy in
+# https://github.com/tensorflow/tensorflow/blob/r2.15/tensorflow/core/util/port.cc); with AVX2
+# alone its own Conv2DBackpropInput takes about 50 times oneDNN's at ResNet's 512-channel stage,
+# and a ResNet-18 step at 32 px 6.5 times as long (docs/trainer.md, "CPU training"). GPU nodes
+# keep TensorFlow's default: their convolutions run on the GPU.
+CPU_ENV = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 # libfabric's EFA provider for aws-ofi-nccl. No NCCL_PROTO: the image's plugin sets "simple"
 # itself where EFA cannot order bytes for NCCL's LL protocols and leaves them on where it can
 # (https://github.com/aws/aws-ofi-nccl/pull/850, https://github.com/aws/aws-ofi-nccl/pull/280;
@@ -96,6 +104,8 @@ def launcher_env(
                 env.update(EFA_RDMA_ENV)
             found = [d for d in EFA_LIBRARY_DIRS if is_dir(d)]
             env["LD_LIBRARY_PATH"] = ":".join(filter(None, [*found, base.get("LD_LIBRARY_PATH")]))
+    else:
+        env.update(CPU_ENV)
     return env
 
 

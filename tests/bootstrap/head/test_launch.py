@@ -36,6 +36,7 @@ def test_gpu_fleet_uses_gloo_from_the_head_with_efa_nccl_and_horovod_settings():
     assert int(env["HOROVOD_FUSION_THRESHOLD"]) == 64 * 1024 * 1024
     assert env["NCCL_DEBUG"] == "INFO"  # what the transport check reads
     assert env["TF_GPU_THREAD_MODE"] == "gpu_private"
+    assert "TF_ENABLE_ONEDNN_OPTS" not in env  # TensorFlow's own choice on a GPU node's CPUs
 
 
 def node_doc_for(gpu: GpuType) -> dict:
@@ -93,7 +94,7 @@ def test_efa_nodes_find_the_aws_ofi_nccl_plugin_where_this_ami_has_it():
     assert "LD_LIBRARY_PATH" not in no_efa
 
 
-def test_cpu_nodes_use_gloo_without_gpu_settings():
+def test_cpu_nodes_use_gloo_without_gpu_settings_and_with_onednn():
     cfg = parse(train_doc(gpus_per_node=0, efa=False, network_interface="hf0", ssh_port=2222))
     cmd = launch.horovodrun_command(cfg, Path("/h"), Path("/k"), 2, ["t"], interface="hf0")
     assert "--gloo" in cmd and "--mpi" not in cmd
@@ -103,6 +104,7 @@ def test_cpu_nodes_use_gloo_without_gpu_settings():
         "PATH": "/bin",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+        "TF_ENABLE_ONEDNN_OPTS": "1",  # CPU_ENV: TensorFlow leaves it off on AVX2-only CPUs
     }
 
 
