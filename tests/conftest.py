@@ -82,24 +82,41 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     return torn_down
 
 
-# `make test-e2e` collects only this folder: the whole suite's collection (its imports) is 10 s
-# of CI for three tests. A test marked e2e elsewhere fails every run that collects it, `make test`
-# among them, instead of being skipped by that tier unnoticed.
-E2E_FOLDER = "tests/rehearsal/"
+# `make test-e2e` collects only this folder (the whole suite's collection, its imports, cost 10 s
+# of CI for three tests). A test marked e2e elsewhere would never run there: in every other run it
+# is replaced by MisplacedE2E, which fails naming it, `make test` among them.
+E2E_FOLDER = Path(__file__).parent / "rehearsal"
+
+
+class MisplacedE2E(pytest.Item):
+    """Stands for a test marked e2e outside E2E_FOLDER. It has no marker, so `-m` keeps it where
+    the test itself would be deselected; an error raised at collection instead would name nothing
+    under xdist (the worker dies, and its message with it)."""
+
+    def runtest(self) -> None:
+        where = os.path.relpath(E2E_FOLDER, self.config.rootpath)
+        pytest.fail(
+            f"{self.name}: marked e2e outside {where}/, which is all `make test-e2e` collects "
+            "(Makefile): move it there, or mark it slow",
+            pytrace=False,
+        )
+
+    def reportinfo(self) -> tuple[Path, None, str]:
+        return self.path, None, self.name
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: whichever tier runs sees every test
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    stray = [i.nodeid for i in items if i.get_closest_marker("e2e") and not in_e2e_folder(i)]
-    if stray:
-        raise pytest.UsageError(
-            f"{', '.join(stray)}: marked e2e outside {E2E_FOLDER}, which is all `make test-e2e` "
-            f"collects (Makefile): move it there, or mark it slow"
-        )
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    items[:] = [
+        MisplacedE2E.from_parent(session, name=item.nodeid, nodeid=item.nodeid, path=item.path)
+        if misplaced_e2e(item)
+        else item
+        for item in items
+    ]
 
 
-def in_e2e_folder(item: pytest.Item) -> bool:
-    return item.path.resolve().is_relative_to(Path(item.config.rootpath, E2E_FOLDER).resolve())
+def misplaced_e2e(item: pytest.Item) -> bool:
+    return item.get_closest_marker("e2e") is not None and not item.path.is_relative_to(E2E_FOLDER)
 
 
 # The test files whose tests start several Horovod ranks: each such test keeps the 2 cores busy,

@@ -106,6 +106,8 @@ def test_cpu_nodes_use_gloo_without_gpu_settings_and_with_onednn():
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
         "TF_ENABLE_ONEDNN_OPTS": "1",  # CPU_ENV: TensorFlow leaves it off on AVX2-only CPUs
     }
+    compared = launch.launcher_env(cfg, {"TF_ENABLE_ONEDNN_OPTS": "0"})  # the head's own kept
+    assert compared["TF_ENABLE_ONEDNN_OPTS"] == "0"
 
 
 def test_trainer_command_follows_the_contract():
