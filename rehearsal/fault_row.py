@@ -36,10 +36,13 @@ EVERY_EPOCH = {"trainer": {"checkpoint_every_s": 1}}
 LOSS_SEEN_S = 20
 # The elastic rows (the issue's: three nodes, four epochs): a node's loss is seen within
 # LOSS_SEEN_S (the run controller's tick replaces a node the head finds silent), and the epochs
-# are long enough (64-pixel images) that a replacement, which boots, pulls every shard and starts
-# its trainer, joins before the run ends.
+# are long enough (128-pixel images) that a replacement, which boots, pulls every shard and starts
+# its trainer, joins before the run ends. At 64 pixels the CPU ranks with oneDNN
+# (docs/trainer.md, "CPU training") stepped 3 times as fast, and a replacement launched 24 s
+# after the loss did not join before the end (2026-11-30); at 128 a step costs what 64 did
+# without it.
 ELASTIC_NODES = 3
-ELASTIC = {"heartbeat_timeout_s": LOSS_SEEN_S, "trainer": {"image_size": 64}}
+ELASTIC = {"heartbeat_timeout_s": LOSS_SEEN_S, "trainer": {"image_size": 128}}
 # Fewer than minNodes left: the head's elastic driver waits this long for minNodes' slots.
 ELASTIC_TIMEOUT_S = 30
 # Issue 47's: a replacement lost this long after its launch, and a head stalled this long.
