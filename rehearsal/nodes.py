@@ -42,8 +42,7 @@ class Nodes:
         self.start("sample", cmd, self.env())
 
     def make_sample(self) -> None:
-        if "sample" not in self.named:
-            self.start_sample()
+        """Wait for the archives start_s3(sample=True) began, then upload them."""
         self.wait({"sample": self.named["sample"]}, 600)
         raw = self.workdir / "raw"
         # What users do with the real archives: aws s3 cp FILE s3://<bucket>/raw/FILE
